@@ -1,0 +1,95 @@
+"""Skyward: run ordinary Python functions on a pool of machines.
+
+::
+
+    import skyward as sky
+
+    @sky.compute
+    def hello(name: str) -> str:
+        return f"hello {name} from node {sky.instance_info().node}"
+
+    with sky.ComputePool(nodes=4) as pool:
+        print(hello("you") >> pool)     # one node
+        print(hello("all") @ pool)      # every node, by rank
+
+Names are imported on first use, so ``import skyward`` stays fast and a worker can report its
+Python version before anything heavier is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> the private module that defines it
+_EXPORTS: dict[str, str] = {
+    "BootstrapError": "skyward._errors",
+    "CallGroup": "skyward._compute",
+    "ChannelError": "skyward._errors",
+    "Compute": "skyward._compute",
+    "ComputePool": "skyward._pool",
+    "Image": "skyward._image",
+    "InstanceInfo": "skyward._info",
+    "Local": "skyward.providers.local",
+    "PendingCall": "skyward._compute",
+    "PipIndex": "skyward._image",
+    "Plugin": "skyward._plugin",
+    "PluginError": "skyward._errors",
+    "PoolClosed": "skyward._errors",
+    "PoolSpec": "skyward._pool",
+    "PoolStatistics": "skyward._pool",
+    "Provider": "skyward.providers.base",
+    "ProvisionError": "skyward._errors",
+    "RemoteError": "skyward._errors",
+    "RemoteTraceback": "skyward._errors",
+    "SerializationError": "skyward._errors",
+    "SkywardError": "skyward._errors",
+    "StartError": "skyward._errors",
+    "VersionMismatch": "skyward._errors",
+    "WorkerLost": "skyward._errors",
+    "compute": "skyward._compute",
+    "instance_info": "skyward._info",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__", "plugins"])
+
+if TYPE_CHECKING:
+    from skyward import plugins
+    from skyward._compute import CallGroup, Compute, PendingCall, compute
+    from skyward._errors import (
+        BootstrapError,
+        ChannelError,
+        PluginError,
+        PoolClosed,
+        ProvisionError,
+        RemoteError,
+        RemoteTraceback,
+        SerializationError,
+        SkywardError,
+        StartError,
+        VersionMismatch,
+        WorkerLost,
+    )
+    from skyward._image import Image, PipIndex
+    from skyward._info import InstanceInfo, instance_info
+    from skyward._plugin import Plugin
+    from skyward._pool import ComputePool, PoolSpec, PoolStatistics
+    from skyward.providers.base import Provider
+    from skyward.providers.local import Local
+
+
+def __getattr__(name: str) -> Any:
+    if name == "plugins":
+        return importlib.import_module("skyward.plugins")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'skyward' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

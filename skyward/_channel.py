@@ -1,0 +1,312 @@
+"""``Channel``: the client's end of one worker link.
+
+::
+
+    pool ── send(Call + payload) ──> transport.write ──> worker
+    reader thread <── frames ── transport.readinto  (Result → future, Log → console,
+                                                      Hello/Ready/StartFailed → control queue)
+    stderr thread <── lines ─── transport.read_stderr (→ console, and a tail kept for
+                                                       WorkerLost)
+
+The transport is whatever byte streams reach a ``python -m skyward.worker``: a subprocess's
+pipes (local) or an SSH exec channel. When the protocol stream ends, every call in flight
+fails with ``WorkerLost`` naming the node, the exit status and the last lines of stderr.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Protocol
+
+from skyward import _protocol as proto
+from skyward._errors import (
+    ChannelError,
+    PoolClosed,
+    RemoteError,
+    RemoteTraceback,
+    StartError,
+    WorkerLost,
+)
+
+_STDERR_TAIL_LINES = 40
+# After EOF on the protocol stream: how long to wait for the process's exit status and the
+# rest of its stderr before reporting the loss. Both normally arrive within milliseconds.
+_EXIT_STATUS_TIMEOUT = 2.0
+
+
+class Transport(Protocol):
+    """Byte streams to one worker process. Only the channel's threads call these."""
+
+    def write(self, parts: Sequence[proto.Part]) -> None: ...
+    def readinto(self, buffer: memoryview) -> int | None: ...
+    def read_stderr(self) -> bytes:
+        """The next chunk of the worker's stderr; ``b""`` at end of stream."""
+        ...
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status (negative: killed by that signal), or None if still running."""
+        ...
+
+    def kill(self) -> None: ...
+    def close(self) -> None: ...
+
+
+OutputSink = Callable[[int, str, bytes], None]  # (node, "stdout" | "stderr", data)
+
+
+def decode_error(parts: proto.Parts) -> BaseException:
+    """Rebuild a remote exception as its own type, remote traceback as ``__cause__``."""
+    info: proto.ErrorInfo = proto.loads(parts)
+    exc: BaseException | None = None
+    if info.blob is not None:
+        try:
+            exc = proto.loads([info.blob])
+        except Exception:
+            exc = None  # the client lacks the type's module; fall back to RemoteError
+    if not isinstance(exc, BaseException):
+        exc = RemoteError(info.type_name, info.message, info.traceback)
+    exc.__cause__ = RemoteTraceback(info.traceback)
+    return exc
+
+
+def describe_status(status: int | None) -> str:
+    if status is None:
+        return "an unknown status (still running, or not reported)"
+    if status < 0:
+        try:
+            return f"signal {signal.Signals(-status).name}"
+        except ValueError:
+            return f"signal {-status}"
+    return f"exit code {status}"
+
+
+class Channel:
+    """One worker link. ``submit`` and ``send_*`` are thread-safe.
+
+    States: handshaking (Hello, then Start, then Ready) → serving → closed. ``lost`` is set
+    once the protocol stream has ended, whatever the reason; ``on_lost`` is then called once,
+    from the reader thread, after every future in flight has failed.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        node: int,
+        output: OutputSink,
+        on_lost: Callable[[Channel, WorkerLost], None] | None = None,
+    ) -> None:
+        self.node = node
+        self.pid: int | None = None
+        self._transport = transport
+        self._output = output
+        self._on_lost = on_lost
+        self._send_lock = threading.Lock()  # guards: one whole frame at a time on the stream
+        self._lock = threading.Lock()  # guards: _pending, _ids, lost, _closing
+        self._pending: dict[int, tuple[str, Future[Any]]] = {}
+        self._ids = itertools.count(1)
+        self._control: queue.Queue[object] = queue.Queue()
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
+        self._closing = False
+        self._kill_reason = ""
+        self.lost: WorkerLost | None = None
+        self.exit_status: int | None = None
+        self._stderr_thread = threading.Thread(
+            target=self._read_stderr, name=f"skyward-stderr-{node}", daemon=True
+        )
+        self._reader_thread = threading.Thread(
+            target=self._read, name=f"skyward-reader-{node}", daemon=True
+        )
+        self._stderr_thread.start()
+        self._reader_thread.start()
+
+    # ── handshake ────────────────────────────────────────────────────────────────────────
+
+    def wait_hello(self, timeout: float) -> proto.Hello:
+        message = self._next_control(timeout, "say hello")
+        if not isinstance(message, proto.Hello):
+            raise ChannelError(f"node {self.node}: expected Hello, got {message!r}")
+        self.pid = message.pid
+        return message
+
+    def send_start(self, message: proto.Start, plugins: proto.Parts) -> None:
+        self._send(message, plugins)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait for ``Ready``; ``StartError`` if a plugin's ``around_app`` raised."""
+        message = self._next_control(timeout, "enter its plugins")
+        if not isinstance(message, proto.Ready):
+            raise ChannelError(f"node {self.node}: expected Ready, got {message!r}")
+
+    def _next_control(self, timeout: float, doing: str) -> object:
+        try:
+            message = self._control.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(
+                f"node {self.node}: the worker did not {doing} within {timeout:g} s"
+            ) from None
+        if isinstance(message, BaseException):
+            raise message
+        return message
+
+    # ── calls ────────────────────────────────────────────────────────────────────────────
+
+    def submit(self, name: str, payload: proto.Parts, future: Future[Any]) -> int:
+        """Send one call; ``future`` gets its result, its exception, or ``WorkerLost``."""
+        with self._lock:
+            if self.lost is not None:
+                _fail(future, self.lost)
+                return 0
+            call_id = next(self._ids)
+            self._pending[call_id] = (name, future)
+        try:
+            self._send(proto.Call(call_id, name), payload)
+        except OSError:
+            # The stream broke under us; the reader thread reports the loss to this future.
+            pass
+        return call_id
+
+    def in_flight(self) -> list[str]:
+        with self._lock:
+            return [name for name, _ in self._pending.values()]
+
+    def shutdown(self) -> None:
+        """Ask the worker to finish its queued calls and exit; returns at once."""
+        with self._lock:
+            self._closing = True
+        try:
+            self._send(proto.Shutdown())
+        except OSError:
+            pass
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait for the worker to exit and the reader to finish; True if it did in time."""
+        self._reader_thread.join(timeout)
+        return not self._reader_thread.is_alive()
+
+    def kill(self, reason: str) -> None:
+        """Kill the worker; ``reason`` goes into the ``WorkerLost`` of its calls."""
+        with self._lock:
+            self._kill_reason = self._kill_reason or reason
+        self._transport.kill()
+
+    def _send(self, message: object, payload: proto.Parts | None = None) -> None:
+        parts = proto.frame(message, payload)
+        with self._send_lock:
+            self._transport.write(parts)
+
+    # ── reader threads ───────────────────────────────────────────────────────────────────
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message, parts = proto.read_frame(self._transport.readinto)
+                self._dispatch(message, parts)
+        except (EOFError, OSError, ValueError):
+            pass
+        except Exception as exc:  # a frame we cannot decode: the link is unusable
+            self._output(self.node, "stderr", f"skyward: bad frame: {exc!r}\n".encode())
+        self._lose()
+
+    def _dispatch(self, message: object, parts: proto.Parts) -> None:
+        if isinstance(message, proto.Log):
+            self._output(self.node, "stdout", message.data)
+        elif isinstance(message, proto.Result):
+            with self._lock:
+                entry = self._pending.pop(message.call_id, None)
+            if entry is None:
+                return
+            future = entry[1]
+            if message.ok:
+                try:
+                    value = proto.loads(parts)
+                except Exception as exc:
+                    _fail(
+                        future,
+                        RemoteError(
+                            type(exc).__name__,
+                            f"cannot unpickle the result of {entry[0]} on the client: {exc}",
+                            "",
+                        ),
+                    )
+                    return
+                _resolve(future, value)
+            else:
+                _fail(future, decode_error(parts))
+        elif isinstance(message, proto.StartFailed):
+            error = decode_error(parts)
+            failure = StartError(
+                f"node {self.node}: a plugin's around_app failed: {type(error).__name__}: {error}"
+            )
+            failure.__cause__ = error
+            self._control.put(failure)
+        elif isinstance(message, proto.Bye):
+            pass
+        else:
+            self._control.put(message)
+
+    def _read_stderr(self) -> None:
+        partial = b""
+        while True:
+            try:
+                data = self._transport.read_stderr()
+            except OSError:
+                data = b""
+            if not data:
+                break
+            self._output(self.node, "stderr", data)
+            lines = (partial + data).split(b"\n")
+            partial = lines.pop()
+            for line in lines:
+                self._stderr_tail.append(line.decode("utf-8", "backslashreplace"))
+        if partial:
+            self._stderr_tail.append(partial.decode("utf-8", "backslashreplace"))
+
+    def _lose(self) -> None:
+        status = self._transport.wait(_EXIT_STATUS_TIMEOUT)
+        self._stderr_thread.join(_EXIT_STATUS_TIMEOUT)
+        self.exit_status = status
+        tail = "\n".join(self._stderr_tail)
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+            closing = self._closing
+            running = ", ".join(name for name, _ in pending) or "no calls"
+            message = (
+                f"node {self.node}: the worker (pid {self.pid}) ended with "
+                f"{describe_status(status)} while running {running}"
+            )
+            if self._kill_reason:
+                message += f"; it was killed because {self._kill_reason}"
+            if tail:
+                message += f"\n--- last lines of its stderr ---\n{tail}"
+            self.lost = WorkerLost(message, node=self.node, exit_status=status, stderr_tail=tail)
+        error: BaseException = self.lost
+        if closing:
+            error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
+        for _, future in pending:
+            _fail(future, error)
+        self._control.put(self.lost)
+        self._transport.close()
+        if self._on_lost is not None and not closing:
+            self._on_lost(self, self.lost)
+
+
+def _resolve(future: Future[Any], value: Any) -> None:
+    try:
+        future.set_result(value)
+    except InvalidStateError:
+        pass  # already failed by a timeout or a close
+
+
+def _fail(future: Future[Any], error: BaseException) -> None:
+    try:
+        future.set_exception(error)
+    except InvalidStateError:
+        pass

@@ -1,0 +1,166 @@
+"""``@sky.compute`` and the operators that send a call to a pool.
+
+::
+
+    f(x)                 -> PendingCall        nothing runs yet
+    f(x) >> pool         -> value              one node, the least busy
+    f(x) @ pool          -> [value, ...]       every node, by rank
+    f(x) > pool          -> Future             one node, don't wait
+    (f(x) & g(y)) >> pool -> (fx, gy)          several calls in parallel
+
+The operators only hand the call to the pool (``ComputePool.run`` and friends); all
+scheduling lives there. ``f.local(x)`` runs ``f`` in this process, unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+
+from skyward import _protocol as proto
+from skyward._errors import SerializationError
+
+if TYPE_CHECKING:
+    from skyward._pool import ComputePool
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Compute(Generic[P, R]):
+    """A function marked to run on a pool. Calling it returns a ``PendingCall``."""
+
+    def __init__(self, fn: Callable[P, R], *, timeout: float | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"sky.compute needs a callable, not {type(fn).__name__}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self.fn = fn
+        self.timeout = timeout
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> PendingCall[R]:
+        return PendingCall(self.fn, args, kwargs, timeout=self.timeout)
+
+    def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run in this process, as a plain call."""
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<sky.compute {_name(self.fn)}>"
+
+
+@overload
+def compute(fn: Callable[P, R], /) -> Compute[P, R]: ...
+@overload
+def compute(*, timeout: float | None = None) -> Callable[[Callable[P, R]], Compute[P, R]]: ...
+def compute(
+    fn: Callable[P, R] | None = None, /, *, timeout: float | None = None
+) -> Compute[P, R] | Callable[[Callable[P, R]], Compute[P, R]]:
+    """Mark ``fn`` to run on a pool: ``@sky.compute`` or ``@sky.compute(timeout=60)``.
+
+    ``timeout``: seconds from when the call is sent to a node until it must have returned;
+    past it the call raises ``TimeoutError`` and that node's worker is replaced.
+    """
+    if fn is None:
+        return lambda f: Compute(f, timeout=timeout)
+    return Compute(fn, timeout=timeout)
+
+
+@dataclass(frozen=True, eq=False)
+class PendingCall(Generic[R]):
+    """A function and its arguments, waiting for an operator to send them to a pool."""
+
+    fn: Callable[..., R]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    timeout: float | None = None
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", _name(self.fn))
+
+    def __rshift__(self, pool: ComputePool) -> R:
+        return pool._run_call(self).result()
+
+    def __matmul__(self, pool: ComputePool) -> list[R]:
+        return pool._broadcast_call(self).result()
+
+    def __gt__(self, pool: ComputePool) -> Future[R]:  # type: ignore[override]
+        return pool._run_call(self)
+
+    def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
+        return CallGroup((self,)) & other
+
+    def serialize(self) -> proto.Parts:
+        """Pickle ``(fn, args, kwargs)`` once, or say exactly which part cannot be pickled."""
+        try:
+            return proto.dumps((self.fn, self.args, self.kwargs))
+        except Exception as exc:
+            raise SerializationError(
+                f"{self._culprit()} cannot be pickled ({type(exc).__name__}: {exc}). "
+                f"Pass something picklable instead, or create the object inside the function."
+            ) from exc
+
+    def _culprit(self) -> str:
+        try:
+            proto.dumps(self.fn)
+        except Exception:
+            return f"the function {self.name}"
+        names = _parameter_names(self.fn, len(self.args))
+        for i, value in enumerate(self.args):
+            try:
+                proto.dumps(value)
+            except Exception:
+                return (
+                    f"argument {names[i]!r} (position {i}) of {self.name}, "
+                    f"a {type(value).__name__},"
+                )
+        for key, value in self.kwargs.items():
+            try:
+                proto.dumps(value)
+            except Exception:
+                return f"argument {key!r} of {self.name}, a {type(value).__name__},"
+        return f"the call {self.name}"
+
+
+@dataclass(frozen=True, eq=False)
+class CallGroup:
+    """Calls to run in parallel: ``(a() & b()) >> pool`` returns ``(a_value, b_value)``."""
+
+    calls: tuple[PendingCall[Any], ...]
+
+    def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
+        if isinstance(other, CallGroup):
+            return CallGroup(self.calls + other.calls)
+        if isinstance(other, PendingCall):
+            return CallGroup((*self.calls, other))
+        return NotImplemented
+
+    def __rshift__(self, pool: ComputePool) -> tuple[Any, ...]:
+        return (self > pool).result()
+
+    def __gt__(self, pool: ComputePool) -> Future[tuple[Any, ...]]:  # type: ignore[override]
+        return pool._run_group(self.calls)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
+    names: list[str] = []
+    try:
+        for param in inspect.signature(fn).parameters.values():
+            if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+                names.append(param.name)
+            elif param.kind is param.VAR_POSITIONAL:
+                names.extend(f"*{param.name}[{i}]" for i in range(count))
+    except (TypeError, ValueError):
+        pass
+    return (names + [f"#{i}" for i in range(len(names), count)])[:count]

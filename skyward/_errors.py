@@ -1,0 +1,116 @@
+"""Skyward's exceptions: one tree, every class exported from ``skyward``.
+
+::
+
+    SkywardError
+     ├─ ProvisionError      a provider could not create (or fully clean up) nodes
+     ├─ BootstrapError      a node could not be prepared (missing packages, failed image script)
+     ├─ ChannelError        the link to a worker failed
+     │   ├─ VersionMismatch  the worker's Python differs from the client's
+     │   ├─ WorkerLost       a worker died with calls in flight (node, exit status, stderr tail)
+     │   └─ StartError       a worker could not start (around_app raised, Ready never came)
+     ├─ RemoteError         a remote exception that could not be sent back as itself
+     ├─ SerializationError  a function, argument or result that cannot be pickled
+     ├─ PluginError         a plugin is invalid, unpicklable, or out of order
+     └─ PoolClosed          the pool is not running (never started, or already closed)
+
+Configuration mistakes are pydantic ``ValidationError``s (they name the field); a call that
+exceeds its ``timeout=`` raises the builtin ``TimeoutError``. A remote exception that pickles
+is re-raised as its own type with a ``RemoteTraceback`` as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class SkywardError(Exception):
+    """Base class of every error Skyward raises itself."""
+
+
+class ProvisionError(SkywardError):
+    """A provider could not create nodes, or could not fully clean them up."""
+
+
+class BootstrapError(SkywardError):
+    """A node could not be prepared to run the worker."""
+
+
+class ChannelError(SkywardError):
+    """The link to a worker failed."""
+
+
+class VersionMismatch(ChannelError):
+    """The worker runs a different Python minor version than the client."""
+
+
+class WorkerLost(ChannelError):
+    """A worker process ended while calls were in flight on it.
+
+    ``node`` is the rank, ``exit_status`` the process's exit code (negative: killed by that
+    signal, ``None``: unknown), ``stderr_tail`` the last lines it wrote to stderr.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: int,
+        exit_status: int | None = None,
+        stderr_tail: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.node = node
+        self.exit_status = exit_status
+        self.stderr_tail = stderr_tail
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only fields would be lost by Exception's default pickling.
+        return (_rebuild_worker_lost, (str(self), self.node, self.exit_status, self.stderr_tail))
+
+
+def _rebuild_worker_lost(
+    message: str, node: int, exit_status: int | None, stderr_tail: str
+) -> WorkerLost:
+    return WorkerLost(message, node=node, exit_status=exit_status, stderr_tail=stderr_tail)
+
+
+class StartError(ChannelError):
+    """A worker started but could not become ready (a plugin's ``around_app`` raised)."""
+
+
+class RemoteError(SkywardError):
+    """A remote exception that could not be sent back as itself.
+
+    ``type_name`` is the remote exception's qualified type name; ``traceback`` the remote
+    traceback as text.
+    """
+
+    def __init__(self, type_name: str, message: str, traceback: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.traceback = traceback
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (RemoteError, (self.type_name, str(self).partition(": ")[2], self.traceback))
+
+
+class SerializationError(SkywardError):
+    """A function, argument or return value cannot be pickled."""
+
+
+class PluginError(SkywardError):
+    """A plugin is invalid, cannot be pickled, or is in the wrong place in the list."""
+
+
+class PoolClosed(SkywardError):
+    """The pool is not running: it was never started, or it has been closed."""
+
+
+class RemoteTraceback(Exception):
+    """The ``__cause__`` of a re-raised remote exception: its traceback, as text."""
+
+    def __init__(self, traceback: str) -> None:
+        super().__init__(traceback)
+        self.traceback = traceback
+
+    def __str__(self) -> str:
+        return f"\n\nRemote traceback:\n{self.traceback}"

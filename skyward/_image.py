@@ -1,0 +1,112 @@
+"""``Image`` and ``PipIndex``: what a worker needs.
+
+An image is a value; plugins return new images from old ones (``with_pip``, ``with_env``).
+Remote providers turn it into a bootstrap script; the local provider runs no script and checks
+the image's requirements against the client's interpreter instead (``providers/local.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_NAME = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
+
+
+def requirement_name(requirement: str) -> str:
+    """The normalized project name of a requirement string (PEP 503)."""
+    match = _NAME.match(requirement)
+    if not match:
+        raise ValueError(f"{requirement!r} is not a pip requirement")
+    return re.sub(r"[-_.]+", "-", match.group(1)).lower()
+
+
+class PipIndex(BaseModel):
+    """An extra package index used only for the named packages.
+
+    ``url`` is a PEP 503 simple index, or a find-links page when ``find_links=True`` (JAX's
+    CUDA release page is one). Scoping keeps an extra index from shadowing other packages.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str = Field(min_length=1)
+    packages: tuple[str, ...] = Field(min_length=1)
+    find_links: bool = False
+
+    @field_validator("packages")
+    @classmethod
+    def _names(cls, packages: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(requirement_name(p) for p in packages)
+
+
+class Image(BaseModel):
+    """What a worker needs: Python, packages, system packages, environment, setup commands.
+
+    - ``python``: ``"auto"`` (the client's minor version, required by cloudpickle) or
+      ``"3.X"``.
+    - ``pip``: requirement strings; ``index_url`` replaces the default index (a company
+      mirror); ``pip_indexes`` adds indexes scoped to named packages.
+    - ``apt``: Debian/Ubuntu packages; ``setup``: shell commands run after installs.
+    - ``env``: environment variables every worker process starts with.
+
+    The local provider uses the client's own interpreter: it applies ``env``, checks ``pip``
+    against what is installed, and ignores ``python``, ``apt``, ``setup`` and the indexes.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    python: str = "auto"
+    pip: tuple[str, ...] = ()
+    index_url: str | None = None
+    pip_indexes: tuple[PipIndex, ...] = ()
+    apt: tuple[str, ...] = ()
+    env: Mapping[str, str] = Field(default_factory=dict)
+    setup: tuple[str, ...] = ()
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, python: str) -> str:
+        if python != "auto" and not re.fullmatch(r"3\.\d{1,2}", python):
+            raise ValueError(f"python must be 'auto' or '3.X', not {python!r}")
+        return python
+
+    @field_validator("pip")
+    @classmethod
+    def _requirements(cls, pip: tuple[str, ...]) -> tuple[str, ...]:
+        for requirement in pip:
+            requirement_name(requirement)
+        return pip
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: Mapping[str, str]) -> dict[str, str]:
+        for key in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return dict(env)
+
+    @property
+    def python_version(self) -> str:
+        if self.python == "auto":
+            return f"{sys.version_info.major}.{sys.version_info.minor}"
+        return self.python
+
+    def with_pip(self, *requirements: str, indexes: Iterable[PipIndex] = ()) -> Image:
+        """A new image with these requirements added (requirements already named are kept)."""
+        have = {requirement_name(r) for r in self.pip}
+        added = tuple(r for r in requirements if requirement_name(r) not in have)
+        return self.model_copy(
+            update={
+                "pip": self.pip + added,
+                "pip_indexes": self.pip_indexes + tuple(indexes),
+            }
+        )
+
+    def with_env(self, env: Mapping[str, str], *, override: bool = True) -> Image:
+        """A new image with ``env`` merged in; ``override=False`` keeps values already set."""
+        merged = {**env, **self.env} if not override else {**self.env, **env}
+        return self.model_validate({**self.model_dump(), "env": merged})

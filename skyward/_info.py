@@ -1,0 +1,80 @@
+"""``InstanceInfo``: what a worker knows about its place in the pool.
+
+The client builds one per node after every worker has said ``Hello`` and sends it in
+``Start``; the worker keeps it for ``instance_info()``. Outside a worker (the client, or a
+function run with ``f.local()``) ``instance_info()`` describes the current process as the only
+node of a one-node pool, so code that shards by ``node``/``total_nodes`` runs unchanged.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+
+
+class InstanceInfo(BaseModel):
+    """A node's identity in its pool. Frozen; identical fields on every node but ``node``.
+
+    - ``node``: this node's rank, ``0 .. total_nodes - 1``.
+    - ``head_addr`` / ``head_port``: where node 0 can be reached by the other nodes, and a
+      port node 0 found free at start (the jax plugin puts its coordinator there).
+    - ``peers``: every node's address, by rank (``peers[0] == head_addr``).
+    - ``accelerators``: accelerator devices on this node (0 on CPU-only nodes);
+      ``accelerator``: their kind, as the pool asked for it (``"A100"``), or ``None``.
+    - ``pool``, ``provider``: the pool's name and the provider's kind (``"local"``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: int = Field(ge=0)
+    total_nodes: int = Field(ge=1)
+    head_addr: str
+    head_port: int = Field(ge=0, le=65535)
+    peers: tuple[str, ...]
+    accelerators: int = Field(default=0, ge=0)
+    accelerator: str | None = None
+    pool: str | None = None
+    provider: str = "local"
+    hostname: str
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def is_head(self) -> bool:
+        return self.node == 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> InstanceInfo:
+        if self.node >= self.total_nodes:
+            raise ValueError(f"node {self.node} is out of range for {self.total_nodes} nodes")
+        if len(self.peers) != self.total_nodes:
+            raise ValueError(f"peers has {len(self.peers)} entries for {self.total_nodes} nodes")
+        return self
+
+
+_current: InstanceInfo | None = None
+
+
+def instance_info() -> InstanceInfo:
+    """This node's ``InstanceInfo``.
+
+    On a worker, the info the client sent at start. Anywhere else, a one-node description of
+    the current process (node 0 of 1, loopback head, ``pool=None``).
+    """
+    if _current is not None:
+        return _current
+    return InstanceInfo(
+        node=0,
+        total_nodes=1,
+        head_addr="127.0.0.1",
+        head_port=0,
+        peers=("127.0.0.1",),
+        pool=None,
+        provider="local",
+        hostname=socket.gethostname(),
+    )
+
+
+def _set_current(info: InstanceInfo) -> None:
+    global _current
+    _current = info

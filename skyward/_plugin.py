@@ -1,0 +1,71 @@
+"""``Plugin``: a name and two optional hooks, composed in list order.
+
+``transform(image, spec) -> image`` runs on the client when the pool is built, first plugin
+first; it may raise ``PluginError`` (the keras plugin does when jax is missing before it).
+``around_app(info) -> context manager`` runs on every worker: entered in list order before the
+first call, exited in reverse at shutdown, like nested ``with`` blocks (first = outermost).
+Hooks travel to workers with cloudpickle, so a plugin must pickle; the pool checks that when
+it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyward._errors import PluginError
+from skyward._image import Image
+from skyward._info import InstanceInfo
+
+if TYPE_CHECKING:
+    from skyward._pool import PoolSpec
+
+Transform = Callable[[Image, "PoolSpec"], Image]
+AroundApp = Callable[[InstanceInfo], AbstractContextManager[Any]]
+
+
+class Plugin(BaseModel):
+    """A named bundle of hooks. See the module docstring for when each hook runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    name: str = Field(min_length=1)
+    transform: Callable[..., Image] | None = None
+    around_app: Callable[..., AbstractContextManager[Any]] | None = None
+
+
+def apply_transforms(image: Image, spec: PoolSpec) -> Image:
+    """Run every plugin's ``transform`` in list order; wrap foreign failures in PluginError."""
+    for plugin in spec.plugins:
+        if plugin.transform is None:
+            continue
+        try:
+            result = plugin.transform(image, spec)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"plugin {plugin.name!r}: transform failed: {exc}") from exc
+        if not isinstance(result, Image):
+            raise PluginError(
+                f"plugin {plugin.name!r}: transform must return an Image, "
+                f"not {type(result).__name__}"
+            )
+        image = result
+    return image
+
+
+def enter_around_app(stack: ExitStack, plugins: Sequence[Plugin], info: InstanceInfo) -> None:
+    """Enter each plugin's context on ``stack``, first plugin outermost."""
+    for plugin in plugins:
+        if plugin.around_app is None:
+            continue
+        context = plugin.around_app(info)
+        if not hasattr(context, "__enter__"):
+            raise PluginError(
+                f"plugin {plugin.name!r}: around_app must return a context manager, "
+                f"not {type(context).__name__}"
+            )
+        stack.enter_context(context)

@@ -1,0 +1,691 @@
+"""``ComputePool``: opens nodes, keeps one worker on each, schedules calls, always closes.
+
+::
+
+    __init__   validate (pydantic) → check plugins pickle → plugins' transforms over the image
+    start()    provider.provision → per node, in parallel: spawn worker, wait Hello
+               → check Python versions → InstanceInfo per node → Start to all → wait Ready
+    calls      >> / submit / map: pool queue → least busy ready node with a free slot
+               @ / broadcast:     sent at once to every node, under one lock, so every node
+                                  sees broadcasts in the same order (SPMD programs need it)
+    failures   a worker that dies fails its calls (WorkerLost) and is replaced; a call past
+               its timeout fails (TimeoutError) and its worker is killed, then replaced
+    close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
+               → bounded wait → kill → provider.terminate, in a finally
+
+All mutable scheduling state is in ``ComputePool`` and guarded by ``_lock``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import heapq
+import itertools
+import os
+import secrets
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from skyward import _protocol as proto
+from skyward._channel import Channel, _fail
+from skyward._compute import Compute, PendingCall
+from skyward._console import Console, Progress
+from skyward._errors import PluginError, PoolClosed, VersionMismatch, WorkerLost
+from skyward._image import Image
+from skyward._info import InstanceInfo
+from skyward._plugin import Plugin, apply_transforms
+from skyward.providers.base import Node, Provider
+
+R = TypeVar("R")
+State = Literal["new", "starting", "running", "closing", "closed"]
+
+
+class PoolSpec(BaseModel):
+    """A pool's validated configuration; plugins' ``transform`` hooks receive it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    provider: Any
+    nodes: int = Field(default=1, ge=1, le=4096)
+    accelerator: str | None = Field(default=None, min_length=1)
+    image: Image = Field(default_factory=Image)
+    plugins: tuple[Plugin, ...] = ()
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    name: str = Field(default_factory=lambda: f"pool-{secrets.token_hex(3)}", min_length=1)
+    start_timeout: float = Field(default=120.0, gt=0)
+    shutdown_timeout: float = Field(default=10.0, gt=0)
+    quiet: bool = False
+
+    @field_validator("provider")
+    @classmethod
+    def _provider(cls, provider: Any) -> Any:
+        if not isinstance(provider, Provider):
+            raise ValueError(
+                f"expected a provider such as sky.Local(), not {type(provider).__name__}"
+            )
+        return provider
+
+    @field_validator("plugins")
+    @classmethod
+    def _unique(cls, plugins: tuple[Plugin, ...]) -> tuple[Plugin, ...]:
+        names = [p.name for p in plugins]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"plugin {name!r} is listed more than once")
+        return plugins
+
+    @property
+    def provider_kind(self) -> str:
+        return str(self.provider.kind)
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    """A snapshot of a pool's work. ``in_flight`` is per node, by rank."""
+
+    name: str
+    state: str
+    nodes: int
+    ready_nodes: int
+    queued: int
+    in_flight: tuple[int, ...]
+    submitted: int
+    succeeded: int
+    failed: int
+    workers_replaced: int
+    uptime: float
+
+
+@dataclass(eq=False)
+class _Task:
+    call: PendingCall[Any]
+    payload: proto.Parts
+    future: Future[Any]
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One node and its current worker."""
+
+    rank: int
+    node: Node
+    info: InstanceInfo | None = None
+    channel: Channel | None = None
+    ready: bool = False
+    busy: int = 0  # calls sent and not finished, broadcasts included
+    lost: WorkerLost | None = None  # set when the node cannot get a worker any more
+    backlog: list[_Task] = field(default_factory=list)  # broadcasts waiting for a new worker
+
+
+class ComputePool:
+    """A pool of nodes running Skyward workers. Use it as a context manager::
+
+        with sky.ComputePool(nodes=4) as pool:
+            results = f(x) @ pool
+
+    or, in a notebook, ``pool = sky.ComputePool(nodes=4).start()`` … ``pool.close()`` (a
+    pool left open is closed when the interpreter exits). Every argument is validated here,
+    before anything starts. Thread-safe: many threads may submit at once.
+    """
+
+    def __init__(
+        self,
+        provider: Provider | None = None,
+        *,
+        nodes: int = 1,
+        accelerator: str | None = None,
+        image: Image | None = None,
+        plugins: Sequence[Plugin] = (),
+        concurrency: int = 1,
+        name: str | None = None,
+        start_timeout: float = 120.0,
+        shutdown_timeout: float = 10.0,
+        quiet: bool = False,
+    ) -> None:
+        from skyward.providers.local import Local
+
+        options: dict[str, Any] = {
+            "provider": Local() if provider is None else provider,
+            "nodes": nodes,
+            "accelerator": accelerator,
+            "image": Image() if image is None else image,
+            "plugins": tuple(plugins),
+            "concurrency": concurrency,
+            "start_timeout": start_timeout,
+            "shutdown_timeout": shutdown_timeout,
+            "quiet": quiet,
+        }
+        if name is not None:
+            options["name"] = name
+        self.spec = PoolSpec(**options)
+        self._plugin_payload = _pickle_plugins(self.spec.plugins)
+        self.image = apply_transforms(self.spec.image, self.spec)
+        self._console = Console(quiet=quiet)
+
+        self._lock = threading.RLock()  # guards: everything below, and slot fields
+        self._idle = threading.Condition(self._lock)  # notified whenever a call finishes
+        self._state: State = "new"
+        self._slots: list[_Slot] = []
+        self._nodes: Sequence[Node] = ()
+        self._queue: deque[_Task] = deque()
+        self._pumping = False
+        self._pending_channels: set[Channel] = set()  # spawned, not yet ready
+        self._counts = {"submitted": 0, "succeeded": 0, "failed": 0, "replaced": 0}
+        self._started_at = 0.0
+        self._watchdog = _Watchdog(self)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __repr__(self) -> str:
+        return (
+            f"<ComputePool {self.name!r} {self.spec.provider_kind} "
+            f"nodes={self.spec.nodes} {self._state}>"
+        )
+
+    # ── lifecycle ────────────────────────────────────────────────────────────────────────
+
+    def __enter__(self) -> ComputePool:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Leaving normally waits for submitted calls, like an executor; leaving on an error
+        # or Ctrl-C does not: the user is already on their way out.
+        self.close(wait=exc_type is None)
+
+    def start(self) -> ComputePool:
+        """Provision the nodes and start a worker on each; returns when all are ready."""
+        with self._lock:
+            if self._state != "new":
+                raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
+            self._state = "starting"
+        atexit.register(self._close_at_exit)
+        spec = self.spec
+        self._started_at = time.monotonic()
+        self._console.status(
+            f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})"
+        )
+        try:
+            self._start(spec)
+        except BaseException:
+            self.close(wait=False)
+            raise
+        with self._lock:
+            self._state = "running"
+        self._console.status(
+            f"pool {self.name} ready: {spec.nodes} node(s) in "
+            f"{time.monotonic() - self._started_at:.1f} s"
+        )
+        return self
+
+    def _start(self, spec: PoolSpec) -> None:
+        deadline = time.monotonic() + spec.start_timeout
+        self._nodes = spec.provider.provision(spec.model_copy(update={"image": self.image}))
+        if len(self._nodes) != spec.nodes:
+            raise PoolClosed(
+                f"provider {spec.provider_kind} returned {len(self._nodes)} nodes, not {spec.nodes}"
+            )
+        with self._lock:
+            self._slots = [_Slot(rank, node) for rank, node in enumerate(self._nodes)]
+        progress = Progress(self._console, spec.nodes, "workers up")
+
+        def hello(slot: _Slot) -> tuple[Channel, proto.Hello]:
+            channel, message = self._launch(slot, deadline)
+            progress.step(f"node {slot.rank} (pid {message.pid})")
+            return channel, message
+
+        hellos = _parallel(hello, self._slots)
+        for slot, (_, message) in zip(self._slots, hellos, strict=True):
+            _check_version(slot.rank, message)
+        head_port = hellos[0][1].head_port or 0
+        addresses = tuple(slot.node.address for slot in self._slots)
+        for slot, (_, message) in zip(self._slots, hellos, strict=True):
+            slot.info = InstanceInfo(
+                node=slot.rank,
+                total_nodes=spec.nodes,
+                head_addr=addresses[0],
+                head_port=head_port,
+                peers=addresses,
+                accelerators=slot.node.accelerators,
+                accelerator=spec.accelerator,
+                pool=self.name,
+                provider=spec.provider_kind,
+                hostname=message.hostname,
+            )
+        # The barrier: every node has said Hello before any node gets Start, so plugins
+        # such as jax.distributed.initialize begin together however unevenly nodes booted.
+        for slot, (channel, _) in zip(self._slots, hellos, strict=True):
+            channel.send_start(self._start_message(slot), self._plugin_payload)
+
+        def ready(item: tuple[_Slot, Channel]) -> None:
+            slot, channel = item
+            channel.wait_ready(max(0.0, deadline - time.monotonic()))
+
+        _parallel(ready, [(s, c) for s, (c, _) in zip(self._slots, hellos, strict=True)])
+        with self._lock:
+            for slot, (channel, _) in zip(self._slots, hellos, strict=True):
+                self._pending_channels.discard(channel)
+                slot.channel = channel
+                slot.ready = True
+
+    def _launch(self, slot: _Slot, deadline: float) -> tuple[Channel, proto.Hello]:
+        """Spawn a worker for ``slot`` and wait for its Hello."""
+        with self._lock:
+            if self._state in ("closing", "closed"):
+                raise PoolClosed(f"pool {self.name!r} is closing")
+            transport = slot.node.spawn_worker(slot.rank, self.image.env)
+            channel = Channel(
+                transport,
+                node=slot.rank,
+                output=self._console.output,
+                on_lost=lambda ch, err, s=slot: self._on_lost(s, ch, err),  # type: ignore[misc]
+            )
+            self._pending_channels.add(channel)
+        return channel, channel.wait_hello(max(0.0, deadline - time.monotonic()))
+
+    def _start_message(self, slot: _Slot) -> proto.Start:
+        assert slot.info is not None
+        return proto.Start(
+            info=slot.info, sys_path=_client_sys_path(), concurrency=self.spec.concurrency
+        )
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop every worker and destroy the nodes. Idempotent.
+
+        ``wait=True`` first lets submitted calls finish; ``wait=False`` fails the ones not
+        yet started with ``PoolClosed``. Workers get ``shutdown_timeout`` seconds to leave
+        their plugins' contexts, then are killed; the provider's ``terminate`` always runs.
+        """
+        with self._lock:
+            if self._state in ("closing", "closed"):
+                return
+            was_running = self._state == "running"
+            if self._state == "new":
+                self._state = "closed"
+                return
+        try:
+            if wait and was_running:
+                self._wait_idle()
+        finally:
+            self._teardown()
+
+    def _wait_idle(self) -> None:
+        with self._idle:
+            while self._queue or any(s.busy or s.backlog for s in self._slots):
+                self._idle.wait(1.0)
+
+    def _teardown(self) -> None:
+        with self._lock:
+            self._state = "closing"
+            queued = list(self._queue) + [t for s in self._slots for t in s.backlog]
+            self._queue.clear()
+            for slot in self._slots:
+                slot.backlog.clear()
+                slot.ready = False
+            channels = [s.channel for s in self._slots if s.channel is not None]
+            channels += self._pending_channels
+            self._pending_channels.clear()
+        try:
+            self._watchdog.stop()
+            closed = PoolClosed(f"pool {self.name!r} was closed before this call ran")
+            for task in queued:
+                _fail(task.future, closed)
+            for channel in channels:
+                channel.shutdown()
+            deadline = time.monotonic() + self.spec.shutdown_timeout
+            for channel in channels:
+                channel.wait_closed(max(0.0, deadline - time.monotonic()))
+            for channel in channels:
+                if not channel.wait_closed(0):
+                    channel.kill("it did not exit within shutdown_timeout")
+            for channel in channels:
+                channel.wait_closed(5.0)
+        finally:
+            try:
+                if self._nodes:
+                    self.spec.provider.terminate(self._nodes)
+            finally:
+                with self._lock:
+                    self._state = "closed"
+                    self._idle.notify_all()
+                self._console.flush()
+                atexit.unregister(self._close_at_exit)
+
+    def _close_at_exit(self) -> None:
+        if self._state not in ("closing", "closed"):
+            self._console.status(f"closing pool {self.name} at interpreter exit")
+        self.close(wait=False)
+
+    # ── calls ────────────────────────────────────────────────────────────────────────────
+
+    def run(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
+        """Run ``fn(*args, **kwargs)`` on the least busy node and return its value."""
+        result: R = self._run_call(_pending(fn, args, kwargs)).result()
+        return result
+
+    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+        """Like ``run`` but returns a ``concurrent.futures.Future`` at once."""
+        return self._run_call(_pending(fn, args, kwargs))
+
+    def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]:
+        """Run ``fn(*args, **kwargs)`` on every node; results by node rank."""
+        result: list[R] = self._broadcast_call(_pending(fn, args, kwargs)).result()
+        return result
+
+    def map(self, fn: Callable[..., R], iterable: Iterable[Any], /) -> list[R]:
+        """``[fn(x) for x in iterable]`` spread over the nodes; results in input order.
+
+        The first failure (in input order) is raised and calls not yet started are
+        cancelled.
+        """
+        futures = [self._run_call(_pending(fn, (item,), {})) for item in iterable]
+        try:
+            return [future.result() for future in futures]
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def statistics(self) -> PoolStatistics:
+        with self._lock:
+            return PoolStatistics(
+                name=self.name,
+                state=self._state,
+                nodes=self.spec.nodes,
+                ready_nodes=sum(s.ready for s in self._slots),
+                queued=len(self._queue),
+                in_flight=tuple(s.busy for s in self._slots),
+                submitted=self._counts["submitted"],
+                succeeded=self._counts["succeeded"],
+                failed=self._counts["failed"],
+                workers_replaced=self._counts["replaced"],
+                uptime=time.monotonic() - self._started_at if self._started_at else 0.0,
+            )
+
+    def _run_call(self, call: PendingCall[R]) -> Future[R]:
+        task = _Task(call, call.serialize(), Future())
+        with self._lock:
+            self._check_running()
+            self._counts["submitted"] += 1
+            self._queue.append(task)
+            self._pump()
+        return task.future
+
+    def _run_group(self, calls: Sequence[PendingCall[Any]]) -> Future[tuple[Any, ...]]:
+        return _gather([self._run_call(call) for call in calls], tuple)
+
+    def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
+        payload = call.serialize()  # once, for every node
+        futures: list[Future[R]] = []
+        with self._lock:
+            self._check_running()
+            for slot in self._slots:
+                task = _Task(call, payload, Future())
+                futures.append(task.future)
+                self._counts["submitted"] += 1
+                if slot.lost is not None:
+                    _fail(task.future, slot.lost)
+                elif not slot.ready:
+                    slot.backlog.append(task)  # its worker is being replaced
+                else:
+                    self._send(slot, task)
+        return _gather(futures, list)
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise PoolClosed(
+                f"pool {self.name!r} is {self._state}: use `with sky.ComputePool(...) as pool:` "
+                f"or `pool.start()` before sending calls"
+            )
+
+    def _pump(self) -> None:
+        """Send queued calls to the least busy ready nodes with a free slot. Lock held."""
+        if self._pumping:
+            return  # a completion callback inside _send; the outer loop carries on
+        self._pumping = True
+        try:
+            limit = self.spec.concurrency
+            while self._queue:
+                free = [s for s in self._slots if s.ready and s.busy < limit]
+                if not free:
+                    if all(s.lost is not None for s in self._slots):
+                        self._fail_queue(self._slots[0].lost)
+                    return
+                slot = min(free, key=lambda s: s.busy)
+                self._send(slot, self._queue.popleft())
+        finally:
+            self._pumping = False
+
+    def _fail_queue(self, error: BaseException | None) -> None:
+        lost = WorkerLost(f"pool {self.name!r} has no node left to run calls on: {error}", node=-1)
+        while self._queue:
+            _fail(self._queue.popleft().future, lost)
+
+    def _send(self, slot: _Slot, task: _Task) -> None:
+        """Hand one task to ``slot``'s worker. Lock held."""
+        if not task.future.set_running_or_notify_cancel():
+            return  # cancelled while queued
+        assert slot.channel is not None
+        slot.busy += 1
+        channel = slot.channel
+        task.future.add_done_callback(lambda f: self._call_done(slot, f))
+        if task.call.timeout is not None:
+            self._watchdog.watch(task, channel)
+        channel.submit(task.call.name, task.payload, task.future)
+
+    def _call_done(self, slot: _Slot, future: Future[Any]) -> None:
+        with self._lock:
+            slot.busy -= 1
+            ok = not future.cancelled() and future.exception() is None
+            self._counts["succeeded" if ok else "failed"] += 1
+            if self._state == "running":
+                self._pump()
+            self._idle.notify_all()
+
+    # ── failures ─────────────────────────────────────────────────────────────────────────
+
+    def _on_lost(self, slot: _Slot, channel: Channel, error: WorkerLost) -> None:
+        """A worker ended on its own, or was killed after a timeout: replace it."""
+        with self._lock:
+            if slot.channel is not channel or self._state != "running":
+                return
+            slot.channel = None
+            slot.ready = False
+        self._console.status(f"node {slot.rank}: worker lost; starting a new one")
+        threading.Thread(
+            target=self._replace, args=(slot,), name=f"skyward-replace-{slot.rank}", daemon=True
+        ).start()
+
+    def _replace(self, slot: _Slot) -> None:
+        channel: Channel | None = None
+        try:
+            deadline = time.monotonic() + self.spec.start_timeout
+            channel, message = self._launch(slot, deadline)
+            _check_version(slot.rank, message)
+            channel.send_start(self._start_message(slot), self._plugin_payload)
+            channel.wait_ready(max(0.0, deadline - time.monotonic()))
+        except BaseException as exc:
+            if channel is not None:
+                channel.kill("it could not be started")
+            with self._lock:
+                if channel is not None:
+                    self._pending_channels.discard(channel)
+                slot.lost = WorkerLost(
+                    f"node {slot.rank}: its worker died and no new one could be started: {exc}",
+                    node=slot.rank,
+                )
+                backlog, slot.backlog = slot.backlog, []
+                for task in backlog:
+                    _fail(task.future, slot.lost)
+                self._pump()
+                self._idle.notify_all()
+            return
+        with self._lock:
+            self._pending_channels.discard(channel)
+            if self._state != "running":
+                channel.kill("the pool is closing")
+                return
+            self._counts["replaced"] += 1
+            slot.channel = channel
+            slot.ready = True
+            backlog, slot.backlog = slot.backlog, []
+            for task in backlog:
+                self._send(slot, task)
+            self._pump()
+        self._console.status(f"node {slot.rank}: new worker ready (pid {message.pid})")
+
+
+class _Watchdog:
+    """Fails calls that outlive their timeout and kills their worker (which is replaced).
+
+    One thread per pool, started by the first call that has a timeout.
+    """
+
+    def __init__(self, pool: ComputePool) -> None:
+        self._pool = pool
+        self._cond = threading.Condition()  # guards: _heap, _thread, _stopped
+        self._heap: list[tuple[float, int, _Task, Channel]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def watch(self, task: _Task, channel: Channel) -> None:
+        assert task.call.timeout is not None
+        with self._cond:
+            entry = (time.monotonic() + task.call.timeout, next(self._seq), task, channel)
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="skyward-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    delay = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cond.wait(delay)
+                if self._stopped:
+                    return
+                _, _, task, channel = heapq.heappop(self._heap)
+            if task.future.done():
+                continue
+            timeout = task.call.timeout
+            _fail(
+                task.future,
+                TimeoutError(
+                    f"{task.call.name} did not finish within its timeout of {timeout:g} s on "
+                    f"node {channel.node}; that node's worker is being replaced"
+                ),
+            )
+            channel.kill(f"{task.call.name} exceeded its timeout of {timeout:g} s")
+
+
+def _pending(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if isinstance(fn, Compute):
+        return PendingCall(fn.fn, args, kwargs, timeout=fn.timeout)
+    if not callable(fn):
+        raise TypeError(f"expected a function, not {type(fn).__name__}")
+    return PendingCall(fn, args, kwargs)
+
+
+def _pickle_plugins(plugins: Sequence[Plugin]) -> proto.Parts:
+    for plugin in plugins:
+        try:
+            proto.dumps(plugin)
+        except Exception as exc:
+            raise PluginError(
+                f"plugin {plugin.name!r} cannot be pickled, so it cannot reach the workers: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    return proto.dumps(list(plugins))
+
+
+def _check_version(rank: int, hello: proto.Hello) -> None:
+    ours = proto.python_version()
+    if hello.python[:2] != ours[:2]:
+        theirs = ".".join(map(str, hello.python))
+        raise VersionMismatch(
+            f"node {rank} runs Python {theirs} but this client runs "
+            f"{'.'.join(map(str, ours))}; cloudpickle needs the same minor version on both "
+            f"ends. Run the client on Python {hello.python[0]}.{hello.python[1]}, or give "
+            f"the workers Python {ours[0]}.{ours[1]}."
+        )
+
+
+def _client_sys_path() -> list[str]:
+    # Workers append these, so modules importable here (the script's directory, a test
+    # suite's rootdir) are importable there too; cloudpickle pickles their functions by name.
+    return [os.path.abspath(p or os.curdir) for p in sys.path]
+
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+def _parallel(fn: Callable[[T], U], items: Sequence[T]) -> list[U]:
+    """``[fn(x) for x in items]`` on daemon threads; the first failure is raised.
+
+    Daemon threads, so a Ctrl-C in the waiting thread is never held up by them; whatever
+    they are blocked on is ended by the pool's teardown.
+    """
+    futures: list[Future[U]] = [Future() for _ in items]
+
+    def run(item: T, future: Future[U]) -> None:
+        try:
+            future.set_result(fn(item))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    for item, future in zip(items, futures, strict=True):
+        threading.Thread(target=run, args=(item, future), daemon=True).start()
+    gathered = _gather(futures, list)
+    return gathered.result()
+
+
+def _gather(futures: Sequence[Future[Any]], build: Callable[[list[Any]], Any]) -> Future[Any]:
+    """One future for many: their results by position, or the first failure as it happens."""
+    out: Future[Any] = Future()
+    out.set_running_or_notify_cancel()
+    remaining = [len(futures)]
+    lock = threading.Lock()  # guards: remaining
+
+    def done(future: Future[Any]) -> None:
+        if future.cancelled():
+            _fail(out, PoolClosed("a call of this group was cancelled"))
+            return
+        if future.exception() is not None:
+            _fail(out, future.exception())  # type: ignore[arg-type]
+            return
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            out.set_result(build([f.result() for f in futures]))
+
+    if not futures:
+        out.set_result(build([]))
+    for future in futures:
+        future.add_done_callback(done)
+    return out

@@ -1,0 +1,204 @@
+"""The wire between the client and a worker: messages and framing. Imported by both sides.
+
+A frame is ``!I`` part count, ``!Q`` length of each part, then the parts::
+
+    [n][len0 .. lenN-1][control][payload main][payload buffer 1] ...
+
+Part 0 is a small message (a dataclass below, plain pickle). The optional payload is user data
+pickled once with cloudpickle protocol 5: its out-of-band buffers (numpy arrays and the like)
+are separate parts, written with ``writev`` straight from the array's memory and read into
+buffers that the unpickled arrays then own, so large arrays are never copied into a bigger
+bytes object. A broadcast pickles its payload once and writes the same parts to every worker.
+
+This module needs only the standard library until a payload is (de)serialized, so a worker
+can say ``Hello`` before importing anything else: a Python mismatch is reported, not a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Part = bytes | bytearray | memoryview
+Parts = list[Part]
+
+_COUNT = struct.Struct("!I")
+_MAX_PARTS = 1 << 16
+
+
+# ── messages, client → worker ────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Start:
+    """Everything a worker needs before its first call; payload: the plugins, in order."""
+
+    info: Any  # InstanceInfo; typed loosely so this module stays import-light
+    sys_path: list[str]
+    concurrency: int
+
+
+@dataclass(frozen=True)
+class Call:
+    """Run a function; payload: ``(fn, args, kwargs)``."""
+
+    call_id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Finish queued calls, leave the plugins' contexts in reverse, exit."""
+
+
+# ── messages, worker → client ────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Hello:
+    python: tuple[int, int, int]
+    pid: int
+    hostname: str
+    head_port: int | None  # a free port, offered by node 0 only
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Every plugin's ``around_app`` has been entered; calls may come."""
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    """A plugin's ``around_app`` raised; payload: the encoded error."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """A call ended; payload: the value if ``ok``, else the encoded error."""
+
+    call_id: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class Log:
+    """Bytes the user's code wrote to stdout."""
+
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Bye:
+    """The worker is about to exit normally."""
+
+
+# ── payloads ─────────────────────────────────────────────────────────────────────────────
+
+
+def dumps(obj: object) -> Parts:
+    """Pickle ``obj`` with cloudpickle protocol 5, large buffers out of band."""
+    import cloudpickle
+
+    buffers: list[pickle.PickleBuffer] = []
+    main = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    return [main, *(b.raw() for b in buffers)]
+
+
+def loads(parts: Sequence[Part]) -> Any:
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """A remote exception, made to survive a client that cannot unpickle it.
+
+    ``blob`` is the exception pickled on its own, or ``None`` when it could not be; the type
+    name, message and traceback text always arrive.
+    """
+
+    type_name: str
+    message: str
+    traceback: str
+    blob: bytes | None
+
+
+def encode_error(exc: BaseException) -> Parts:
+    import traceback
+
+    import cloudpickle
+
+    tb = "".join(traceback.format_exception(exc))
+    kind = type(exc)
+    type_name = f"{kind.__module__}.{kind.__qualname__}"
+    if kind.__module__ == "builtins":
+        type_name = kind.__qualname__
+    blob: bytes | None
+    try:
+        blob = cloudpickle.dumps(exc, protocol=5)
+        # Exceptions with custom __init__ signatures pickle but fail to unpickle; catch that
+        # here, where the traceback is, rather than as a puzzling error on the client.
+        pickle.loads(blob)
+    except Exception:
+        blob = None
+    return dumps(ErrorInfo(type_name, str(exc), tb, blob))
+
+
+# ── framing ──────────────────────────────────────────────────────────────────────────────
+
+
+def frame(message: object, payload: Parts | None = None) -> Parts:
+    """The parts to write for one frame, header first."""
+    parts: Parts = [pickle.dumps(message, protocol=5)]
+    if payload:
+        parts.extend(payload)
+    header = struct.pack(f"!I{len(parts)}Q", len(parts), *(_nbytes(p) for p in parts))
+    return [header, *parts]
+
+
+def _nbytes(part: Part) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
+def write_parts(fd: int, parts: Sequence[Part]) -> None:
+    """Write every part to ``fd`` with as few syscalls as the kernel allows."""
+    views = [memoryview(p).cast("B") for p in parts if _nbytes(p)]
+    iov_max = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+    while views:
+        written = os.writev(fd, views[:iov_max])
+        while views and written >= views[0].nbytes:
+            written -= views[0].nbytes
+            views.pop(0)
+        if written:
+            views[0] = views[0][written:]
+
+
+def read_exact(readinto: Callable[[memoryview], int | None], size: int) -> bytearray:
+    """Read exactly ``size`` bytes; ``EOFError`` if the stream ends first."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = readinto(view[got:])
+        if not n:
+            raise EOFError(f"stream ended after {got} of {size} bytes")
+        got += n
+    return buf
+
+
+def read_frame(readinto: Callable[[memoryview], int | None]) -> tuple[Any, Parts]:
+    """Read one frame; return the message and its payload parts (maybe empty)."""
+    (count,) = _COUNT.unpack(read_exact(readinto, _COUNT.size))
+    if not 0 < count <= _MAX_PARTS:
+        raise EOFError(f"corrupt frame header ({count} parts); something else wrote here")
+    lengths = struct.unpack(f"!{count}Q", read_exact(readinto, 8 * count))
+    parts: Parts = [read_exact(readinto, n) for n in lengths]
+    return pickle.loads(parts[0]), parts[1:]
+
+
+def python_version() -> tuple[int, int, int]:
+    return (sys.version_info.major, sys.version_info.minor, sys.version_info.micro)

@@ -1,0 +1,1 @@
+"""Built-in plugins. Each is a function returning a ``sky.Plugin``."""

@@ -1,0 +1,1 @@
+"""Providers create and destroy nodes; see ``base.py`` for the contract."""

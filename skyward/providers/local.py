@@ -1,0 +1,206 @@
+"""``Local()``: nodes are worker processes on this machine, on the client's own interpreter.
+
+It is the default provider and the cheapest real double of the remote ones: the workers speak
+the same protocol over subprocess pipes that remote workers speak over SSH. It installs
+nothing: the image's requirements are checked against the interpreter, and a missing package
+is a ``BootstrapError`` that says how to install it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from skyward import _protocol as proto
+from skyward._errors import BootstrapError, ProvisionError
+
+if TYPE_CHECKING:
+    from skyward._pool import PoolSpec
+
+# The directory that holds the skyward package, so workers import this very copy even when
+# the client runs it from a source checkout rather than an installed distribution.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class Local(BaseModel):
+    """Run the pool's nodes as worker processes on this machine.
+
+    ``python``: the interpreter for workers; default the client's own (``sys.executable``).
+    It must be the same Python minor version as the client.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    python: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "local"
+
+    @property
+    def interpreter(self) -> str:
+        return self.python or sys.executable
+
+    def provision(self, spec: PoolSpec) -> Sequence[LocalNode]:
+        missing = missing_requirements(spec.image.pip, self.interpreter)
+        if missing:
+            listed = "\n".join(f"  - {line}" for line in missing)
+            install = " ".join(shlex.quote(r) for r in spec.image.pip)
+            raise BootstrapError(
+                f"the local pool's image needs packages that {self.interpreter} lacks:\n"
+                f"{listed}\n"
+                f"The local provider runs workers on this interpreter and never installs "
+                f"anything itself. Install them with:\n"
+                f"  {shlex.quote(self.interpreter)} -m pip install {install}"
+            )
+        if not Path(self.interpreter).exists():
+            raise ProvisionError(f"Local(python={self.interpreter!r}): no such interpreter")
+        return [LocalNode(self.interpreter) for _ in range(spec.nodes)]
+
+    def terminate(self, nodes: Sequence[object]) -> None:
+        for node in nodes:
+            if isinstance(node, LocalNode):
+                node.kill_all()
+
+
+class LocalNode:
+    """A slot on this machine; each ``spawn_worker`` starts one process."""
+
+    address = "127.0.0.1"
+    accelerators = 0
+
+    def __init__(self, python: str) -> None:
+        self._python = python
+        self._lock = threading.Lock()  # guards: _processes
+        self._processes: list[subprocess.Popen[bytes]] = []
+
+    def spawn_worker(self, rank: int, env: Mapping[str, str]) -> PipeTransport:
+        path = os.environ.get("PYTHONPATH")
+        full_env = {
+            **os.environ,
+            **env,
+            "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, path) if p),
+        }
+        process = subprocess.Popen(
+            [self._python, "-m", "skyward.worker", "--node", str(rank)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            bufsize=0,
+            # A session of its own: Ctrl-C in the terminal reaches the client, which then
+            # shuts the workers down in order, instead of killing them mid-call.
+            start_new_session=True,
+        )
+        with self._lock:
+            self._processes = [p for p in self._processes if p.poll() is None]
+            self._processes.append(process)
+        return PipeTransport(process)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            processes, self._processes = self._processes, []
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+class PipeTransport:
+    """A worker's stdin/stdout (the protocol) and stderr, as subprocess pipes."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdin and process.stdout and process.stderr
+        self.process = process
+        self._stdin = process.stdin
+        self._stdout = process.stdout
+        self._stderr = process.stderr
+
+    def write(self, parts: Sequence[proto.Part]) -> None:
+        proto.write_parts(self._stdin.fileno(), parts)
+
+    def readinto(self, buffer: memoryview) -> int | None:
+        return self._stdout.readinto(buffer)  # type: ignore[attr-defined, no-any-return]
+
+    def read_stderr(self) -> bytes:
+        data = os.read(self._stderr.fileno(), 1 << 16)
+        if not data:
+            # Closed here, by the only thread that reads it, never under a blocked read.
+            self._stderr.close()
+        return data
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+
+    def close(self) -> None:
+        for stream in (self._stdin, self._stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+def missing_requirements(requirements: Sequence[str], python: str) -> list[str]:
+    """Which requirements ``python`` does not satisfy, each with what it has instead."""
+    if not requirements:
+        return []
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return _unsatisfied(list(requirements))
+    script = (
+        "import json, sys\n"
+        "from skyward.providers.local import _unsatisfied\n"
+        "print(json.dumps(_unsatisfied(json.loads(sys.argv[1]))))\n"
+    )
+    result = subprocess.run(
+        [python, "-c", script, json.dumps(list(requirements))],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": _PACKAGE_ROOT},
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise BootstrapError(
+            f"could not check requirements with {python}: {result.stderr.strip()[-2000:]}"
+        )
+    return list(json.loads(result.stdout))
+
+
+def _unsatisfied(requirements: list[str]) -> list[str]:
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    missing: list[str] = []
+    for text in requirements:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement as exc:
+            missing.append(f"{text} (not a valid requirement: {exc})")
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        try:
+            version = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            missing.append(f"{text} (not installed)")
+            continue
+        if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
+            missing.append(f"{text} (installed: {version})")
+    return missing

@@ -1,0 +1,256 @@
+"""``python -m skyward.worker --node N``: one long-lived worker per node.
+
+::
+
+    fd 0 (pipe/SSH) ──> reader thread ──> call queue ──> executor threads (main thread first)
+                                                              │ result frames
+    private dup of fd 1 <─────────────── send lock <──────────┘
+          ^                                  ^
+          │                                  └── stdout forwarder: fd 1 is a pipe it drains
+          └─ the protocol stream               into Log frames, so print() and C-level
+                                               writes never corrupt the protocol
+    fd 2 stays the transport's stderr: the client reads it directly, so the last words of a
+    worker that crashes (SIGABRT from a JAX rank, a segfault) are never lost in a buffer.
+
+Life: say ``Hello`` (stdlib only, so a Python mismatch is reported rather than a crash), wait
+for ``Start``, enter the plugins' ``around_app`` contexts in order, say ``Ready``, run calls,
+and on ``Shutdown`` (or EOF: the client is gone) exit the contexts in reverse and leave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import io
+import os
+import queue
+import select
+import socket
+import sys
+import termios
+import threading
+from contextlib import ExitStack
+from typing import Any
+
+from skyward import _protocol as proto
+
+# How long a worker whose client vanished may spend leaving its contexts before it quits.
+_ORPHAN_EXIT_TIMEOUT = 10.0
+
+
+class _Link:
+    """The worker's end of the protocol. ``send`` is thread-safe."""
+
+    def __init__(self, in_fd: int, out_fd: int) -> None:
+        self._in = io.FileIO(in_fd, "rb", closefd=False)
+        self._out_fd = out_fd
+        self._send_lock = threading.Lock()  # guards: one whole frame at a time on out_fd
+
+    def send(self, message: object, payload: proto.Parts | None = None) -> None:
+        parts = proto.frame(message, payload)
+        with self._send_lock:
+            proto.write_parts(self._out_fd, parts)
+
+    def recv(self) -> tuple[Any, proto.Parts]:
+        return proto.read_frame(self._in.readinto)
+
+
+class _StdoutForwarder:
+    """Moves what fd 1 receives into ``Log`` frames, and can drain it on demand.
+
+    ``drain`` runs before every result is sent, so a call's output reaches the client
+    before its return value does.
+    """
+
+    def __init__(self, link: _Link) -> None:
+        self._link = link
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 1)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        self._fd = read_fd
+        self._lock = threading.Lock()  # guards: reading the pipe and sending what was read
+        self._libc: Any = None
+        threading.Thread(target=self._run, name="skyward-stdout", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            select.select([self._fd], [], [])
+            with self._lock:
+                if not self._forward():
+                    return
+
+    def _forward(self) -> bool:
+        """Send everything buffered in the pipe now; False once the pipe is closed."""
+        while True:
+            try:
+                data = os.read(self._fd, 1 << 16)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            self._link.send(proto.Log(data))
+
+    def drain(self) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        self._flush_c_stdio()
+        with self._lock:
+            self._forward()
+
+    def _flush_c_stdio(self) -> None:
+        # printf() from C extensions is block-buffered on a pipe; flush it like Python's.
+        if self._libc is None:
+            import ctypes
+
+            self._libc = ctypes.CDLL(None)
+        self._libc.fflush(None)
+
+    def pending(self) -> int:
+        buf = bytearray(4)
+        fcntl.ioctl(self._fd, termios.FIONREAD, buf)
+        return int.from_bytes(buf, sys.byteorder)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Parts]:
+    from skyward._errors import SerializationError
+
+    try:
+        fn, args, kwargs = proto.loads(parts)
+    except BaseException as exc:
+        return False, proto.encode_error(exc)
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as exc:
+        return False, proto.encode_error(exc)
+    try:
+        return True, proto.dumps(value)
+    except Exception as exc:
+        error = SerializationError(
+            f"the return value of {message.name} ({type(value).__name__}) cannot be pickled: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        return False, proto.encode_error(error)
+
+
+class _Worker:
+    def __init__(self, link: _Link, stdout: _StdoutForwarder) -> None:
+        self.link = link
+        self.stdout = stdout
+        self.calls: queue.Queue[tuple[proto.Call, proto.Parts] | None] = queue.Queue()
+        self.concurrency = 1
+
+    def serve(self) -> None:
+        """Run calls until Shutdown or EOF; the main thread is one of the executors."""
+        threading.Thread(target=self._read, name="skyward-reader", daemon=True).start()
+        executors = [
+            threading.Thread(target=self._execute, name=f"skyward-exec-{i}", daemon=True)
+            for i in range(1, self.concurrency)
+        ]
+        for thread in executors:
+            thread.start()
+        self._execute()
+        for thread in executors:
+            thread.join()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message, parts = self.link.recv()
+                if isinstance(message, proto.Call):
+                    self.calls.put((message, parts))
+                elif isinstance(message, proto.Shutdown):
+                    break
+        except (EOFError, OSError):
+            # The client is gone; nobody will read results. Leave, but bounded.
+            threading.Timer(_ORPHAN_EXIT_TIMEOUT, os._exit, args=(3,)).start()
+        for _ in range(self.concurrency):
+            self.calls.put(None)
+
+    def _execute(self) -> None:
+        while (item := self.calls.get()) is not None:
+            message, parts = item
+            ok, payload = _run_call(message, parts)
+            del parts, item
+            self.stdout.drain()
+            try:
+                self.link.send(proto.Result(message.call_id, ok), payload)
+            except OSError:
+                return
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m skyward.worker")
+    parser.add_argument("--node", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    # Keep the protocol on private fds, then give user code harmless fd 0 and 1.
+    link = _Link(os.dup(0), os.dup(1))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    stdout = _StdoutForwarder(link)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "wb", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+
+    link.send(
+        proto.Hello(
+            python=proto.python_version(),
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+            head_port=_free_port() if args.node == 0 else None,
+        )
+    )
+    try:
+        message, parts = link.recv()
+    except EOFError:
+        os._exit(0)
+    if not isinstance(message, proto.Start):
+        os._exit(0)  # the client decided not to start us (version mismatch, cancelled)
+
+    from skyward import _info
+    from skyward._plugin import enter_around_app
+
+    for path in message.sys_path:
+        if path not in sys.path:
+            sys.path.append(path)
+    _info._set_current(message.info)
+    worker = _Worker(link, stdout)
+    worker.concurrency = message.concurrency
+    with ExitStack() as stack:
+        try:
+            enter_around_app(stack, proto.loads(parts), message.info)
+        except BaseException as exc:
+            stdout.drain()
+            link.send(proto.StartFailed(), proto.encode_error(exc))
+            stack.close()
+            _exit(stdout, 1)
+        del parts
+        link.send(proto.Ready())
+        worker.serve()
+    link.send(proto.Bye())
+    _exit(stdout, 0)
+
+
+def _exit(stdout: _StdoutForwarder, code: int) -> None:
+    stdout.drain()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    # os._exit: threads that user code or libraries left running must not keep us alive.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
