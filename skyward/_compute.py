@@ -91,7 +91,7 @@ class PendingCall(Generic[R]):
     def __matmul__(self, pool: ComputePool) -> list[R]:
         return pool._broadcast_call(self).result()
 
-    def __gt__(self, pool: ComputePool) -> Future[R]:  # type: ignore[override]
+    def __gt__(self, pool: ComputePool) -> Future[R]:
         return pool._run_call(self)
 
     def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
@@ -145,7 +145,7 @@ class CallGroup:
     def __rshift__(self, pool: ComputePool) -> tuple[Any, ...]:
         return (self > pool).result()
 
-    def __gt__(self, pool: ComputePool) -> Future[tuple[Any, ...]]:  # type: ignore[override]
+    def __gt__(self, pool: ComputePool) -> Future[tuple[Any, ...]]:
         return pool._run_group(self.calls)
 
 

@@ -272,11 +272,10 @@ class ComputePool:
         for slot, (channel, _) in zip(self._slots, hellos, strict=True):
             channel.send_start(self._start_message(slot), self._plugin_payload)
 
-        def ready(item: tuple[_Slot, Channel]) -> None:
-            slot, channel = item
+        def ready(channel: Channel) -> None:
             channel.wait_ready(max(0.0, deadline - time.monotonic()))
 
-        _parallel(ready, [(s, c) for s, (c, _) in zip(self._slots, hellos, strict=True)])
+        _parallel(ready, [channel for channel, _ in hellos])
         with self._lock:
             for slot, (channel, _) in zip(self._slots, hellos, strict=True):
                 self._pending_channels.discard(channel)
@@ -660,8 +659,8 @@ def _parallel(fn: Callable[[T], U], items: Sequence[T]) -> list[U]:
 
     for item, future in zip(items, futures, strict=True):
         threading.Thread(target=run, args=(item, future), daemon=True).start()
-    gathered = _gather(futures, list)
-    return gathered.result()
+    results: list[U] = _gather(futures, list).result()
+    return results
 
 
 def _gather(futures: Sequence[Future[Any]], build: Callable[[list[Any]], Any]) -> Future[Any]:
