@@ -67,8 +67,13 @@ def compute(
     past it the call raises ``TimeoutError`` and that node's worker is replaced.
     """
     if fn is None:
-        return lambda f: Compute(f, timeout=timeout)
-    return Compute(fn, timeout=timeout)
+        return lambda f: Compute(_unwrap(f), timeout=timeout)
+    return Compute(_unwrap(fn), timeout=timeout)
+
+
+def _unwrap(fn: Callable[P, R]) -> Callable[P, R]:
+    # sky.compute(timeout=5)(already_decorated) gives new options to the same function.
+    return fn.fn if isinstance(fn, Compute) else fn
 
 
 @dataclass(frozen=True, eq=False)

@@ -497,6 +497,22 @@ class ComputePool:
 
     # ── failures ─────────────────────────────────────────────────────────────────────────
 
+    def _recycle(self, channel: Channel, task: _Task) -> None:
+        """``task`` outlived its timeout: fail it, and replace the worker running it."""
+        with self._lock:
+            for slot in self._slots:
+                if slot.channel is channel:
+                    slot.ready = False  # before the future fails: no new call may land here
+        timeout = task.call.timeout
+        _fail(
+            task.future,
+            TimeoutError(
+                f"{task.call.name} did not finish within its timeout of {timeout:g} s on "
+                f"node {channel.node}; that node's worker is being replaced"
+            ),
+        )
+        channel.kill(f"{task.call.name} exceeded its timeout of {timeout:g} s")
+
     def _on_lost(self, slot: _Slot, channel: Channel, error: WorkerLost) -> None:
         """A worker ended on its own, or was killed after a timeout: replace it."""
         with self._lock:
@@ -588,17 +604,8 @@ class _Watchdog:
                 if self._stopped:
                     return
                 _, _, task, channel = heapq.heappop(self._heap)
-            if task.future.done():
-                continue
-            timeout = task.call.timeout
-            _fail(
-                task.future,
-                TimeoutError(
-                    f"{task.call.name} did not finish within its timeout of {timeout:g} s on "
-                    f"node {channel.node}; that node's worker is being replaced"
-                ),
-            )
-            channel.kill(f"{task.call.name} exceeded its timeout of {timeout:g} s")
+            if not task.future.done():
+                self._pool._recycle(channel, task)
 
 
 def _pending(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -126,7 +126,11 @@ class PipeTransport:
         self._stderr = process.stderr
 
     def write(self, parts: Sequence[proto.Part]) -> None:
-        proto.write_parts(self._stdin.fileno(), parts)
+        try:
+            fd = self._stdin.fileno()
+        except ValueError:  # closed after the worker was lost
+            raise BrokenPipeError("the worker's stdin is closed") from None
+        proto.write_parts(fd, parts)
 
     def readinto(self, buffer: memoryview) -> int | None:
         return self._stdout.readinto(buffer)  # type: ignore[attr-defined, no-any-return]

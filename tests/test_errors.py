@@ -1,0 +1,191 @@
+"""Remote exceptions, unpicklable things, dead workers and timeouts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_EXCEPTION, wait
+from pathlib import Path
+
+import pytest
+
+import skyward as sky
+
+
+class NeedsTwoArgs(Exception):
+    """Pickles, but cannot be unpickled: Exception's pickling passes only ``args``."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"{a}+{b}")
+
+
+@sky.compute
+def fail_with_value_error() -> None:
+    raise ValueError("bad value on the worker")
+
+
+@sky.compute
+def fail_unpicklably() -> None:
+    raise NeedsTwoArgs(1, 2)
+
+
+@sky.compute
+def pid() -> int:
+    return os.getpid()
+
+
+@sky.compute
+def wait_for(path: str, seconds: float = 60) -> str:
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "done"
+
+
+@pytest.fixture
+def pool() -> Iterator[sky.ComputePool]:
+    with sky.ComputePool(nodes=2, quiet=True) as pool:
+        yield pool
+
+
+def test_remote_value_error_is_caught_as_value_error(pool: sky.ComputePool) -> None:
+    with pytest.raises(ValueError, match="bad value on the worker") as caught:
+        fail_with_value_error() >> pool
+    cause = caught.value.__cause__
+    assert isinstance(cause, sky.RemoteTraceback)
+    assert "fail_with_value_error" in cause.traceback
+    assert 'raise ValueError("bad value on the worker")' in cause.traceback
+
+
+def test_exception_that_cannot_be_unpickled_becomes_remote_error(pool: sky.ComputePool) -> None:
+    with pytest.raises(sky.RemoteError) as caught:
+        fail_unpicklably() >> pool
+    assert caught.value.type_name.endswith("NeedsTwoArgs")
+    assert "1+2" in str(caught.value)
+    assert "fail_unpicklably" in caught.value.traceback
+
+
+def test_unpicklable_argument_is_named_before_anything_is_sent(pool: sky.ComputePool) -> None:
+    lock = threading.Lock()
+    before = pool.statistics().submitted
+    with pytest.raises(sky.SerializationError, match=r"argument 'path' \(position 0\) of wait_for"):
+        wait_for(lock) >> pool  # type: ignore[arg-type]
+    with pytest.raises(sky.SerializationError, match=r"argument 'seconds' of wait_for"):
+        wait_for("x", seconds=lock) >> pool  # type: ignore[arg-type]
+    assert pool.statistics().submitted == before
+
+
+def test_unpicklable_function_is_named(pool: sky.ComputePool) -> None:
+    lock = threading.Lock()
+
+    def uses_lock() -> bool:
+        return lock.locked()
+
+    with pytest.raises(sky.SerializationError, match="the function .*uses_lock"):
+        pool.run(uses_lock)
+
+
+def test_unpicklable_return_value_is_a_serialization_error(pool: sky.ComputePool) -> None:
+    with pytest.raises(sky.SerializationError, match="return value of .* cannot be pickled"):
+        pool.run(threading.Lock)
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_during_a_call_raises_worker_lost_promptly(
+    pool: sky.ComputePool, tmp_path: Path
+) -> None:
+    victim = pool.broadcast(pid)[1]
+    gate = tmp_path / "gate"
+    futures = [wait_for(str(gate)) > pool for _ in range(2)]  # one per node
+    time.sleep(0.3)  # both are running
+    os.kill(victim, signal.SIGKILL)
+    done, _ = wait(futures, timeout=5, return_when=FIRST_EXCEPTION)
+    gate.touch()
+    failed = [f for f in done if f.exception() is not None]
+    assert len(failed) == 1, "the call on the killed node must fail within 5 s"
+    lost = failed[0].exception()
+    assert isinstance(lost, sky.WorkerLost)
+    assert lost.node == 1
+    assert lost.exit_status == -signal.SIGKILL
+    assert "node 1" in str(lost) and "SIGKILL" in str(lost) and "wait_for" in str(lost)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("how", "status"),
+    [
+        ("import os; os._exit(7)", 7),
+        ("import ctypes; ctypes.string_at(0)", -signal.SIGSEGV),
+        ("import os; os.abort()", -signal.SIGABRT),
+    ],
+    ids=["os._exit", "segfault", "abort"],
+)
+def test_worker_death_reports_status_and_stderr_tail(
+    pool: sky.ComputePool, how: str, status: int
+) -> None:
+    def die() -> None:
+        sys.stderr.write("last words before dying\n")
+        sys.stderr.flush()
+        exec(how)
+
+    with pytest.raises(sky.WorkerLost) as caught:
+        pool.run(die)
+    lost = caught.value
+    assert lost.exit_status == status
+    assert "last words before dying" in lost.stderr_tail
+    assert "last words before dying" in str(lost)
+
+
+@pytest.mark.timeout(60)
+def test_a_lost_worker_is_replaced_and_the_pool_keeps_working(
+    pool: sky.ComputePool,
+) -> None:
+    old = pool.broadcast(pid)
+    with pytest.raises(sky.WorkerLost):
+        pool.run(os._exit, 1)
+    deadline = time.monotonic() + 30
+    while pool.statistics().ready_nodes < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    new = pool.broadcast(pid)
+    assert len(set(new) - set(old)) == 1
+    assert pool.statistics().workers_replaced == 1
+    assert [n for n in pool.broadcast(lambda: sky.instance_info().node)] == [0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_timeout_raises_timeout_error_and_recycles_the_worker(tmp_path: Path) -> None:
+    slow = sky.compute(timeout=0.5)(wait_for)
+    with sky.ComputePool(nodes=1, quiet=True) as pool:
+        first = pool.run(pid)
+        with pytest.raises(TimeoutError, match="timeout of 0.5 s"):
+            slow(str(tmp_path / "never")) >> pool
+        second = pool.run(pid)  # waits for the replacement
+        assert second != first
+        assert pool.run(pid) == second
+
+
+def test_version_mismatch_is_reported_before_user_code_is_sent(tmp_path: Path) -> None:
+    other = _other_python()
+    marker = tmp_path / "entered"
+
+    def record(_info: sky.InstanceInfo) -> object:
+        marker.touch()
+        return open(os.devnull)
+
+    plugin = sky.Plugin(name="record", around_app=record)
+    with pytest.raises(sky.VersionMismatch, match=r"node 0 runs Python 3\.12"):
+        with sky.ComputePool(sky.Local(python=other), plugins=[plugin], quiet=True):
+            pass
+    assert not marker.exists()
+
+
+def _other_python() -> str:
+    for root in sorted(Path("/root/.pyenv/versions").glob("3.12*")):
+        candidate = root / "bin" / "python3.12"
+        if candidate.exists():
+            return str(candidate)
+    pytest.fail("this test needs a Python 3.12 interpreter (pyenv's) to play a mismatched worker")
