@@ -176,12 +176,12 @@ class Channel:
         with self._lock:
             return [name for name, _ in self._pending.values()]
 
-    def shutdown(self) -> None:
-        """Ask the worker to finish its queued calls and exit; returns at once."""
+    def shutdown(self, *, cancel: bool) -> None:
+        """Ask the worker to exit; returns at once. See ``proto.Shutdown`` for ``cancel``."""
         with self._lock:
             self._closing = True
         try:
-            self._send(proto.Shutdown())
+            self._send(proto.Shutdown(cancel=cancel))
         except OSError:
             pass
 

@@ -317,18 +317,20 @@ class ComputePool:
             if self._state == "new":
                 self._state = "closed"
                 return
+        cancel = True
         try:
             if wait and was_running:
                 self._wait_idle()
+                cancel = False
         finally:
-            self._teardown()
+            self._teardown(cancel=cancel)
 
     def _wait_idle(self) -> None:
         with self._idle:
             while self._queue or any(s.busy or s.backlog for s in self._slots):
                 self._idle.wait(1.0)
 
-    def _teardown(self) -> None:
+    def _teardown(self, *, cancel: bool) -> None:
         with self._lock:
             self._state = "closing"
             queued = list(self._queue) + [t for s in self._slots for t in s.backlog]
@@ -345,7 +347,7 @@ class ComputePool:
             for task in queued:
                 _fail(task.future, closed)
             for channel in channels:
-                channel.shutdown()
+                channel.shutdown(cancel=cancel)
             deadline = time.monotonic() + self.spec.shutdown_timeout
             for channel in channels:
                 channel.wait_closed(max(0.0, deadline - time.monotonic()))

@@ -53,7 +53,14 @@ class Call:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Finish queued calls, leave the plugins' contexts in reverse, exit."""
+    """Leave the plugins' contexts in reverse and exit, after the queued calls.
+
+    ``cancel``: drop queued calls and interrupt the running one (or a slow ``around_app``
+    entry) with ``KeyboardInterrupt``, as Ctrl-C would; used when the client leaves on an
+    error.
+    """
+
+    cancel: bool = False
 
 
 # ── messages, worker → client ────────────────────────────────────────────────────────────

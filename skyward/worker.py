@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import io
 import os
 import queue
 import select
+import signal
 import socket
 import sys
-import termios
 import threading
+from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
@@ -107,11 +107,6 @@ class _StdoutForwarder:
             self._libc = ctypes.CDLL(None)
         self._libc.fflush(None)
 
-    def pending(self) -> int:
-        buf = bytearray(4)
-        fcntl.ioctl(self._fd, termios.FIONREAD, buf)
-        return int.from_bytes(buf, sys.byteorder)
-
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -141,49 +136,94 @@ def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Part
 
 
 class _Worker:
-    def __init__(self, link: _Link, stdout: _StdoutForwarder) -> None:
+    """Runs calls from a queue on ``concurrency`` threads, the main thread first.
+
+    Only the main thread's work can be interrupted (by SIGINT), so a
+    cancelling shutdown stops a running call or a slow ``around_app`` entry there.
+    """
+
+    def __init__(self, link: _Link, stdout: _StdoutForwarder, concurrency: int) -> None:
         self.link = link
         self.stdout = stdout
+        self.concurrency = concurrency
         self.calls: queue.Queue[tuple[proto.Call, proto.Parts] | None] = queue.Queue()
-        self.concurrency = 1
+        self._lock = threading.Lock()  # guards: stopping, _main_busy
+        self.stopping = False
+        self._main_busy = False
+
+    def start_reader(self) -> None:
+        threading.Thread(target=self._read, name="skyward-reader", daemon=True).start()
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Main-thread work that a cancelling shutdown may interrupt."""
+        with self._lock:
+            self._main_busy = not self.stopping
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._main_busy = False
 
     def serve(self) -> None:
-        """Run calls until Shutdown or EOF; the main thread is one of the executors."""
-        threading.Thread(target=self._read, name="skyward-reader", daemon=True).start()
+        """Run calls until Shutdown or EOF."""
         executors = [
             threading.Thread(target=self._execute, name=f"skyward-exec-{i}", daemon=True)
             for i in range(1, self.concurrency)
         ]
         for thread in executors:
             thread.start()
-        self._execute()
+        try:
+            self._execute(main=True)
+        except KeyboardInterrupt:
+            pass  # a cancelling shutdown that landed between calls
         for thread in executors:
             thread.join()
 
     def _read(self) -> None:
+        cancel = True
         try:
             while True:
                 message, parts = self.link.recv()
                 if isinstance(message, proto.Call):
                     self.calls.put((message, parts))
                 elif isinstance(message, proto.Shutdown):
+                    cancel = message.cancel
                     break
         except (EOFError, OSError):
             # The client is gone; nobody will read results. Leave, but bounded.
             threading.Timer(_ORPHAN_EXIT_TIMEOUT, os._exit, args=(3,)).start()
+        with self._lock:
+            self.stopping = True
+            interrupt = cancel and self._main_busy
+        if cancel:
+            _drop_queued(self.calls)
         for _ in range(self.concurrency):
             self.calls.put(None)
+        if interrupt:
+            # A real signal, not _thread.interrupt_main(): only a signal wakes the main
+            # thread from a blocking call such as sleep() or a socket read.
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
-    def _execute(self) -> None:
+    def _execute(self, main: bool = False) -> None:
         while (item := self.calls.get()) is not None:
             message, parts = item
-            ok, payload = _run_call(message, parts)
+            with self.interruptible() if main else contextlib.nullcontext():
+                ok, payload = _run_call(message, parts)
             del parts, item
             self.stdout.drain()
             try:
                 self.link.send(proto.Result(message.call_id, ok), payload)
             except OSError:
                 return
+
+
+def _drop_queued(calls: queue.Queue[tuple[proto.Call, proto.Parts] | None]) -> None:
+    while True:
+        try:
+            calls.get_nowait()
+        except queue.Empty:
+            return
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,11 +267,12 @@ def main(argv: list[str] | None = None) -> None:
         if path not in sys.path:
             sys.path.append(path)
     _info._set_current(message.info)
-    worker = _Worker(link, stdout)
-    worker.concurrency = message.concurrency
+    worker = _Worker(link, stdout, message.concurrency)
+    worker.start_reader()
     with ExitStack() as stack:
         try:
-            enter_around_app(stack, proto.loads(parts), message.info)
+            with worker.interruptible():
+                enter_around_app(stack, proto.loads(parts), message.info)
         except BaseException as exc:
             stdout.drain()
             link.send(proto.StartFailed(), proto.encode_error(exc))

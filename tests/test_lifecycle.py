@@ -1,0 +1,329 @@
+"""Plugins' contexts, teardown on every path, validation before start, concurrency."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pydantic
+import pytest
+
+import skyward as sky
+from conftest import worker_processes
+
+
+def recorder(name: str, log: Path) -> sky.Plugin:
+    """A plugin whose around_app appends '<name> enter|exit <node>' to ``log``."""
+
+    @contextlib.contextmanager
+    def around(info: sky.InstanceInfo) -> Iterator[None]:
+        with open(log, "a") as f:
+            f.write(f"{name} enter {info.node}\n")
+        try:
+            yield
+        finally:
+            with open(log, "a") as f:
+                f.write(f"{name} exit {info.node}\n")
+
+    return sky.Plugin(name=name, around_app=around)
+
+
+def events(log: Path, node: int = 0) -> list[str]:
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line.rsplit(" ", 1)[0] for line in lines if line.endswith(f" {node}")]
+
+
+def getenv(key: str) -> str | None:
+    # Not os.environ.get itself: that bound method would carry the client's environ along.
+    return os.environ.get(key)
+
+
+def _interrupt_main_after(seconds: float) -> threading.Timer:
+    timer = threading.Timer(
+        seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)
+    )
+    timer.start()
+    return timer
+
+
+# ── around_app ───────────────────────────────────────────────────────────────────────────
+
+
+def test_around_app_nests_first_plugin_outermost(tmp_path: Path) -> None:
+    log = tmp_path / "events"
+    plugins = [recorder("a", log), recorder("b", log), recorder("c", log)]
+    with sky.ComputePool(nodes=2, plugins=plugins, quiet=True) as pool:
+        pool.broadcast(lambda: None)
+        assert events(log, 0) == ["a enter", "b enter", "c enter"]
+    expected = ["a enter", "b enter", "c enter", "c exit", "b exit", "a exit"]
+    assert events(log, 0) == expected
+    assert events(log, 1) == expected
+
+
+def test_around_app_failure_fails_the_start_with_the_reason(tmp_path: Path) -> None:
+    log = tmp_path / "events"
+
+    @contextlib.contextmanager
+    def broken(info: sky.InstanceInfo) -> Iterator[None]:
+        if info.node == 1:
+            raise RuntimeError("cannot reach the license server")
+        yield
+
+    plugins = [recorder("outer", log), sky.Plugin(name="broken", around_app=broken)]
+    with pytest.raises(sky.StartError, match="cannot reach the license server") as caught:
+        with sky.ComputePool(nodes=2, plugins=plugins, quiet=True):
+            pass
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert events(log, 1) == ["outer enter", "outer exit"]
+
+
+# ── teardown ─────────────────────────────────────────────────────────────────────────────
+
+
+def test_an_exception_in_the_with_block_closes_everything(tmp_path: Path) -> None:
+    log = tmp_path / "events"
+    with pytest.raises(ZeroDivisionError):
+        with sky.ComputePool(nodes=2, plugins=[recorder("p", log)], quiet=True) as pool:
+            pool.broadcast(lambda: None)
+            1 / 0  # noqa: B018
+    assert not worker_processes()
+    assert events(log, 0)[-1] == "p exit" and events(log, 1)[-1] == "p exit"
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_during_a_call_interrupts_it_and_runs_teardown(tmp_path: Path) -> None:
+    log = tmp_path / "events"
+    _interrupt_main_after(1.0)
+    with pytest.raises(KeyboardInterrupt):
+        with sky.ComputePool(nodes=2, plugins=[recorder("p", log)], quiet=True) as pool:
+            pool.broadcast(time.sleep, 120)
+    assert not worker_processes()
+    # the workers were interrupted gracefully, so their contexts were left
+    assert events(log, 0) == ["p enter", "p exit"]
+    assert events(log, 1) == ["p enter", "p exit"]
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_during_start_closes_what_was_started(tmp_path: Path) -> None:
+    log = tmp_path / "events"
+
+    @contextlib.contextmanager
+    def slow(info: sky.InstanceInfo) -> Iterator[None]:
+        time.sleep(120)  # a plugin waiting for something that never comes
+        yield
+
+    plugins = [recorder("p", log), sky.Plugin(name="slow", around_app=slow)]
+    _interrupt_main_after(1.5)
+    with pytest.raises(KeyboardInterrupt):
+        sky.ComputePool(nodes=2, plugins=plugins, quiet=True).start()
+    assert not worker_processes()
+    assert events(log, 0) == ["p enter", "p exit"]
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_ignores_shutdown_is_killed_after_the_bound() -> None:
+    def stubborn() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(0.05)  # swallows KeyboardInterrupt by ignoring SIGINT
+
+    pool = sky.ComputePool(nodes=1, shutdown_timeout=1.0, quiet=True).start()
+    future = pool.submit(stubborn)
+    time.sleep(0.3)
+    pool.close(wait=False)
+    assert not worker_processes()
+    with pytest.raises(sky.PoolClosed):
+        future.result(timeout=5)
+
+
+@pytest.mark.timeout(60)
+def test_a_pool_never_closed_is_closed_at_interpreter_exit(tmp_path: Path) -> None:
+    log = tmp_path / "events"
+    script = textwrap.dedent(
+        f"""
+        import contextlib, os, sys
+        import skyward as sky
+
+        @contextlib.contextmanager
+        def around(info):
+            yield
+            with open({str(log)!r}, "a") as f:
+                f.write(f"exit {{info.node}}\\n")
+
+        pool = sky.ComputePool(nodes=2, plugins=[sky.Plugin(name="p", around_app=around)],
+                               quiet=True).start()
+        print(*pool.broadcast(os.getpid))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    pids = [int(p) for p in result.stdout.split()]
+    assert len(pids) == 2
+    assert not [p for p in pids if psutil.pid_exists(p)]
+    assert sorted(log.read_text().split("\n")[:-1]) == ["exit 0", "exit 1"]
+
+
+@pytest.mark.timeout(60)
+def test_workers_exit_when_the_client_is_killed(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import os, sys, time
+        import skyward as sky
+        pool = sky.ComputePool(nodes=2, quiet=True).start()
+        print(*pool.broadcast(os.getpid), flush=True)
+        time.sleep(120)
+        """
+    )
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert client.stdout is not None
+    pids = [int(p) for p in client.stdout.readline().split()]
+    client.kill()
+    client.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_closing_twice_and_using_a_closed_pool() -> None:
+    pool = sky.ComputePool(quiet=True)
+    with pytest.raises(sky.PoolClosed, match="use `with sky.ComputePool"):
+        pool.run(os.getpid)
+    pool.start()
+    pool.close()
+    pool.close()
+    with pytest.raises(sky.PoolClosed):
+        pool.run(os.getpid)
+    with pytest.raises(sky.PoolClosed, match="already started"):
+        pool.start()
+
+
+def test_leaving_normally_waits_for_submitted_calls() -> None:
+    with sky.ComputePool(nodes=1, quiet=True) as pool:
+        future = pool.submit(lambda: time.sleep(0.5) or "done")
+    assert future.result(timeout=0) == "done"
+
+
+# ── validation before anything starts ───────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: sky.ComputePool(nodes=0), "nodes"),
+        (lambda: sky.ComputePool(concurrency=0), "concurrency"),
+        (lambda: sky.ComputePool(start_timeout=-1), "start_timeout"),
+        (lambda: sky.ComputePool(provider="aws"), "provider"),  # type: ignore[arg-type]
+        (lambda: sky.Image(pip=["numpy"], pyton="3.11"), "pyton"),  # type: ignore[call-arg]
+        (lambda: sky.Image(python="2.7"), "python"),
+        (lambda: sky.Image(env={"BAD NAME": "x"}), "env"),
+        (lambda: sky.Plugin(name="p", around_app=3), "around_app"),  # type: ignore[arg-type]
+        (lambda: sky.Plugin(name="p", transform="x"), "transform"),  # type: ignore[arg-type]
+        (lambda: sky.PipIndex(url="https://x", packages=[]), "packages"),
+        (lambda: sky.Local(pythn="x"), "pythn"),  # type: ignore[call-arg]
+    ],
+)
+def test_bad_configuration_names_the_field(make: object, field: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=field):
+        make()  # type: ignore[operator]
+    assert not worker_processes()
+
+
+def test_duplicate_and_unpicklable_plugins_are_refused_at_construction() -> None:
+    with pytest.raises(pydantic.ValidationError, match="listed more than once"):
+        sky.ComputePool(plugins=[sky.Plugin(name="a"), sky.Plugin(name="a")])
+    lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def holds_lock(info: sky.InstanceInfo) -> Iterator[None]:
+        with lock:
+            yield
+
+    with pytest.raises(sky.PluginError, match="plugin 'locky' cannot be pickled"):
+        sky.ComputePool(plugins=[sky.Plugin(name="locky", around_app=holds_lock)])
+
+
+def test_transforms_run_in_order_at_construction() -> None:
+    def add(var: str) -> sky.Plugin:
+        return sky.Plugin(
+            name=var,
+            transform=lambda image, spec: image.with_env(
+                {"ORDER": image.env.get("ORDER", "") + var}
+            ),
+        )
+
+    pool = sky.ComputePool(nodes=1, plugins=[add("a"), add("b")], quiet=True)
+    assert pool.image.env["ORDER"] == "ab"
+    with pool:
+        assert pool.run(getenv, "ORDER") == "ab"
+
+
+def test_missing_requirements_are_listed_with_an_install_command() -> None:
+    image = sky.Image(pip=["pytest", "surely-not-installed-pkg>=1", "pydantic>=999"])
+    pool = sky.ComputePool(image=image, quiet=True)
+    with pytest.raises(sky.BootstrapError) as caught:
+        pool.start()
+    message = str(caught.value)
+    assert "surely-not-installed-pkg>=1 (not installed)" in message
+    assert "pydantic>=999 (installed: " in message
+    assert "pytest" not in message.split("lacks:")[1].split("Install")[0]
+    assert "-m pip install" in message
+    assert not worker_processes()
+
+
+def test_image_env_reaches_the_workers() -> None:
+    image = sky.Image(env={"SKYWARD_TEST_VALUE": "42"})
+    with sky.ComputePool(nodes=2, image=image, quiet=True) as pool:
+        assert pool.broadcast(getenv, "SKYWARD_TEST_VALUE") == ["42", "42"]
+
+
+# ── concurrency ──────────────────────────────────────────────────────────────────────────
+
+
+def _append(path: str, item: int) -> int:
+    with open(path, "a") as f:
+        f.write(f"{item}\n")
+    return item
+
+
+def test_concurrency_one_keeps_calls_on_a_node_in_submission_order(tmp_path: Path) -> None:
+    path = str(tmp_path / "order")
+    with sky.ComputePool(nodes=1, quiet=True) as pool:
+        futures = [pool.submit(_append, path, i) for i in range(50)]
+        assert [f.result(timeout=30) for f in futures] == list(range(50))
+    assert Path(path).read_text().split() == [str(i) for i in range(50)]
+
+
+@pytest.mark.timeout(60)
+def test_concurrency_two_runs_two_calls_at_once_on_one_node(tmp_path: Path) -> None:
+    def meet(me: str, other: str) -> str:
+        Path(me).touch()
+        deadline = time.monotonic() + 20
+        while not Path(other).exists():
+            if time.monotonic() > deadline:
+                return "alone"
+            time.sleep(0.01)
+        return "met"
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    with sky.ComputePool(nodes=1, concurrency=2, quiet=True) as pool:
+        both = (sky.compute(meet)(a, b) & sky.compute(meet)(b, a)) >> pool
+    assert both == ("met", "met")
