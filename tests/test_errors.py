@@ -85,12 +85,12 @@ def test_unpicklable_function_is_named(pool: sky.ComputePool) -> None:
     def uses_lock() -> bool:
         return lock.locked()
 
-    with pytest.raises(sky.SerializationError, match="the function .*uses_lock"):
+    with pytest.raises(sky.SerializationError, match=r"the function .*uses_lock"):
         pool.run(uses_lock)
 
 
 def test_unpicklable_return_value_is_a_serialization_error(pool: sky.ComputePool) -> None:
-    with pytest.raises(sky.SerializationError, match="return value of .* cannot be pickled"):
+    with pytest.raises(sky.SerializationError, match=r"return value of .* cannot be pickled"):
         pool.run(threading.Lock)
 
 
@@ -161,7 +161,7 @@ def test_timeout_raises_timeout_error_and_recycles_the_worker(tmp_path: Path) ->
     slow = sky.compute(timeout=0.5)(wait_for)
     with sky.ComputePool(nodes=1, quiet=True) as pool:
         first = pool.run(pid)
-        with pytest.raises(TimeoutError, match="timeout of 0.5 s"):
+        with pytest.raises(TimeoutError, match=r"timeout of 0\.5 s"):
             slow(str(tmp_path / "never")) >> pool
         second = pool.run(pid)  # waits for the replacement
         assert second != first

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pydantic
 import pytest
+from conftest import worker_processes
 
 import skyward as sky
-from conftest import worker_processes
 
 
 def recorder(name: str, log: Path) -> sky.Plugin:
@@ -205,7 +205,7 @@ def _alive(pid: int) -> bool:
 
 def test_closing_twice_and_using_a_closed_pool() -> None:
     pool = sky.ComputePool(quiet=True)
-    with pytest.raises(sky.PoolClosed, match="use `with sky.ComputePool"):
+    with pytest.raises(sky.PoolClosed, match=r"use `with sky\.ComputePool"):
         pool.run(os.getpid)
     pool.start()
     pool.close()

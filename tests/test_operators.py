@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
+from conftest import worker_processes
 
 import skyward as sky
-from conftest import worker_processes
 
 
 @sky.compute

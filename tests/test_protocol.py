@@ -1,0 +1,80 @@
+"""Framing, out-of-band buffers, and serializing a broadcast once."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+import skyward as sky
+from skyward import _protocol as proto
+
+
+def _roundtrip(message: object, payload: proto.Parts | None) -> tuple[object, proto.Parts]:
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb", buffering=0) as reader:
+        parts = proto.frame(message, payload)
+        size = sum(memoryview(p).nbytes for p in parts)
+        assert size < 1 << 16  # fits in the pipe buffer, so one thread can do both ends
+        proto.write_parts(write_fd, parts)
+        os.close(write_fd)
+        return proto.read_frame(reader.readinto)  # type: ignore[arg-type]
+
+
+def test_a_frame_carries_a_message_and_its_payload() -> None:
+    payload = proto.dumps({"a": [1, 2, 3]})
+    message, parts = _roundtrip(proto.Call(7, "f"), payload)
+    assert message == proto.Call(7, "f")
+    assert proto.loads(parts) == {"a": [1, 2, 3]}
+
+
+def test_numpy_arrays_travel_out_of_band_and_are_not_copied_on_arrival() -> None:
+    array = np.arange(1000, dtype=np.float32)
+    payload = proto.dumps(array)
+    assert len(payload) == 2  # the pickle stream, and the array's own buffer
+    assert memoryview(payload[1]).nbytes == array.nbytes
+    _, parts = _roundtrip(proto.Result(1, True), payload)
+    received = proto.loads(parts)
+    np.testing.assert_array_equal(received, array)
+    # the array uses the buffer the frame was read into, not a copy of it
+    assert np.shares_memory(received, np.frombuffer(parts[1], dtype=np.float32))
+
+
+def test_a_corrupt_header_is_an_eof_not_a_huge_allocation() -> None:
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"\xff\xff\xff\xffgarbage")
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb", buffering=0) as reader:
+        try:
+            proto.read_frame(reader.readinto)  # type: ignore[arg-type]
+        except EOFError as exc:
+            assert "corrupt frame header" in str(exc)
+        else:
+            raise AssertionError("a corrupt header must not parse")
+
+
+class CountsPickling:
+    """Appends a line to a file each time it is pickled (on the client)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        with open(self.path, "a") as f:
+            f.write("pickled\n")
+        return (CountsPickling, (self.path,))
+
+
+def test_a_broadcast_serializes_its_payload_once(tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    with sky.ComputePool(nodes=4, quiet=True) as pool:
+        results = pool.broadcast(lambda x: type(x).__name__, CountsPickling(str(counter)))
+    assert results == ["CountsPickling"] * 4
+    assert counter.read_text().splitlines() == ["pickled"]
+
+
+def test_control_messages_are_plain_pickles() -> None:
+    hello = proto.Hello(python=(3, 11, 7), pid=1, hostname="h", head_port=None)
+    assert pickle.loads(pickle.dumps(hello)) == hello
