@@ -82,7 +82,7 @@ class _StdoutForwarder:
                     return
 
     def _forward(self) -> bool:
-        """Send everything buffered in the pipe now; False once the pipe is closed."""
+        """Send everything buffered in the pipe now; False once the pipe or link is closed."""
         while True:
             try:
                 data = os.read(self._fd, 1 << 16)
@@ -90,7 +90,10 @@ class _StdoutForwarder:
                 return True
             if not data:
                 return False
-            self._link.send(proto.Log(data))
+            try:
+                self._link.send(proto.Log(data))
+            except OSError:
+                return False  # the client is gone; the output has nowhere to go
 
     def drain(self) -> None:
         with contextlib.suppress(Exception):
@@ -192,7 +195,9 @@ class _Worker:
                     break
         except (EOFError, OSError):
             # The client is gone; nobody will read results. Leave, but bounded.
-            threading.Timer(_ORPHAN_EXIT_TIMEOUT, os._exit, args=(3,)).start()
+            orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, os._exit, args=(3,))
+            orphan.daemon = True
+            orphan.start()
         with self._lock:
             self.stopping = True
             interrupt = cancel and self._main_busy
@@ -281,7 +286,8 @@ def main(argv: list[str] | None = None) -> None:
         del parts
         link.send(proto.Ready())
         worker.serve()
-    link.send(proto.Bye())
+    with contextlib.suppress(OSError):  # the client may be gone already
+        link.send(proto.Bye())
     _exit(stdout, 0)
 
 
