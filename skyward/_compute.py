@@ -102,21 +102,34 @@ class PendingCall(Generic[R]):
     def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
         return CallGroup((self,)) & other
 
-    def serialize(self) -> proto.Parts:
-        """Pickle ``(fn, args, kwargs)`` once, or say exactly which part cannot be pickled."""
+    def serialize(self, function: bytes | None = None) -> proto.Parts:
+        """Pickle the call, or say exactly which part cannot be pickled.
+
+        The payload is ``(function, args, kwargs)`` with the function pickled on its own, so
+        ``map`` can pickle it once (``function=``) for any number of calls.
+        """
+        if function is None:
+            function = self.serialize_function()
         try:
-            return proto.dumps((self.fn, self.args, self.kwargs))
+            return proto.dumps((function, self.args, self.kwargs))
         except Exception as exc:
             raise SerializationError(
                 f"{self._culprit()} cannot be pickled ({type(exc).__name__}: {exc}). "
                 f"Pass something picklable instead, or create the object inside the function."
             ) from exc
 
-    def _culprit(self) -> str:
+    def serialize_function(self) -> bytes:
+        import cloudpickle
+
         try:
-            proto.dumps(self.fn)
-        except Exception:
-            return f"the function {self.name}"
+            return bytes(cloudpickle.dumps(self.fn, protocol=5))
+        except Exception as exc:
+            raise SerializationError(
+                f"the function {self.name} cannot be pickled ({type(exc).__name__}: {exc}). "
+                f"Objects it refers to from outside travel with it: create them inside it."
+            ) from exc
+
+    def _culprit(self) -> str:
         names = _parameter_names(self.fn, len(self.args))
         for i, value in enumerate(self.args):
             try:

@@ -394,7 +394,8 @@ class ComputePool:
         The first failure (in input order) is raised and calls not yet started are
         cancelled.
         """
-        futures = [self._run_call(_pending(fn, (item,), {})) for item in iterable]
+        calls = [_pending(fn, (item,), {}) for item in iterable]
+        futures = self._run_calls(calls, same_function=True)
         try:
             return [future.result() for future in futures]
         finally:
@@ -418,16 +419,23 @@ class ComputePool:
             )
 
     def _run_call(self, call: PendingCall[R]) -> Future[R]:
-        task = _Task(call, call.serialize(), Future())
-        with self._lock:
+        return self._run_calls([call])[0]
+
+    def _run_calls(
+        self, calls: Sequence[PendingCall[Any]], *, same_function: bool = False
+    ) -> list[Future[Any]]:
+        """Queue calls for the least busy nodes; all are pickled before any is queued."""
+        function = calls[0].serialize_function() if same_function and calls else None
+        tasks = [_Task(call, call.serialize(function), Future()) for call in calls]
+        with self._lock:  # once for the lot: reader threads want this lock too
             self._check_running()
-            self._counts["submitted"] += 1
-            self._queue.append(task)
+            self._counts["submitted"] += len(tasks)
+            self._queue.extend(tasks)
             self._pump()
-        return task.future
+        return [task.future for task in tasks]
 
     def _run_group(self, calls: Sequence[PendingCall[Any]]) -> Future[tuple[Any, ...]]:
-        return _gather([self._run_call(call) for call in calls], tuple)
+        return _gather(self._run_calls(calls), tuple)
 
     def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
         payload = call.serialize()  # once, for every node

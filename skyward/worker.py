@@ -43,7 +43,7 @@ class _Link:
     """The worker's end of the protocol. ``send`` is thread-safe."""
 
     def __init__(self, in_fd: int, out_fd: int) -> None:
-        self._in = io.FileIO(in_fd, "rb", closefd=False)
+        self._in = io.BufferedReader(io.FileIO(in_fd, "rb", closefd=False), 1 << 16)
         self._out_fd = out_fd
         self._send_lock = threading.Lock()  # guards: one whole frame at a time on out_fd
 
@@ -121,7 +121,8 @@ def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Part
     from skyward._errors import SerializationError
 
     try:
-        fn, args, kwargs = proto.loads(parts)
+        function, args, kwargs = proto.loads(parts)
+        fn = proto.loads([function])
     except BaseException as exc:
         return False, proto.encode_error(exc)
     try:
