@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -126,7 +126,8 @@ class PipeTransport:
         self._stdin = process.stdin
         # Buffered: a frame is several small reads (count, lengths, parts); large parts
         # still go straight into their destination buffer.
-        self._stdout = io.BufferedReader(process.stdout, 1 << 16)  # type: ignore[arg-type]
+        raw = cast(io.RawIOBase, process.stdout)  # bufsize=0 made it a raw FileIO
+        self._stdout = io.BufferedReader(raw, 1 << 16)
         self._stderr = process.stderr
         for stream in (process.stdin, process.stdout):
             _widen_pipe(stream.fileno())
