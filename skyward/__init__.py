@@ -50,7 +50,9 @@ _EXPORTS: dict[str, str] = {
     "VersionMismatch": "skyward._errors",
     "WorkerLost": "skyward._errors",
     "compute": "skyward._compute",
+    "gather": "skyward._multihost",
     "instance_info": "skyward._info",
+    "shard": "skyward._multihost",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__", "plugins"])
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     )
     from skyward._image import Image, PipIndex
     from skyward._info import InstanceInfo, instance_info
+    from skyward._multihost import gather, shard
     from skyward._plugin import Plugin
     from skyward._pool import ComputePool, PoolSpec, PoolStatistics
     from skyward.providers.base import Provider

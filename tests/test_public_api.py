@@ -34,8 +34,10 @@ EXPECTED = [
     "WorkerLost",
     "__version__",
     "compute",
+    "gather",
     "instance_info",
     "plugins",
+    "shard",
 ]
 
 

@@ -1,0 +1,250 @@
+"""``sky.plugins.jax()``: the right jax on every node, and one distributed runtime across them.
+
+On the client (``transform``): picks the jax requirement for the pool's accelerator (CUDA
+wheels on NVIDIA GPUs, TPU wheels on TPUs, plain jax otherwise), optionally scoped to an
+index of the user's, and sets the environment every worker needs *before* it imports jax:
+CPU device count, and NVIDIA's GPU performance defaults.
+
+On every worker (``around_app``): ``jax.distributed.initialize`` from ``instance_info()``,
+once, with timeouts short enough that a missing or dead rank fails the pool in seconds, and a
+bounded ``jax.distributed.shutdown`` when the worker leaves. Nothing here imports jax on the
+client.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Literal
+
+from skyward._errors import PluginError
+from skyward._image import Image, PipIndex
+from skyward._info import InstanceInfo
+from skyward._plugin import Plugin
+
+if TYPE_CHECKING:
+    from skyward._pool import PoolSpec
+
+Platform = Literal["cpu", "cuda", "tpu"]
+
+# Extras that jax itself declares (Provides-Extra in its metadata, checked by a test against
+# the installed jax): cuda12/cuda13 pull NVIDIA's CUDA wheels, tpu pulls libtpu.
+CUDA_EXTRAS = {12: "cuda12", 13: "cuda13"}
+TPU_EXTRA = "tpu"
+DEFAULT_CUDA = 12  # runs on every driver from 525 on; CUDA 13 needs driver 580+
+
+# What NVIDIA's JAX containers set by default, plus what their performance guide pairs with
+# it on Hopper. Only flags that exist in current XLA: an unknown flag in XLA_FLAGS kills the
+# process at backend start, and the async-collective flags older guides list are gone
+# (async collectives are on by default now).
+GPU_XLA_FLAGS: dict[str, str] = {
+    "--xla_gpu_enable_latency_hiding_scheduler": "true",
+}
+GPU_ENV: dict[str, str] = {
+    # One hardware queue: XLA already orders its launches, and this lets compute and
+    # collectives overlap as the latency-hiding scheduler planned.
+    "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    "NCCL_PROTO": "SIMPLE,LL,LL128",
+}
+# Blackwell is slower with one connection, per NVIDIA's guide; it gets CUDA graphs instead.
+_BLACKWELL = re.compile(r"^(B|GB)\d", re.IGNORECASE)
+_BLACKWELL_XLA_FLAGS = {"--xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL"}
+
+_TPU = re.compile(r"^(TPU|V[2-6][A-Z]*|TRILLIUM)([-:].*)?$", re.IGNORECASE)
+_NOT_JAX = re.compile(r"^(TRAINIUM|INFERENTIA|TRN|INF|GAUDI|MI\d+)", re.IGNORECASE)
+
+
+def jax(
+    *,
+    version: str | None = None,
+    cuda: str | int | None = None,
+    index_url: str | None = None,
+    find_links: bool | None = None,
+    cpu_devices: int | None = None,
+    gpu_defaults: bool = True,
+    initialization_timeout: int = 45,
+    heartbeat_timeout: int = 15,
+    shutdown_timeout: int = 5,
+) -> Plugin:
+    """The jax plugin.
+
+    - ``version``: pin jax (``"0.10.2"``); default, the newest the index has.
+    - ``cuda``: CUDA major on NVIDIA pools: ``12``, ``"13"``, ``"cu124"``, ``"cuda12"`` all
+      work; default 12. jax publishes one wheel per CUDA major, so minors map to it.
+    - ``index_url``: where to get jax from, used for jax's own packages only; a ``.html`` URL
+      (or ``find_links=True``) is a find-links page, such as JAX's release pages.
+    - ``cpu_devices``: give each node this many CPU devices (``JAX_NUM_CPU_DEVICES``), so
+      sharded code runs on a laptop exactly as it will on GPUs.
+    - ``gpu_defaults``: on NVIDIA pools, set NVIDIA's performance defaults (``XLA_FLAGS``
+      latency-hiding scheduler, ``CUDA_DEVICE_MAX_CONNECTIONS=1``, ``NCCL_PROTO``); your own
+      ``XLA_FLAGS`` and variables win.
+    - ``initialization_timeout``, ``heartbeat_timeout``, ``shutdown_timeout``: seconds, passed
+      to ``jax.distributed.initialize``. A rank that never arrives fails the pool's start after
+      about ``initialization_timeout + 5``; one that dies is detected by the others within
+      ``heartbeat_timeout`` (jax's own defaults are 300 and 100).
+    """
+    major = _cuda_major(cuda) if cuda is not None else None
+    if cpu_devices is not None and cpu_devices < 1:
+        raise PluginError(f"jax plugin: cpu_devices must be at least 1, not {cpu_devices}")
+    for name, value in (
+        ("initialization_timeout", initialization_timeout),
+        ("heartbeat_timeout", heartbeat_timeout),
+        ("shutdown_timeout", shutdown_timeout),
+    ):
+        if value < 1:
+            raise PluginError(f"jax plugin: {name} must be at least 1 second, not {value}")
+
+    def transform(image: Image, spec: PoolSpec) -> Image:
+        platform = accelerator_platform(spec.accelerator)
+        requirement, packages = jax_requirement(platform, major or DEFAULT_CUDA, version)
+        indexes: tuple[PipIndex, ...] = ()
+        if index_url:
+            links = index_url.endswith(".html") if find_links is None else find_links
+            indexes = (PipIndex(url=index_url, packages=packages, find_links=links),)
+        image = image.with_pip(requirement, indexes=indexes)
+        env: dict[str, str] = {}
+        if cpu_devices is not None:
+            preset = image.env.get("JAX_NUM_CPU_DEVICES")
+            if preset is not None and preset != str(cpu_devices):
+                raise PluginError(
+                    f"jax plugin: cpu_devices={cpu_devices} but the image sets "
+                    f"JAX_NUM_CPU_DEVICES={preset}; keep one of the two"
+                )
+            env["JAX_NUM_CPU_DEVICES"] = str(cpu_devices)
+        if platform == "cuda" and gpu_defaults:
+            env.update(gpu_environment(spec.accelerator or "", image.env))
+        return image.with_env(env)
+
+    @contextmanager
+    def around_app(info: InstanceInfo) -> Iterator[None]:
+        with distributed(
+            info,
+            initialization_timeout=initialization_timeout,
+            heartbeat_timeout=heartbeat_timeout,
+            shutdown_timeout=shutdown_timeout,
+        ):
+            yield
+
+    return Plugin(name="jax", transform=transform, around_app=around_app)
+
+
+def accelerator_platform(accelerator: str | None) -> Platform:
+    """Which jax build an accelerator needs: ``"cpu"``, ``"cuda"`` or ``"tpu"``."""
+    if accelerator is None or accelerator.lower() == "cpu":
+        return "cpu"
+    if _TPU.match(accelerator):
+        return "tpu"
+    if _NOT_JAX.match(accelerator):
+        raise PluginError(
+            f"jax plugin: no jax build on PyPI runs on {accelerator!r}; use an NVIDIA GPU, a "
+            f"TPU or CPU nodes, or install a vendor build through Image(pip=...) yourself"
+        )
+    return "cuda"  # every other accelerator name a provider accepts is an NVIDIA GPU
+
+
+def jax_requirement(
+    platform: Platform, cuda_major: int, version: str | None
+) -> tuple[str, tuple[str, ...]]:
+    """The pip requirement for jax on ``platform``, and the packages an index for it serves."""
+    pin = f"=={version}" if version else ""
+    if platform == "cuda":
+        extra = CUDA_EXTRAS[cuda_major]
+        packages = ("jax", "jaxlib", f"jax-cuda{cuda_major}-plugin", f"jax-cuda{cuda_major}-pjrt")
+        return f"jax[{extra}]{pin}", packages
+    if platform == "tpu":
+        return f"jax[{TPU_EXTRA}]{pin}", ("jax", "jaxlib", "libtpu")
+    return f"jax{pin}", ("jax", "jaxlib")
+
+
+def _cuda_major(cuda: str | int) -> int:
+    text = str(cuda).strip().lower()
+    match = re.fullmatch(r"(?:cu|cuda)?(\d+)(?:\.\d+)?", text)
+    if match:
+        digits = match.group(1)
+        # "cu124" / "cu130" are major+minor run together, as in PyTorch's wheel tags.
+        major = int(digits[:2]) if len(digits) >= 3 else int(digits)
+        if major in CUDA_EXTRAS:
+            return major
+    supported = ", ".join(str(m) for m in CUDA_EXTRAS)
+    raise PluginError(
+        f"jax plugin: cuda={cuda!r} is not a CUDA version jax publishes wheels for; "
+        f"use one of {supported} (or 'cu124'-style tags for them)"
+    )
+
+
+def gpu_environment(accelerator: str, env: Mapping[str, str]) -> dict[str, str]:
+    """NVIDIA's defaults merged under what ``env`` already sets (the user's values win)."""
+    flags: dict[str, str | None] = dict(GPU_XLA_FLAGS)
+    out = dict(GPU_ENV)
+    if _BLACKWELL.match(accelerator):
+        flags.update(_BLACKWELL_XLA_FLAGS)
+        del out["CUDA_DEVICE_MAX_CONNECTIONS"]
+    flags.update(_parse_flags(env.get("XLA_FLAGS", "")))
+    out["XLA_FLAGS"] = " ".join(f"{k}={v}" if v is not None else k for k, v in flags.items())
+    return {key: value for key, value in out.items() if key == "XLA_FLAGS" or key not in env}
+
+
+def _parse_flags(text: str) -> dict[str, str | None]:
+    parsed: dict[str, str | None] = {}
+    for token in shlex.split(text):
+        name, eq, value = token.partition("=")
+        parsed[name] = value if eq else None
+    return parsed
+
+
+@contextmanager
+def distributed(
+    info: InstanceInfo,
+    *,
+    initialization_timeout: int,
+    heartbeat_timeout: int,
+    shutdown_timeout: int,
+) -> Iterator[None]:
+    """``jax.distributed`` for the life of the block on a multi-node pool; nothing on one node.
+
+    Idempotent: if something already initialized the runtime in this process, it is left as
+    it is, and not shut down here either.
+    """
+    if info.total_nodes == 1:
+        yield
+        return
+    _refuse_unreachable_head(info)
+    import jax as jax_module
+
+    if jax_module.distributed.is_initialized():
+        yield
+        return
+    jax_module.distributed.initialize(
+        coordinator_address=f"{_host(info.head_addr)}:{info.head_port}",
+        num_processes=info.total_nodes,
+        process_id=info.node,
+        initialization_timeout=initialization_timeout,
+        heartbeat_timeout_seconds=heartbeat_timeout,
+        shutdown_timeout_seconds=shutdown_timeout,
+        # Our values, not ones guessed from Slurm/MPI/Kubernetes variables on the node.
+        cluster_detection_method="deactivate",
+    )
+    try:
+        yield
+    finally:
+        jax_module.distributed.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _refuse_unreachable_head(info: InstanceInfo) -> None:
+    try:
+        loopback = ipaddress.ip_address(info.head_addr).is_loopback
+    except ValueError:
+        loopback = info.head_addr == "localhost"
+    if loopback and len(set(info.peers)) > 1:
+        raise PluginError(
+            f"jax plugin: the coordinator address {info.head_addr} is loopback but the nodes "
+            f"are on different hosts ({', '.join(info.peers)}); the other nodes could not "
+            f"reach it. The provider must give node 0 an address its peers can reach."
+        )
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address

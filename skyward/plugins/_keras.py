@@ -1,0 +1,88 @@
+"""``sky.plugins.keras()``: Keras 3 on every node, data-parallel across the pool's devices.
+
+On the client: adds ``keras`` and sets ``KERAS_BACKEND`` in the workers' environment, so it is
+in place before anything imports keras. With the jax backend on several nodes it needs the
+jax plugin *before* it in the list: jax's distributed runtime must be up before keras looks
+at the devices, and the outer plugin's context is entered first.
+
+On every worker: when the pool has more than one device in all, installs
+``keras.distribution.DataParallel`` over every device of every node, with
+``auto_shard_dataset=False`` so that each node feeds ``fit`` its own numpy shard (batch size
+is then per node). Keras's own ``keras.distribution.initialize`` is not used: it cannot pass
+timeouts to ``jax.distributed.initialize``; the jax plugin does that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Literal
+
+from skyward._errors import PluginError
+from skyward._image import Image
+from skyward._info import InstanceInfo
+from skyward._plugin import Plugin
+
+if TYPE_CHECKING:
+    from skyward._pool import PoolSpec
+
+Backend = Literal["jax", "torch", "tensorflow", "numpy"]
+_BACKENDS = ("jax", "torch", "tensorflow", "numpy")
+
+
+def keras(backend: Backend = "jax", *, data_parallel: bool = True) -> Plugin:
+    """The keras plugin.
+
+    - ``backend``: Keras 3 backend for the workers (``KERAS_BACKEND``).
+    - ``data_parallel``: with the jax backend and more than one device in the pool, install a
+      ``DataParallel`` distribution over all of them (each node passes its own data).
+    """
+    if backend not in _BACKENDS:
+        raise PluginError(
+            f"keras plugin: backend={backend!r} is not a Keras 3 backend; "
+            f"use one of {', '.join(_BACKENDS)}"
+        )
+
+    def transform(image: Image, spec: PoolSpec) -> Image:
+        if backend == "jax":
+            _check_jax_comes_first(spec)
+        image = image.with_pip("keras")
+        return image.with_env({"KERAS_BACKEND": backend})
+
+    @contextmanager
+    def around_app(info: InstanceInfo) -> Iterator[None]:
+        if backend != "jax" or not data_parallel:
+            yield
+            return
+        import jax
+        import keras as keras_module
+
+        devices = jax.devices()  # global: every device of every node
+        if len(devices) < 2:
+            yield
+            return
+        previous = keras_module.distribution.distribution()
+        keras_module.distribution.set_distribution(
+            keras_module.distribution.DataParallel(
+                devices=keras_module.distribution.list_devices(), auto_shard_dataset=False
+            )
+        )
+        try:
+            yield
+        finally:
+            keras_module.distribution.set_distribution(previous)
+
+    return Plugin(name="keras", transform=transform, around_app=around_app)
+
+
+def _check_jax_comes_first(spec: PoolSpec) -> None:
+    names = [plugin.name for plugin in spec.plugins]
+    ours = names.index("keras")
+    if "jax" in names[:ours] or spec.nodes == 1:
+        return
+    where = "after it" if "jax" in names else "missing"
+    raise PluginError(
+        f"keras plugin: backend='jax' on a {spec.nodes}-node pool needs the jax plugin before "
+        f"it (it is {where}), so that jax.distributed is running before keras sees the "
+        f"devices. Use plugins=[sky.plugins.jax(...), sky.plugins.keras(backend='jax')]."
+    )
