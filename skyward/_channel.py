@@ -115,6 +115,7 @@ class Channel:
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
         self._closing = False
         self._kill_reason = ""
+        self._ready = False  # set once the worker said Ready; only for messages
         self.lost: WorkerLost | None = None
         self.exit_status: int | None = None
         self._stderr_thread = threading.Thread(
@@ -143,6 +144,7 @@ class Channel:
         message = self._next_control(timeout, "enter its plugins")
         if not isinstance(message, proto.Ready):
             raise ChannelError(f"node {self.node}: expected Ready, got {message!r}")
+        self._ready = True
 
     def _next_control(self, timeout: float, doing: str) -> object:
         try:
@@ -278,9 +280,10 @@ class Channel:
             self._pending.clear()
             closing = self._closing
             running = ", ".join(name for name, _ in pending) or "no calls"
+            doing = f"running {running}" if self._ready else "starting (before Ready)"
             message = (
                 f"node {self.node}: the worker (pid {self.pid}) ended with "
-                f"{describe_status(status)} while running {running}"
+                f"{describe_status(status)} while {doing}"
             )
             if self._kill_reason:
                 message += f"; it was killed because {self._kill_reason}"

@@ -12,10 +12,13 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psutil
 import pytest
+
+import skyward as sky
 
 # Addresses tests may reach: loopback, and the bridge range of network namespaces that tests
 # create themselves (see TESTBED.md).
@@ -76,12 +79,29 @@ socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 socket.getaddrinfo = _guarded_getaddrinfo
 
 
+# Workers of pools that a module-scoped fixture keeps open across tests on purpose.
+_shared_pool_workers: set[int] = set()
+
+
+@contextmanager
+def shared_pool(**options: Any) -> Iterator[sky.ComputePool]:
+    """A pool for a module-scoped fixture: its workers are not leaks until it closes."""
+    with sky.ComputePool(quiet=True, **options) as pool:
+        pids = set(pool.broadcast(os.getpid))
+        _shared_pool_workers.update(pids)
+        try:
+            yield pool
+        finally:
+            _shared_pool_workers.difference_update(pids)
+    assert not worker_processes(), "a shared pool left workers behind"
+
+
 def worker_processes() -> list[psutil.Process]:
     """Our ``skyward.worker`` descendants that are still alive (zombies count as gone)."""
     alive = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.status() == psutil.STATUS_ZOMBIE:
+            if child.status() == psutil.STATUS_ZOMBIE or child.pid in _shared_pool_workers:
                 continue
             if "skyward.worker" in " ".join(child.cmdline()):
                 alive.append(child)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
-from conftest import worker_processes
+from conftest import shared_pool
 
 import skyward as sky
 
@@ -35,14 +35,8 @@ def info() -> sky.InstanceInfo:
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[sky.ComputePool]:
-    with sky.ComputePool(nodes=4, quiet=True) as pool:
+    with shared_pool(nodes=4) as pool:
         yield pool
-    assert not worker_processes()
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_workers() -> None:
-    """The module's pool outlives single tests; its fixture checks for leaks at the end."""
 
 
 def test_rshift_runs_on_one_node_and_returns_the_value(pool: sky.ComputePool) -> None:
