@@ -11,18 +11,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", ["hello", "map", "broadcast", "instance_info"])
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "name",
+    ["hello", "map", "broadcast", "instance_info", "jax_multicontroller", "keras_data_parallel"],
+)
 def test_example_runs(name: str) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / f"{name}.py")],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=230,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip()
+    if name == "jax_multicontroller":
+        assert result.stdout.count("result -0.12398731708526611") == 4
+    if name == "keras_data_parallel":
+        assert "weights identical on both nodes: True" in result.stdout
 
 
 def test_readme_test_command_is_what_ci_runs() -> None:
