@@ -21,8 +21,9 @@ def train(epochs: int) -> dict[str, object]:
     y = (x @ rng.normal(size=(8, 1)) + 0.1).astype("float32")
     x_mine, y_mine = sky.shard(x, even=True), sky.shard(y, even=True)
 
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-                              keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+    )
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
     history = model.fit(x_mine, y_mine, batch_size=32, epochs=epochs, verbose=0)
     return {
@@ -38,6 +39,8 @@ if __name__ == "__main__":
         results = train(5) @ pool
     for node, out in enumerate(results):
         print(f"node {node}: {out['rows']} rows, loss by epoch {out['loss']}")
-    same = all(np.allclose(np.array(a), np.array(b))
-               for a, b in zip(results[0]["weights"], results[1]["weights"]))
+    same = all(
+        np.allclose(np.array(a), np.array(b))
+        for a, b in zip(results[0]["weights"], results[1]["weights"], strict=True)
+    )
     print(f"weights identical on both nodes: {same}")
