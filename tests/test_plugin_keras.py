@@ -79,3 +79,22 @@ def test_fit_on_two_nodes_keeps_weights_identical_and_the_loss_falls() -> None:
         assert isinstance(loss, list) and loss[-1] < loss[0]
     for a, b in zip(first["weights"], second["weights"], strict=True):  # type: ignore[call-overload]
         np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+@sky.compute
+def build_unseeded() -> list[list[float]]:
+    import keras
+
+    # No keras.utils.set_random_seed: the plugin must make every node draw the same weights,
+    # or jax refuses to place differing copies of a replicated variable.
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    return [w.ravel().tolist() for w in model.get_weights()]
+
+
+@pytest.mark.timeout(240)
+def test_an_unseeded_model_starts_with_the_same_weights_on_every_node() -> None:
+    plugins = [jax_plugin(cpu_devices=2), keras_plugin(backend="jax")]
+    with sky.ComputePool(nodes=2, plugins=plugins, quiet=True) as pool:
+        first, second = build_unseeded() @ pool
+    assert first == second
+    assert any(value != 0.0 for value in first[0])  # drawn, not zeros

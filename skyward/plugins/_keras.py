@@ -62,6 +62,8 @@ def keras(backend: Backend = "jax", *, data_parallel: bool = True) -> Plugin:
             yield
             return
         previous = keras_module.distribution.distribution()
+        if jax.process_count() > 1:
+            _agree_on_a_seed()
         keras_module.distribution.set_distribution(
             keras_module.distribution.DataParallel(
                 devices=keras_module.distribution.list_devices(), auto_shard_dataset=False
@@ -73,6 +75,27 @@ def keras(backend: Backend = "jax", *, data_parallel: bool = True) -> Plugin:
             keras_module.distribution.set_distribution(previous)
 
     return Plugin(name="keras", transform=transform, around_app=around_app)
+
+
+def _agree_on_a_seed() -> None:
+    """Seed Keras identically on every node, from node 0's random seed.
+
+    Every node builds its own copy of each replicated weight, and jax refuses copies that
+    differ ("passed to device_put is not the same on each process"), so unseeded models
+    could not even be built. ``keras.distribution.initialize`` does the same (its
+    ``initialize_rng``) but is not used here (see the module docstring). Like it, this seeds
+    Python's and NumPy's global generators too: derive per-node randomness from
+    ``sky.instance_info().node``. A collective: every node runs it, in ``around_app``.
+    """
+    import random
+
+    import keras
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    mine = np.asarray(random.SystemRandom().randrange(1, 2**31), dtype=np.int32)
+    seed = int(multihost_utils.broadcast_one_to_all(mine))
+    keras.utils.set_random_seed(seed)
 
 
 def _check_jax_comes_first(spec: PoolSpec) -> None:
