@@ -7,6 +7,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from importlib import metadata
@@ -60,6 +62,7 @@ def test_requested_extras_exist_in_the_installed_jax_metadata(
         ("H100", {"cuda": "cu124"}, "jax[cuda12]"),
         ("H100", {"cuda": 13}, "jax[cuda13]"),
         ("B200", {"cuda": "cuda13.0", "version": "0.10.2"}, "jax[cuda13]==0.10.2"),
+        ("A100", {"version": ">=0.6,<0.11"}, "jax[cuda12]>=0.6,<0.11"),
         ("v5e", {}, "jax[tpu]"),
         ("TPU-v6e", {}, "jax[tpu]"),
     ],
@@ -91,6 +94,24 @@ def test_the_users_xla_flags_and_variables_win() -> None:
     assert "--xla_gpu_enable_latency_hiding_scheduler=true" not in flags
     assert "--xla_dump_to=/tmp/d" in flags
     assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("accelerator", ["H100", "B200"])
+def test_the_gpu_flags_exist_in_the_installed_xla(accelerator: str) -> None:
+    # XLA parses every GPU flag even on CPU, and an unknown one (the async-collective flags
+    # older NVIDIA guides list were removed) kills the process when the backend starts.
+    env = {**os.environ, **_image(accelerator).env, "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import jax; print(jax.numpy.ones(2).sum())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "2.0"
 
 
 def test_an_index_is_scoped_to_jaxs_own_packages() -> None:

@@ -71,7 +71,8 @@ def jax(
 ) -> Plugin:
     """The jax plugin.
 
-    - ``version``: pin jax (``"0.10.2"``); default, the newest the index has.
+    - ``version``: pin jax (``"0.10.2"``) or constrain it (``">=0.6,<0.11"``); default, the
+      newest the index has.
     - ``cuda``: CUDA major on NVIDIA pools: ``12``, ``"13"``, ``"cu124"``, ``"cuda12"`` all
       work; default 12. jax publishes one wheel per CUDA major, so minors map to it.
     - ``index_url``: where to get jax from, used for jax's own packages only; a ``.html`` URL
@@ -149,7 +150,10 @@ def jax_requirement(
     platform: Platform, cuda_major: int, version: str | None
 ) -> tuple[str, tuple[str, ...]]:
     """The pip requirement for jax on ``platform``, and the packages an index for it serves."""
-    pin = f"=={version}" if version else ""
+    pin = ""
+    if version:
+        # "0.10.2" pins; a specifier (">=0.6,<0.11") is kept as the user wrote it.
+        pin = version if version.lstrip()[:1] in "<>=!~" else f"=={version}"
     if platform == "cuda":
         extra = CUDA_EXTRAS[cuda_major]
         packages = ("jax", "jaxlib", f"jax-cuda{cuda_major}-plugin", f"jax-cuda{cuda_major}-pjrt")
