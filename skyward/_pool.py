@@ -269,6 +269,9 @@ class ComputePool:
             )
         # The barrier: every node has said Hello before any node gets Start, so plugins
         # such as jax.distributed.initialize begin together however unevenly nodes booted.
+        hooked = [p.name for p in spec.plugins if p.around_app is not None]
+        if hooked:
+            self._console.status(f"entering plugins on every node: {', '.join(hooked)}")
         for slot, (channel, _) in zip(self._slots, hellos, strict=True):
             channel.send_start(self._start_message(slot), self._plugin_payload)
 
