@@ -69,7 +69,9 @@ def decode_error(parts: proto.Parts) -> BaseException:
             exc = proto.loads([info.blob])
         except Exception:
             exc = None  # the client lacks the type's module; fall back to RemoteError
-    if not isinstance(exc, BaseException):
+    if not isinstance(exc, Exception):
+        # A remote SystemExit or KeyboardInterrupt raised here would exit the client or look
+        # like Ctrl-C to it; only ordinary exceptions come back as themselves.
         exc = RemoteError(info.type_name, info.message, info.traceback)
     exc.__cause__ = RemoteTraceback(info.traceback)
     return exc

@@ -151,8 +151,9 @@ class _Worker:
         self.stdout = stdout
         self.concurrency = concurrency
         self.calls: queue.Queue[tuple[proto.Call, proto.Parts] | None] = queue.Queue()
-        self._lock = threading.Lock()  # guards: stopping, _main_busy
+        self._lock = threading.Lock()  # guards: stopping, cancelled, _main_busy
         self.stopping = False
+        self.cancelled = False
         self._main_busy = False
 
     def start_reader(self) -> None:
@@ -201,6 +202,7 @@ class _Worker:
             orphan.start()
         with self._lock:
             self.stopping = True
+            self.cancelled = cancel
             interrupt = cancel and self._main_busy
         if cancel:
             _drop_queued(self.calls)
@@ -217,6 +219,10 @@ class _Worker:
             with self.interruptible() if main else contextlib.nullcontext():
                 ok, payload = _run_call(message, parts)
             del parts, item
+            if not ok and self.cancelled:
+                # Interrupted by a cancelling shutdown: the client fails this call with
+                # PoolClosed itself; a KeyboardInterrupt sent back would read as Ctrl-C there.
+                continue
             self.stdout.drain()
             try:
                 self.link.send(proto.Result(message.call_id, ok), payload)

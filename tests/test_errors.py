@@ -189,3 +189,10 @@ def _other_python() -> str:
         if candidate.exists():
             return str(candidate)
     pytest.fail("this test needs a Python 3.12 interpreter (pyenv's) to play a mismatched worker")
+
+
+def test_remote_system_exit_does_not_exit_the_client(pool: sky.ComputePool) -> None:
+    with pytest.raises(sky.RemoteError, match="SystemExit") as caught:
+        pool.run(sys.exit, 3)
+    assert caught.value.type_name == "SystemExit"
+    assert pool.run(pid) > 0  # the worker survived too: SystemExit was caught there

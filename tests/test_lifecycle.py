@@ -203,6 +203,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.timeout(60)
+def test_calls_interrupted_by_a_cancelling_close_fail_with_pool_closed() -> None:
+    pool = sky.ComputePool(nodes=2, quiet=True).start()
+    futures = [pool.submit(time.sleep, 30) for _ in range(2)]
+    time.sleep(0.5)
+    pool.close(wait=False)
+    for future in futures:
+        assert isinstance(future.exception(timeout=10), sky.PoolClosed)
+
+
 def test_closing_twice_and_using_a_closed_pool() -> None:
     pool = sky.ComputePool(quiet=True)
     with pytest.raises(sky.PoolClosed, match=r"use `with sky\.ComputePool"):
