@@ -178,7 +178,7 @@ def _parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
             if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
                 names.append(param.name)
             elif param.kind is param.VAR_POSITIONAL:
-                names.extend(f"*{param.name}[{i}]" for i in range(count))
+                names.extend(f"{param.name}[{j}]" for j in range(count - len(names)))
     except (TypeError, ValueError):
         pass
     return (names + [f"#{i}" for i in range(len(names), count)])[:count]
