@@ -39,7 +39,7 @@ from skyward import _protocol as proto
 from skyward._channel import Channel, _fail
 from skyward._compute import Compute, PendingCall
 from skyward._console import Console, Progress
-from skyward._errors import PluginError, PoolClosed, VersionMismatch, WorkerLost
+from skyward._errors import PluginError, PoolClosed, ProvisionError, VersionMismatch, WorkerLost
 from skyward._image import Image
 from skyward._info import InstanceInfo
 from skyward._plugin import Plugin, apply_transforms
@@ -227,6 +227,12 @@ class ComputePool:
             raise
         with self._lock:
             self._state = "running"
+            # A worker that died between Ready and now was not replaced (the pool was not
+            # running yet); replace it now.
+            lost = [(s, s.channel) for s in self._slots if s.channel and s.channel.lost]
+        for slot, channel in lost:
+            assert channel is not None and channel.lost is not None
+            self._on_lost(slot, channel, channel.lost)
         self._console.status(
             f"pool {self.name} ready: {spec.nodes} node(s) in "
             f"{time.monotonic() - self._started_at:.1f} s"
@@ -237,7 +243,7 @@ class ComputePool:
         deadline = time.monotonic() + spec.start_timeout
         self._nodes = spec.provider.provision(spec.model_copy(update={"image": self.image}))
         if len(self._nodes) != spec.nodes:
-            raise PoolClosed(
+            raise ProvisionError(
                 f"provider {spec.provider_kind} returned {len(self._nodes)} nodes, not {spec.nodes}"
             )
         with self._lock:
@@ -683,25 +689,50 @@ def _parallel(fn: Callable[[T], U], items: Sequence[T]) -> list[U]:
     return results
 
 
+# How long a group that failed with an ordinary error waits for a WorkerLost from another
+# of its calls before reporting that error. When a JAX rank dies mid-collective, its peers'
+# collectives often fail first ("Gloo all-reduce failed: connection reset by peer"): the
+# consequence would beat the cause, a dead node, to the caller by a few milliseconds.
+_LOSS_GRACE = 2.0
+
+
 def _gather(futures: Sequence[Future[Any]], build: Callable[[list[Any]], Any]) -> Future[Any]:
-    """One future for many: their results by position, or the first failure as it happens."""
+    """One future for many: their results by position, or the first failure as it happens.
+
+    A ``WorkerLost`` fails the group at once; another error does after ``_LOSS_GRACE``
+    seconds, or as soon as every call has finished, unless a ``WorkerLost`` comes first.
+    """
     out: Future[Any] = Future()
     out.set_running_or_notify_cancel()
     remaining = [len(futures)]
-    lock = threading.Lock()  # guards: remaining
+    errors: list[BaseException] = []
+    lock = threading.Lock()  # guards: remaining, errors
 
     def done(future: Future[Any]) -> None:
         if future.cancelled():
             _fail(out, PoolClosed("a call of this group was cancelled"))
             return
-        if future.exception() is not None:
-            _fail(out, future.exception())  # type: ignore[arg-type]
+        error = future.exception()
+        if isinstance(error, WorkerLost):
+            _fail(out, error)
             return
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
+            if error is not None:
+                errors.append(error)
+            first_error = errors[0] if errors else None
+            start_grace = error is not None and len(errors) == 1 and not last
+        if start_grace:
+            assert first_error is not None
+            timer = threading.Timer(_LOSS_GRACE, _fail, (out, first_error))
+            timer.daemon = True
+            timer.start()
         if last:
-            out.set_result(build([f.result() for f in futures]))
+            if first_error is not None:
+                _fail(out, first_error)
+            else:
+                out.set_result(build([f.result() for f in futures]))
 
     if not futures:
         out.set_result(build([]))
