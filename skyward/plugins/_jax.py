@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
+import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal
@@ -221,20 +222,46 @@ def distributed(
     if jax_module.distributed.is_initialized():
         yield
         return
-    jax_module.distributed.initialize(
-        coordinator_address=f"{_host(info.head_addr)}:{info.head_port}",
-        num_processes=info.total_nodes,
-        process_id=info.node,
-        initialization_timeout=initialization_timeout,
-        heartbeat_timeout_seconds=heartbeat_timeout,
-        shutdown_timeout_seconds=shutdown_timeout,
-        # Our values, not ones guessed from Slurm/MPI/Kubernetes variables on the node.
-        cluster_detection_method="deactivate",
-    )
+    address = f"{_host(info.head_addr)}:{info.head_port}"
+    if info.node == 0:
+        _check_coordinator_port(info.head_port)
+    try:
+        jax_module.distributed.initialize(
+            coordinator_address=address,
+            num_processes=info.total_nodes,
+            process_id=info.node,
+            initialization_timeout=initialization_timeout,
+            heartbeat_timeout_seconds=heartbeat_timeout,
+            shutdown_timeout_seconds=shutdown_timeout,
+            # Our values, not ones guessed from Slurm/MPI/Kubernetes variables on the node.
+            cluster_detection_method="deactivate",
+        )
+    except Exception as exc:  # JaxRuntimeError: jax's own words are kept as the cause
+        role = "start the coordinator" if info.node == 0 else "join the coordinator"
+        raise PluginError(
+            f"jax plugin: node {info.node} could not {role} at {address}: {exc}"
+        ) from exc
     try:
         yield
     finally:
         jax_module.distributed.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _check_coordinator_port(port: int) -> None:
+    """Say that the coordinator port is taken, rather than jax's "Failed to start RPC server".
+
+    The port is the one node 0 found free when it said Hello; something may have taken it
+    since. SO_REUSEADDR as gRPC sets it, so a port in TIME_WAIT is not reported as taken.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise PluginError(
+                f"jax plugin: node 0 cannot start the JAX coordinator on port {port}: "
+                f"{exc.strerror} (another process holds it)"
+            ) from exc
 
 
 def _refuse_unreachable_head(info: InstanceInfo) -> None:
