@@ -36,7 +36,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward import _protocol as proto
-from skyward._channel import Channel, _fail
+from skyward._channel import Channel, _fail, _resolve
 from skyward._compute import Compute, PendingCall
 from skyward._console import Console, Progress
 from skyward._errors import PluginError, PoolClosed, ProvisionError, VersionMismatch, WorkerLost
@@ -500,10 +500,24 @@ class ComputePool:
         assert slot.channel is not None
         slot.busy += 1
         channel = slot.channel
-        task.future.add_done_callback(lambda f: self._call_done(slot, f))
+        # The channel settles an inner future; the pool's books are updated before the
+        # caller's future completes, so statistics() agree with what the caller has seen.
+        # (A timeout or close fails the caller's future first; the books follow when the
+        # worker is gone.)
+        inner: Future[Any] = Future()
+
+        def settle(done: Future[Any]) -> None:
+            self._call_done(slot, done)
+            error = done.exception()
+            if error is not None:
+                _fail(task.future, error)
+            else:
+                _resolve(task.future, done.result())
+
+        inner.add_done_callback(settle)
         if task.call.timeout is not None:
             self._watchdog.watch(task, channel)
-        channel.submit(task.call.name, task.payload, task.future)
+        channel.submit(task.call.name, task.payload, inner)
 
     def _call_done(self, slot: _Slot, future: Future[Any]) -> None:
         with self._lock:
