@@ -2,14 +2,16 @@
 
 ::
 
-    pool ── send(Call + payload) ──> transport.write ──> worker
+    pool ── submit(Call + payload) ──> outbox ──> sender thread ──> transport.write ──> worker
     reader thread <── frames ── transport.readinto  (Result → future, Log → console,
                                                       Hello/Ready/StartFailed → control queue)
     stderr thread <── lines ─── transport.read_stderr (→ console, and a tail kept for
                                                        WorkerLost)
 
 The transport is whatever byte streams reach a ``python -m skyward.worker``: a subprocess's
-pipes (local) or an SSH exec channel. When the protocol stream ends, every call in flight
+pipes (local) or an SSH exec channel. Only the sender thread writes: callers (holding the
+pool's lock, or about to be interrupted by Ctrl-C) never block on a slow worker and never
+leave half a frame on the wire. When the protocol stream ends, every call in flight
 fails with ``WorkerLost`` naming the node, the exit status and the last lines of stderr.
 """
 
@@ -53,7 +55,9 @@ class Transport(Protocol):
         """The exit status (negative: killed by that signal), or None if still running."""
         ...
 
-    def kill(self) -> None: ...
+    def kill(self) -> None:
+        """Kill the worker and anything it started; harmless once they are gone."""
+        ...
     def close(self) -> None: ...
 
 
@@ -91,9 +95,11 @@ def describe_status(status: int | None) -> str:
 class Channel:
     """One worker link. ``submit`` and ``send_*`` are thread-safe.
 
-    States: handshaking (Hello, then Start, then Ready) → serving → closed. ``lost`` is set
-    once the protocol stream has ended, whatever the reason; ``on_lost`` is then called once,
-    from the reader thread, after every future in flight has failed.
+    States: handshaking (Hello, then Start, then Ready) → serving → broken → lost. The
+    moment the protocol stream ends, ``broken`` is set and ``on_broken`` is called, so the
+    pool stops choosing this worker; then, once the exit status and last stderr lines are in,
+    ``lost`` is set, every call in flight fails with it, and ``on_lost`` is called. Both
+    hooks run once, on the reader thread.
     """
 
     def __init__(
@@ -103,14 +109,18 @@ class Channel:
         node: int,
         output: OutputSink,
         on_lost: Callable[[Channel, WorkerLost], None] | None = None,
+        on_broken: Callable[[Channel], None] | None = None,
     ) -> None:
         self.node = node
         self.pid: int | None = None
         self._transport = transport
         self._output = output
         self._on_lost = on_lost
-        self._send_lock = threading.Lock()  # guards: one whole frame at a time on the stream
-        self._lock = threading.Lock()  # guards: _pending, _ids, lost, _closing
+        self._on_broken = on_broken
+        # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
+        # caller's own objects, referenced, not copied.
+        self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards: _pending, _ids, broken, lost, _closing
         self._pending: dict[int, tuple[str, Future[Any]]] = {}
         self._ids = itertools.count(1)
         self._control: queue.Queue[object] = queue.Queue()
@@ -118,6 +128,7 @@ class Channel:
         self._closing = False
         self._kill_reason = ""
         self._ready = False  # set once the worker said Ready; only for messages
+        self.broken = False
         self.lost: WorkerLost | None = None
         self.exit_status: int | None = None
         self._stderr_thread = threading.Thread(
@@ -126,8 +137,12 @@ class Channel:
         self._reader_thread = threading.Thread(
             target=self._read, name=f"skyward-reader-{node}", daemon=True
         )
+        self._sender_thread = threading.Thread(
+            target=self._write, name=f"skyward-sender-{node}", daemon=True
+        )
         self._stderr_thread.start()
         self._reader_thread.start()
+        self._sender_thread.start()
 
     # ── handshake ────────────────────────────────────────────────────────────────────────
 
@@ -161,20 +176,19 @@ class Channel:
 
     # ── calls ────────────────────────────────────────────────────────────────────────────
 
-    def submit(self, name: str, payload: proto.Parts, future: Future[Any]) -> int:
-        """Send one call; ``future`` gets its result, its exception, or ``WorkerLost``."""
+    def submit(self, name: str, payload: proto.Parts, future: Future[Any]) -> bool:
+        """Queue one call; ``future`` gets its result, its exception, or ``WorkerLost``.
+
+        Returns at once. False if the link is already broken: the call was not taken, and
+        ``future`` is untouched, so the caller can send it elsewhere.
+        """
         with self._lock:
-            if self.lost is not None:
-                _fail(future, self.lost)
-                return 0
+            if self.broken:
+                return False
             call_id = next(self._ids)
             self._pending[call_id] = (name, future)
-        try:
-            self._send(proto.Call(call_id, name), payload)
-        except OSError:
-            # The stream broke under us; the reader thread reports the loss to this future.
-            pass
-        return call_id
+        self._send(proto.Call(call_id, name), payload)
+        return True
 
     def in_flight(self) -> list[str]:
         with self._lock:
@@ -184,10 +198,7 @@ class Channel:
         """Ask the worker to exit; returns at once. See ``proto.Shutdown`` for ``cancel``."""
         with self._lock:
             self._closing = True
-        try:
-            self._send(proto.Shutdown(cancel=cancel))
-        except OSError:
-            pass
+        self._send(proto.Shutdown(cancel=cancel))
 
     def wait_closed(self, timeout: float) -> bool:
         """Wait for the worker to exit and the reader to finish; True if it did in time."""
@@ -201,9 +212,17 @@ class Channel:
         self._transport.kill()
 
     def _send(self, message: object, payload: proto.Parts | None = None) -> None:
-        parts = proto.frame(message, payload)
-        with self._send_lock:
-            self._transport.write(parts)
+        self._outbox.put(proto.frame(message, payload))
+
+    def _write(self) -> None:
+        while (parts := self._outbox.get()) is not None:
+            try:
+                self._transport.write(parts)
+            except (OSError, ValueError):
+                # The worker is gone; the reader thread sees EOF and reports it. Stop
+                # writing, and let queued frames go: nobody will read them.
+                return
+            del parts
 
     # ── reader threads ───────────────────────────────────────────────────────────────────
 
@@ -216,6 +235,11 @@ class Channel:
             pass
         except Exception as exc:  # a frame we cannot decode: the link is unusable
             self._output(self.node, "stderr", f"skyward: bad frame: {exc!r}\n".encode())
+            self._transport.kill()
+        with self._lock:
+            self.broken = True
+        if self._on_broken is not None:
+            self._on_broken(self)
         self._lose()
 
     def _dispatch(self, message: object, parts: proto.Parts) -> None:
@@ -274,6 +298,9 @@ class Channel:
 
     def _lose(self) -> None:
         status = self._transport.wait(_EXIT_STATUS_TIMEOUT)
+        # Whatever the worker started and left behind dies with it (and stops holding its
+        # stderr open, so the last lines arrive now).
+        self._transport.kill()
         self._stderr_thread.join(_EXIT_STATUS_TIMEOUT)
         self.exit_status = status
         tail = "\n".join(self._stderr_tail)
@@ -298,6 +325,8 @@ class Channel:
         for _, future in pending:
             _fail(future, error)
         self._control.put(self.lost)
+        self._outbox.put(None)
+        self._sender_thread.join(_EXIT_STATUS_TIMEOUT)
         self._transport.close()
         if self._on_lost is not None and not closing:
             self._on_lost(self, self.lost)
@@ -310,8 +339,10 @@ def _resolve(future: Future[Any], value: Any) -> None:
         pass  # already failed by a timeout or a close
 
 
-def _fail(future: Future[Any], error: BaseException) -> None:
+def _fail(future: Future[Any], error: BaseException) -> bool:
+    """Fail ``future`` unless it is already done; True if this call failed it."""
     try:
         future.set_exception(error)
     except InvalidStateError:
-        pass
+        return False
+    return True

@@ -46,7 +46,9 @@ from skyward._plugin import Plugin, apply_transforms
 from skyward.providers.base import Node, Provider
 
 R = TypeVar("R")
-State = Literal["new", "starting", "running", "closing", "closed"]
+# draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
+State = Literal["new", "starting", "running", "draining", "closing", "closed"]
+_ACTIVE = ("running", "draining")
 
 
 class PoolSpec(BaseModel):
@@ -110,6 +112,7 @@ class _Task:
     call: PendingCall[Any]
     payload: proto.Parts
     future: Future[Any]
+    broadcast: bool = False  # bound to one node: waits for that node, never moves
 
 
 @dataclass(eq=False)
@@ -226,6 +229,8 @@ class ComputePool:
             self.close(wait=False)
             raise
         with self._lock:
+            if self._state != "starting":  # closed by another thread meanwhile
+                raise PoolClosed(f"pool {self.name!r} was closed while it started")
             self._state = "running"
             # A worker that died between Ready and now was not replaced (the pool was not
             # running yet); replace it now.
@@ -302,6 +307,7 @@ class ComputePool:
                 node=slot.rank,
                 output=self._console.output,
                 on_lost=lambda ch, err, s=slot: self._on_lost(s, ch, err),  # type: ignore[misc]
+                on_broken=lambda ch, s=slot: self._on_broken(s, ch),  # type: ignore[misc]
             )
             self._pending_channels.add(channel)
         return channel, channel.wait_hello(max(0.0, deadline - time.monotonic()))
@@ -320,12 +326,14 @@ class ComputePool:
         their plugins' contexts, then are killed; the provider's ``terminate`` always runs.
         """
         with self._lock:
-            if self._state in ("closing", "closed"):
+            if self._state in ("draining", "closing", "closed"):
                 return
             was_running = self._state == "running"
             if self._state == "new":
                 self._state = "closed"
                 return
+            if wait and was_running:
+                self._state = "draining"
         cancel = True
         try:
             if wait and was_running:
@@ -455,6 +463,7 @@ class ComputePool:
                 task = _Task(call, payload, Future())
                 futures.append(task.future)
                 self._counts["submitted"] += 1
+                task.broadcast = True
                 if slot.lost is not None:
                     _fail(task.future, slot.lost)
                 elif not slot.ready:
@@ -464,7 +473,7 @@ class ComputePool:
         return _gather(futures, list)
 
     def _check_running(self) -> None:
-        if self._state != "running":
+        if self._state != "running":  # draining refuses new calls, as Executor.shutdown does
             raise PoolClosed(
                 f"pool {self.name!r} is {self._state}: use `with sky.ComputePool(...) as pool:` "
                 f"or `pool.start()` before sending calls"
@@ -494,11 +503,12 @@ class ComputePool:
             _fail(self._queue.popleft().future, lost)
 
     def _send(self, slot: _Slot, task: _Task) -> None:
-        """Hand one task to ``slot``'s worker. Lock held."""
-        if not task.future.set_running_or_notify_cancel():
-            return  # cancelled while queued
+        """Hand one task to ``slot``'s worker. Lock held; never blocks (see Channel)."""
+        if task.future.done():
+            return  # cancelled while queued, or timed out before a retry
+        if not task.future.running() and not task.future.set_running_or_notify_cancel():
+            return
         assert slot.channel is not None
-        slot.busy += 1
         channel = slot.channel
         # The channel settles an inner future; the pool's books are updated before the
         # caller's future completes, so statistics() agree with what the caller has seen.
@@ -514,42 +524,60 @@ class ComputePool:
             else:
                 _resolve(task.future, done.result())
 
+        if not channel.submit(task.call.name, task.payload, inner):
+            # The worker broke a moment ago; on_broken is on its way. Take the node out of
+            # rotation now and put the call back: it has not run anywhere.
+            slot.ready = False
+            if task.broadcast:
+                slot.backlog.append(task)
+            else:
+                self._queue.appendleft(task)
+            return
+        slot.busy += 1
         inner.add_done_callback(settle)
         if task.call.timeout is not None:
-            self._watchdog.watch(task, channel)
-        channel.submit(task.call.name, task.payload, inner)
+            self._watchdog.watch(task.future, task.call.name, task.call.timeout, channel)
 
     def _call_done(self, slot: _Slot, future: Future[Any]) -> None:
         with self._lock:
             slot.busy -= 1
             ok = not future.cancelled() and future.exception() is None
             self._counts["succeeded" if ok else "failed"] += 1
-            if self._state == "running":
+            if self._state in _ACTIVE:
                 self._pump()
             self._idle.notify_all()
 
     # ── failures ─────────────────────────────────────────────────────────────────────────
 
-    def _recycle(self, channel: Channel, task: _Task) -> None:
-        """``task`` outlived its timeout: fail it, and replace the worker running it."""
+    def _recycle(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
+        """A call outlived its timeout: fail it, and replace the worker running it."""
         with self._lock:
             for slot in self._slots:
                 if slot.channel is channel:
                     slot.ready = False  # before the future fails: no new call may land here
-        timeout = task.call.timeout
-        _fail(
-            task.future,
-            TimeoutError(
-                f"{task.call.name} did not finish within its timeout of {timeout:g} s on "
-                f"node {channel.node}; that node's worker is being replaced"
-            ),
-        )
-        channel.kill(f"{task.call.name} exceeded its timeout of {timeout:g} s")
+            error = TimeoutError(
+                f"{name} did not finish within its timeout of {timeout:g} s on node "
+                f"{channel.node}; that node's worker is being replaced"
+            )
+            timed_out = _fail(future, error)
+            if not timed_out:  # it finished just now: the worker is healthy, keep it
+                for slot in self._slots:
+                    if slot.channel is channel and not channel.broken:
+                        slot.ready = True
+                self._pump()
+                return
+        channel.kill(f"{name} exceeded its timeout of {timeout:g} s")
+
+    def _on_broken(self, slot: _Slot, channel: Channel) -> None:
+        """The worker's stream ended: choose other nodes from now on (loss report follows)."""
+        with self._lock:
+            if slot.channel is channel:
+                slot.ready = False
 
     def _on_lost(self, slot: _Slot, channel: Channel, error: WorkerLost) -> None:
         """A worker ended on its own, or was killed after a timeout: replace it."""
         with self._lock:
-            if slot.channel is not channel or self._state != "running":
+            if slot.channel is not channel or self._state not in _ACTIVE:
                 return
             slot.channel = None
             slot.ready = False
@@ -584,7 +612,7 @@ class ComputePool:
             return
         with self._lock:
             self._pending_channels.discard(channel)
-            if self._state != "running":
+            if self._state not in _ACTIVE:
                 channel.kill("the pool is closing")
                 return
             self._counts["replaced"] += 1
@@ -606,15 +634,16 @@ class _Watchdog:
     def __init__(self, pool: ComputePool) -> None:
         self._pool = pool
         self._cond = threading.Condition()  # guards: _heap, _thread, _stopped
-        self._heap: list[tuple[float, int, _Task, Channel]] = []
+        # (deadline, seq, future, name, timeout, channel): not the task, whose payload may be
+        # large and must not live as long as the timeout does.
+        self._heap: list[tuple[float, int, Future[Any], str, float, Channel]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
 
-    def watch(self, task: _Task, channel: Channel) -> None:
-        assert task.call.timeout is not None
+    def watch(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
         with self._cond:
-            entry = (time.monotonic() + task.call.timeout, next(self._seq), task, channel)
+            entry = (time.monotonic() + timeout, next(self._seq), future, name, timeout, channel)
             heapq.heappush(self._heap, entry)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -636,9 +665,9 @@ class _Watchdog:
                     self._cond.wait(delay)
                 if self._stopped:
                     return
-                _, _, task, channel = heapq.heappop(self._heap)
-            if not task.future.done():
-                self._pool._recycle(channel, task)
+                _, _, future, name, timeout, channel = heapq.heappop(self._heap)
+            if not future.done():
+                self._pool._recycle(future, name, timeout, channel)
 
 
 def _pending(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

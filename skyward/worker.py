@@ -180,10 +180,16 @@ class _Worker:
             thread.start()
         try:
             self._execute(main=True)
+            # From here on nothing may interrupt us: the plugins' teardown (such as
+            # jax.distributed.shutdown) must run whole. A SIGINT already sent is dropped too.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         except KeyboardInterrupt:
-            pass  # a cancelling shutdown that landed between calls
-        for thread in executors:
-            thread.join()
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a cancel that landed between calls
+        if not self.cancelled:
+            for thread in executors:
+                thread.join()
+        # When cancelling, calls still running on other threads cannot be interrupted; they
+        # are daemon threads and end with the process.
 
     def _read(self) -> None:
         cancel = True
@@ -195,7 +201,7 @@ class _Worker:
                 elif isinstance(message, proto.Shutdown):
                     cancel = message.cancel
                     break
-        except (EOFError, OSError):
+        except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
             # The client is gone; nobody will read results. Leave, but bounded.
             orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, os._exit, args=(3,))
             orphan.daemon = True

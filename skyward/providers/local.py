@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -104,7 +105,7 @@ class LocalNode:
             start_new_session=True,
         )
         with self._lock:
-            self._processes = [p for p in self._processes if p.poll() is None]
+            # Kept after they exit: terminate() still kills what their children left behind.
             self._processes.append(process)
         return PipeTransport(process)
 
@@ -112,8 +113,7 @@ class LocalNode:
         with self._lock:
             processes, self._processes = self._processes, []
         for process in processes:
-            if process.poll() is None:
-                process.kill()
+            _kill_group(process)
             process.wait()
 
 
@@ -156,8 +156,7 @@ class PipeTransport:
             return None
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
+        _kill_group(self.process)
 
     def close(self) -> None:
         for stream in (self._stdin, self._stdout):
@@ -178,6 +177,18 @@ def _widen_pipe(fd: int) -> None:
         fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_SIZE)
     except OSError:
         pass  # not Linux, or over /proc/sys/fs/pipe-max-size: the default still works
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker and whatever it started: it leads its own process group.
+
+    Children the user's code left behind would otherwise outlive the pool, and hold the
+    worker's stderr open so that its reader never sees the end.
+    """
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
 
 
 def missing_requirements(requirements: Sequence[str], python: str) -> list[str]:
