@@ -58,6 +58,7 @@ class Transport(Protocol):
     def kill(self) -> None:
         """Kill the worker and anything it started; harmless once they are gone."""
         ...
+
     def close(self) -> None: ...
 
 

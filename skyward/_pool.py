@@ -473,11 +473,15 @@ class ComputePool:
         return _gather(futures, list)
 
     def _check_running(self) -> None:
-        if self._state != "running":  # draining refuses new calls, as Executor.shutdown does
+        if self._state == "running":
+            return
+        if self._state in ("new", "starting"):
             raise PoolClosed(
-                f"pool {self.name!r} is {self._state}: use `with sky.ComputePool(...) as pool:` "
+                f"pool {self.name!r} is not started: use `with sky.ComputePool(...) as pool:` "
                 f"or `pool.start()` before sending calls"
             )
+        # draining refuses new calls too, as Executor.shutdown does
+        raise PoolClosed(f"pool {self.name!r} is {self._state}: it takes no new calls")
 
     def _pump(self) -> None:
         """Send queued calls to the least busy ready nodes with a free slot. Lock held."""

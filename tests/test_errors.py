@@ -196,3 +196,14 @@ def test_remote_system_exit_does_not_exit_the_client(pool: sky.ComputePool) -> N
         pool.run(sys.exit, 3)
     assert caught.value.type_name == "SystemExit"
     assert pool.run(pid) > 0  # the worker survived too: SystemExit was caught there
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_calls_queued_behind_a_dying_worker_still_run(nodes: int) -> None:
+    with sky.ComputePool(nodes=nodes, quiet=True) as pool:
+        dying = pool.submit(os._exit, 1)
+        queued = [pool.submit(abs, -i) for i in range(5)]
+        with pytest.raises(sky.WorkerLost):
+            dying.result(timeout=30)
+        assert [f.result(timeout=30) for f in queued] == [0, 1, 2, 3, 4]

@@ -213,6 +213,46 @@ def test_calls_interrupted_by_a_cancelling_close_fail_with_pool_closed() -> None
         assert isinstance(future.exception(timeout=10), sky.PoolClosed)
 
 
+@pytest.mark.timeout(60)
+def test_a_cancelling_close_with_concurrency_still_runs_teardown(tmp_path: Path) -> None:
+    log = tmp_path / "events"
+    pool = sky.ComputePool(
+        nodes=1, concurrency=2, plugins=[recorder("p", log)], shutdown_timeout=30, quiet=True
+    ).start()
+    futures = [pool.submit(time.sleep, 60) for _ in range(2)]
+    time.sleep(0.5)
+    pool.close(wait=False)
+    # "p exit" shows the worker left gracefully rather than being killed after 30 s
+    assert events(log) == ["p enter", "p exit"]
+    assert all(isinstance(f.exception(timeout=5), sky.PoolClosed) for f in futures)
+
+
+@pytest.mark.timeout(60)
+def test_closing_refuses_new_calls_while_it_waits_for_submitted_ones() -> None:
+    pool = sky.ComputePool(nodes=1, quiet=True).start()
+    running = pool.submit(time.sleep, 1.0)
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    time.sleep(0.3)
+    with pytest.raises(sky.PoolClosed, match="draining"):
+        pool.submit(abs, 1)
+    closer.join(30)
+    assert not closer.is_alive()
+    assert running.result(timeout=0) is None
+
+
+def test_processes_started_by_a_call_do_not_outlive_the_pool() -> None:
+    def start_a_child() -> int:
+        return subprocess.Popen(["sleep", "300"]).pid
+
+    with sky.ComputePool(nodes=1, quiet=True) as pool:
+        child = pool.run(start_a_child)
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
 def test_closing_twice_and_using_a_closed_pool() -> None:
     pool = sky.ComputePool(quiet=True)
     with pytest.raises(sky.PoolClosed, match=r"use `with sky\.ComputePool"):
