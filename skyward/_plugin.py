@@ -35,6 +35,9 @@ class Plugin(BaseModel):
     name: str = Field(min_length=1)
     transform: Callable[..., Image] | None = None
     around_app: Callable[..., AbstractContextManager[Any]] | None = None
+    # True when around_app ties every node into one runtime that cannot take a new member
+    # (jax.distributed): when one worker is lost, the pool restarts all of them together.
+    gang: bool = False
 
 
 def apply_transforms(image: Image, spec: PoolSpec) -> Image:

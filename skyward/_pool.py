@@ -182,6 +182,7 @@ class ComputePool:
         self._queue: deque[_Task] = deque()
         self._pumping = False
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
+        self._restarting = False  # a gang restart of every worker is under way
         self._counts = {"submitted": 0, "succeeded": 0, "failed": 0, "replaced": 0}
         self._started_at = 0.0
         self._watchdog = _Watchdog(self)
@@ -253,51 +254,68 @@ class ComputePool:
             )
         with self._lock:
             self._slots = [_Slot(rank, node) for rank, node in enumerate(self._nodes)]
-        progress = Progress(self._console, spec.nodes, "workers up")
+        channels = self._bring_up(self._slots, deadline)
+        with self._lock:
+            for slot, channel in zip(self._slots, channels, strict=True):
+                self._pending_channels.discard(channel)
+                slot.channel = channel
+                slot.ready = True
+
+    def _bring_up(
+        self, slots: Sequence[_Slot], deadline: float, launched: list[Channel] | None = None
+    ) -> list[Channel]:
+        """Start a worker on each of ``slots`` and wait until all are Ready.
+
+        With every slot of the pool (start, or a restart of them all), each node's
+        InstanceInfo is built afresh from the Hellos; for some slots only, the workers get
+        the info their nodes already have, so that they rejoin the same pool.
+        """
+        spec = self.spec
+        progress = Progress(self._console, len(slots), "workers up")
 
         def hello(slot: _Slot) -> tuple[Channel, proto.Hello]:
-            channel, message = self._launch(slot, deadline)
+            channel, message = self._launch(slot, deadline, launched)
             progress.step(f"node {slot.rank} (pid {message.pid})")
             return channel, message
 
-        hellos = _parallel(hello, self._slots)
-        for slot, (_, message) in zip(self._slots, hellos, strict=True):
+        hellos = _parallel(hello, slots)
+        for slot, (_, message) in zip(slots, hellos, strict=True):
             _check_version(slot.rank, message)
-        head_port = hellos[0][1].head_port or 0
-        addresses = tuple(slot.node.address for slot in self._slots)
-        for slot, (_, message) in zip(self._slots, hellos, strict=True):
-            slot.info = InstanceInfo(
-                node=slot.rank,
-                total_nodes=spec.nodes,
-                head_addr=addresses[0],
-                head_port=head_port,
-                peers=addresses,
-                accelerators=slot.node.accelerators,
-                accelerator=spec.accelerator,
-                pool=self.name,
-                provider=spec.provider_kind,
-                hostname=message.hostname,
-            )
+        if len(slots) == len(self._slots):
+            head_port = hellos[0][1].head_port or 0
+            addresses = tuple(slot.node.address for slot in slots)
+            for slot, (_, message) in zip(slots, hellos, strict=True):
+                slot.info = InstanceInfo(
+                    node=slot.rank,
+                    total_nodes=spec.nodes,
+                    head_addr=addresses[0],
+                    head_port=head_port,
+                    peers=addresses,
+                    accelerators=slot.node.accelerators,
+                    accelerator=spec.accelerator,
+                    pool=self.name,
+                    provider=spec.provider_kind,
+                    hostname=message.hostname,
+                )
         # The barrier: every node has said Hello before any node gets Start, so plugins
         # such as jax.distributed.initialize begin together however unevenly nodes booted.
         hooked = [p.name for p in spec.plugins if p.around_app is not None]
         if hooked:
             self._console.status(f"entering plugins on every node: {', '.join(hooked)}")
-        for slot, (channel, _) in zip(self._slots, hellos, strict=True):
+        for slot, (channel, _) in zip(slots, hellos, strict=True):
             channel.send_start(self._start_message(slot), self._plugin_payload)
 
         def ready(channel: Channel) -> None:
             channel.wait_ready(max(0.0, deadline - time.monotonic()))
 
-        _parallel(ready, [channel for channel, _ in hellos])
-        with self._lock:
-            for slot, (channel, _) in zip(self._slots, hellos, strict=True):
-                self._pending_channels.discard(channel)
-                slot.channel = channel
-                slot.ready = True
+        channels = [channel for channel, _ in hellos]
+        _parallel(ready, channels)
+        return channels
 
-    def _launch(self, slot: _Slot, deadline: float) -> tuple[Channel, proto.Hello]:
-        """Spawn a worker for ``slot`` and wait for its Hello."""
+    def _launch(
+        self, slot: _Slot, deadline: float, launched: list[Channel] | None = None
+    ) -> tuple[Channel, proto.Hello]:
+        """Spawn a worker for ``slot`` (recorded in ``launched``) and wait for its Hello."""
         with self._lock:
             if self._state in ("closing", "closed"):
                 raise PoolClosed(f"pool {self.name!r} is closing")
@@ -310,6 +328,8 @@ class ComputePool:
                 on_broken=lambda ch, s=slot: self._on_broken(s, ch),  # type: ignore[misc]
             )
             self._pending_channels.add(channel)
+            if launched is not None:
+                launched.append(channel)
         return channel, channel.wait_hello(max(0.0, deadline - time.monotonic()))
 
     def _start_message(self, slot: _Slot) -> proto.Start:
@@ -579,54 +599,88 @@ class ComputePool:
                 slot.ready = False
 
     def _on_lost(self, slot: _Slot, channel: Channel, error: WorkerLost) -> None:
-        """A worker ended on its own, or was killed after a timeout: replace it."""
+        """A worker ended on its own, or was killed after a timeout: replace it.
+
+        With a gang plugin (jax: one distributed runtime spans every node, and a new process
+        cannot join a running one) the other workers are stopped too and all of them are
+        started again together, through the same barrier as ``start()``.
+        """
         with self._lock:
             if slot.channel is not channel or self._state not in _ACTIVE:
                 return
             slot.channel = None
             slot.ready = False
-        self._console.status(f"node {slot.rank}: worker lost; starting a new one")
+            if self._restarting:
+                return  # part of a restart of every worker, already under way
+            gang = [p.name for p in self.spec.plugins if p.gang]
+            if gang and len(self._slots) > 1:
+                self._restarting = True
+                victims = [s.channel for s in self._slots if s.channel is not None]
+                for other in self._slots:
+                    other.ready = False
+                replace: list[_Slot] = list(self._slots)
+            else:
+                victims = []
+                replace = [slot]
+        if victims:
+            reason = (
+                f"node {slot.rank} was lost, and plugin {', '.join(gang)} ties every node into "
+                f"one runtime, so all workers are restarted together"
+            )
+            self._console.status(reason)
+            for victim in victims:
+                victim.kill(reason)
+        else:
+            self._console.status(f"node {slot.rank}: worker lost; starting a new one")
         threading.Thread(
-            target=self._replace, args=(slot,), name=f"skyward-replace-{slot.rank}", daemon=True
+            target=self._replace,
+            args=(replace, victims),
+            name=f"skyward-replace-{slot.rank}",
+            daemon=True,
         ).start()
 
-    def _replace(self, slot: _Slot) -> None:
-        channel: Channel | None = None
+    def _replace(self, slots: list[_Slot], victims: list[Channel]) -> None:
+        launched: list[Channel] = []
         try:
+            for victim in victims:  # a new runtime must not meet the old one
+                victim.wait_closed(self.spec.shutdown_timeout)
             deadline = time.monotonic() + self.spec.start_timeout
-            channel, message = self._launch(slot, deadline)
-            _check_version(slot.rank, message)
-            channel.send_start(self._start_message(slot), self._plugin_payload)
-            channel.wait_ready(max(0.0, deadline - time.monotonic()))
+            channels = self._bring_up(slots, deadline, launched)
         except BaseException as exc:
-            if channel is not None:
-                channel.kill("it could not be started")
             with self._lock:
-                if channel is not None:
+                for channel in launched:
+                    channel.kill("it could not be started")
                     self._pending_channels.discard(channel)
-                slot.lost = WorkerLost(
-                    f"node {slot.rank}: its worker died and no new one could be started: {exc}",
-                    node=slot.rank,
-                )
-                backlog, slot.backlog = slot.backlog, []
-                for task in backlog:
-                    _fail(task.future, slot.lost)
+                self._restarting = False
+                for slot in slots:
+                    slot.lost = WorkerLost(
+                        f"node {slot.rank}: its worker died and no new one could be started: {exc}",
+                        node=slot.rank,
+                    )
+                    backlog, slot.backlog = slot.backlog, []
+                    for task in backlog:
+                        _fail(task.future, slot.lost)
                 self._pump()
                 self._idle.notify_all()
             return
         with self._lock:
-            self._pending_channels.discard(channel)
+            self._restarting = False
+            for channel in channels:
+                self._pending_channels.discard(channel)
             if self._state not in _ACTIVE:
-                channel.kill("the pool is closing")
+                for channel in channels:
+                    channel.kill("the pool is closing")
                 return
-            self._counts["replaced"] += 1
-            slot.channel = channel
-            slot.ready = True
-            backlog, slot.backlog = slot.backlog, []
-            for task in backlog:
-                self._send(slot, task)
+            for slot, channel in zip(slots, channels, strict=True):
+                self._counts["replaced"] += 1
+                slot.channel = channel
+                slot.ready = True
+                backlog, slot.backlog = slot.backlog, []
+                for task in backlog:
+                    self._send(slot, task)
             self._pump()
-        self._console.status(f"node {slot.rank}: new worker ready (pid {message.pid})")
+        pids = ", ".join(f"node {s.rank} pid {c.pid}" for s, c in zip(slots, channels, strict=True))
+        self._console.status(f"new worker(s) ready: {pids}")
 
 
 class _Watchdog:

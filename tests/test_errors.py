@@ -207,3 +207,19 @@ def test_calls_queued_behind_a_dying_worker_still_run(nodes: int) -> None:
         with pytest.raises(sky.WorkerLost):
             dying.result(timeout=30)
         assert [f.result(timeout=30) for f in queued] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.timeout(60)
+def test_a_gang_plugin_restarts_every_worker_when_one_is_lost(tmp_path: Path) -> None:
+    gate = tmp_path / "never"
+    with sky.ComputePool(nodes=3, plugins=[sky.Plugin(name="tied", gang=True)], quiet=True) as pool:
+        before = pool.broadcast(pid)
+        futures = [wait_for(str(gate)) > pool for _ in range(3)]  # one per node
+        time.sleep(0.3)
+        os.kill(before[1], signal.SIGKILL)
+        errors = [f.exception(timeout=30) for f in futures]
+        assert all(isinstance(e, sky.WorkerLost) for e in errors)
+        assert sum("ties every node into one runtime" in str(e) for e in errors) == 2
+        after = pool.broadcast(pid)
+        assert not set(after) & set(before)
+        assert pool.statistics().workers_replaced == 3

@@ -130,7 +130,7 @@ def jax(
         ):
             yield
 
-    return Plugin(name="jax", transform=transform, around_app=around_app)
+    return Plugin(name="jax", transform=transform, around_app=around_app, gang=True)
 
 
 def accelerator_platform(accelerator: str | None) -> Platform:
