@@ -191,10 +191,6 @@ class Channel:
         self._send(proto.Call(call_id, name), payload)
         return True
 
-    def in_flight(self) -> list[str]:
-        with self._lock:
-            return [name for name, _ in self._pending.values()]
-
     def shutdown(self, *, cancel: bool) -> None:
         """Ask the worker to exit; returns at once. See ``proto.Shutdown`` for ``cancel``."""
         with self._lock:

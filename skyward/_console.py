@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 
 
 class Console:
@@ -69,7 +68,6 @@ class Progress:
         self._total = total
         self._what = what
         self._done = 0
-        self._started = time.monotonic()
         self._lock = threading.Lock()  # guards: _done
 
     def step(self, detail: str) -> None:
@@ -77,6 +75,3 @@ class Progress:
             self._done += 1
             done = self._done
         self._console.status(f"{self._what} {done}/{self._total}: {detail}")
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self._started
