@@ -61,7 +61,7 @@ class Console:
 
 
 class Progress:
-    """Counts nodes through a phase and reports each step, then the total time."""
+    """Counts nodes through a phase and reports each step."""
 
     def __init__(self, console: Console, total: int, what: str) -> None:
         self._console = console
