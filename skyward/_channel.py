@@ -131,7 +131,6 @@ class Channel:
         self._ready = False  # set once the worker said Ready; only for messages
         self.broken = False
         self.lost: WorkerLost | None = None
-        self.exit_status: int | None = None
         self._stderr_thread = threading.Thread(
             target=self._read_stderr, name=f"skyward-stderr-{node}", daemon=True
         )
@@ -299,7 +298,6 @@ class Channel:
         # stderr open, so the last lines arrive now).
         self._transport.kill()
         self._stderr_thread.join(_EXIT_STATUS_TIMEOUT)
-        self.exit_status = status
         tail = "\n".join(self._stderr_tail)
         with self._lock:
             pending = list(self._pending.values())

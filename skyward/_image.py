@@ -8,7 +8,6 @@ the image's requirements against the client's interpreter instead (``providers/l
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -89,12 +88,6 @@ class Image(BaseModel):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
         return dict(env)
 
-    @property
-    def python_version(self) -> str:
-        if self.python == "auto":
-            return f"{sys.version_info.major}.{sys.version_info.minor}"
-        return self.python
-
     def with_pip(self, *requirements: str, indexes: Iterable[PipIndex] = ()) -> Image:
         """A new image with these requirements added (requirements already named are kept)."""
         have = {requirement_name(r) for r in self.pip}
@@ -106,7 +99,6 @@ class Image(BaseModel):
             }
         )
 
-    def with_env(self, env: Mapping[str, str], *, override: bool = True) -> Image:
-        """A new image with ``env`` merged in; ``override=False`` keeps values already set."""
-        merged = {**env, **self.env} if not override else {**self.env, **env}
-        return self.model_validate({**self.model_dump(), "env": merged})
+    def with_env(self, env: Mapping[str, str]) -> Image:
+        """A new image with ``env`` merged in; its values replace ones already set."""
+        return self.model_validate({**self.model_dump(), "env": {**self.env, **env}})

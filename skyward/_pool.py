@@ -480,10 +480,9 @@ class ComputePool:
         with self._lock:
             self._check_running()
             for slot in self._slots:
-                task = _Task(call, payload, Future())
+                task = _Task(call, payload, Future(), broadcast=True)
                 futures.append(task.future)
                 self._counts["submitted"] += 1
-                task.broadcast = True
                 if slot.lost is not None:
                     _fail(task.future, slot.lost)
                 elif not slot.ready:
@@ -506,7 +505,9 @@ class ComputePool:
     def _pump(self) -> None:
         """Send queued calls to the least busy ready nodes with a free slot. Lock held."""
         if self._pumping:
-            return  # a completion callback inside _send; the outer loop carries on
+            # Re-entered from a done-callback of a future failed below (a user's callback
+            # may submit); the outer loop carries on with the queue.
+            return
         self._pumping = True
         try:
             limit = self.spec.concurrency

@@ -34,6 +34,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from skyward import _protocol as proto
+from skyward._errors import SerializationError  # stdlib-only, like _protocol
 
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
@@ -118,8 +119,6 @@ def _free_port() -> int:
 
 
 def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Parts]:
-    from skyward._errors import SerializationError
-
     try:
         function, args, kwargs = proto.loads(parts)
         fn = proto.loads([function])
