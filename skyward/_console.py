@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import sys
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from skyward.providers.base import Phase
 
 
 class Console:
@@ -49,6 +53,12 @@ class Console:
         except (OSError, ValueError):
             pass  # the client's stream is closed (interpreter exit); nothing to show it on
 
+    def phase(self, node: int, phase: Phase, detail: str = "") -> None:
+        self.status(f"node {node} {phase}" + (f": {detail}" if detail else ""))
+
+    def log(self, node: int, line: str) -> None:
+        self.status(f"node {node} | {line}")
+
     def status(self, text: str) -> None:
         if self.quiet:
             return
@@ -60,18 +70,3 @@ class Console:
                 pass
 
 
-class Progress:
-    """Counts nodes through a phase and reports each step."""
-
-    def __init__(self, console: Console, total: int, what: str) -> None:
-        self._console = console
-        self._total = total
-        self._what = what
-        self._done = 0
-        self._lock = threading.Lock()  # guards: _done
-
-    def step(self, detail: str) -> None:
-        with self._lock:
-            self._done += 1
-            done = self._done
-        self._console.status(f"{self._what} {done}/{self._total}: {detail}")

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from skyward import _protocol as proto
 from skyward._channel import Channel, _fail, _resolve
 from skyward._compute import Compute, PendingCall
-from skyward._console import Console, Progress
+from skyward._console import Console
 from skyward._errors import PluginError, PoolClosed, ProvisionError, VersionMismatch, WorkerLost
 from skyward._image import Image
 from skyward._info import InstanceInfo
@@ -247,7 +247,9 @@ class ComputePool:
 
     def _start(self, spec: PoolSpec) -> None:
         deadline = time.monotonic() + spec.start_timeout
-        self._nodes = spec.provider.provision(spec.model_copy(update={"image": self.image}))
+        self._nodes = spec.provider.provision(
+            spec.model_copy(update={"image": self.image}), self._console
+        )
         if len(self._nodes) != spec.nodes:
             raise ProvisionError(
                 f"provider {spec.provider_kind} returned {len(self._nodes)} nodes, not {spec.nodes}"
@@ -271,12 +273,10 @@ class ComputePool:
         the info their nodes already have, so that they rejoin the same pool.
         """
         spec = self.spec
-        progress = Progress(self._console, len(slots), "workers up")
 
         def hello(slot: _Slot) -> tuple[Channel, proto.Hello]:
-            channel, message = self._launch(slot, deadline, launched)
-            progress.step(f"node {slot.rank} (pid {message.pid})")
-            return channel, message
+            self._console.phase(slot.rank, "starting")
+            return self._launch(slot, deadline, launched)
 
         hellos = _parallel(hello, slots)
         for slot, (_, message) in zip(slots, hellos, strict=True):
@@ -305,11 +305,13 @@ class ComputePool:
         for slot, (channel, _) in zip(slots, hellos, strict=True):
             channel.send_start(self._start_message(slot), self._plugin_payload)
 
-        def ready(channel: Channel) -> None:
+        def ready(pair: tuple[_Slot, Channel]) -> None:
+            slot, channel = pair
             channel.wait_ready(max(0.0, deadline - time.monotonic()))
+            self._console.phase(slot.rank, "ready", f"pid {channel.pid}")
 
         channels = [channel for channel, _ in hellos]
-        _parallel(ready, channels)
+        _parallel(ready, list(zip(slots, channels, strict=True)))
         return channels
 
     def _launch(

@@ -2,9 +2,11 @@
 
 A provider never schedules work or speaks the worker protocol; the pool does both.
 
-- ``provision(spec)`` returns ``spec.nodes`` nodes, all or nothing: if it fails part-way it
-  destroys what it made before raising ``ProvisionError`` (or ``BootstrapError`` when the
-  machines exist but cannot run the image). It is called once per pool.
+- ``provision(spec, reporter)`` returns ``spec.nodes`` nodes, all or nothing: if it fails
+  part-way it destroys what it made before raising ``ProvisionError`` (or ``BootstrapError``
+  when the machines exist but cannot run the image). It is called once per pool. It tells the
+  ``reporter`` each node's phase (``provisioning``, ``connecting``, ``bootstrapping``) and
+  the lines its bootstrap prints, so the user sees progress while machines come up.
 - ``Node.spawn_worker(rank, env)`` starts ``python -m skyward.worker --node RANK`` on the node
   and returns its byte streams. The pool calls it again to replace a worker that died or was
   recycled after a timeout.
@@ -15,11 +17,25 @@ A provider never schedules work or speaks the worker protocol; the pool does bot
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from skyward._channel import Transport
     from skyward._pool import PoolSpec
+
+
+# A node's phases, in order. Providers report the first three; the pool the rest.
+Phase = Literal["provisioning", "connecting", "bootstrapping", "starting", "ready"]
+
+
+class Reporter(Protocol):
+    """Where providers and the pool say what each node is doing. Thread-safe."""
+
+    def phase(self, node: int, phase: Phase, detail: str = "") -> None: ...
+
+    def log(self, node: int, line: str) -> None:
+        """A line of a node's bootstrap output (not the worker's: that is ``Log``)."""
+        ...
 
 
 @runtime_checkable
@@ -48,6 +64,6 @@ class Provider(Protocol):
         """A short name for ``InstanceInfo.provider`` and messages: ``"local"``, ``"aws"``."""
         ...
 
-    def provision(self, spec: PoolSpec) -> Sequence[Node]: ...
+    def provision(self, spec: PoolSpec, reporter: Reporter) -> Sequence[Node]: ...
 
     def terminate(self, nodes: Sequence[Node]) -> None: ...

@@ -28,6 +28,7 @@ from skyward._errors import BootstrapError, ProvisionError
 
 if TYPE_CHECKING:
     from skyward._pool import PoolSpec
+    from skyward.providers.base import Reporter
 
 # The directory that holds the skyward package, so workers import this very copy even when
 # the client runs it from a source checkout rather than an installed distribution.
@@ -53,7 +54,7 @@ class Local(BaseModel):
     def interpreter(self) -> str:
         return self.python or sys.executable
 
-    def provision(self, spec: PoolSpec) -> Sequence[LocalNode]:
+    def provision(self, spec: PoolSpec, reporter: Reporter) -> Sequence[LocalNode]:
         missing = missing_requirements(spec.image.pip, self.interpreter)
         if missing:
             listed = "\n".join(f"  - {line}" for line in missing)
