@@ -1,30 +1,123 @@
-"""What the user sees: workers' output labelled by node, and the pool's progress.
+"""What the user sees: the pool's progress, and workers' output labelled by node.
 
-Worker output is split into lines and written as ``[node 3] text``, stdout to the client's
-``sys.stdout`` and stderr to its ``sys.stderr``. The streams are looked up at every write, so
-Jupyter's and pytest's replacements of ``sys.stdout`` receive it. Progress lines go to
-stderr prefixed ``skyward:``; ``quiet=True`` silences progress but never worker output.
+::
+
+    provider, pool ── phase() / log() / status() ──> Console ──> logging "skyward"
+                                                        └──────> a Progress display (rich,
+                                                                 plain, Jupyter, or none)
+    reader threads ── output(node, stream, bytes) ──> Console ──> "[node 3] text" on the
+                                                                 client's stdout / stderr,
+                                                                 or the cell of the call
+
+``console=`` picks the progress display: ``"auto"`` (Jupyter in a kernel, ``"rich"`` on a
+terminal, ``"plain"`` otherwise), ``"rich"``, ``"plain"`` or ``"off"``. ``output=`` picks
+whose output is shown: ``"all"`` nodes, the ``"head"`` node (rank 0) only, or ``"none"``.
+The two are independent: ``console="off"`` never hides a ``print()``.
+
+Worker output streams are looked up at every write, so Jupyter's and pytest's replacements
+of ``sys.stdout`` receive it. In Jupyter, each call's output goes to the cell that submitted
+it: the pool records the cell with ``route()`` at submit time and ``bind``s it to the node
+the call runs on; that node's output goes there until its next call starts.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
+
+from skyward import _jupyter
+from skyward._progress import Board, JupyterProgress, PlainProgress, Progress, RichProgress
 
 if TYPE_CHECKING:
     from skyward.providers.base import Phase
 
+ConsoleMode = Literal["auto", "rich", "plain", "off"]
+OutputMode = Literal["all", "head", "none"]
+Route = dict[str, Any]  # a Jupyter cell's message header
+
+logger = logging.getLogger("skyward")
+
+# Node labels in a terminal: one colour per node, cycling.
+_COLOURS = (36, 33, 35, 32, 34, 31)
+
 
 class Console:
-    """Thread-safe: reader threads of every node write here at once."""
+    """Thread-safe: provider threads and reader threads of every node call it at once."""
 
-    def __init__(self, *, quiet: bool = False) -> None:
-        self.quiet = quiet
-        self._lock = threading.Lock()  # guards: _partial and interleaving of whole lines
+    def __init__(self, *, mode: ConsoleMode = "auto", output: OutputMode = "all") -> None:
+        self.mode = mode
+        self.output_mode = output
+        self._lock = threading.Lock()  # guards: everything below, and whole-line writes
         self._partial: dict[tuple[int, str], bytes] = {}
+        self._routes: dict[int, Route] = {}
+        self._board: Board | None = None
+        self._progress: Progress | None = None
+
+    # ── progress ─────────────────────────────────────────────────────────────────────────
+
+    def begin(self, title: str, nodes: int) -> None:
+        """A pool starts: show ``title`` and one row per node until ``end``."""
+        logger.info(title)
+        progress = _make_progress(self.mode)
+        with self._lock:
+            self._board = Board(title, nodes)
+            self._progress = progress
+            if progress is not None:
+                progress.begin(self._board)
+
+    def end(self, summary: str | None = None) -> None:
+        """The pool is ready (``summary`` says so) or failed to start (None)."""
+        if summary:
+            logger.info(summary)
+        with self._lock:
+            if summary is None and self._board is not None:
+                self._board.fail_unfinished()
+            if self._progress is not None:
+                self._progress.end(summary)
+            self._board = None
+
+    def phase(self, node: int, phase: Phase, detail: str = "") -> None:
+        logger.info("node %d %s%s", node, phase, f": {detail}" if detail else "")
+        with self._lock:
+            if self._board is not None:
+                self._board.set_phase(node, phase, detail)
+            if self._progress is not None:
+                self._progress.phase(node, phase, detail)
+
+    def log(self, node: int, line: str) -> None:
+        logger.debug("node %d | %s", node, line)
+        with self._lock:
+            if self._board is not None:
+                self._board.set_line(node, line)
+            if self._progress is not None:
+                self._progress.line(node, line)
+
+    def status(self, text: str) -> None:
+        """A one-off event: a worker replaced, plugins entering, the pool closing."""
+        logger.info(text)
+        with self._lock:
+            if self._progress is not None:
+                self._progress.note(text)
+
+    # ── worker output ────────────────────────────────────────────────────────────────────
+
+    def route(self) -> Route | None:
+        """Where a call submitted now should print: the running Jupyter cell, if any."""
+        return _jupyter.current_parent()
+
+    def bind(self, node: int, route: Route | None) -> None:
+        """A call that ``route()`` was taken for starts on ``node``."""
+        if route is None:
+            return
+        with self._lock:
+            self._routes[node] = route
 
     def output(self, node: int, stream: str, data: bytes) -> None:
+        if self.output_mode == "none" or (self.output_mode == "head" and node != 0):
+            return
         key = (node, stream)
         with self._lock:
             lines = (self._partial.pop(key, b"") + data).split(b"\n")
@@ -41,32 +134,43 @@ class Console:
                 self._write(node, stream, [rest])
 
     def _write(self, node: int, stream: str, lines: list[bytes]) -> None:
+        """Lock held."""
         if not lines:
             return
         target = sys.stdout if stream == "stdout" else sys.stderr
-        text = "".join(
-            f"[node {node}] {line.decode('utf-8', 'backslashreplace')}\n" for line in lines
-        )
+        label = self._label(node, target)
+        text = "".join(f"{label} {line.decode('utf-8', 'backslashreplace')}\n" for line in lines)
         try:
-            target.write(text)
-            target.flush()
+            with _jupyter.as_parent(self._routes.get(node)):
+                target.write(text)
+                target.flush()
         except (OSError, ValueError):
             pass  # the client's stream is closed (interpreter exit); nothing to show it on
 
-    def phase(self, node: int, phase: Phase, detail: str = "") -> None:
-        self.status(f"node {node} {phase}" + (f": {detail}" if detail else ""))
-
-    def log(self, node: int, line: str) -> None:
-        self.status(f"node {node} | {line}")
-
-    def status(self, text: str) -> None:
-        if self.quiet:
-            return
-        with self._lock:
-            try:
-                sys.stderr.write(f"skyward: {text}\n")
-                sys.stderr.flush()
-            except (OSError, ValueError):
-                pass
+    def _label(self, node: int, target: Any) -> str:
+        label = f"[node {node}]"
+        if self.mode in ("off", "plain") or not (_colour(target) or _jupyter.in_jupyter()):
+            return label
+        return f"\x1b[{_COLOURS[node % len(_COLOURS)]}m{label}\x1b[0m"
 
 
+def _make_progress(mode: ConsoleMode) -> Progress | None:
+    if mode == "off":
+        return None
+    if mode == "plain":
+        return PlainProgress()
+    if mode == "rich":
+        return RichProgress()
+    if _jupyter.in_jupyter():
+        return JupyterProgress()
+    return RichProgress() if _colour(sys.stderr) else PlainProgress()
+
+
+def _colour(stream: Any) -> bool:
+    """A terminal that wants colour (https://no-color.org and TERM=dumb say it does not)."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False

@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from skyward import _protocol as proto
 from skyward._channel import Channel, _fail, _resolve
 from skyward._compute import Compute, PendingCall
-from skyward._console import Console
+from skyward._console import Console, ConsoleMode, OutputMode, Route
 from skyward._errors import PluginError, PoolClosed, ProvisionError, VersionMismatch, WorkerLost
 from skyward._image import Image
 from skyward._info import InstanceInfo
@@ -65,7 +65,15 @@ class PoolSpec(BaseModel):
     name: str = Field(default_factory=lambda: f"pool-{secrets.token_hex(3)}", min_length=1)
     start_timeout: float = Field(default=120.0, gt=0)
     shutdown_timeout: float = Field(default=10.0, gt=0)
-    quiet: bool = False
+    console: ConsoleMode = "auto"
+    output: OutputMode = "all"
+    quiet: bool = False  # the older spelling of console="off"; kept working
+
+    @model_validator(mode="after")
+    def _quiet_means_console_off(self) -> PoolSpec:
+        if self.quiet and self.console not in ("auto", "off"):
+            raise ValueError(f"quiet=True means console='off'; it contradicts {self.console=}")
+        return self
 
     @field_validator("provider")
     @classmethod
@@ -113,6 +121,7 @@ class _Task:
     payload: proto.Parts
     future: Future[Any]
     broadcast: bool = False  # bound to one node: waits for that node, never moves
+    route: Route | None = None  # where its output goes (the Jupyter cell that submitted it)
 
 
 @dataclass(eq=False)
@@ -152,6 +161,8 @@ class ComputePool:
         name: str | None = None,
         start_timeout: float = 120.0,
         shutdown_timeout: float = 10.0,
+        console: ConsoleMode = "auto",
+        output: OutputMode = "all",
         quiet: bool = False,
     ) -> None:
         from skyward.providers.local import Local
@@ -165,6 +176,8 @@ class ComputePool:
             "concurrency": concurrency,
             "start_timeout": start_timeout,
             "shutdown_timeout": shutdown_timeout,
+            "console": console,
+            "output": output,
             "quiet": quiet,
         }
         if name is not None:
@@ -172,7 +185,8 @@ class ComputePool:
         self.spec = PoolSpec(**options)
         self._plugin_payload = _pickle_plugins(self.spec.plugins)
         self.image = apply_transforms(self.spec.image, self.spec)
-        self._console = Console(quiet=quiet)
+        mode: ConsoleMode = "off" if self.spec.quiet else self.spec.console
+        self._console = Console(mode=mode, output=self.spec.output)
 
         self._lock = threading.RLock()  # guards: everything below, and slot fields
         self._idle = threading.Condition(self._lock)  # notified whenever a call finishes
@@ -221,12 +235,13 @@ class ComputePool:
         atexit.register(self._close_at_exit)
         spec = self.spec
         self._started_at = time.monotonic()
-        self._console.status(
-            f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})"
+        self._console.begin(
+            f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
         )
         try:
             self._start(spec)
         except BaseException:
+            self._console.end()
             self.close(wait=False)
             raise
         with self._lock:
@@ -239,8 +254,9 @@ class ComputePool:
         for slot, channel in lost:
             assert channel is not None and channel.lost is not None
             self._on_lost(slot, channel, channel.lost)
-        self._console.status(
-            f"pool {self.name} ready: {spec.nodes} node(s) in "
+        self._console.end(
+            f"pool {self.name} ready: {spec.nodes} node(s), "
+            f"{spec.accelerator or 'no accelerator'}, in "
             f"{time.monotonic() - self._started_at:.1f} s"
         )
         return self
@@ -465,7 +481,8 @@ class ComputePool:
     ) -> list[Future[Any]]:
         """Queue calls for the least busy nodes; all are pickled before any is queued."""
         function = calls[0].serialize_function() if same_function and calls else None
-        tasks = [_Task(call, call.serialize(function), Future()) for call in calls]
+        route = self._console.route()
+        tasks = [_Task(call, call.serialize(function), Future(), route=route) for call in calls]
         with self._lock:  # once for the lot: reader threads want this lock too
             self._check_running()
             self._counts["submitted"] += len(tasks)
@@ -478,11 +495,12 @@ class ComputePool:
 
     def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
         payload = call.serialize()  # once, for every node
+        route = self._console.route()
         futures: list[Future[R]] = []
         with self._lock:
             self._check_running()
             for slot in self._slots:
-                task = _Task(call, payload, Future(), broadcast=True)
+                task = _Task(call, payload, Future(), broadcast=True, route=route)
                 futures.append(task.future)
                 self._counts["submitted"] += 1
                 if slot.lost is not None:
@@ -551,6 +569,8 @@ class ComputePool:
             else:
                 _resolve(task.future, done.result())
 
+        # Before the worker can print anything for this call.
+        self._console.bind(slot.rank, task.route)
         if not channel.submit(task.call.name, task.payload, inner):
             # The worker broke a moment ago; on_broken is on its way. Take the node out of
             # rotation now and put the call back: it has not run anywhere.

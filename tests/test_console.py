@@ -1,0 +1,127 @@
+"""The progress display and output options: plain, rich on a real terminal, off, the logger."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pty
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pydantic
+import pytest
+
+import skyward as sky
+
+ROOT = Path(__file__).resolve().parents[1]
+STAMP = r"\d\d:\d\d:\d\d skyward: "
+
+
+def _node() -> int:
+    node = sky.instance_info().node
+    print(f"output of node {node}")
+    return node
+
+
+def test_plain_mode_writes_one_timestamped_line_per_event(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with sky.ComputePool(nodes=2, console="plain", name="plain-pool") as pool:
+        pool.broadcast(_node)
+    err = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(STAMP + r"starting 2 node\(s\) on local \(pool plain-pool\)", err[0])
+    for node in (0, 1):
+        assert any(re.fullmatch(STAMP + f"node {node} starting", line) for line in err)
+        assert any(re.fullmatch(STAMP + rf"node {node} ready: pid \d+", line) for line in err)
+    summary = STAMP + r"pool plain-pool ready: 2 node\(s\), no accelerator, in [\d.]+ s"
+    assert re.fullmatch(summary, err[-1]) or any(re.fullmatch(summary, x) for x in err)
+    assert not any("\x1b[" in line for line in err), "plain mode never writes escape codes"
+
+
+def test_auto_mode_off_a_terminal_is_plain() -> None:
+    code = (
+        "import skyward as sky\n"
+        "with sky.ComputePool(nodes=1, name='piped') as pool:\n"
+        "    pool.run(print, 'hi')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert re.search(STAMP + r"pool piped ready", result.stderr)
+    assert result.stdout == "[node 0] hi\n"
+
+
+def _run_in_terminal(code: str) -> str:
+    """Run ``code`` with stdout and stderr on a real pseudo-terminal; return what it drew."""
+    controller, terminal = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | {"TERM": "xterm"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=terminal, stderr=terminal, env=env
+    )
+    os.close(terminal)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 1 << 16)
+        except OSError:  # EIO: the process closed its end of the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(controller)
+    assert process.wait(timeout=60) == 0, screen.decode(errors="replace")
+    return screen.decode(errors="replace")
+
+
+@pytest.mark.timeout(90)
+def test_on_a_terminal_a_live_table_shows_nodes_and_labels_are_coloured() -> None:
+    screen = _run_in_terminal(
+        "import skyward as sky\n"
+        "with sky.ComputePool(nodes=2, name='tty-pool') as pool:\n"
+        "    pool.broadcast(lambda: print('hello', sky.instance_info().node))\n"
+    )
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
+    assert "starting 2 node(s) on local (pool tty-pool)" in plain
+    assert re.search(r"✔\s+node 0\s+ready \(pid \d+\)\s+[\d.]+s", plain)
+    assert re.search(r"✔\s+node 1\s+ready \(pid \d+\)", plain)
+    assert "skyward: pool tty-pool ready: 2 node(s)" in plain
+    # each node's label in its own colour
+    assert "\x1b[36m[node 0]\x1b[0m hello 0" in screen
+    assert "\x1b[33m[node 1]\x1b[0m hello 1" in screen
+
+
+def test_console_off_still_shows_output_and_logs_to_the_skyward_logger(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="skyward")
+    with sky.ComputePool(nodes=2, console="off", name="quiet-pool") as pool:
+        pool.broadcast(_node)
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert "[node 0] output of node 0" in captured.out
+    messages = [r.getMessage() for r in caplog.records if r.name == "skyward"]
+    assert "starting 2 node(s) on local (pool quiet-pool)" in messages
+    assert any(re.fullmatch(r"node 1 ready: pid \d+", m) for m in messages)
+    assert any(m.startswith("pool quiet-pool ready: 2 node(s)") for m in messages)
+
+
+@pytest.mark.parametrize(
+    ("output", "shown"), [("all", [0, 1, 2]), ("head", [0]), ("none", [])]
+)
+def test_output_option_chooses_whose_prints_are_shown(
+    capsys: pytest.CaptureFixture[str], output: str, shown: list[int]
+) -> None:
+    with sky.ComputePool(nodes=3, console="off", output=output) as pool:  # type: ignore[arg-type]
+        assert pool.broadcast(_node) == [0, 1, 2]
+    out = capsys.readouterr().out
+    assert sorted(int(n) for n in re.findall(r"\[node (\d)\] output of node", out)) == shown
+
+
+def test_quiet_is_console_off_and_cannot_contradict_it() -> None:
+    assert sky.ComputePool(quiet=True).spec.quiet
+    with pytest.raises(pydantic.ValidationError, match="quiet=True means console='off'"):
+        sky.ComputePool(quiet=True, console="rich")
+    with pytest.raises(pydantic.ValidationError, match="console"):
+        sky.ComputePool(console="fancy")  # type: ignore[arg-type]
