@@ -35,6 +35,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from skyward import _jupyter
 from skyward import _protocol as proto
 from skyward._channel import Channel, _fail, _resolve
 from skyward._compute import Compute, PendingCall
@@ -480,6 +481,7 @@ class ComputePool:
         self, calls: Sequence[PendingCall[Any]], *, same_function: bool = False
     ) -> list[Future[Any]]:
         """Queue calls for the least busy nodes; all are pickled before any is queued."""
+        _jupyter.ship_notebook_modules()
         function = calls[0].serialize_function() if same_function and calls else None
         route = self._console.route()
         tasks = [_Task(call, call.serialize(function), Future(), route=route) for call in calls]
@@ -494,6 +496,7 @@ class ComputePool:
         return _gather(self._run_calls(calls), tuple)
 
     def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
+        _jupyter.ship_notebook_modules()
         payload = call.serialize()  # once, for every node
         route = self._console.route()
         futures: list[Future[R]] = []

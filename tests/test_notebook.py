@@ -133,3 +133,23 @@ def test_stopping_the_kernel_closes_an_open_pool(kernel: BlockingKernelClient) -
     while worker_processes() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert worker_processes() == []
+
+
+@pytest.mark.timeout(180)
+def test_a_helper_module_beside_the_notebook_travels_by_value(
+    kernel: BlockingKernelClient, tmp_path: Path
+) -> None:
+    (tmp_path / "nb_helper.py").write_text("def triple(x):\n    return 3 * x\n")
+    _run(
+        kernel,
+        "import shutil, pathlib, skyward as sky\n"
+        "from nb_helper import triple\n"
+        # Gone from disk before any worker starts: like a remote machine, no worker can
+        # import it, so only a copy sent by value can run.
+        "pathlib.Path('nb_helper.py').unlink()\n"
+        "shutil.rmtree('__pycache__', ignore_errors=True)\n"
+        "with sky.ComputePool(nodes=2, console='off') as pool:\n"
+        "    print('tripled', pool.broadcast(triple, 5), pool.run(lambda: triple(2)))\n",
+    )
+    printed = "".join(text for _, text in _streams(kernel))
+    assert "tripled [15, 15] 6" in printed, printed
