@@ -1,0 +1,29 @@
+"""The ``skyward`` command.
+
+::
+
+    skyward --version
+    skyward doctor            what this machine has for Skyward, and how to fix what it lacks
+
+Each command lives in a module of this package and is added to ``main`` below, so the cloud
+providers' commands (``skyward ls``, ``skyward down``: find and remove what a crashed pool
+left behind, by its tags) join the same way: a module with a ``click.Command``, one
+``main.add_command`` line. Commands import providers and SDKs inside their bodies, so
+``skyward --help`` stays fast and works with no extra installed.
+"""
+
+from __future__ import annotations
+
+import click
+
+import skyward
+from skyward.cli.doctor import doctor
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(skyward.__version__, "-V", "--version", prog_name="skyward")
+def main() -> None:
+    """Skyward: run ordinary Python functions on a pool of machines."""
+
+
+main.add_command(doctor)

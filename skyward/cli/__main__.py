@@ -1,0 +1,3 @@
+from skyward.cli import main
+
+main(prog_name="skyward")

@@ -1,0 +1,227 @@
+"""``skyward doctor``: check this machine without changing it or touching the network.
+
+Every check reads only the interpreter, installed distribution metadata, ``PATH``,
+environment variables and files under the home directory. Cloud credentials are reported by
+where they were found, never by value, and never verified against the cloud: that would need
+the network, and a slow or failing call is not what a first look should cost.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from configparser import ConfigParser
+from configparser import Error as ConfigError
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Literal
+
+import click
+
+import skyward
+
+Status = Literal["ok", "missing", "error"]
+_SYMBOLS: dict[Status, tuple[str, str]] = {
+    "ok": ("✔", "green"),
+    "missing": ("·", "yellow"),  # fine for a local pool; needed for something else
+    "error": ("✘", "red"),  # Skyward itself will not work
+}
+
+# extra -> the distributions it installs (pyproject.toml's optional-dependencies)
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "jax": ("jax",),
+    "keras": ("keras", "jax"),
+    "aws": ("boto3", "paramiko"),
+    "gcp": ("google-cloud-compute", "paramiko"),
+    "azure": (
+        "azure-identity",
+        "azure-mgmt-compute",
+        "azure-mgmt-network",
+        "azure-mgmt-resource",
+        "paramiko",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@click.command()
+def doctor() -> None:
+    """Check Python, extras, SSH and cloud credentials; say how to fix what is missing."""
+    checks = run_checks(os.environ, Path.home())
+    for check in checks:
+        symbol, colour = _SYMBOLS[check.status]
+        click.echo(f"{click.style(symbol, fg=colour)} {check.name}: {check.detail}")
+        if check.fix:
+            click.echo(f"    fix: {check.fix}")
+    if any(c.status == "error" for c in checks):
+        raise SystemExit(1)
+    click.echo("Local pools need nothing more; lines marked · matter only for what they name.")
+
+
+def run_checks(env: Mapping[str, str], home: Path) -> list[Check]:
+    checks: list[Check] = [check_python(), check_skyward()]
+    checks += [check_extra(name) for name in EXTRAS]
+    checks.append(check_ssh(env))
+    for cloud in (check_aws, check_gcp, check_azure):
+        checks.append(_guarded(cloud, env, home))
+    return checks
+
+
+def _guarded(
+    check: Callable[[Mapping[str, str], Path], Check], env: Mapping[str, str], home: Path
+) -> Check:
+    # A malformed config file of some cloud must not stop the report, nor end in a traceback.
+    try:
+        return check(env, home)
+    except (OSError, ValueError, ConfigError) as exc:
+        name = check.__name__.removeprefix("check_").upper()
+        return Check(f"{name} credentials", "missing", f"could not read its configuration: {exc}")
+
+
+def check_python() -> Check:
+    # (Older Pythons cannot install skyward at all: requires-python says so.)
+    major, minor, micro = sys.version_info[:3]
+    detail = f"{major}.{minor}.{micro} at {sys.executable}; workers must run {major}.{minor} too"
+    return Check("Python", "ok", detail)
+
+
+def check_skyward() -> Check:
+    missing = [d for d in ("cloudpickle", "pydantic", "packaging") if not _version(d)]
+    where = Path(skyward.__file__).parent
+    if missing:
+        return Check(
+            "skyward",
+            "error",
+            f"{skyward.__version__} at {where}, but {', '.join(missing)} is not installed",
+            f"{sys.executable} -m pip install --force-reinstall skyward",
+        )
+    return Check("skyward", "ok", f"{skyward.__version__} at {where}")
+
+
+def check_extra(extra: str) -> Check:
+    needed = EXTRAS[extra]
+    absent = [d for d in needed if not _version(d)]
+    if absent:
+        return Check(
+            f"extra [{extra}]",
+            "missing",
+            f"not installed (no {', '.join(absent)})",
+            f"pip install 'skyward[{extra}]'",
+        )
+    found = ", ".join(f"{d} {_version(d)}" for d in needed)
+    return Check(f"extra [{extra}]", "ok", found)
+
+
+def check_ssh(env: Mapping[str, str]) -> Check:
+    ssh = shutil.which("ssh", path=env.get("PATH"))
+    if not _version("paramiko"):
+        return Check(
+            "SSH",
+            "missing",
+            "paramiko is not installed: the SSH and cloud providers need it",
+            "pip install 'skyward[aws]' (or [gcp], [azure]), or pip install paramiko",
+        )
+    client = f"; OpenSSH client at {ssh}" if ssh else "; no OpenSSH client on PATH"
+    return Check("SSH", "ok", f"paramiko {_version('paramiko')}{client}")
+
+
+def check_aws(env: Mapping[str, str], home: Path) -> Check:
+    fix = (
+        "run `aws configure` (or `aws sso login`), "
+        "or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+    )
+    profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
+    credentials = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials")
+    config = Path(env.get("AWS_CONFIG_FILE") or home / ".aws" / "config")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    config_section = "default" if profile == "default" else f"profile {profile}"
+    if not region:
+        region = _ini(config).get(config_section, "region", fallback=None)
+    where = f"region {region}" if region else "no region set (AWS_DEFAULT_REGION)"
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        return Check("AWS credentials", "ok", f"from environment variables; {where}")
+    if _ini(credentials).has_section(profile):
+        return Check("AWS credentials", "ok", f"profile {profile!r} in {credentials}; {where}")
+    section = _ini(config)
+    keys = ("aws_access_key_id", "sso_session", "sso_start_url", "credential_process", "role_arn")
+    if section.has_section(config_section) and any(
+        section.has_option(config_section, k) for k in keys
+    ):
+        return Check("AWS credentials", "ok", f"profile {profile!r} in {config}; {where}")
+    return Check(
+        "AWS credentials",
+        "missing",
+        f"none found for profile {profile!r} (environment, {credentials}, {config})",
+        fix,
+    )
+
+
+def check_gcp(env: Mapping[str, str], home: Path) -> Check:
+    fix = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS"
+    gcloud = Path(env.get("CLOUDSDK_CONFIG") or home / ".config" / "gcloud")
+    project = env.get("GOOGLE_CLOUD_PROJECT") or env.get("CLOUDSDK_CORE_PROJECT")
+    if not project:
+        active = _read(gcloud / "active_config").strip() or "default"
+        project = _ini(gcloud / "configurations" / f"config_{active}").get(
+            "core", "project", fallback=None
+        )
+    where = f"project {project}" if project else "no project set (GOOGLE_CLOUD_PROJECT)"
+    named = env.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if named:
+        if Path(named).is_file():
+            detail = f"GOOGLE_APPLICATION_CREDENTIALS={named}; {where}"
+            return Check("GCP credentials", "ok", detail)
+        return Check(
+            "GCP credentials",
+            "missing",
+            f"GOOGLE_APPLICATION_CREDENTIALS names {named}, which does not exist",
+            fix,
+        )
+    adc = gcloud / "application_default_credentials.json"
+    if adc.is_file():
+        return Check("GCP credentials", "ok", f"application default credentials in {adc}; {where}")
+    return Check("GCP credentials", "missing", f"none found (environment, {adc})", fix)
+
+
+def check_azure(env: Mapping[str, str], home: Path) -> Check:
+    fix = "run `az login`, or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET"
+    subscription = env.get("AZURE_SUBSCRIPTION_ID")
+    where = f"subscription {subscription}" if subscription else "no AZURE_SUBSCRIPTION_ID set"
+    secret = ("AZURE_CLIENT_SECRET", "AZURE_CLIENT_CERTIFICATE_PATH", "AZURE_FEDERATED_TOKEN_FILE")
+    principal = env.get("AZURE_CLIENT_ID") and env.get("AZURE_TENANT_ID")
+    if principal and any(env.get(s) for s in secret):
+        return Check("Azure credentials", "ok", f"service principal from environment; {where}")
+    cli = Path(env.get("AZURE_CONFIG_DIR") or home / ".azure")
+    if (cli / "msal_token_cache.json").is_file() or (cli / "msal_token_cache.bin").is_file():
+        return Check("Azure credentials", "ok", f"Azure CLI login in {cli}; {where}")
+    return Check("Azure credentials", "missing", f"none found (environment, {cli})", fix)
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _ini(path: Path) -> ConfigParser:
+    parser = ConfigParser(interpolation=None)
+    parser.read_string(_read(path), source=str(path))
+    return parser
