@@ -148,6 +148,12 @@ class ComputePool:
     or, in a notebook, ``pool = sky.ComputePool(nodes=4).start()`` … ``pool.close()`` (a
     pool left open is closed when the interpreter exits). Every argument is validated here,
     before anything starts. Thread-safe: many threads may submit at once.
+
+    ``console`` picks the progress display while nodes come up: ``"auto"`` (Jupyter display
+    in a kernel, live table on a terminal, timestamped lines otherwise), ``"rich"``,
+    ``"plain"`` or ``"off"`` (``quiet=True`` is the older spelling of ``"off"``). ``output``
+    picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``. Progress
+    also goes to the ``logging`` logger ``"skyward"``.
     """
 
     def __init__(
