@@ -325,6 +325,8 @@ class ComputePool:
         hooked = [p.name for p in spec.plugins if p.around_app is not None]
         if hooked:
             self._console.status(f"entering plugins on every node: {', '.join(hooked)}")
+            for slot in slots:  # the progress row says what the node is waiting for now
+                self._console.phase(slot.rank, "starting", f"entering {', '.join(hooked)}")
         for slot, (channel, _) in zip(slots, hellos, strict=True):
             channel.send_start(self._start_message(slot), self._plugin_payload)
 

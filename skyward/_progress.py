@@ -9,7 +9,10 @@
 
 A display lives from ``begin`` to ``end`` (the pool is ready, or failed to start); events
 after that (a worker replaced) are single ``note`` lines. Every method is called with the
-console's lock held, so displays need no locks of their own.
+console's lock held, so displays need no locks of their own. The one reader outside that
+lock is rich's refresh thread, which must not take it (``end`` waits for that thread while
+holding it); it only reads rows, which are all made up front and whose fields are replaced
+whole.
 """
 
 from __future__ import annotations

@@ -107,9 +107,7 @@ def test_console_off_still_shows_output_and_logs_to_the_skyward_logger(
     assert any(m.startswith("pool quiet-pool ready: 2 node(s)") for m in messages)
 
 
-@pytest.mark.parametrize(
-    ("output", "shown"), [("all", [0, 1, 2]), ("head", [0]), ("none", [])]
-)
+@pytest.mark.parametrize(("output", "shown"), [("all", [0, 1, 2]), ("head", [0]), ("none", [])])
 def test_output_option_chooses_whose_prints_are_shown(
     capsys: pytest.CaptureFixture[str], output: str, shown: list[int]
 ) -> None:

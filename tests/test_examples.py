@@ -11,11 +11,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize(
-    "name",
-    ["hello", "map", "broadcast", "instance_info", "jax_multicontroller", "keras_data_parallel"],
+# Every script in examples/, except modules that exist to be imported (the notebook's helper).
+EXAMPLES = sorted(
+    p.stem for p in (ROOT / "examples").glob("*.py") if not p.stem.endswith("_helpers")
 )
+
+
+def test_the_examples_are_found() -> None:
+    assert {"hello", "jax_multicontroller", "keras_data_parallel"} <= set(EXAMPLES)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_example_runs(name: str) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / f"{name}.py")],
