@@ -49,7 +49,11 @@ class Plan:
     @property
     def digest(self) -> str:
         fields = {
-            "image": self.image.model_dump(mode="json", exclude={"env"}),
+            # env reaches workers when they start; it shapes the environment only through
+            # the setup commands, which see it.
+            "image": self.image.model_dump(
+                mode="json", exclude=set() if self.image.setup else {"env"}
+            ),
             "python_version": self.python_version,
             "python": self.python,
             "runtime": self.runtime,
