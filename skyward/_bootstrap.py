@@ -128,7 +128,7 @@ def render(plan: Plan) -> str:
         "fi",
         'if [ -z "$python" ]; then',
         f'  echo "skyward: no Python {version} on this host (the client runs {version}, and'
-        ' cloudpickle needs the same minor version on both ends). Install it, or name it'
+        " cloudpickle needs the same minor version on both ends). Install it, or name it"
         ' with python=..." >&2',
         "  exit 127",
         "fi",
@@ -172,8 +172,10 @@ def render(plan: Plan) -> str:
         scoped = [r for r in plan.requirements if requirement_name(r) in index.packages]
         if not scoped:
             continue
-        extra = f" --find-links {q(index.url)}" if index.find_links else (
-            f" --extra-index-url {q(index.url)}"
+        extra = (
+            f" --find-links {q(index.url)}"
+            if index.find_links
+            else (f" --extra-index-url {q(index.url)}")
         )
         extra += _trusted_host(index.url)
         lines.append(f"  run {pip}{extra} {' '.join(q(r) for r in scoped)}")

@@ -297,8 +297,7 @@ def _connect_socket(target: Target, timeout: float, dead_after: float) -> socket
         ) from exc
     except ConnectionRefusedError as exc:
         raise ProvisionError(
-            f"{target}: connection refused; is sshd running and listening on port "
-            f"{target.port}?"
+            f"{target}: connection refused; is sshd running and listening on port {target.port}?"
         ) from exc
     except OSError as exc:
         raise ProvisionError(f"{target}: cannot connect: {exc}") from exc

@@ -18,9 +18,9 @@ from typing import Any
 
 import psutil
 import pytest
+from sshhosts import USER, Hosts, PackageIndex
 
 import skyward as sky
-from sshhosts import USER, Hosts, PackageIndex
 
 # Addresses tests may reach: loopback, and the bridge range of network namespaces that tests
 # create themselves (see TESTBED.md).
@@ -217,3 +217,31 @@ def make_pool(request: pytest.FixtureRequest) -> PoolFactory:
 @pytest.fixture(scope="module", params=["local", "ssh"])
 def make_module_pool(request: pytest.FixtureRequest) -> PoolFactory:
     return _pool_factory(request.param, request)
+
+
+@pytest.fixture(scope="session")
+def _shared_tmp() -> Iterator[Path]:
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="skyward-tests-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp_path(_shared_tmp: Path, request: pytest.FixtureRequest) -> Path:
+    """A fresh directory that SSH workers, who run as another user, can use too.
+
+    Tests hand paths to workers (gates, logs); pytest's own ``tmp_path`` is private to root.
+    Like pytest's, it outlives its test (a worker may still be looking at it while the
+    pool's fixture closes), and goes at the end of the session.
+    """
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=request.node.name[:40] + "-", dir=_shared_tmp))
+    path.chmod(0o777)
+    return path

@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -106,9 +107,7 @@ class Hosts:
             for index in range(count):
                 hosts.hosts.append(hosts._add_host(index, tag))
             hosts.known_hosts.write_text(
-                "".join(
-                    f"{h.address} ssh-ed25519 {h.public_host_key()}\n" for h in hosts.hosts
-                )
+                "".join(f"{h.address} ssh-ed25519 {h.public_host_key()}\n" for h in hosts.hosts)
             )
             for host in hosts.hosts:
                 _wait_port(host.address, 22)
@@ -169,8 +168,16 @@ class Hosts:
         )
         log = open(directory / "sshd.log", "wb")  # noqa: SIM115 - sshd owns it until it exits
         host.sshd = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{netns}", "unshare", "--uts", "--mount",
-             "sh", "-c", script],
+            [
+                "nsenter",
+                f"--net=/run/netns/{netns}",
+                "unshare",
+                "--uts",
+                "--mount",
+                "sh",
+                "-c",
+                script,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -262,8 +269,19 @@ class PackageIndex:
     def download(self, requirements: Iterable[str], cache: Path) -> None:
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            ["python3", "-m", "pip", "download", "-q", "--only-binary=:all:",
-             "--python-version", "3.11", "-d", str(cache), *requirements],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "-d",
+                str(cache),
+                *requirements,
+            ],
             check=True,
             timeout=600,
         )

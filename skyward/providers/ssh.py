@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import shlex
 import sys
 import threading
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from skyward.providers.base import Reporter
 
 _LOG_TAIL_LINES = 30
+_RECONNECT_TO_KILL = 5.0  # seconds; a pool's close waits this long at most per lost host
+_log = logging.getLogger("skyward")
 _CHUNK = 1 << 18  # large buffers go out in slices: paramiko copies each send into a packet
 
 
@@ -174,7 +177,11 @@ class SSH(BaseModel):
             raise
         address = self.peer_addresses[rank] if self.peer_addresses else target.host
         return SSHNode(
-            self, connection, address=address, plan=plan, package=package,
+            self,
+            connection,
+            address=address,
+            plan=plan,
+            package=package,
             accelerators=accelerators,
         )
 
@@ -201,7 +208,7 @@ def bootstrap(connection: Connection, plan: Plan, on_line: Any) -> None:
 
     def line(text: str) -> None:
         if text.startswith(MARKER):
-            command[:] = [text[len(MARKER):]]
+            command[:] = [text[len(MARKER) :]]
         tail.append(text)
         del tail[:-_LOG_TAIL_LINES]
         on_line(text)
@@ -236,8 +243,9 @@ def package_archive() -> tuple[str, bytes]:
                     if path.suffix in (".py", ".typed") and "__pycache__" not in path.parts:
                         name = f"skyward/{path.relative_to(root).as_posix()}"
                         # A fixed timestamp: the same sources give the same hash.
-                        archive.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)),
-                                         path.read_bytes())
+                        archive.writestr(
+                            zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), path.read_bytes()
+                        )
             data = buffer.getvalue()
             _package = (hashlib.sha256(data).hexdigest()[:16], data)
         return _package
@@ -335,7 +343,7 @@ class SSHNode:
             self._transports.append(transport)
         return transport
 
-    def _reconnect(self) -> None:
+    def _reconnect(self, timeout: float | None = None) -> None:
         """The link dropped (a reboot, a network blip): connect again, same host key only."""
         old = self.connection
         self.connection = Connection.open(
@@ -343,7 +351,7 @@ class SSHNode:
             policy=HostKeyPolicy(known_hosts=Path("/dev/null")),
             key_file=self._provider.key,
             pinned_key=old.host_key,
-            connect_timeout=self._provider.connect_timeout,
+            connect_timeout=timeout or self._provider.connect_timeout,
             keepalive=self._provider.keepalive,
             dead_after=self._provider.link_timeout,
         )
@@ -353,8 +361,23 @@ class SSHNode:
         """Kill this node's workers and close the connection. Idempotent."""
         with self._lock:
             transports, self._transports = self._transports, []
+        stranded = [t for t in transports if t.stranded]
+        if stranded:
+            # The link dropped under running workers. The host's sshd may not notice for
+            # hours, and the workers would run on: reach the host again to stop them.
+            try:
+                self._reconnect(timeout=_RECONNECT_TO_KILL)
+            except (ProvisionError, OSError) as error:
+                pids = ", ".join(str(t.pid) for t in stranded)
+                _log.warning(
+                    "%s: cannot reach the host to stop worker process(es) %s (%s); they end "
+                    "when the host's sshd notices the dropped connection",
+                    self.connection.target,
+                    pids,
+                    error,
+                )
         for transport in transports:
-            transport.kill()
+            transport.kill(self.connection)
         self.connection.close()
 
 
@@ -393,8 +416,9 @@ class SSHTransport:
         small = [p for p in parts if _nbytes(p) <= 1 << 16]
         if len(small) == len(parts):
             # One send for the whole frame: SSH wraps every send in its own packet.
-            self._channel.sendall(b"".join(bytes(p) if isinstance(p, memoryview) else p
-                                           for p in parts))
+            self._channel.sendall(
+                b"".join(bytes(p) if isinstance(p, memoryview) else p for p in parts)
+            )
             return
         for part in parts:
             view = memoryview(part).cast("B")
@@ -439,15 +463,35 @@ class SSHTransport:
         status = self._channel.recv_exit_status()
         return None if status < 0 else _signed_status(status)
 
-    def kill(self) -> None:
-        """Kill the worker's process group on the host; harmless once it is gone."""
-        if self._killed or self._pid is None or not self._connection.alive:
+    @property
+    def pid(self) -> int | None:
+        """The worker's launch shell on the host, which leads its process group."""
+        return self._pid
+
+    @property
+    def stranded(self) -> bool:
+        """Started, not yet killed, and its link is gone: only a new connection can stop it."""
+        return (
+            self._pid is not None
+            and not self._killed
+            and not self._channel.exit_status_ready()  # a closed channel is not an exit
+            and not self._connection.alive
+        )
+
+    def kill(self, connection: Connection | None = None) -> None:
+        """Kill the worker's process group on the host; harmless once it is gone.
+
+        ``connection`` replaces a dropped one (the node reconnected to stop its workers).
+        """
+        connection = connection or self._connection
+        if self._killed or self._pid is None or not connection.alive:
             return
         self._killed = True
         try:
-            self._connection.run(
-                f"kill -KILL -- -{self._pid} 2>/dev/null; kill -KILL {self._pid} 2>/dev/null; "
-                "true",
+            # The POSIX spelling: dash, /bin/sh on Debian and Ubuntu, rejects `kill -KILL --`.
+            connection.run(
+                f"kill -s KILL -- -{self._pid} 2>/dev/null; "
+                f"kill -s KILL {self._pid} 2>/dev/null; true",
                 timeout=10.0,
             )
         except (ProvisionError, OSError):
