@@ -7,19 +7,14 @@ when a call is submitted and the console writes that call's output under it (ipy
 lets a thread choose its parent with ``set_thread_parent``). On older kernels, or outside
 Jupyter, these functions do nothing and output goes where ``sys.stdout`` points.
 
-It also decides which of the notebook's own modules travel to workers by value.
-
 Nothing here imports IPython unless it is already imported: a kernel always has it.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from types import ModuleType
 from typing import Any
 
 
@@ -63,50 +58,3 @@ def as_parent(parent: dict[str, Any] | None) -> Iterator[None]:
             token = setter(parent)
             stack.callback(target.reset_thread_parent, token)
         yield
-
-
-_examined: set[str] = set()  # modules already looked at, so each submit checks only new ones
-_examined_lock = threading.Lock()  # guards: _examined
-
-
-def ship_notebook_modules() -> None:
-    """In a kernel, have modules imported from the notebook's directory pickled by value.
-
-    A helper module next to the notebook (``from helpers import clean``) is importable by the
-    kernel but usually not by remote workers, so functions from it would fail to unpickle
-    there. The rule: a module whose file is under the kernel's working directory (where
-    Jupyter starts a notebook's kernel) and that no installed distribution provides
-    (editable installs included) travels by value with every call, as ``__main__`` does.
-    """
-    if shell() is None:
-        return
-    with _examined_lock:
-        fresh = [name for name in list(sys.modules) if name not in _examined]
-        _examined.update(fresh)
-    root = os.path.realpath(os.getcwd())
-    local = [name for name in fresh if _loaded_under(sys.modules.get(name), root)]
-    if not local:
-        return
-    from importlib.metadata import packages_distributions
-
-    import cloudpickle
-
-    # skyward itself may sit under the notebook's directory as a source checkout: workers
-    # always have it.
-    installed = {"skyward", *packages_distributions()}
-    for name in local:
-        module = sys.modules.get(name)
-        if module is not None and name.partition(".")[0] not in installed:
-            cloudpickle.register_pickle_by_value(module)
-
-
-def _loaded_under(module: ModuleType | None, root: str) -> bool:
-    path = getattr(module, "__file__", None)
-    if not isinstance(path, str):
-        return False
-    path = os.path.realpath(path)
-    if not path.startswith(root + os.sep):
-        return False
-    parts = path.split(os.sep)
-    # A virtualenv inside the notebook's directory holds installed packages, not helpers.
-    return "site-packages" not in parts and "dist-packages" not in parts

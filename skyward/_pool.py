@@ -35,7 +35,6 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from skyward import _jupyter
 from skyward import _protocol as proto
 from skyward._channel import Channel, _fail, _resolve
 from skyward._compute import Compute, PendingCall
@@ -43,6 +42,7 @@ from skyward._console import Console, ConsoleMode, OutputMode, Route
 from skyward._errors import PluginError, PoolClosed, ProvisionError, VersionMismatch, WorkerLost
 from skyward._image import Image
 from skyward._info import InstanceInfo
+from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin, apply_transforms
 from skyward.providers.base import Node, Provider
 
@@ -190,6 +190,12 @@ class ComputePool:
         if name is not None:
             options["name"] = name
         self.spec = PoolSpec(**options)
+        check = getattr(self.spec.provider, "check", None)
+        if check is not None:
+            check(self.spec)  # provider-specific limits, before anything is touched
+        # Remote workers cannot import the client's own modules; local ones can.
+        self._remote = not isinstance(self.spec.provider, Local)
+        self._before_pickling()
         self._plugin_payload = _pickle_plugins(self.spec.plugins)
         self.image = apply_transforms(self.spec.image, self.spec)
         mode: ConsoleMode = "off" if self.spec.quiet else self.spec.console
@@ -362,7 +368,9 @@ class ComputePool:
     def _start_message(self, slot: _Slot) -> proto.Start:
         assert slot.info is not None
         return proto.Start(
-            info=slot.info, sys_path=_client_sys_path(), concurrency=self.spec.concurrency
+            info=slot.info,
+            sys_path=_client_sys_path() if slot.node.shares_files else [],
+            concurrency=self.spec.concurrency,
         )
 
     def close(self, *, wait: bool = True) -> None:
@@ -489,7 +497,7 @@ class ComputePool:
         self, calls: Sequence[PendingCall[Any]], *, same_function: bool = False
     ) -> list[Future[Any]]:
         """Queue calls for the least busy nodes; all are pickled before any is queued."""
-        _jupyter.ship_notebook_modules()
+        self._before_pickling()
         function = calls[0].serialize_function() if same_function and calls else None
         route = self._console.route()
         tasks = [_Task(call, call.serialize(function), Future(), route=route) for call in calls]
@@ -504,7 +512,7 @@ class ComputePool:
         return _gather(self._run_calls(calls), tuple)
 
     def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
-        _jupyter.ship_notebook_modules()
+        self._before_pickling()
         payload = call.serialize()  # once, for every node
         route = self._console.route()
         futures: list[Future[R]] = []
@@ -521,6 +529,10 @@ class ComputePool:
                 else:
                     self._send(slot, task)
         return _gather(futures, list)
+
+    def _before_pickling(self) -> None:
+        if self._remote:
+            ship_client_modules()
 
     def _check_running(self) -> None:
         if self._state == "running":

@@ -40,6 +40,9 @@ def test_doctor_on_a_machine_without_credentials_says_what_is_missing(tmp_path: 
     assert f"✔ Python: {sys.version_info[0]}.{sys.version_info[1]}" in out
     assert f"✔ skyward: {sky.__version__}" in out
     assert "✔ extra [jax]: jax " in out  # the dev install has it
+    assert "✔ extra [ssh]: paramiko " in out
+    assert f"· SSH keys: none of id_ed25519, id_ecdsa, id_rsa in {tmp_path / '.ssh'}" in out
+    assert "fix: `ssh-keygen -t ed25519` and `ssh-copy-id user@host`" in out
     assert "· AWS credentials: none found" in out
     assert "fix: run `aws configure`" in out
     assert "· GCP credentials: none found" in out
@@ -75,6 +78,27 @@ def test_doctor_finds_credentials_in_config_files_and_never_prints_secrets(
     assert "project my-project" in out
     assert "✔ Azure credentials: Azure CLI login in" in out and "subscription sub-1" in out
     assert "s3cr3t" not in out and "AKIDEXAMPLE" not in out
+
+
+def test_doctor_finds_ssh_keys_known_hosts_and_an_agent_socket(tmp_path: Path) -> None:
+    import socket
+
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir()
+    (ssh / "id_ed25519").write_text("not read, only found\n")
+    (ssh / "known_hosts").write_text("# a comment\nhost-a ssh-ed25519 AA\nhost-b ssh-ed25519 AA\n")
+    agent = socket.socket(socket.AF_UNIX)  # bound, never connected: doctor only looks at it
+    agent.bind(str(tmp_path / "agent.sock"))
+    try:
+        env = _clean_env(tmp_path, SSH_AUTH_SOCK=str(tmp_path / "agent.sock"))
+        out = _skyward("doctor", env=env).stdout
+    finally:
+        agent.close()
+    assert f"✔ SSH keys: {ssh / 'id_ed25519'}; {ssh / 'known_hosts'} has 2 host key(s)" in out
+    assert f"✔ SSH agent: socket at {tmp_path / 'agent.sock'}" in out
+
+    stale = _skyward("doctor", env=_clean_env(tmp_path, SSH_AUTH_SOCK="/nonexistent")).stdout
+    assert "· SSH agent: SSH_AUTH_SOCK names /nonexistent, which is not a socket" in stale
 
 
 def test_doctor_reports_a_malformed_config_instead_of_failing(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from conftest import worker_processes
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
+from sshhosts import Hosts, PackageIndex
 
 ROOT = Path(__file__).resolve().parents[1]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -135,20 +136,21 @@ def test_stopping_the_kernel_closes_an_open_pool(kernel: BlockingKernelClient) -
     assert worker_processes() == []
 
 
-@pytest.mark.timeout(180)
-def test_a_helper_module_beside_the_notebook_travels_by_value(
-    kernel: BlockingKernelClient, tmp_path: Path
+@pytest.mark.timeout(300)
+def test_a_helper_module_beside_the_notebook_reaches_ssh_workers_by_value(
+    kernel: BlockingKernelClient, tmp_path: Path, ssh_hosts: Hosts, package_index: PackageIndex
 ) -> None:
+    # The remote hosts have no nb_helper: only a copy sent by value can run there.
     (tmp_path / "nb_helper.py").write_text("def triple(x):\n    return 3 * x\n")
+    hosts = [h.target for h in ssh_hosts.hosts[:2]]
     _run(
         kernel,
-        "import shutil, pathlib, skyward as sky\n"
+        "import skyward as sky\n"
         "from nb_helper import triple\n"
-        # Gone from disk before any worker starts: like a remote machine, no worker can
-        # import it, so only a copy sent by value can run.
-        "pathlib.Path('nb_helper.py').unlink()\n"
-        "shutil.rmtree('__pycache__', ignore_errors=True)\n"
-        "with sky.ComputePool(nodes=2, console='off') as pool:\n"
+        f"ssh = sky.SSH(hosts={hosts!r}, key={str(ssh_hosts.client_key)!r},\n"
+        f"              known_hosts={str(ssh_hosts.known_hosts)!r})\n"
+        f"image = sky.Image(index_url={package_index.url!r})\n"
+        "with sky.ComputePool(provider=ssh, nodes=2, image=image, console='off') as pool:\n"
         "    print('tripled', pool.broadcast(triple, 5), pool.run(lambda: triple(2)))\n",
     )
     printed = "".join(text for _, text in _streams(kernel))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from configparser import ConfigParser
@@ -34,6 +35,7 @@ _SYMBOLS: dict[Status, tuple[str, str]] = {
 EXTRAS: dict[str, tuple[str, ...]] = {
     "jax": ("jax",),
     "keras": ("keras", "jax"),
+    "ssh": ("paramiko",),
     "aws": ("boto3", "paramiko"),
     "gcp": ("google-cloud-compute", "paramiko"),
     "azure": (
@@ -71,7 +73,7 @@ def doctor() -> None:
 def run_checks(env: Mapping[str, str], home: Path) -> list[Check]:
     checks: list[Check] = [check_python(), check_skyward()]
     checks += [check_extra(name) for name in EXTRAS]
-    checks.append(check_ssh(env))
+    checks += [check_ssh_client(env), check_ssh_agent(env), _guarded(check_ssh_keys, env, home)]
     for cloud in (check_aws, check_gcp, check_azure):
         checks.append(_guarded(cloud, env, home))
     return checks
@@ -84,6 +86,8 @@ def _guarded(
     try:
         return check(env, home)
     except (OSError, ValueError, ConfigError) as exc:
+        if check is check_ssh_keys:
+            return Check("SSH keys", "missing", f"could not read {home / '.ssh'}: {exc}")
         name = check.__name__.removeprefix("check_").upper()
         return Check(f"{name} credentials", "missing", f"could not read its configuration: {exc}")
 
@@ -122,17 +126,67 @@ def check_extra(extra: str) -> Check:
     return Check(f"extra [{extra}]", "ok", found)
 
 
-def check_ssh(env: Mapping[str, str]) -> Check:
+def check_ssh_client(env: Mapping[str, str]) -> Check:
+    # Skyward itself talks SSH through paramiko (the [ssh] extra); the OpenSSH client is
+    # only the quickest way to try a host by hand.
     ssh = shutil.which("ssh", path=env.get("PATH"))
-    if not _version("paramiko"):
+    if ssh:
+        return Check("SSH client", "ok", f"OpenSSH client at {ssh}")
+    return Check(
+        "SSH client",
+        "missing",
+        "no `ssh` on PATH; Skyward does not need it, but it is how to test a host by hand",
+        "install OpenSSH's client (apt-get install openssh-client), then `ssh user@host true`",
+    )
+
+
+def check_ssh_agent(env: Mapping[str, str]) -> Check:
+    # Only the socket's presence: talking to the agent would open a connection.
+    socket_path = env.get("SSH_AUTH_SOCK")
+    if not socket_path:
         return Check(
-            "SSH",
+            "SSH agent",
             "missing",
-            "paramiko is not installed: the SSH and cloud providers need it",
-            "pip install 'skyward[aws]' (or [gcp], [azure]), or pip install paramiko",
+            "SSH_AUTH_SOCK is not set; keys come from ~/.ssh or SSH(key=...) only",
+            "start one with `eval $(ssh-agent)` and `ssh-add`, if your keys have passphrases",
         )
-    client = f"; OpenSSH client at {ssh}" if ssh else "; no OpenSSH client on PATH"
-    return Check("SSH", "ok", f"paramiko {_version('paramiko')}{client}")
+    try:
+        is_socket = stat.S_ISSOCK(os.stat(socket_path).st_mode)
+    except OSError:
+        is_socket = False
+    if not is_socket:
+        return Check(
+            "SSH agent",
+            "missing",
+            f"SSH_AUTH_SOCK names {socket_path}, which is not a socket (a stale agent?)",
+            "start a new agent with `eval $(ssh-agent)` and `ssh-add`",
+        )
+    return Check("SSH agent", "ok", f"socket at {socket_path}")
+
+
+def check_ssh_keys(env: Mapping[str, str], home: Path) -> Check:
+    from skyward._ssh import default_key_files
+
+    keys = default_key_files(home)
+    known = home / ".ssh" / "known_hosts"
+    hosts = (
+        f"{known} has {_entries(known)} host key(s)"
+        if known.is_file()
+        else f"no {known}: a first connection needs SSH(accept_new_hosts=True) or `ssh` once"
+    )
+    if keys:
+        return Check("SSH keys", "ok", f"{', '.join(str(k) for k in keys)}; {hosts}")
+    agent = " (the agent's keys are tried too)" if env.get("SSH_AUTH_SOCK") else ""
+    return Check(
+        "SSH keys",
+        "missing",
+        f"none of id_ed25519, id_ecdsa, id_rsa in {home / '.ssh'}{agent}; {hosts}",
+        "`ssh-keygen -t ed25519` and `ssh-copy-id user@host`, or pass SSH(key='path/to/key')",
+    )
+
+
+def _entries(path: Path) -> int:
+    return sum(1 for line in _read(path).splitlines() if line.strip() and not line.startswith("#"))
 
 
 def check_aws(env: Mapping[str, str], home: Path) -> Check:
