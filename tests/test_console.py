@@ -8,10 +8,13 @@ import pty
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pydantic
 import pytest
+from conftest import ssh_provider
+from sshhosts import Hosts, PackageIndex
 
 import skyward as sky
 
@@ -38,6 +41,33 @@ def test_plain_mode_writes_one_timestamped_line_per_event(
     summary = STAMP + r"pool plain-pool ready: 2 node\(s\), no accelerator, in [\d.]+ s"
     assert re.fullmatch(summary, err[-1]) or any(re.fullmatch(summary, x) for x in err)
     assert not any("\x1b[" in line for line in err), "plain mode never writes escape codes"
+
+
+@pytest.mark.timeout(240)
+def test_plain_mode_shows_ssh_nodes_connecting_and_their_bootstrap_lines(
+    capsys: pytest.CaptureFixture[str], ssh_hosts: Hosts, package_index: PackageIndex
+) -> None:
+    marker = f"bootstrap-says-{uuid.uuid4().hex[:8]}"  # a new image: its script really runs
+    image = sky.Image(index_url=package_index.url, setup=[f"echo {marker}"])
+    provider = ssh_provider(ssh_hosts)
+    with sky.ComputePool(
+        provider=provider, nodes=2, image=image, console="plain", name="ssh-plain"
+    ) as pool:
+        pool.broadcast(_node)
+    err = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(STAMP + r"starting 2 node\(s\) on ssh \(pool ssh-plain\)", err[0])
+    for node, host in enumerate(ssh_hosts.hosts[:2]):
+        lines = [line for line in err if re.match(STAMP + f"node {node}[ :|]", line)]
+        events = [re.sub(STAMP, "", line) for line in lines]
+        connecting = events.index(f"node {node} connecting: {host.target}")
+        booting = next(
+            i for i, e in enumerate(events) if e.startswith(f"node {node} bootstrapping: image ")
+        )
+        said = events.index(f"node {node} | {marker}")  # the script's own output, as it ran
+        starting = events.index(f"node {node} starting")
+        ready = next(i for i, e in enumerate(events) if e.startswith(f"node {node} ready"))
+        assert connecting < booting < said < starting < ready, events
+    assert any(re.fullmatch(STAMP + r"pool ssh-plain ready: 2 node\(s\).*", line) for line in err)
 
 
 def test_auto_mode_off_a_terminal_is_plain() -> None:
