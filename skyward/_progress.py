@@ -33,8 +33,8 @@ _LAST_LINE_WIDTH = 80
 @dataclass
 class NodeRow:
     phase: str = "waiting"
-    detail: str = ""
-    last_line: str = ""
+    detail: str = ""  # what the phase is about: a host, an image hash, a pid
+    last_line: str = ""  # the latest line printed in this phase (a bootstrap's output)
     since: float = field(default_factory=time.monotonic)  # when the node's row appeared
     done_at: float | None = None  # when it became ready: its elapsed time stops there
 
@@ -59,7 +59,8 @@ class Board:
 
     def set_phase(self, node: int, phase: str, detail: str) -> None:
         row = self.row(node)
-        row.phase, row.detail = phase, detail
+        # A line from the previous phase would now describe the wrong thing.
+        row.phase, row.detail, row.last_line = phase, _shorten(detail), ""
         row.done_at = time.monotonic() if phase == "ready" else None
 
     def fail_unfinished(self) -> None:
@@ -71,14 +72,15 @@ class Board:
         self.row(node).last_line = _shorten(line)
 
     def table(self) -> list[tuple[str, str, str, str]]:
-        """(node, phase, elapsed, last line) per node, as text."""
+        """(node, phase, elapsed, news) per node, as text: news is the phase's latest line,
+        or its detail until a line comes."""
         now = time.monotonic()
         return [
             (
                 f"node {rank}",
-                row.phase + (f" ({row.detail})" if row.detail else ""),
+                row.phase,
                 f"{row.elapsed(now):.1f}s",
-                row.last_line,
+                row.last_line or row.detail,
             )
             for rank, row in sorted(self.rows.items())
         ]
@@ -159,17 +161,22 @@ class RichProgress:
         table = Table.grid(padding=(0, 2))
         table.add_row(Text(self._board.title if self._board else "", style="bold"))
         grid = Table.grid(padding=(0, 2))
-        for name, phase, elapsed, last in self._board.table() if self._board else []:
-            state = phase.split(" ")[0]
+        rows = self._board.table() if self._board else []
+        # One screen line per node, however narrow the terminal: only the news gives way,
+        # cut here with an ellipsis (rich would squeeze or drop other columns instead).
+        widths = [max((len(r[c]) for r in rows), default=0) for c in range(3)]
+        room = max(self._console.width - 1 - sum(widths) - 2 * 4, 8)
+        for name, phase, elapsed, news in rows:
             symbol: Any = (
-                Text.from_markup(_SYMBOLS[state]) if state in _SYMBOLS else Spinner("dots")
+                Text.from_markup(_SYMBOLS[phase]) if phase in _SYMBOLS else Spinner("dots")
             )
+            style = {"ready": "green", "failed": "red"}.get(phase, "cyan")
             grid.add_row(
                 symbol,
                 Text(name, style="bold"),
-                Text(phase, style="green" if state == "ready" else "cyan"),
+                Text(phase, style=style),
                 Text(elapsed, style="magenta"),
-                Text(last, style="dim"),
+                Text(news if len(news) <= room else news[: room - 1] + "…", style="dim"),
             )
         table.add_row(grid)
         return table

@@ -114,8 +114,8 @@ def test_on_a_terminal_a_live_table_shows_nodes_and_labels_are_coloured() -> Non
     )
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
     assert "starting 2 node(s) on local (pool tty-pool)" in plain
-    assert re.search(r"✔\s+node 0\s+ready \(pid \d+\)\s+[\d.]+s", plain)
-    assert re.search(r"✔\s+node 1\s+ready \(pid \d+\)", plain)
+    assert re.search(r"✔\s+node 0\s+ready\s+[\d.]+s\s+pid \d+", plain)
+    assert re.search(r"✔\s+node 1\s+ready\s+[\d.]+s\s+pid \d+", plain)
     assert "skyward: pool tty-pool ready: 2 node(s)" in plain
     # each node's label in its own colour
     assert "\x1b[36m[node 0]\x1b[0m hello 0" in screen
