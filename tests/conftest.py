@@ -102,11 +102,20 @@ def shared_pool(
     assert not worker_processes(), "a shared pool left workers behind"
 
 
+# Network namespaces (by inode) of this session's SSH hosts: the test user's processes in
+# them are ours, even once orphaned; another test run on the machine has its own.
+_our_namespaces: set[int] = set()
+
+
 def worker_processes() -> list[psutil.Process]:
     """``skyward.worker`` processes still alive: our descendants (local pools) and the SSH
-    test user's (remote ones). Zombies count as gone."""
+    test user's on our hosts (remote ones). Zombies count as gone."""
     alive = []
-    remote = [p for p in psutil.process_iter() if _username(p) == USER]
+    remote = [
+        p
+        for p in psutil.process_iter()
+        if _username(p) == USER and _namespace(p.pid) in _our_namespaces
+    ]
     for child in psutil.Process().children(recursive=True) + remote:
         try:
             if child.status() == psutil.STATUS_ZOMBIE or child.pid in _shared_pool_workers:
@@ -127,6 +136,13 @@ def _launcher(pid: int) -> int | None:
     except psutil.Error:
         pass
     return None
+
+
+def _namespace(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
 
 
 def _username(process: psutil.Process) -> str:
@@ -158,10 +174,13 @@ _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 @pytest.fixture(scope="session")
 def ssh_hosts() -> Iterator[Hosts]:
     hosts = Hosts.start(4)
+    namespaces = {os.stat(f"/run/netns/{h.netns}").st_ino for h in hosts.hosts}
+    _our_namespaces.update(namespaces)
     try:
         yield hosts
     finally:
         hosts.close()
+        _our_namespaces.difference_update(namespaces)
     assert not hosts.leftovers(), f"SSH test hosts left behind: {hosts.leftovers()}"
 
 
