@@ -126,6 +126,28 @@ def test_a_calls_output_goes_to_the_cell_that_submitted_it(
 
 
 @pytest.mark.timeout(180)
+def test_re_running_cells_keeps_the_live_pool_and_uses_the_new_definitions(
+    kernel: BlockingKernelClient,
+) -> None:
+    start = (
+        "import os, skyward as sky\n"
+        "if 'pool' not in globals():\n"
+        "    pool = sky.ComputePool(nodes=2, console='off').start()\n"
+        "print('workers', sorted(pool.broadcast(os.getpid)))\n"
+    )
+    first = _run(kernel, start)
+    _run(kernel, "@sky.compute\ndef answer():\n    return 'first'\nprint('got', answer() @ pool)")
+    _run(kernel, "@sky.compute\ndef answer():\n    return 'second'\nprint('got', answer() @ pool)")
+    again = _run(kernel, start)  # the guarded pool cell, run a second time
+    _run(kernel, "pool.close()")
+    streams = _streams(kernel)
+    printed = "".join(text for _, text in streams)
+    assert "got ['first', 'first']" in printed and "got ['second', 'second']" in printed
+    workers = {cell: text for cell, text in streams if text.startswith("workers")}
+    assert workers[first] == workers[again], "the same two workers served both runs"
+
+
+@pytest.mark.timeout(180)
 def test_stopping_the_kernel_closes_an_open_pool(kernel: BlockingKernelClient) -> None:
     _run(kernel, "import skyward as sky\npool = sky.ComputePool(nodes=2, console='off').start()")
     assert len(worker_processes()) == 2
