@@ -140,6 +140,8 @@ class Console:
         target = sys.stdout if stream == "stdout" else sys.stderr
         label = self._label(node, target)
         text = "".join(f"{label} {line.decode('utf-8', 'backslashreplace')}\n" for line in lines)
+        if self._progress is not None and self._progress.print_above(text):
+            return  # a live table is on screen: the lines scroll above it
         try:
             with _jupyter.as_parent(self._routes.get(node)):
                 target.write(text)

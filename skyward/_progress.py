@@ -92,6 +92,10 @@ class Progress(Protocol):
     def line(self, node: int, line: str) -> None: ...
     def note(self, text: str) -> None: ...
     def end(self, summary: str | None) -> None: ...
+    def print_above(self, text: str) -> bool:
+        """Show worker output above a live display; False when there is none to keep
+        intact, and the caller writes the text itself."""
+        ...
 
 
 def stamp(text: str) -> str:
@@ -124,6 +128,9 @@ class PlainProgress:
     def end(self, summary: str | None) -> None:
         if summary:
             _write_stderr(stamp(summary))
+
+    def print_above(self, text: str) -> bool:
+        return False
 
 
 _SYMBOLS = {"ready": "[green]✔[/]", "failed": "[red]✘[/]"}
@@ -186,6 +193,17 @@ class RichProgress:
 
     def line(self, node: int, line: str) -> None:
         pass
+
+    def print_above(self, text: str) -> bool:
+        if self._live is None:
+            return False
+        from rich.text import Text
+
+        # Not through rich's stdout proxy, which would wrap the lines at the terminal's
+        # width, putting newlines into the worker's output; soft_wrap leaves that to the
+        # terminal.
+        self._console.print(Text.from_ansi(text.rstrip("\n")), soft_wrap=True, highlight=False)
+        return True
 
     def note(self, text: str) -> None:
         if self._live is not None:
@@ -261,6 +279,9 @@ class JupyterProgress:
 
     def note(self, text: str) -> None:
         _write_stderr(f"skyward: {text}\n")
+
+    def print_above(self, text: str) -> bool:
+        return False  # the display sits in its own output area, which printing leaves alone
 
     def end(self, summary: str | None) -> None:
         self._summary = summary or ""

@@ -122,6 +122,24 @@ def test_on_a_terminal_a_live_table_shows_nodes_and_labels_are_coloured() -> Non
     assert "\x1b[33m[node 1]\x1b[0m hello 1" in screen
 
 
+@pytest.mark.timeout(90)
+def test_output_printed_while_the_table_is_live_keeps_its_lines_whole() -> None:
+    # A plugin prints a line wider than the terminal (80 columns) while nodes start.
+    screen = _run_in_terminal(
+        "import contextlib, skyward as sky\n"
+        "@contextlib.contextmanager\n"
+        "def chatty(info):\n"
+        "    print('x' * 150, 'end', flush=True)\n"
+        "    yield\n"
+        "plugin = sky.Plugin(name='chatty', around_app=chatty)\n"
+        "with sky.ComputePool(nodes=2, name='tty-live', plugins=[plugin]) as pool:\n"
+        "    pass\n"
+    )
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen).replace("\r", "")
+    for node in (0, 1):
+        assert f"[node {node}] {'x' * 150} end\n" in plain, plain
+
+
 def test_console_off_still_shows_output_and_logs_to_the_skyward_logger(
     capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
