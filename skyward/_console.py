@@ -138,10 +138,13 @@ class Console:
         if not lines:
             return
         target = sys.stdout if stream == "stdout" else sys.stderr
+        # While rich's live table is up it stands in for sys.stdout and sys.stderr, sending
+        # both to the terminal; a stream redirected to a file must still get its lines.
+        target = getattr(target, "rich_proxied_file", target)
         label = self._label(node, target)
         text = "".join(f"{label} {line.decode('utf-8', 'backslashreplace')}\n" for line in lines)
-        if self._progress is not None and self._progress.print_above(text):
-            return  # a live table is on screen: the lines scroll above it
+        if _isatty(target) and self._progress is not None and self._progress.print_above(text):
+            return  # a live table is on this terminal: the lines scroll above it
         try:
             with _jupyter.as_parent(self._routes.get(node)):
                 target.write(text)
@@ -172,6 +175,10 @@ def _colour(stream: Any) -> bool:
     """A terminal that wants colour (https://no-color.org and TERM=dumb say it does not)."""
     if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
+    return _isatty(stream)
+
+
+def _isatty(stream: Any) -> bool:
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):

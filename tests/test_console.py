@@ -83,13 +83,15 @@ def test_auto_mode_off_a_terminal_is_plain() -> None:
     assert result.stdout == "[node 0] hi\n"
 
 
-def _run_in_terminal(code: str) -> str:
-    """Run ``code`` with stdout and stderr on a real pseudo-terminal; return what it drew."""
+def _run_in_terminal(code: str, stdout: Path | None = None) -> str:
+    """Run ``code`` with stderr, and stdout unless it goes to the file ``stdout``, on a real
+    pseudo-terminal; return what it drew."""
     controller, terminal = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | {"TERM": "xterm"}
-    process = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=terminal, stderr=terminal, env=env
-    )
+    out = stdout.open("wb") if stdout is not None else terminal
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=terminal, env=env)
+    if stdout is not None:
+        out.close()  # type: ignore[union-attr]
     os.close(terminal)
     screen = b""
     while True:
@@ -138,6 +140,28 @@ def test_output_printed_while_the_table_is_live_keeps_its_lines_whole() -> None:
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen).replace("\r", "")
     for node in (0, 1):
         assert f"[node {node}] {'x' * 150} end\n" in plain, plain
+
+
+@pytest.mark.timeout(90)
+def test_with_stdout_in_a_file_worker_stdout_goes_there_even_while_the_table_is_live(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import contextlib, skyward as sky\n"
+        "@contextlib.contextmanager\n"
+        "def chatty(info):\n"
+        "    print('while starting', info.node, flush=True)\n"
+        "    yield\n"
+        "plugin = sky.Plugin(name='chatty', around_app=chatty)\n"
+        "with sky.ComputePool(nodes=2, name='tty-file', plugins=[plugin]) as pool:\n"
+        "    pool.broadcast(lambda: print('after start'))\n"
+    )
+    screen = _run_in_terminal(code, stdout=tmp_path / "out.txt")
+    written = (tmp_path / "out.txt").read_text()
+    for node in (0, 1):
+        assert f"[node {node}] while starting {node}\n" in written  # not coloured: a file
+        assert f"[node {node}] after start\n" in written
+    assert "while starting" not in screen and "pool tty-file ready" in screen
 
 
 def test_console_off_still_shows_output_and_logs_to_the_skyward_logger(
