@@ -10,7 +10,7 @@
    from the package index; ``python -m venv`` + pip when neither works);
 4. makes a virtual environment and installs the requirements: ``index_url`` (if set)
    replaces the default index everywhere, and each ``PipIndex`` serves only the packages it
-   names (uv pins them to it; pip can only add it while installing those packages);
+   names (uv pins them to it; pip installs them from it first, without dependencies);
 5. runs the ``setup`` commands with the image's ``env`` and the environment on ``PATH``;
 6. marks the environment complete.
 
@@ -69,7 +69,7 @@ class Plan:
 
 # Bumped whenever the script's shape changes, so hosts do not trust environments that an
 # older script made.
-_SCRIPT_VERSION = 1
+_SCRIPT_VERSION = 2
 
 
 def shell_path(path: str) -> str:
@@ -167,19 +167,21 @@ def render(plan: Plan) -> str:
         "else",
         '  run "$python" -m venv "$env_dir"',
     ]
-    pip = '"$env_dir/bin/pip" install -q --disable-pip-version-check' + pip_index
+    pip = '"$env_dir/bin/pip" install -q --disable-pip-version-check'
     for index in image.pip_indexes:
         scoped = [r for r in plan.requirements if requirement_name(r) in index.packages]
         if not scoped:
             continue
-        extra = (
-            f" --find-links {q(index.url)}"
-            if index.find_links
-            else (f" --extra-index-url {q(index.url)}")
-        )
-        extra += _trusted_host(index.url)
-        lines.append(f"  run {pip}{extra} {' '.join(q(r) for r in scoped)}")
-    lines += [f"  run {pip} {requirements}", "fi"]
+        # pip cannot pin a package to an index, and with two indexes it takes the highest
+        # version from either. So the named packages come first, from their index alone and
+        # without dependencies; the install below finds them satisfied and brings the rest.
+        if index.find_links:
+            only = f" --no-index --find-links {q(index.url)}"
+        else:
+            only = f" --index-url {q(index.url)}"
+        only += _trusted_host(index.url)
+        lines.append(f"  run {pip} --no-deps{only} {' '.join(q(r) for r in scoped)}")
+    lines += [f"  run {pip}{pip_index} {requirements}", "fi"]
     if image.setup:
         exports = "".join(f"export {k}={q(v)}\n" for k, v in sorted(image.env.items()))
         lines += [

@@ -102,6 +102,13 @@ class Hosts:
         client_key = root / "client_ed25519"
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(client_key))
         hosts = cls(root, f"skybr{tag}", f"10.123.{tag}", client_key, root / "known_hosts")
+        # Every host resolves every host's name to its address, as a cluster's DNS would:
+        # gloo (JAX's CPU collectives) advertises the address its own hostname resolves to.
+        (root / "etc-hosts").write_text(
+            "127.0.0.1 localhost\n"
+            + "".join(f"{hosts.subnet}.{11 + i} h{i}\n" for i in range(count))
+        )
+        os.chmod(root / "etc-hosts", 0o644)
         try:
             hosts._bridge_up()
             for index in range(count):
@@ -163,7 +170,7 @@ class Hosts:
         # each host keeps its own Skyward cache as separate machines do.
         script = (
             f"hostname {name} && mount --make-rprivate / && "
-            f"mount --bind {home} /home/{USER} && "
+            f"mount --bind {home} /home/{USER} && mount --bind {self.root}/etc-hosts /etc/hosts && "
             f"exec /usr/sbin/sshd -D -e -f {config}"
         )
         log = open(directory / "sshd.log", "wb")  # noqa: SIM115 - sshd owns it until it exits
