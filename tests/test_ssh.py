@@ -384,3 +384,97 @@ def test_jax_multi_controller_across_two_hosts(
         assert pool.broadcast(sky.instance_info)[1].head_addr == ssh_hosts.hosts[0].address
         results = pool.broadcast(_jax_toy)
     assert results == [(-0.12398731708526611, 4, "h0"), (-0.12398731708526611, 4, "h1")]
+
+
+# ── connection failures, keys, and what a pool leaves on a host ───────────────────────────
+
+
+def _unreachable(hosts: Hosts, target: str, **options: Any) -> sky.SSH:
+    return sky.SSH(
+        hosts=[target],
+        key=options.pop("key", hosts.client_key),
+        known_hosts=hosts.known_hosts,
+        **options,
+    )
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        ("refused", "connection refused; is sshd running and listening on port 2222?"),
+        ("timeout", "connecting timed out after 1 s"),
+    ],
+)
+@pytest.mark.timeout(60)
+def test_a_host_that_cannot_be_reached_is_a_provision_error_naming_it(
+    ssh_hosts: Hosts, where: str, expected: str
+) -> None:
+    # Port 2222 on a live host has nothing listening; .99 on the bridge is no host at all.
+    target = (
+        f"skytest@{ssh_hosts.hosts[0].address}:2222"
+        if where == "refused"
+        else f"skytest@{ssh_hosts.subnet}.99"
+    )
+    with pytest.raises(sky.ProvisionError) as caught:
+        with sky.ComputePool(
+            provider=_unreachable(ssh_hosts, target, connect_timeout=1), quiet=True
+        ):
+            pass
+    assert str(caught.value).startswith(f"{target}: {expected}")
+
+
+@pytest.mark.timeout(60)
+def test_a_key_the_host_does_not_accept_is_an_authentication_error(
+    ssh_hosts: Hosts, tmp_path: Path
+) -> None:
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    target = ssh_hosts.hosts[0].target
+    with pytest.raises(sky.ProvisionError) as caught:
+        with sky.ComputePool(provider=_unreachable(ssh_hosts, target, key=stranger), quiet=True):
+            pass
+    assert str(caught.value).startswith(f"{target}: authentication failed")
+
+
+def test_more_nodes_than_hosts_is_refused_before_connecting() -> None:
+    provider = sky.SSH(hosts=["alice@gpu1", "alice@gpu2:2222"])
+    with pytest.raises(ValueError, match="asks for 3 nodes but SSH has 2 host"):
+        sky.ComputePool(provider=provider, nodes=3)
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_key_is_private_works_and_is_deleted(
+    ssh_hosts: Hosts, package_index: PackageIndex
+) -> None:
+    """The key cloud providers will put on the machines they create."""
+    from skyward._ssh import PoolKey
+
+    key = PoolKey()
+    host = ssh_hosts.hosts[2]
+    authorized = host.home.parent / "authorized_keys"
+    before = authorized.read_text()
+    try:
+        assert key.path.stat().st_mode & 0o777 == 0o600
+        assert key.public.startswith("ssh-ed25519 ")
+        authorized.write_text(before + key.public + "\n")
+        provider = sky.SSH(hosts=[host.target], key=key.path, known_hosts=ssh_hosts.known_hosts)
+        with _pool(provider, package_index) as pool:
+            assert pool.run(os.uname).nodename == "h2"
+    finally:
+        authorized.write_text(before)
+        key.delete()
+    assert not key.path.exists() and not key.path.parent.exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_closed_pool_leaves_only_its_cache_directory(
+    ssh_hosts: Hosts, package_index: PackageIndex
+) -> None:
+    host = ssh_hosts.hosts[3]
+    provider = sky.SSH(
+        hosts=[host.target], key=ssh_hosts.client_key, known_hosts=ssh_hosts.known_hosts
+    )
+    with _pool(provider, package_index) as pool:
+        worker = pool.run(os.getpid)
+    assert [p.name for p in host.home.iterdir()] == [".cache"]
+    assert worker not in host.processes()
