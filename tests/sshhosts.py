@@ -299,7 +299,9 @@ class PackageIndex:
         self._server.wait(10)
 
 
-def build_wheel(directory: Path, name: str, version: str, body: str) -> Path:
+def build_wheel(
+    directory: Path, name: str, version: str, body: str, requires: Iterable[str] = ()
+) -> Path:
     """A one-module pure-Python wheel, written by hand (no build backend needed)."""
     import base64
     import hashlib
@@ -308,7 +310,10 @@ def build_wheel(directory: Path, name: str, version: str, body: str) -> Path:
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{name}.py": body.encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires)
+        ).encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: skyward-tests\n"
         b"Root-Is-Purelib: true\nTag: py3-none-any\n",
     }

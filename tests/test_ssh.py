@@ -134,9 +134,9 @@ def skytiny_indexes(
 ) -> Iterator[tuple[str, str]]:
     """``skytiny`` 1.0 and 3.0 on the main index; 2.0 alone on a second one.
 
-    A scoped PipIndex for skytiny must give 2.0, though the main index has a newer version.
-    ``skyother`` 1.0 is on the main index and 9.0 on the second, which is not scoped to it:
-    it must stay 1.0.
+    A PipIndex scoped to skytiny must give 2.0, though the main index has a newer version,
+    also when skytiny is only a dependency (of ``skydep``, as jaxlib is of jax). ``skyother``
+    1.0 is on the main index and 9.0 on the second, which is not scoped to it: it stays 1.0.
     """
     wheels = tmp_path_factory.mktemp("wheels")
     package_index.add(
@@ -144,6 +144,7 @@ def skytiny_indexes(
             build_wheel(wheels, "skytiny", "1.0", "VERSION = '1.0'\n"),
             build_wheel(wheels, "skytiny", "3.0", "VERSION = '3.0'\n"),
             build_wheel(wheels, "skyother", "1.0", "VERSION = '1.0'\n"),
+            build_wheel(wheels, "skydep", "1.0", "VERSION = '1.0'\n", requires=["skytiny"]),
         ]
     )
     extra_wheels = tmp_path_factory.mktemp("extra-wheels")
@@ -173,7 +174,7 @@ def test_bootstrap_installs_with_scoped_index_and_a_second_pool_installs_nothing
 ) -> None:
     main, extra = skytiny_indexes
     image = sky.Image(
-        pip=["skytiny", "skyother"],
+        pip=["skydep", "skyother"],
         pip_indexes=[sky.PipIndex(url=extra, packages=["skytiny"])],
         index_url=main,
     )

@@ -1,13 +1,13 @@
 #!/bin/sh
-# Skyward bootstrap for image 3fae8c63a4b9d535; safe to run again.
+# Skyward bootstrap for image ca1084a0f5343877; safe to run again.
 set -eu
 home=/srv/skyward
-env_dir="$home/envs/3fae8c63a4b9d535"
+env_dir="$home/envs/ca1084a0f5343877"
 mkdir -p "$home/envs"
 exec 9>"$env_dir.lock"
 command -v flock >/dev/null 2>&1 && flock 9
 if [ -f "$env_dir/.skyward-ready" ]; then
-  echo "skyward: image 3fae8c63a4b9d535 is already installed"
+  echo "skyward: image ca1084a0f5343877 is already installed"
   exit 0
 fi
 step() { printf "%s%s\n" "::skyward:: " "$*"; }
@@ -53,7 +53,7 @@ if [ -n "$uv" ]; then
 [project]
 name = "skyward-image"
 version = "0"
-dependencies = ["numpy>=2", "jax[cuda12]==0.6.2", "skytiny", "cloudpickle==3.1.1", "pydantic==2.11.7"]
+dependencies = ["numpy>=2", "jax[cuda12]==0.6.2", "skytiny", "cloudpickle==3.1.1", "pydantic==2.11.7", "jax-cuda12-plugin"]
 [[tool.uv.index]]
 name = "skyward-0"
 url = "https://mirror.example/jax/"
@@ -74,13 +74,14 @@ SKYWARD_EOF
   (cd "$env_dir/skyward-requirements" && run "$uv" pip install -q --python "$env_dir/bin/python" -r pyproject.toml)
 else
   run "$python" -m venv "$env_dir"
+  run "$env_dir/bin/pip" install -q --disable-pip-version-check --no-deps --no-index --find-links https://mirror.example/jax/ jax-cuda12-plugin
   run "$env_dir/bin/pip" install -q --disable-pip-version-check --no-deps --index-url http://10.0.0.5:8700/simple/ --trusted-host 10.0.0.5 skytiny
-  run "$env_dir/bin/pip" install -q --disable-pip-version-check --index-url https://pypi.mirror.example/simple/ 'numpy>=2' 'jax[cuda12]==0.6.2' skytiny cloudpickle==3.1.1 pydantic==2.11.7
+  run "$env_dir/bin/pip" install -q --disable-pip-version-check --index-url https://pypi.mirror.example/simple/ 'numpy>=2' 'jax[cuda12]==0.6.2' skytiny cloudpickle==3.1.1 pydantic==2.11.7 jax-cuda12-plugin
 fi
 PATH="$env_dir/bin:$PATH"; export PATH; VIRTUAL_ENV="$env_dir"; export VIRTUAL_ENV
 export A='it'"'"'s'
 export XLA_FLAGS=--xla_force_host_platform_device_count=2
 run sh -c 'echo ready > /tmp/marker'
 run sh -c 'git --version'
-echo 3fae8c63a4b9d535 > "$env_dir/.skyward-ready"
-echo "skyward: image 3fae8c63a4b9d535 installed"
+echo ca1084a0f5343877 > "$env_dir/.skyward-ready"
+echo "skyward: image ca1084a0f5343877 installed"

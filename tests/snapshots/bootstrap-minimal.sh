@@ -1,13 +1,13 @@
 #!/bin/sh
-# Skyward bootstrap for image 6f80815b952faadc; safe to run again.
+# Skyward bootstrap for image 62a97b8dd051baf7; safe to run again.
 set -eu
 home="$HOME"/.cache/skyward
-env_dir="$home/envs/6f80815b952faadc"
+env_dir="$home/envs/62a97b8dd051baf7"
 mkdir -p "$home/envs"
 exec 9>"$env_dir.lock"
 command -v flock >/dev/null 2>&1 && flock 9
 if [ -f "$env_dir/.skyward-ready" ]; then
-  echo "skyward: image 6f80815b952faadc is already installed"
+  echo "skyward: image 62a97b8dd051baf7 is already installed"
   exit 0
 fi
 step() { printf "%s%s\n" "::skyward:: " "$*"; }
@@ -52,5 +52,5 @@ else
   run "$python" -m venv "$env_dir"
   run "$env_dir/bin/pip" install -q --disable-pip-version-check cloudpickle==3.1.1 pydantic==2.11.7
 fi
-echo 6f80815b952faadc > "$env_dir/.skyward-ready"
-echo "skyward: image 6f80815b952faadc installed"
+echo 62a97b8dd051baf7 > "$env_dir/.skyward-ready"
+echo "skyward: image 62a97b8dd051baf7 installed"
