@@ -10,7 +10,8 @@
    from the package index; ``python -m venv`` + pip when neither works);
 4. makes a virtual environment and installs the requirements: ``index_url`` (if set)
    replaces the default index everywhere, and each ``PipIndex`` serves only the packages it
-   names (uv pins them to it; pip can only add it while installing those packages);
+   names, and those are installed (uv pins them to it; pip installs them from it first,
+   without dependencies);
 5. runs the ``setup`` commands with the image's ``env`` and the environment on ``PATH``;
 6. marks the environment complete.
 
@@ -47,6 +48,19 @@ class Plan:
         return self.image.pip + tuple(r for r in self.runtime if requirement_name(r) not in named)
 
     @property
+    def installs(self) -> tuple[str, ...]:
+        """The requirements, and every package a ``PipIndex`` names that they do not.
+
+        uv pins a package to an index only when it is a direct requirement, and the jax
+        plugin scopes an index to jaxlib and the CUDA plugins, which jax pulls in: naming
+        them makes them direct, so they come from that index. (Their versions still follow
+        what the requirements ask for.)
+        """
+        direct = {requirement_name(r) for r in self.requirements}
+        named = [p for index in self.image.pip_indexes for p in index.packages]
+        return self.requirements + tuple(dict.fromkeys(p for p in named if p not in direct))
+
+    @property
     def digest(self) -> str:
         fields = {
             # env reaches workers when they start; it shapes the environment only through
@@ -69,7 +83,7 @@ class Plan:
 
 # Bumped whenever the script's shape changes, so hosts do not trust environments that an
 # older script made.
-_SCRIPT_VERSION = 1
+_SCRIPT_VERSION = 3
 
 
 def shell_path(path: str) -> str:
@@ -153,7 +167,7 @@ def render(plan: Plan) -> str:
         "fi",
         'rm -rf "$env_dir"',
     ]
-    requirements = " ".join(q(r) for r in plan.requirements)
+    requirements = " ".join(q(r) for r in plan.installs)
     lines += [
         'if [ -n "$uv" ]; then',
         '  run "$uv" venv -q --python "$python" "$env_dir"',
@@ -167,19 +181,21 @@ def render(plan: Plan) -> str:
         "else",
         '  run "$python" -m venv "$env_dir"',
     ]
-    pip = '"$env_dir/bin/pip" install -q --disable-pip-version-check' + pip_index
+    pip = '"$env_dir/bin/pip" install -q --disable-pip-version-check'
     for index in image.pip_indexes:
-        scoped = [r for r in plan.requirements if requirement_name(r) in index.packages]
+        scoped = [r for r in plan.installs if requirement_name(r) in index.packages]
         if not scoped:
             continue
-        extra = (
-            f" --find-links {q(index.url)}"
-            if index.find_links
-            else (f" --extra-index-url {q(index.url)}")
-        )
-        extra += _trusted_host(index.url)
-        lines.append(f"  run {pip}{extra} {' '.join(q(r) for r in scoped)}")
-    lines += [f"  run {pip} {requirements}", "fi"]
+        # pip cannot pin a package to an index, and with two indexes it takes the highest
+        # version from either. So the named packages come first, from their index alone and
+        # without dependencies; the install below finds them satisfied and brings the rest.
+        if index.find_links:
+            only = f" --no-index --find-links {q(index.url)}"
+        else:
+            only = f" --index-url {q(index.url)}"
+        only += _trusted_host(index.url)
+        lines.append(f"  run {pip} --no-deps{only} {' '.join(q(r) for r in scoped)}")
+    lines += [f"  run {pip}{pip_index} {requirements}", "fi"]
     if image.setup:
         exports = "".join(f"export {k}={q(v)}\n" for k, v in sorted(image.env.items()))
         lines += [
@@ -221,7 +237,7 @@ def _uv_project(plan: Plan) -> list[str]:
         "[project]",
         'name = "skyward-image"',
         'version = "0"',
-        "dependencies = [" + ", ".join(_toml(r) for r in plan.requirements) + "]",
+        "dependencies = [" + ", ".join(_toml(r) for r in plan.installs) + "]",
     ]
     sources: list[str] = []
     for number, index in enumerate(image.pip_indexes):

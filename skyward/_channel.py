@@ -59,6 +59,11 @@ class Transport(Protocol):
         """Kill the worker and anything it started; harmless once they are gone."""
         ...
 
+    def link_lost(self) -> str | None:
+        """Why the stream ended if the link to the worker broke rather than the worker ending
+        (a dropped SSH connection), else None."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -305,10 +310,16 @@ class Channel:
             closing = self._closing
             running = ", ".join(name for name, _ in pending) or "no calls"
             doing = f"running {running}" if self._ready else "starting (before Ready)"
-            message = (
-                f"node {self.node}: the worker (pid {self.pid}) ended with "
-                f"{describe_status(status)} while {doing}"
-            )
+            link = self._transport.link_lost()
+            if link is not None:
+                message = (
+                    f"node {self.node}: {link}; lost the worker (pid {self.pid}) while {doing}"
+                )
+            else:
+                message = (
+                    f"node {self.node}: the worker (pid {self.pid}) ended with "
+                    f"{describe_status(status)} while {doing}"
+                )
             if self._kill_reason:
                 message += f"; it was killed because {self._kill_reason}"
             if tail:

@@ -185,8 +185,9 @@ class Connection:
             else:
                 policy.check(target, key)
             _authenticate(transport, target, key_file)
+            # Keepalives are sent from the transport's reader when its socket read times
+            # out; paramiko set that timeout, and it must stay (no settimeout(None) here).
             transport.set_keepalive(max(1, int(keepalive)))
-            sock.settimeout(None)
         except BaseException:
             transport.close()
             raise

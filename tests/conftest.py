@@ -158,12 +158,25 @@ def no_leaked_workers(request: pytest.FixtureRequest) -> Iterator[None]:
     deadline = time.monotonic() + 5.0
     while (leaked := worker_processes()) and time.monotonic() < deadline:
         time.sleep(0.05)
+    found = [_describe(p) for p in leaked]  # as they were, before they are killed below
     for process in leaked:
         try:
             process.kill()
         except psutil.NoSuchProcess:
             pass
-    assert not leaked, f"{request.node.name} left worker processes alive: {leaked}"
+    assert not leaked, f"{request.node.name} left worker processes alive: {found}"
+
+
+def _describe(process: psutil.Process) -> str:
+    try:
+        with process.oneshot():
+            return (
+                f"pid {process.pid} ({process.status()}, user {_username(process)}, parent "
+                f"{process.ppid()}, started {time.time() - process.create_time():.1f} s ago): "
+                f"{' '.join(process.cmdline())[:160]}"
+            )
+    except psutil.Error as error:
+        return f"pid {process.pid} ({error})"
 
 
 # ── SSH hosts in network namespaces, and the package index they install from ─────────────

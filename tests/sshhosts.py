@@ -102,6 +102,13 @@ class Hosts:
         client_key = root / "client_ed25519"
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(client_key))
         hosts = cls(root, f"skybr{tag}", f"10.123.{tag}", client_key, root / "known_hosts")
+        # Every host resolves every host's name to its address, as a cluster's DNS would:
+        # gloo (JAX's CPU collectives) advertises the address its own hostname resolves to.
+        (root / "etc-hosts").write_text(
+            "127.0.0.1 localhost\n"
+            + "".join(f"{hosts.subnet}.{11 + i} h{i}\n" for i in range(count))
+        )
+        os.chmod(root / "etc-hosts", 0o644)
         try:
             hosts._bridge_up()
             for index in range(count):
@@ -163,7 +170,7 @@ class Hosts:
         # each host keeps its own Skyward cache as separate machines do.
         script = (
             f"hostname {name} && mount --make-rprivate / && "
-            f"mount --bind {home} /home/{USER} && "
+            f"mount --bind {home} /home/{USER} && mount --bind {self.root}/etc-hosts /etc/hosts && "
             f"exec /usr/sbin/sshd -D -e -f {config}"
         )
         log = open(directory / "sshd.log", "wb")  # noqa: SIM115 - sshd owns it until it exits
@@ -292,7 +299,9 @@ class PackageIndex:
         self._server.wait(10)
 
 
-def build_wheel(directory: Path, name: str, version: str, body: str) -> Path:
+def build_wheel(
+    directory: Path, name: str, version: str, body: str, requires: Iterable[str] = ()
+) -> Path:
     """A one-module pure-Python wheel, written by hand (no build backend needed)."""
     import base64
     import hashlib
@@ -301,7 +310,10 @@ def build_wheel(directory: Path, name: str, version: str, body: str) -> Path:
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{name}.py": body.encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires)
+        ).encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: skyward-tests\n"
         b"Root-Is-Purelib: true\nTag: py3-none-any\n",
     }

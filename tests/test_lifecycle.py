@@ -10,7 +10,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -45,6 +45,17 @@ def events(log: Path, node: int = 0) -> list[str]:
 def getenv(key: str) -> str | None:
     # Not os.environ.get itself: that bound method would carry the client's environ along.
     return os.environ.get(key)
+
+
+def _interrupt_main_when(ready: Callable[[], bool], then: float) -> None:
+    def wait_then_interrupt() -> None:
+        deadline = time.monotonic() + 50
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(then)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    threading.Thread(target=wait_then_interrupt, daemon=True).start()
 
 
 def _interrupt_main_after(seconds: float) -> threading.Timer:
@@ -108,7 +119,9 @@ def test_ctrl_c_during_a_call_interrupts_it_and_runs_teardown(
     make_pool: PoolFactory, tmp_path: Path
 ) -> None:
     log = tmp_path / "events"
-    _interrupt_main_after(1.0)
+    # Ctrl-C once both workers are inside their plugin and the call has had time to begin
+    # (a fixed delay would sometimes land in the pool's start on a busy machine).
+    _interrupt_main_when(lambda: bool(events(log, 0) and events(log, 1)), then=0.5)
     with pytest.raises(KeyboardInterrupt):
         with make_pool(nodes=2, plugins=[recorder("p", log)]) as pool:
             pool.broadcast(time.sleep, 120)

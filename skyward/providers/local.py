@@ -151,6 +151,9 @@ class PipeTransport:
             self._stderr.close()
         return data
 
+    def link_lost(self) -> None:
+        return None  # a pipe breaks only when the process ends
+
     def wait(self, timeout: float) -> int | None:
         try:
             return self.process.wait(timeout)

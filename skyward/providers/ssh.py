@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from skyward import _protocol as proto
 from skyward._bootstrap import MARKER, Plan, render, shell_path
-from skyward._errors import BootstrapError, ProvisionError
+from skyward._errors import BootstrapError, HostKeyError, ProvisionError
 from skyward._ssh import Connection, HostKeyPolicy, Target
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 _LOG_TAIL_LINES = 30
 _RECONNECT_TO_KILL = 5.0  # seconds; a pool's close waits this long at most per lost host
+_RECONNECT_PAUSE = 0.5  # seconds between attempts to reach a host again
 _log = logging.getLogger("skyward")
 _CHUNK = 1 << 18  # large buffers go out in slices: paramiko copies each send into a packet
 
@@ -323,6 +324,8 @@ class SSHNode:
         with self._lock:
             if not self.connection.alive:
                 self._reconnect()
+                for stranded in [t for t in self._transports if t.stranded]:
+                    stranded.kill(self.connection)  # the workers the dropped link left
             connection = self.connection
         assignments = " ".join(
             [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
@@ -339,22 +342,37 @@ class SSHNode:
         )
         transport = SSHTransport(connection, connection.exec(command))
         with self._lock:
-            self._transports = [t for t in self._transports if not t.finished]
+            self._transports = [t for t in self._transports if not t.finished or t.stranded]
             self._transports.append(transport)
         return transport
 
     def _reconnect(self, timeout: float | None = None) -> None:
-        """The link dropped (a reboot, a network blip): connect again, same host key only."""
+        """The link dropped (a reboot, a network blip): connect again, same host key only.
+
+        Tries until ``timeout`` (default ``connect_timeout``) runs out: a host whose link
+        just came back is "unreachable" for a moment, until the network relearns its
+        address.
+        """
         old = self.connection
-        self.connection = Connection.open(
-            old.target,
-            policy=HostKeyPolicy(known_hosts=Path("/dev/null")),
-            key_file=self._provider.key,
-            pinned_key=old.host_key,
-            connect_timeout=timeout or self._provider.connect_timeout,
-            keepalive=self._provider.keepalive,
-            dead_after=self._provider.link_timeout,
-        )
+        deadline = time.monotonic() + (timeout or self._provider.connect_timeout)
+        while True:
+            try:
+                self.connection = Connection.open(
+                    old.target,
+                    policy=HostKeyPolicy(known_hosts=Path("/dev/null")),
+                    key_file=self._provider.key,
+                    pinned_key=old.host_key,
+                    connect_timeout=max(0.5, deadline - time.monotonic()),
+                    keepalive=self._provider.keepalive,
+                    dead_after=self._provider.link_timeout,
+                )
+                break
+            except HostKeyError:
+                raise
+            except ProvisionError:
+                if time.monotonic() + _RECONNECT_PAUSE >= deadline:
+                    raise
+                time.sleep(_RECONNECT_PAUSE)
         old.close()
 
     def close(self) -> None:
@@ -452,6 +470,20 @@ class SSHTransport:
             if rest:
                 return rest
 
+    def _exited(self) -> bool:
+        # The host reported an exit status. (paramiko's exit_status_ready() and status_event
+        # also fire for a channel closed because its connection died, which is no exit;
+        # exit_status stays -1 until the host sends one.)
+        return int(self._channel.exit_status) >= 0
+
+    def link_lost(self) -> str | None:
+        if self._exited() or self._connection.alive:
+            return None
+        return (
+            f"the SSH connection to {self._connection.target} dropped (the host stopped "
+            f"answering, or the network between went down)"
+        )
+
     def wait(self, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
         while not self._channel.exit_status_ready():
@@ -474,7 +506,7 @@ class SSHTransport:
         return (
             self._pid is not None
             and not self._killed
-            and not self._channel.exit_status_ready()  # a closed channel is not an exit
+            and not self._exited()
             and not self._connection.alive
         )
 
