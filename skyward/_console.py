@@ -7,7 +7,8 @@
                                                                  plain, Jupyter, or none)
     reader threads ── output(node, stream, bytes) ──> Console ──> "[node 3] text" on the
                                                                  client's stdout / stderr,
-                                                                 or the cell of the call
+                                                                 above a live rich table,
+                                                                 or in the cell of the call
 
 ``console=`` picks the progress display: ``"auto"`` (Jupyter in a kernel, ``"rich"`` on a
 terminal, ``"plain"`` otherwise), ``"rich"``, ``"plain"`` or ``"off"``. ``output=`` picks
@@ -15,7 +16,9 @@ whose output is shown: ``"all"`` nodes, the ``"head"`` node (rank 0) only, or ``
 The two are independent: ``console="off"`` never hides a ``print()``.
 
 Worker output streams are looked up at every write, so Jupyter's and pytest's replacements
-of ``sys.stdout`` receive it. In Jupyter, each call's output goes to the cell that submitted
+of ``sys.stdout`` receive it. While a rich table is live on a terminal, lines bound for that
+terminal are printed through it (whole, above the table); a stream redirected elsewhere
+still receives its own. In Jupyter, each call's output goes to the cell that submitted
 it: the pool records the cell with ``route()`` at submit time and ``bind``s it to the node
 the call runs on; that node's output goes there until its next call starts.
 """
