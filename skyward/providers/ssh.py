@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -171,7 +171,7 @@ class SSH(BaseModel):
         try:
             reporter.phase(rank, "bootstrapping", f"image {plan.digest}")
             bootstrap(connection, plan, lambda line: reporter.log(rank, line))
-            package = upload_package(connection, plan)
+            package = upload_package(connection, plan, lambda line: reporter.log(rank, line))
             accelerators = _count_gpus(connection)
         except BaseException:
             connection.close()
@@ -252,7 +252,7 @@ def package_archive() -> tuple[str, bytes]:
         return _package
 
 
-def upload_package(connection: Connection, plan: Plan) -> str:
+def upload_package(connection: Connection, plan: Plan, on_line: Callable[[str], None]) -> str:
     """Put this skyward on the host, unless the same one is there; returns its directory."""
     digest, data = package_archive()
     home = shell_path(plan.workdir)
@@ -263,6 +263,7 @@ def upload_package(connection: Connection, plan: Plan) -> str:
     if status != 0:
         raise BootstrapError(f"{connection.target}: cannot create {plan.workdir}/pkg: {output}")
     if "present" not in output:
+        on_line(f"skyward: uploading this skyward ({len(data) // 1024} KiB) to {directory}")
         archive = f"{_sftp_path(plan.workdir)}/pkg/{digest}.zip"
         connection.upload(data, archive)
         python = f"{shell_path(plan.env_dir)}/bin/python"
