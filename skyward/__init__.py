@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "ChannelError": "skyward._errors",
     "Compute": "skyward._compute",
     "ComputePool": "skyward._pool",
+    "HostKeyError": "skyward._errors",
     "Image": "skyward._image",
     "InstanceInfo": "skyward._info",
     "Local": "skyward.providers.local",
@@ -43,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "Provider": "skyward.providers.base",
     "ProvisionError": "skyward._errors",
     "RemoteError": "skyward._errors",
+    "SSH": "skyward.providers.ssh",
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     from skyward._errors import (
         BootstrapError,
         ChannelError,
+        HostKeyError,
         PluginError,
         PoolClosed,
         ProvisionError,
@@ -81,6 +84,7 @@ if TYPE_CHECKING:
     from skyward._pool import ComputePool, PoolSpec, PoolStatistics
     from skyward.providers.base import Provider
     from skyward.providers.local import Local
+    from skyward.providers.ssh import SSH
 
 
 def __getattr__(name: str) -> Any:

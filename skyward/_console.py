@@ -68,5 +68,3 @@ class Console:
                 sys.stderr.flush()
             except (OSError, ValueError):
                 pass
-
-

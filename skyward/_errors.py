@@ -4,6 +4,7 @@
 
     SkywardError
      ├─ ProvisionError      a provider could not create (or fully clean up) nodes
+     │   └─ HostKeyError     an SSH host's key is unknown or changed
      ├─ BootstrapError      a node could not be prepared (missing packages, failed image script)
      ├─ ChannelError        the link to a worker failed
      │   ├─ VersionMismatch  the worker's Python differs from the client's
@@ -30,8 +31,33 @@ class ProvisionError(SkywardError):
     """A provider could not create nodes, or could not fully clean them up."""
 
 
+class HostKeyError(ProvisionError):
+    """An SSH host's key is unknown (and accepting new keys was not asked for) or changed."""
+
+
 class BootstrapError(SkywardError):
-    """A node could not be prepared to run the worker."""
+    """A node could not be prepared to run the worker.
+
+    When the image's script failed: ``command`` is the command that failed, ``exit_status``
+    its exit code, ``log_tail`` the last lines the script printed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        command: str | None = None,
+        exit_status: int | None = None,
+        log_tail: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.command = command
+        self.exit_status = exit_status
+        self.log_tail = log_tail
+
+    def __reduce__(self) -> tuple[object, ...]:
+        fields = (str(self), self.command, self.exit_status, self.log_tail)
+        return (_rebuild_bootstrap_error, fields)
 
 
 class ChannelError(SkywardError):
@@ -65,6 +91,12 @@ class WorkerLost(ChannelError):
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only fields would be lost by Exception's default pickling.
         return (_rebuild_worker_lost, (str(self), self.node, self.exit_status, self.stderr_tail))
+
+
+def _rebuild_bootstrap_error(
+    message: str, command: str | None, exit_status: int | None, log_tail: str
+) -> BootstrapError:
+    return BootstrapError(message, command=command, exit_status=exit_status, log_tail=log_tail)
 
 
 def _rebuild_worker_lost(

@@ -42,6 +42,7 @@ from skyward._console import Console
 from skyward._errors import PluginError, PoolClosed, ProvisionError, VersionMismatch, WorkerLost
 from skyward._image import Image
 from skyward._info import InstanceInfo
+from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin, apply_transforms
 from skyward.providers.base import Node, Provider
 
@@ -170,6 +171,12 @@ class ComputePool:
         if name is not None:
             options["name"] = name
         self.spec = PoolSpec(**options)
+        check = getattr(self.spec.provider, "check", None)
+        if check is not None:
+            check(self.spec)  # provider-specific limits, before anything is touched
+        # Remote workers cannot import the client's own modules; local ones can.
+        self._remote = not isinstance(self.spec.provider, Local)
+        self._before_pickling()
         self._plugin_payload = _pickle_plugins(self.spec.plugins)
         self.image = apply_transforms(self.spec.image, self.spec)
         self._console = Console(quiet=quiet)
@@ -337,7 +344,9 @@ class ComputePool:
     def _start_message(self, slot: _Slot) -> proto.Start:
         assert slot.info is not None
         return proto.Start(
-            info=slot.info, sys_path=_client_sys_path(), concurrency=self.spec.concurrency
+            info=slot.info,
+            sys_path=_client_sys_path() if slot.node.shares_files else [],
+            concurrency=self.spec.concurrency,
         )
 
     def close(self, *, wait: bool = True) -> None:
@@ -464,6 +473,7 @@ class ComputePool:
         self, calls: Sequence[PendingCall[Any]], *, same_function: bool = False
     ) -> list[Future[Any]]:
         """Queue calls for the least busy nodes; all are pickled before any is queued."""
+        self._before_pickling()
         function = calls[0].serialize_function() if same_function and calls else None
         tasks = [_Task(call, call.serialize(function), Future()) for call in calls]
         with self._lock:  # once for the lot: reader threads want this lock too
@@ -477,6 +487,7 @@ class ComputePool:
         return _gather(self._run_calls(calls), tuple)
 
     def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
+        self._before_pickling()
         payload = call.serialize()  # once, for every node
         futures: list[Future[R]] = []
         with self._lock:
@@ -492,6 +503,10 @@ class ComputePool:
                 else:
                     self._send(slot, task)
         return _gather(futures, list)
+
+    def _before_pickling(self) -> None:
+        if self._remote:
+            ship_client_modules()
 
     def _check_running(self) -> None:
         if self._state == "running":

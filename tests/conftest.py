@@ -11,12 +11,14 @@ import ipaddress
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from sshhosts import USER, Hosts, PackageIndex
 
 import skyward as sky
 
@@ -84,10 +86,14 @@ _shared_pool_workers: set[int] = set()
 
 
 @contextmanager
-def shared_pool(**options: Any) -> Iterator[sky.ComputePool]:
+def shared_pool(
+    make: Callable[..., sky.ComputePool] | None = None, **options: Any
+) -> Iterator[sky.ComputePool]:
     """A pool for a module-scoped fixture: its workers are not leaks until it closes."""
-    with sky.ComputePool(quiet=True, **options) as pool:
+    make = make or (lambda **o: sky.ComputePool(**{"quiet": True, **o}))
+    with make(**options) as pool:
         pids = set(pool.broadcast(os.getpid))
+        pids |= {_launcher(pid) for pid in pids} - {None}  # type: ignore[arg-type]
         _shared_pool_workers.update(pids)
         try:
             yield pool
@@ -97,9 +103,11 @@ def shared_pool(**options: Any) -> Iterator[sky.ComputePool]:
 
 
 def worker_processes() -> list[psutil.Process]:
-    """Our ``skyward.worker`` descendants that are still alive (zombies count as gone)."""
+    """``skyward.worker`` processes still alive: our descendants (local pools) and the SSH
+    test user's (remote ones). Zombies count as gone."""
     alive = []
-    for child in psutil.Process().children(recursive=True):
+    remote = [p for p in psutil.process_iter() if _username(p) == USER]
+    for child in psutil.Process().children(recursive=True) + remote:
         try:
             if child.status() == psutil.STATUS_ZOMBIE or child.pid in _shared_pool_workers:
                 continue
@@ -108,6 +116,24 @@ def worker_processes() -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return alive
+
+
+def _launcher(pid: int) -> int | None:
+    """The shell an SSH worker runs under (its parent), which names the worker too."""
+    try:
+        parent = psutil.Process(pid).parent()
+        if parent is not None and "skyward.worker" in " ".join(parent.cmdline()):
+            return int(parent.pid)
+    except psutil.Error:
+        pass
+    return None
+
+
+def _username(process: psutil.Process) -> str:
+    try:
+        return str(process.username())
+    except (psutil.Error, KeyError):
+        return ""
 
 
 @pytest.fixture(autouse=True)
@@ -122,3 +148,100 @@ def no_leaked_workers(request: pytest.FixtureRequest) -> Iterator[None]:
         except psutil.NoSuchProcess:
             pass
     assert not leaked, f"{request.node.name} left worker processes alive: {leaked}"
+
+
+# ── SSH hosts in network namespaces, and the package index they install from ─────────────
+
+_WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts() -> Iterator[Hosts]:
+    hosts = Hosts.start(4)
+    try:
+        yield hosts
+    finally:
+        hosts.close()
+    assert not hosts.leftovers(), f"SSH test hosts left behind: {hosts.leftovers()}"
+
+
+@pytest.fixture(scope="session")
+def package_index(ssh_hosts: Hosts) -> Iterator[PackageIndex]:
+    """What the hosts may install: the worker's own needs, uv, jax, and test packages."""
+    from importlib import metadata
+
+    index = PackageIndex(ssh_hosts.root / "index", ssh_hosts.bridge_address)
+    try:
+        pins = [f"{n}=={metadata.version(n)}" for n in ("cloudpickle", "pydantic", "jax", "jaxlib")]
+        index.download([*pins, "uv"], _WHEEL_CACHE)
+        yield index
+    finally:
+        index.close()
+
+
+def ssh_provider(hosts: Hosts, **options: Any) -> sky.SSH:
+    return sky.SSH(
+        hosts=[h.target for h in hosts.hosts],
+        key=hosts.client_key,
+        known_hosts=hosts.known_hosts,
+        **options,
+    )
+
+
+PoolFactory = Callable[..., sky.ComputePool]
+
+
+def _pool_factory(kind: str, request: pytest.FixtureRequest) -> PoolFactory:
+    if kind == "local":
+        return lambda **options: sky.ComputePool(**{"quiet": True, **options})
+    hosts: Hosts = request.getfixturevalue("ssh_hosts")
+    index: PackageIndex = request.getfixturevalue("package_index")
+
+    def make(**options: Any) -> sky.ComputePool:
+        image = options.pop("image", None) or sky.Image()
+        return sky.ComputePool(
+            provider=ssh_provider(hosts),
+            image=image.model_copy(update={"index_url": index.url}),
+            **{"quiet": True, **options},
+        )
+
+    return make
+
+
+@pytest.fixture(params=["local", "ssh"])
+def make_pool(request: pytest.FixtureRequest) -> PoolFactory:
+    """Build pools on either transport: the core behaviour suite runs over both."""
+    return _pool_factory(request.param, request)
+
+
+@pytest.fixture(scope="module", params=["local", "ssh"])
+def make_module_pool(request: pytest.FixtureRequest) -> PoolFactory:
+    return _pool_factory(request.param, request)
+
+
+@pytest.fixture(scope="session")
+def _shared_tmp() -> Iterator[Path]:
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="skyward-tests-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp_path(_shared_tmp: Path, request: pytest.FixtureRequest) -> Path:
+    """A fresh directory that SSH workers, who run as another user, can use too.
+
+    Tests hand paths to workers (gates, logs); pytest's own ``tmp_path`` is private to root.
+    Like pytest's, it outlives its test (a worker may still be looking at it while the
+    pool's fixture closes), and goes at the end of the session.
+    """
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=request.node.name[:40] + "-", dir=_shared_tmp))
+    path.chmod(0o777)
+    return path

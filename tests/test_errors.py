@@ -12,6 +12,7 @@ from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
 
 import pytest
+from conftest import PoolFactory
 
 import skyward as sky
 
@@ -47,8 +48,8 @@ def wait_for(path: str, seconds: float = 60) -> str:
 
 
 @pytest.fixture
-def pool() -> Iterator[sky.ComputePool]:
-    with sky.ComputePool(nodes=2, quiet=True) as pool:
+def pool(make_pool: PoolFactory) -> Iterator[sky.ComputePool]:
+    with make_pool(nodes=2) as pool:
         yield pool
 
 
@@ -157,9 +158,11 @@ def test_a_lost_worker_is_replaced_and_the_pool_keeps_working(
 
 
 @pytest.mark.timeout(60)
-def test_timeout_raises_timeout_error_and_recycles_the_worker(tmp_path: Path) -> None:
+def test_timeout_raises_timeout_error_and_recycles_the_worker(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
     slow = sky.compute(timeout=0.5)(wait_for)
-    with sky.ComputePool(nodes=1, quiet=True) as pool:
+    with make_pool(nodes=1) as pool:
         first = pool.run(pid)
         with pytest.raises(TimeoutError, match=r"timeout of 0\.5 s"):
             slow(str(tmp_path / "never")) >> pool
@@ -178,7 +181,7 @@ def test_version_mismatch_is_reported_before_user_code_is_sent(tmp_path: Path) -
 
     plugin = sky.Plugin(name="record", around_app=record)
     with pytest.raises(sky.VersionMismatch, match=r"node 0 runs Python 3\.12"):
-        with sky.ComputePool(sky.Local(python=other), plugins=[plugin], quiet=True):
+        with sky.ComputePool(sky.Local(python=other), plugins=[plugin]):
             pass
     assert not marker.exists()
 
@@ -200,8 +203,8 @@ def test_remote_system_exit_does_not_exit_the_client(pool: sky.ComputePool) -> N
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("nodes", [1, 2])
-def test_calls_queued_behind_a_dying_worker_still_run(nodes: int) -> None:
-    with sky.ComputePool(nodes=nodes, quiet=True) as pool:
+def test_calls_queued_behind_a_dying_worker_still_run(make_pool: PoolFactory, nodes: int) -> None:
+    with make_pool(nodes=nodes) as pool:
         dying = pool.submit(os._exit, 1)
         queued = [pool.submit(abs, -i) for i in range(5)]
         with pytest.raises(sky.WorkerLost):
@@ -210,9 +213,11 @@ def test_calls_queued_behind_a_dying_worker_still_run(nodes: int) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_gang_plugin_restarts_every_worker_when_one_is_lost(tmp_path: Path) -> None:
+def test_a_gang_plugin_restarts_every_worker_when_one_is_lost(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
     gate = tmp_path / "never"
-    with sky.ComputePool(nodes=3, plugins=[sky.Plugin(name="tied", gang=True)], quiet=True) as pool:
+    with make_pool(nodes=3, plugins=[sky.Plugin(name="tied", gang=True)]) as pool:
         before = pool.broadcast(pid)
         futures = [wait_for(str(gate)) > pool for _ in range(3)]  # one per node
         time.sleep(0.3)

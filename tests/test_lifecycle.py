@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pydantic
 import pytest
-from conftest import worker_processes
+from conftest import PoolFactory, worker_processes
 
 import skyward as sky
 
@@ -58,10 +58,10 @@ def _interrupt_main_after(seconds: float) -> threading.Timer:
 # ── around_app ───────────────────────────────────────────────────────────────────────────
 
 
-def test_around_app_nests_first_plugin_outermost(tmp_path: Path) -> None:
+def test_around_app_nests_first_plugin_outermost(make_pool: PoolFactory, tmp_path: Path) -> None:
     log = tmp_path / "events"
     plugins = [recorder("a", log), recorder("b", log), recorder("c", log)]
-    with sky.ComputePool(nodes=2, plugins=plugins, quiet=True) as pool:
+    with make_pool(nodes=2, plugins=plugins) as pool:
         pool.broadcast(lambda: None)
         assert events(log, 0) == ["a enter", "b enter", "c enter"]
     expected = ["a enter", "b enter", "c enter", "c exit", "b exit", "a exit"]
@@ -69,7 +69,9 @@ def test_around_app_nests_first_plugin_outermost(tmp_path: Path) -> None:
     assert events(log, 1) == expected
 
 
-def test_around_app_failure_fails_the_start_with_the_reason(tmp_path: Path) -> None:
+def test_around_app_failure_fails_the_start_with_the_reason(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
     log = tmp_path / "events"
 
     @contextlib.contextmanager
@@ -80,7 +82,7 @@ def test_around_app_failure_fails_the_start_with_the_reason(tmp_path: Path) -> N
 
     plugins = [recorder("outer", log), sky.Plugin(name="broken", around_app=broken)]
     with pytest.raises(sky.StartError, match="cannot reach the license server") as caught:
-        with sky.ComputePool(nodes=2, plugins=plugins, quiet=True):
+        with make_pool(nodes=2, plugins=plugins):
             pass
     assert isinstance(caught.value.__cause__, RuntimeError)
     assert events(log, 1) == ["outer enter", "outer exit"]
@@ -89,10 +91,12 @@ def test_around_app_failure_fails_the_start_with_the_reason(tmp_path: Path) -> N
 # ── teardown ─────────────────────────────────────────────────────────────────────────────
 
 
-def test_an_exception_in_the_with_block_closes_everything(tmp_path: Path) -> None:
+def test_an_exception_in_the_with_block_closes_everything(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
     log = tmp_path / "events"
     with pytest.raises(ZeroDivisionError):
-        with sky.ComputePool(nodes=2, plugins=[recorder("p", log)], quiet=True) as pool:
+        with make_pool(nodes=2, plugins=[recorder("p", log)]) as pool:
             pool.broadcast(lambda: None)
             1 / 0  # noqa: B018
     assert not worker_processes()
@@ -100,11 +104,13 @@ def test_an_exception_in_the_with_block_closes_everything(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(60)
-def test_ctrl_c_during_a_call_interrupts_it_and_runs_teardown(tmp_path: Path) -> None:
+def test_ctrl_c_during_a_call_interrupts_it_and_runs_teardown(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
     log = tmp_path / "events"
     _interrupt_main_after(1.0)
     with pytest.raises(KeyboardInterrupt):
-        with sky.ComputePool(nodes=2, plugins=[recorder("p", log)], quiet=True) as pool:
+        with make_pool(nodes=2, plugins=[recorder("p", log)]) as pool:
             pool.broadcast(time.sleep, 120)
     assert not worker_processes()
     # the workers were interrupted gracefully, so their contexts were left
@@ -113,7 +119,9 @@ def test_ctrl_c_during_a_call_interrupts_it_and_runs_teardown(tmp_path: Path) ->
 
 
 @pytest.mark.timeout(60)
-def test_ctrl_c_during_start_closes_what_was_started(tmp_path: Path) -> None:
+def test_ctrl_c_during_start_closes_what_was_started(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
     log = tmp_path / "events"
 
     @contextlib.contextmanager
@@ -124,20 +132,20 @@ def test_ctrl_c_during_start_closes_what_was_started(tmp_path: Path) -> None:
     plugins = [recorder("p", log), sky.Plugin(name="slow", around_app=slow)]
     _interrupt_main_after(1.5)
     with pytest.raises(KeyboardInterrupt):
-        sky.ComputePool(nodes=2, plugins=plugins, quiet=True).start()
+        make_pool(nodes=2, plugins=plugins).start()
     assert not worker_processes()
     assert events(log, 0) == ["p enter", "p exit"]
 
 
 @pytest.mark.timeout(60)
-def test_a_worker_that_ignores_shutdown_is_killed_after_the_bound() -> None:
+def test_a_worker_that_ignores_shutdown_is_killed_after_the_bound(make_pool: PoolFactory) -> None:
     def stubborn() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:
             time.sleep(0.05)  # swallows KeyboardInterrupt by ignoring SIGINT
 
-    pool = sky.ComputePool(nodes=1, shutdown_timeout=1.0, quiet=True).start()
+    pool = make_pool(nodes=1, shutdown_timeout=1.0).start()
     future = pool.submit(stubborn)
     time.sleep(0.3)
     pool.close(wait=False)
@@ -180,7 +188,7 @@ def test_workers_exit_when_the_client_is_killed(tmp_path: Path) -> None:
         """
         import os, sys, time
         import skyward as sky
-        pool = sky.ComputePool(nodes=2, quiet=True).start()
+        pool = sky.ComputePool(nodes=2).start()
         print(*pool.broadcast(os.getpid), flush=True)
         time.sleep(120)
         """
@@ -204,8 +212,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(60)
-def test_calls_interrupted_by_a_cancelling_close_fail_with_pool_closed() -> None:
-    pool = sky.ComputePool(nodes=2, quiet=True).start()
+def test_calls_interrupted_by_a_cancelling_close_fail_with_pool_closed(
+    make_pool: PoolFactory,
+) -> None:
+    pool = make_pool(nodes=2).start()
     futures = [pool.submit(time.sleep, 30) for _ in range(2)]
     time.sleep(0.5)
     pool.close(wait=False)
@@ -214,9 +224,11 @@ def test_calls_interrupted_by_a_cancelling_close_fail_with_pool_closed() -> None
 
 
 @pytest.mark.timeout(60)
-def test_a_cancelling_close_with_concurrency_still_runs_teardown(tmp_path: Path) -> None:
+def test_a_cancelling_close_with_concurrency_still_runs_teardown(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
     log = tmp_path / "events"
-    pool = sky.ComputePool(
+    pool = make_pool(
         nodes=1, concurrency=2, plugins=[recorder("p", log)], shutdown_timeout=30, quiet=True
     ).start()
     futures = [pool.submit(time.sleep, 60) for _ in range(2)]
@@ -228,8 +240,10 @@ def test_a_cancelling_close_with_concurrency_still_runs_teardown(tmp_path: Path)
 
 
 @pytest.mark.timeout(60)
-def test_closing_refuses_new_calls_while_it_waits_for_submitted_ones() -> None:
-    pool = sky.ComputePool(nodes=1, quiet=True).start()
+def test_closing_refuses_new_calls_while_it_waits_for_submitted_ones(
+    make_pool: PoolFactory,
+) -> None:
+    pool = make_pool(nodes=1).start()
     running = pool.submit(time.sleep, 1.0)
     closer = threading.Thread(target=pool.close)
     closer.start()
@@ -241,11 +255,11 @@ def test_closing_refuses_new_calls_while_it_waits_for_submitted_ones() -> None:
     assert running.result(timeout=0) is None
 
 
-def test_processes_started_by_a_call_do_not_outlive_the_pool() -> None:
+def test_processes_started_by_a_call_do_not_outlive_the_pool(make_pool: PoolFactory) -> None:
     def start_a_child() -> int:
         return subprocess.Popen(["sleep", "300"]).pid
 
-    with sky.ComputePool(nodes=1, quiet=True) as pool:
+    with make_pool(nodes=1) as pool:
         child = pool.run(start_a_child)
     deadline = time.monotonic() + 10
     while _alive(child) and time.monotonic() < deadline:
@@ -253,8 +267,8 @@ def test_processes_started_by_a_call_do_not_outlive_the_pool() -> None:
     assert not _alive(child)
 
 
-def test_closing_twice_and_using_a_closed_pool() -> None:
-    pool = sky.ComputePool(quiet=True)
+def test_closing_twice_and_using_a_closed_pool(make_pool: PoolFactory) -> None:
+    pool = make_pool(quiet=True)
     with pytest.raises(sky.PoolClosed, match=r"use `with sky\.ComputePool"):
         pool.run(os.getpid)
     pool.start()
@@ -267,7 +281,7 @@ def test_closing_twice_and_using_a_closed_pool() -> None:
 
 
 def test_leaving_normally_waits_for_submitted_calls() -> None:
-    with sky.ComputePool(nodes=1, quiet=True) as pool:
+    with sky.ComputePool(nodes=1) as pool:
         future = pool.submit(lambda: time.sleep(0.5) or "done")
     assert future.result(timeout=0) == "done"
 
@@ -320,7 +334,7 @@ def test_transforms_run_in_order_at_construction() -> None:
             ),
         )
 
-    pool = sky.ComputePool(nodes=1, plugins=[add("a"), add("b")], quiet=True)
+    pool = sky.ComputePool(nodes=1, plugins=[add("a"), add("b")])
     assert pool.image.env["ORDER"] == "ab"
     with pool:
         assert pool.run(getenv, "ORDER") == "ab"
@@ -328,7 +342,7 @@ def test_transforms_run_in_order_at_construction() -> None:
 
 def test_missing_requirements_are_listed_with_an_install_command() -> None:
     image = sky.Image(pip=["pytest", "surely-not-installed-pkg>=1", "pydantic>=999"])
-    pool = sky.ComputePool(image=image, quiet=True)
+    pool = sky.ComputePool(image=image)
     with pytest.raises(sky.BootstrapError) as caught:
         pool.start()
     message = str(caught.value)
@@ -339,9 +353,9 @@ def test_missing_requirements_are_listed_with_an_install_command() -> None:
     assert not worker_processes()
 
 
-def test_image_env_reaches_the_workers() -> None:
+def test_image_env_reaches_the_workers(make_pool: PoolFactory) -> None:
     image = sky.Image(env={"SKYWARD_TEST_VALUE": "42"})
-    with sky.ComputePool(nodes=2, image=image, quiet=True) as pool:
+    with make_pool(nodes=2, image=image) as pool:
         assert pool.broadcast(getenv, "SKYWARD_TEST_VALUE") == ["42", "42"]
 
 
@@ -354,16 +368,20 @@ def _append(path: str, item: int) -> int:
     return item
 
 
-def test_concurrency_one_keeps_calls_on_a_node_in_submission_order(tmp_path: Path) -> None:
+def test_concurrency_one_keeps_calls_on_a_node_in_submission_order(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
     path = str(tmp_path / "order")
-    with sky.ComputePool(nodes=1, quiet=True) as pool:
+    with make_pool(nodes=1) as pool:
         futures = [pool.submit(_append, path, i) for i in range(50)]
         assert [f.result(timeout=30) for f in futures] == list(range(50))
     assert Path(path).read_text().split() == [str(i) for i in range(50)]
 
 
 @pytest.mark.timeout(60)
-def test_concurrency_two_runs_two_calls_at_once_on_one_node(tmp_path: Path) -> None:
+def test_concurrency_two_runs_two_calls_at_once_on_one_node(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
     def meet(me: str, other: str) -> str:
         Path(me).touch()
         deadline = time.monotonic() + 20
@@ -374,6 +392,6 @@ def test_concurrency_two_runs_two_calls_at_once_on_one_node(tmp_path: Path) -> N
         return "met"
 
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    with sky.ComputePool(nodes=1, concurrency=2, quiet=True) as pool:
+    with make_pool(nodes=1, concurrency=2) as pool:
         both = (sky.compute(meet)(a, b) & sky.compute(meet)(b, a)) >> pool
     assert both == ("met", "met")

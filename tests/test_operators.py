@@ -1,4 +1,4 @@
-"""The public operators and pool methods on a real 4-node local pool."""
+"""The public operators and pool methods on a real 4-node pool, local and over SSH."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
-from conftest import shared_pool
+from conftest import PoolFactory, shared_pool
 
 import skyward as sky
 
@@ -34,8 +34,8 @@ def info() -> sky.InstanceInfo:
 
 
 @pytest.fixture(scope="module")
-def pool() -> Iterator[sky.ComputePool]:
-    with shared_pool(nodes=4) as pool:
+def pool(make_module_pool: PoolFactory) -> Iterator[sky.ComputePool]:
+    with shared_pool(make_module_pool, nodes=4, image=sky.Image(pip=("numpy",))) as pool:
         yield pool
 
 
@@ -102,12 +102,17 @@ def test_instance_info_is_consistent_across_a_broadcast(pool: sky.ComputePool) -
     assert {i.total_nodes for i in infos} == {4}
     assert len({(i.head_addr, i.head_port, i.peers) for i in infos}) == 1
     head = infos[0]
-    assert head.head_addr == "127.0.0.1"
-    assert head.peers == ("127.0.0.1",) * 4
+    provider = pool.spec.provider
+    if isinstance(provider, sky.SSH):  # each host by the address the others reach it at
+        assert head.peers == tuple(h.split("@")[1] for h in provider.hosts[:4])
+        assert len({i.hostname for i in infos}) == 4
+    else:
+        assert head.peers == ("127.0.0.1",) * 4
+    assert head.head_addr == head.peers[0]
     assert 0 < head.head_port < 65536
     assert [i.is_head for i in infos] == [True, False, False, False]
     assert {i.pool for i in infos} == {pool.name}
-    assert {i.provider for i in infos} == {"local"}
+    assert {i.provider for i in infos} == {provider.kind}
 
 
 def test_instance_info_outside_a_worker_describes_a_one_node_pool() -> None:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import PoolFactory
 
 import skyward as sky
 
@@ -31,10 +32,10 @@ def _wait_for_output(capsys: pytest.CaptureFixture[str], text: str) -> str:
 
 @pytest.mark.timeout(60)
 def test_print_shows_up_labelled_while_the_call_runs(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    make_pool: PoolFactory, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
-    with sky.ComputePool(nodes=2, quiet=True) as pool:
+    with make_pool(nodes=2) as pool:
         future = chatty(str(gate)) > pool
         seen = _wait_for_output(capsys, "working on node")
         assert not future.done(), "the call must still be running"
@@ -43,7 +44,9 @@ def test_print_shows_up_labelled_while_the_call_runs(
     assert "[node 0] working on node 0" in seen
 
 
-def test_c_level_writes_and_stderr_are_forwarded(capsys: pytest.CaptureFixture[str]) -> None:
+def test_c_level_writes_and_stderr_are_forwarded(
+    make_pool: PoolFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
     def write_everywhere() -> None:
         import ctypes
 
@@ -53,7 +56,7 @@ def test_c_level_writes_and_stderr_are_forwarded(capsys: pytest.CaptureFixture[s
         os.write(2, b"raw fd two\n")
         print("python stderr", file=sys.stderr)
 
-    with sky.ComputePool(nodes=1, quiet=True) as pool:
+    with make_pool(nodes=1) as pool:
         pool.run(write_everywhere)
     captured = capsys.readouterr()
     assert "[node 0] raw fd one" in captured.out
@@ -62,19 +65,22 @@ def test_c_level_writes_and_stderr_are_forwarded(capsys: pytest.CaptureFixture[s
     assert "[node 0] python stderr" in captured.err
 
 
-def test_output_of_a_call_arrives_before_its_result(capsys: pytest.CaptureFixture[str]) -> None:
+def test_output_of_a_call_arrives_before_its_result(
+    make_pool: PoolFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
     def loud(n: int) -> int:
         for i in range(n):
             print(f"line {i}")
         return n
 
-    with sky.ComputePool(nodes=1, quiet=True) as pool:
+    with make_pool(nodes=1) as pool:
         pool.run(loud, 500)
         out = capsys.readouterr().out
     assert "[node 0] line 499" in out
 
 
 def test_progress_is_reported_unless_quiet(capsys: pytest.CaptureFixture[str]) -> None:
+    # What the console shows does not depend on the transport: a local pool is enough.
     with sky.ComputePool(nodes=2, name="chatty-pool"):
         pass
     err = capsys.readouterr().err

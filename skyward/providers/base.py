@@ -52,6 +52,12 @@ class Node(Protocol):
         """Accelerator devices on this node (0 for CPU-only)."""
         ...
 
+    @property
+    def shares_files(self) -> bool:
+        """True when the node sees the client's files (local processes): workers then import
+        the client's own modules by path. Otherwise they are sent by value."""
+        ...
+
     def spawn_worker(self, rank: int, env: Mapping[str, str]) -> Transport: ...
 
 

@@ -81,6 +81,7 @@ class LocalNode:
 
     address = "127.0.0.1"
     accelerators = 0
+    shares_files = True
 
     def __init__(self, python: str) -> None:
         self._python = python

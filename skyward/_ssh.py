@@ -1,0 +1,388 @@
+"""SSH on paramiko: connect, check host keys, run commands, upload files, open exec channels.
+
+One ``Connection`` per node for the pool's lifetime; every worker of that node, and every
+command the pool runs there, is a channel on it. Anything that goes wrong on the way in
+becomes a ``ProvisionError`` (``HostKeyError`` for keys) that names the host and says what
+to do. paramiko is imported here only, so ``import skyward`` never needs it.
+
+A dead link must be noticed in seconds, not after TCP's fifteen minutes of retries: the
+transport sends a keepalive every ``keepalive`` seconds, and ``TCP_USER_TIMEOUT`` drops the
+connection once sent data has gone unacknowledged for ``dead_after`` seconds. Every channel
+on it then ends, and the workers on it are lost.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from skyward._errors import HostKeyError, ProvisionError
+
+if TYPE_CHECKING:
+    import paramiko
+
+_TARGET = re.compile(
+    r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s\[\]]+)(?::(?P<port>\d+))?$"
+)
+# The fastest ciphers paramiko has (it has no chacha20), first.
+_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
+
+
+@dataclass(frozen=True)
+class Target:
+    """``[user@]host[:port]``; the user defaults to the client's login name."""
+
+    host: str
+    port: int = 22
+    user: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        match = _TARGET.match(text.strip())
+        if not match or not 0 < int(match["port"] or 22) < 65536:
+            raise ValueError(f"{text!r} is not an SSH host; write it as [user@]host[:port]")
+        return cls(
+            host=match["host"].strip("[]"),
+            port=int(match["port"] or 22),
+            user=match["user"] or _login_name(),
+        )
+
+    @property
+    def known_hosts_name(self) -> str:
+        """How OpenSSH names this host in ``known_hosts``."""
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+    def __str__(self) -> str:
+        port = "" if self.port == 22 else f":{self.port}"
+        return f"{self.user}@{self.host}{port}"
+
+
+def _login_name() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+@dataclass(frozen=True)
+class HostKeyPolicy:
+    """How to trust host keys: a ``known_hosts`` file, and whether to add unknown hosts.
+
+    ``pinned`` maps hosts to the keys seen first in this pool: a key that changes while the
+    pool lives is refused even when ``accept_new`` is set.
+    """
+
+    known_hosts: Path
+    accept_new: bool = False
+
+    def check(self, target: Target, key: paramiko.PKey) -> None:
+        import paramiko
+
+        known = paramiko.HostKeys()
+        if self.known_hosts.exists():
+            try:
+                known.load(str(self.known_hosts))
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostKeyError(
+                    f"{target}: cannot read known hosts file {self.known_hosts}: {exc}"
+                ) from exc
+        name = target.known_hosts_name
+        entries = known.lookup(name)
+        fingerprint = _fingerprint(key)
+        if entries:
+            if key.get_name() in entries and entries[key.get_name()] == key:
+                return
+            # A known host offering another key, of the same type or not, is refused.
+            raise HostKeyError(
+                f"{target}: the host key CHANGED ({key.get_name()} {fingerprint}) and "
+                f"does not match {self.known_hosts}. This can mean someone is "
+                f"intercepting the connection, or the machine was rebuilt. If you know "
+                f"it was rebuilt, remove the old key with "
+                f"`ssh-keygen -f {shlex.quote(str(self.known_hosts))} -R "
+                f"{shlex.quote(name)}` and connect again."
+            )
+        if not self.accept_new:
+            raise HostKeyError(
+                f"{target}: unknown host key ({key.get_name()} {fingerprint}); it is not in "
+                f"{self.known_hosts}. Check the fingerprint and add it (for example by "
+                f"connecting once with `ssh -p {target.port} {target.user}@{target.host}`), "
+                f"or pass accept_new_hosts=True to trust hosts seen for the first time."
+            )
+        self._remember(name, key)
+
+    def _remember(self, name: str, key: paramiko.PKey) -> None:
+        # Appended like OpenSSH's accept-new does, so the next pool checks against it.
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with _KNOWN_HOSTS_LOCK, open(self.known_hosts, "a") as file:
+            file.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+
+
+_KNOWN_HOSTS_LOCK = threading.Lock()  # guards: appends to known_hosts from parallel connects
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    return str(key.fingerprint)
+
+
+def default_key_files() -> list[Path]:
+    home = Path.home() / ".ssh"
+    return [home / name for name in ("id_ed25519", "id_ecdsa", "id_rsa") if (home / name).exists()]
+
+
+class Connection:
+    """An authenticated SSH connection to one host. Thread-safe (paramiko's transport is).
+
+    Open it with ``Connection.open``; ``close()`` is idempotent.
+    """
+
+    def __init__(self, target: Target, transport: paramiko.Transport) -> None:
+        self.target = target
+        self.transport = transport
+        self.host_key: paramiko.PKey = transport.get_remote_server_key()
+
+    @classmethod
+    def open(
+        cls,
+        target: Target,
+        *,
+        policy: HostKeyPolicy,
+        key_file: Path | None = None,
+        pinned_key: paramiko.PKey | None = None,
+        connect_timeout: float = 15.0,
+        keepalive: float = 5.0,
+        dead_after: float = 20.0,
+    ) -> Connection:
+        import paramiko
+
+        sock = _connect_socket(target, connect_timeout, dead_after)
+        transport = paramiko.Transport(sock)
+        try:
+            options = transport.get_security_options()
+            preferred = [c for c in _CIPHERS if c in options.ciphers]
+            options.ciphers = tuple(preferred) + tuple(
+                c for c in options.ciphers if c not in preferred
+            )
+            try:
+                transport.start_client(timeout=connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise ProvisionError(f"{target}: SSH handshake failed: {exc}") from exc
+            key = transport.get_remote_server_key()
+            if pinned_key is not None:
+                if key != pinned_key:
+                    raise HostKeyError(
+                        f"{target}: the host key changed while the pool was running "
+                        f"(now {key.get_name()} {_fingerprint(key)}); refusing to reconnect"
+                    )
+            else:
+                policy.check(target, key)
+            _authenticate(transport, target, key_file)
+            transport.set_keepalive(max(1, int(keepalive)))
+            sock.settimeout(None)
+        except BaseException:
+            transport.close()
+            raise
+        return cls(target, transport)
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.transport.is_active())
+
+    def exec(self, command: str) -> paramiko.Channel:
+        """Start ``command`` on the host; its stdin, stdout and stderr are the channel."""
+        import paramiko
+
+        try:
+            channel = self.transport.open_session(timeout=15.0)
+            channel.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ProvisionError(f"{self.target}: could not run a command: {exc}") from exc
+        return channel
+
+    def run(
+        self,
+        command: str,
+        *,
+        on_line: Callable[[str], None] | None = None,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+    ) -> tuple[int, str]:
+        """Run ``command`` to its end; stdout and stderr merged, streamed line by line.
+
+        Returns the exit status (-1 if the link ended first) and everything it printed.
+        """
+        channel = self.exec(command)
+        try:
+            channel.set_combine_stderr(True)
+            channel.settimeout(timeout)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            chunks: list[bytes] = []
+            partial = b""
+            while True:
+                try:
+                    data = channel.recv(1 << 16)
+                except TimeoutError as exc:
+                    raise ProvisionError(
+                        f"{self.target}: {command!r} did not finish within {timeout} s"
+                    ) from exc
+                if not data:
+                    break
+                chunks.append(data)
+                lines = (partial + data).split(b"\n")
+                partial = lines.pop()
+                if on_line is not None:
+                    for line in lines:
+                        on_line(line.decode("utf-8", "replace"))
+            if partial and on_line is not None:
+                on_line(partial.decode("utf-8", "replace"))
+            status = channel.recv_exit_status()
+            return status, b"".join(chunks).decode("utf-8", "replace")
+        finally:
+            channel.close()
+
+    def upload(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
+        """Write ``data`` to ``path`` on the host, atomically (a temporary name, then rename)."""
+        import paramiko
+
+        try:
+            with self._sftp() as sftp:
+                partial = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
+                with sftp.open(partial, "wb") as file:
+                    file.set_pipelined(True)
+                    file.write(data)
+                sftp.chmod(partial, mode)
+                sftp.posix_rename(partial, path)
+        except (paramiko.SSHException, OSError) as exc:
+            raise ProvisionError(f"{self.target}: could not upload {path}: {exc}") from exc
+
+    def exists(self, path: str) -> bool:
+        with self._sftp() as sftp:
+            try:
+                return stat.S_ISREG(sftp.stat(path).st_mode or 0)
+            except FileNotFoundError:
+                return False
+
+    @contextmanager
+    def _sftp(self) -> Iterator[paramiko.SFTPClient]:
+        import paramiko
+
+        sftp = paramiko.SFTPClient.from_transport(self.transport)
+        if sftp is None:
+            raise ProvisionError(f"{self.target}: the SFTP subsystem is not available")
+        try:
+            yield sftp
+        finally:
+            sftp.close()
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def _connect_socket(target: Target, timeout: float, dead_after: float) -> socket.socket:
+    try:
+        sock = socket.create_connection((target.host, target.port), timeout=timeout)
+    except TimeoutError as exc:
+        raise ProvisionError(
+            f"{target}: connecting timed out after {timeout:g} s; is the host up, and is "
+            f"port {target.port} open to this machine?"
+        ) from exc
+    except ConnectionRefusedError as exc:
+        raise ProvisionError(
+            f"{target}: connection refused; is sshd running and listening on port {target.port}?"
+        ) from exc
+    except OSError as exc:
+        raise ProvisionError(f"{target}: cannot connect: {exc}") from exc
+    # Small frames (a call, a result) must not wait for Nagle: this alone takes a round
+    # trip from tens of milliseconds to a fraction of one.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_after * 1000))
+    return sock
+
+
+def _authenticate(transport: paramiko.Transport, target: Target, key_file: Path | None) -> None:
+    import paramiko
+
+    tried: list[str] = []
+    keys: list[tuple[str, Any]] = []
+    if key_file is not None:
+        try:
+            keys.append((str(key_file), paramiko.PKey.from_path(str(key_file))))
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise ProvisionError(f"{target}: cannot load the key {key_file}: {exc}") from exc
+    else:
+        try:
+            keys += [(f"agent key {k.get_name()}", k) for k in paramiko.Agent().get_keys()]
+        except paramiko.SSHException:
+            pass  # no agent
+        for path in default_key_files():
+            try:
+                keys.append((str(path), paramiko.PKey.from_path(str(path))))
+            except (OSError, paramiko.SSHException, ValueError):
+                continue  # encrypted or unreadable: the agent may hold it
+    for label, key in keys:
+        tried.append(label)
+        try:
+            transport.auth_publickey(target.user, key)
+        except paramiko.AuthenticationException:
+            continue
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ProvisionError(f"{target}: authentication failed: {exc}") from exc
+        if transport.is_authenticated():
+            return
+    if not tried:
+        raise ProvisionError(
+            f"{target}: no SSH key to log in with: no agent, and none of ~/.ssh/id_ed25519, "
+            f"id_ecdsa, id_rsa. Pass key='path/to/private_key'."
+        )
+    raise ProvisionError(
+        f"{target}: authentication failed for user {target.user!r} with "
+        f"{', '.join(tried)}. Check that the public key is in that user's "
+        f"~/.ssh/authorized_keys on the host."
+    )
+
+
+class PoolKey:
+    """An ed25519 key made for one pool: mode 0600 in a private directory, deleted on close.
+
+    Cloud providers put its public half on the machines they create.
+    """
+
+    def __init__(self, directory: Path | None = None) -> None:
+        import tempfile
+
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        self._directory = Path(tempfile.mkdtemp(prefix="skyward-key-", dir=directory))
+        self.path = self._directory / "id_ed25519"
+        private = Ed25519PrivateKey.generate()
+        pem = private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(pem)
+        self.public = (
+            private.public_key()
+            .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+            .decode()
+        )
+
+    def delete(self) -> None:
+        """Idempotent."""
+        import shutil
+
+        shutil.rmtree(self._directory, ignore_errors=True)

@@ -1,0 +1,317 @@
+"""Real OpenSSH hosts in network namespaces, and a package index they can reach.
+
+::
+
+    root namespace                         host namespaces (one per host)
+    ───────────────────────────────        ─────────────────────────────────────────────
+    bridge 10.123.N.1/24 ─── veth ──────── eth0 10.123.N.11  sshd -D :22, hostname h0
+      │                 └─── veth ──────── eth0 10.123.N.12  sshd -D :22, hostname h1
+      └ http index :8700 (PEP 503)          own mount namespace: /home/skytest is the
+                                            host's own directory; no default route
+
+N comes from the test process's PID, so two suites running at once do not collide. Hosts
+log in a user ``skytest`` whose shell is ``/bin/sh`` (root's shell start-up here runs pyenv
+and costs ~100 ms per exec). Every key is made for the run. Hosts have no route to the
+package index, as behind a company firewall: ``PackageIndex`` serves what they need from
+the bridge address, filled from the root namespace.
+
+Everything is stopped by PID and removed in ``close()``; a stop treats zombies as gone.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+USER = "skytest"
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, check=check, timeout=120)
+
+
+def ensure_user() -> None:
+    if _run("id", USER, check=False).returncode != 0:
+        _run("useradd", "--create-home", "--shell", "/bin/sh", USER)
+    _run("usermod", "-p", "*", USER)  # unlocked, no password: sshd refuses locked users
+
+
+@dataclass
+class Host:
+    name: str
+    netns: str
+    address: str
+    home: Path
+    host_key: Path
+    veth: str
+    sshd: subprocess.Popen[bytes] | None = None
+
+    @property
+    def target(self) -> str:
+        return f"{USER}@{self.address}"
+
+    def public_host_key(self) -> str:
+        return Path(f"{self.host_key}.pub").read_text().split()[1]
+
+    def link_down(self) -> None:
+        """The host drops off the network: its end of the link goes down."""
+        _run("ip", "link", "set", self.veth, "down")
+
+    def link_up(self) -> None:
+        _run("ip", "link", "set", self.veth, "up")
+
+    def processes(self) -> list[int]:
+        """PIDs running in this host's network namespace."""
+        out = _run("ip", "netns", "pids", self.netns, check=False).stdout
+        return [int(p) for p in out.split()]
+
+
+@dataclass
+class Hosts:
+    """Some hosts on one bridge; ``close()`` removes every trace of them."""
+
+    root: Path
+    bridge: str
+    subnet: str  # "10.123.N"
+    client_key: Path
+    known_hosts: Path
+    hosts: list[Host] = field(default_factory=list)
+
+    @property
+    def bridge_address(self) -> str:
+        return f"{self.subnet}.1"
+
+    @classmethod
+    def start(cls, count: int) -> Hosts:
+        ensure_user()
+        Path("/run/sshd").mkdir(exist_ok=True)
+        tag = os.getpid() % 250
+        root = Path(tempfile.mkdtemp(prefix="skyward-hosts-"))
+        os.chmod(root, 0o755)
+        client_key = root / "client_ed25519"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(client_key))
+        hosts = cls(root, f"skybr{tag}", f"10.123.{tag}", client_key, root / "known_hosts")
+        try:
+            hosts._bridge_up()
+            for index in range(count):
+                hosts.hosts.append(hosts._add_host(index, tag))
+            hosts.known_hosts.write_text(
+                "".join(f"{h.address} ssh-ed25519 {h.public_host_key()}\n" for h in hosts.hosts)
+            )
+            for host in hosts.hosts:
+                _wait_port(host.address, 22)
+        except BaseException:
+            hosts.close()
+            raise
+        return hosts
+
+    def _bridge_up(self) -> None:
+        _run("ip", "link", "del", self.bridge, check=False)  # left by a killed run
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+
+    def _add_host(self, index: int, tag: int) -> Host:
+        name = f"h{index}"
+        netns = f"skyward-{tag}-{name}"
+        veth = f"skv{tag}h{index}"
+        address = f"{self.subnet}.{11 + index}"
+        _run("ip", "netns", "del", netns, check=False)
+        _run("ip", "netns", "add", netns)
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        _run("ip", "link", "set", f"{veth}p", "netns", netns)
+        _run("ip", "link", "set", veth, "master", self.bridge, "up")
+        inside = ("ip", "netns", "exec", netns)
+        _run(*inside, "ip", "link", "set", f"{veth}p", "name", "eth0")
+        _run(*inside, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
+        _run(*inside, "ip", "link", "set", "eth0", "up")
+        _run(*inside, "ip", "link", "set", "lo", "up")
+        _run(*inside, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1")
+
+        directory = self.root / name
+        home = directory / "home"
+        home.mkdir(parents=True)
+        shutil.chown(home, USER, USER)
+        host_key = directory / "ssh_host_ed25519_key"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
+        authorized = directory / "authorized_keys"
+        authorized.write_text(Path(f"{self.client_key}.pub").read_text())
+        os.chmod(directory, 0o755)
+        os.chmod(authorized, 0o644)
+        config = directory / "sshd_config"
+        config.write_text(
+            f"Port 22\nListenAddress {address}\nHostKey {host_key}\n"
+            f"PidFile {directory}/sshd.pid\nAuthorizedKeysFile {authorized}\n"
+            "PubkeyAuthentication yes\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "MaxSessions 100\nMaxStartups 100:30:200\nUseDNS no\nPrintMotd no\n"
+            "AcceptEnv SKYWARD_*\nSubsystem sftp internal-sftp\n"
+        )
+        host = Host(name, netns, address, home, host_key, veth)
+        # Its own UTS and mount namespaces: its own hostname, and its own /home/skytest, so
+        # each host keeps its own Skyward cache as separate machines do.
+        script = (
+            f"hostname {name} && mount --make-rprivate / && "
+            f"mount --bind {home} /home/{USER} && "
+            f"exec /usr/sbin/sshd -D -e -f {config}"
+        )
+        log = open(directory / "sshd.log", "wb")  # noqa: SIM115 - sshd owns it until it exits
+        host.sshd = subprocess.Popen(
+            [
+                "nsenter",
+                f"--net=/run/netns/{netns}",
+                "unshare",
+                "--uts",
+                "--mount",
+                "sh",
+                "-c",
+                script,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return host
+
+    def forget_known_host(self, host: Host) -> None:
+        lines = self.known_hosts.read_text().splitlines(keepends=True)
+        self.known_hosts.write_text("".join(x for x in lines if not x.startswith(host.address)))
+
+    def close(self) -> None:
+        for host in self.hosts:
+            for pid in host.processes():
+                _kill(pid)
+            if host.sshd is not None:
+                _kill(host.sshd.pid)
+                host.sshd.wait(10)
+            _run("ip", "netns", "del", host.netns, check=False)
+            _run("ip", "link", "del", host.veth, check=False)
+        _run("ip", "link", "del", self.bridge, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """What ``close()`` should have removed and did not."""
+        found = []
+        netns = _run("ip", "netns", "list").stdout
+        for host in self.hosts:
+            if host.netns in netns:
+                found.append(f"namespace {host.netns}")
+            if host.sshd is not None and host.sshd.poll() is None:
+                found.append(f"sshd {host.sshd.pid}")
+        if self.root.exists():
+            found.append(str(self.root))
+        return found
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_port(address: str, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+class PackageIndex:
+    """A PEP 503 index over plain http on the bridge, served by ``http.server``.
+
+    ``add`` takes wheel files; ``download`` fetches requirements (and their dependencies)
+    into it from the root namespace, which can reach the real index. Downloads are cached
+    across runs in ``cache``.
+    """
+
+    def __init__(self, root: Path, bind: str, port: int = 8700) -> None:
+        self.root = root
+        self.simple = root / "simple"
+        self.simple.mkdir(parents=True, exist_ok=True)
+        self.url = f"http://{bind}:{port}/simple/"
+        self._server = subprocess.Popen(
+            ["python3", "-m", "http.server", "--bind", bind, "--directory", str(root), str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_port(bind, port)
+
+    def add(self, wheels: Iterable[Path]) -> None:
+        for wheel in wheels:
+            name = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+            project = self.simple / name
+            project.mkdir(exist_ok=True)
+            shutil.copy(wheel, project / wheel.name)
+            links = "".join(
+                f'<a href="{html.escape(f.name)}">{html.escape(f.name)}</a><br>\n'
+                for f in sorted(project.glob("*.whl"))
+            )
+            (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+
+    def download(self, requirements: Iterable[str], cache: Path) -> None:
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "-d",
+                str(cache),
+                *requirements,
+            ],
+            check=True,
+            timeout=600,
+        )
+        self.add(cache.glob("*.whl"))
+
+    def close(self) -> None:
+        self._server.kill()
+        self._server.wait(10)
+
+
+def build_wheel(directory: Path, name: str, version: str, body: str) -> Path:
+    """A one-module pure-Python wheel, written by hand (no build backend needed)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": body.encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: skyward-tests\n"
+        b"Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for path, data in files.items()
+    )
+    files[f"{dist}/RECORD"] = (record + f"{dist}/RECORD,,\n").encode()
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return wheel
