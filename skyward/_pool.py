@@ -47,6 +47,10 @@ from skyward._plugin import Plugin, apply_transforms
 from skyward.providers.base import Node, Provider
 
 R = TypeVar("R")
+# A map may queue one extra call on a node whose recent calls took less than this: it waits
+# at most about this long behind the call before it, and the worker never idles for a round
+# trip between short calls.
+_PREFETCH_BELOW = 0.01
 # draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
 State = Literal["new", "starting", "running", "draining", "closing", "closed"]
 _ACTIVE = ("running", "draining")
@@ -114,6 +118,7 @@ class _Task:
     payload: proto.Parts
     future: Future[Any]
     broadcast: bool = False  # bound to one node: waits for that node, never moves
+    prefetch: bool = False  # part of a map: may wait on a worker behind another call
 
 
 @dataclass(eq=False)
@@ -126,6 +131,7 @@ class _Slot:
     channel: Channel | None = None
     ready: bool = False
     busy: int = 0  # calls sent and not finished, broadcasts included
+    recent: float = float("inf")  # seconds from send to result, averaged over recent calls
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[_Task] = field(default_factory=list)  # broadcasts waiting for a new worker
 
@@ -443,7 +449,7 @@ class ComputePool:
         cancelled.
         """
         calls = [_pending(fn, (item,), {}) for item in iterable]
-        futures = self._run_calls(calls, same_function=True)
+        futures = self._run_calls(calls, same_function=True, prefetch=True)
         try:
             return [future.result() for future in futures]
         finally:
@@ -470,12 +476,23 @@ class ComputePool:
         return self._run_calls([call])[0]
 
     def _run_calls(
-        self, calls: Sequence[PendingCall[Any]], *, same_function: bool = False
+        self,
+        calls: Sequence[PendingCall[Any]],
+        *,
+        same_function: bool = False,
+        prefetch: bool = False,
     ) -> list[Future[Any]]:
-        """Queue calls for the least busy nodes; all are pickled before any is queued."""
+        """Queue calls for the least busy nodes; all are pickled before any is queued.
+
+        ``prefetch`` (a map: the caller waits for the lot, and the first failure fails it)
+        lets a node whose recent calls were short hold one call more than ``concurrency``,
+        so its worker finds the next call waiting instead of idling for a round trip.
+        """
         self._before_pickling()
         function = calls[0].serialize_function() if same_function and calls else None
-        tasks = [_Task(call, call.serialize(function), Future()) for call in calls]
+        tasks = [
+            _Task(call, call.serialize(function), Future(), prefetch=prefetch) for call in calls
+        ]
         with self._lock:  # once for the lot: reader threads want this lock too
             self._check_running()
             self._counts["submitted"] += len(tasks)
@@ -529,7 +546,16 @@ class ComputePool:
         try:
             limit = self.spec.concurrency
             while self._queue:
-                free = [s for s in self._slots if s.ready and s.busy < limit]
+                head = self._queue[0]
+                extra = head.prefetch and head.call.timeout is None  # a timeout starts at send
+                free = [
+                    s
+                    for s in self._slots
+                    if s.ready
+                    and (
+                        s.busy < limit or (extra and s.busy == limit and s.recent < _PREFETCH_BELOW)
+                    )
+                ]
                 if not free:
                     if all(s.lost is not None for s in self._slots):
                         self._fail_queue(self._slots[0].lost)
@@ -557,9 +583,10 @@ class ComputePool:
         # (A timeout or close fails the caller's future first; the books follow when the
         # worker is gone.)
         inner: Future[Any] = Future()
+        sent = time.monotonic()
 
         def settle(done: Future[Any]) -> None:
-            self._call_done(slot, done)
+            self._call_done(slot, done, time.monotonic() - sent)
             error = done.exception()
             if error is not None:
                 _fail(task.future, error)
@@ -580,9 +607,12 @@ class ComputePool:
         if task.call.timeout is not None:
             self._watchdog.watch(task.future, task.call.name, task.call.timeout, channel)
 
-    def _call_done(self, slot: _Slot, future: Future[Any]) -> None:
+    def _call_done(self, slot: _Slot, future: Future[Any], elapsed: float) -> None:
         with self._lock:
             slot.busy -= 1
+            slot.recent = (
+                elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
+            )
             ok = not future.cancelled() and future.exception() is None
             self._counts["succeeded" if ok else "failed"] += 1
             if self._state in _ACTIVE:
@@ -693,6 +723,7 @@ class ComputePool:
                 self._counts["replaced"] += 1
                 slot.channel = channel
                 slot.ready = True
+                slot.recent = float("inf")
                 backlog, slot.backlog = slot.backlog, []
                 for task in backlog:
                     self._send(slot, task)
