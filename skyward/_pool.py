@@ -47,10 +47,12 @@ from skyward._plugin import Plugin, apply_transforms
 from skyward.providers.base import Node, Provider
 
 R = TypeVar("R")
-# A map may queue one extra call on a node whose recent calls took less than this: it waits
-# at most about this long behind the call before it, and the worker never idles for a round
-# trip between short calls.
+# A map may queue calls beyond a node's slots when its recent calls were short, so that its
+# worker finds the next call waiting instead of idling for a round trip: as many as keep the
+# last of them waiting about _PREFETCH_BELOW seconds at most, and never more than
+# _PREFETCH_MAX. A node whose calls take longer than _PREFETCH_BELOW gets none.
 _PREFETCH_BELOW = 0.01
+_PREFETCH_MAX = 8
 # draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
 State = Literal["new", "starting", "running", "draining", "closing", "closed"]
 _ACTIVE = ("running", "draining")
@@ -485,8 +487,9 @@ class ComputePool:
         """Queue calls for the least busy nodes; all are pickled before any is queued.
 
         ``prefetch`` (a map: the caller waits for the lot, and the first failure fails it)
-        lets a node whose recent calls were short hold one call more than ``concurrency``,
-        so its worker finds the next call waiting instead of idling for a round trip.
+        lets a node whose recent calls were short hold a few calls more than
+        ``concurrency`` (see ``_prefetch_depth``), so its worker finds the next call waiting
+        instead of idling for a round trip.
         """
         self._before_pickling()
         function = calls[0].serialize_function() if same_function and calls else None
@@ -547,14 +550,11 @@ class ComputePool:
             limit = self.spec.concurrency
             while self._queue:
                 head = self._queue[0]
-                extra = head.prefetch and head.call.timeout is None  # a timeout starts at send
+                prefetch = head.prefetch and head.call.timeout is None  # a timeout starts at send
                 free = [
                     s
                     for s in self._slots
-                    if s.ready
-                    and (
-                        s.busy < limit or (extra and s.busy == limit and s.recent < _PREFETCH_BELOW)
-                    )
+                    if s.ready and s.busy < limit + (_prefetch_depth(s.recent) if prefetch else 0)
                 ]
                 if not free:
                     if all(s.lost is not None for s in self._slots):
@@ -783,6 +783,15 @@ def _pending(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     if not callable(fn):
         raise TypeError(f"expected a function, not {type(fn).__name__}")
     return PendingCall(fn, args, kwargs)
+
+
+def _prefetch_depth(recent: float) -> int:
+    """Calls a map may queue past a node's slots, given its recent send-to-result time.
+
+    That time includes the wait behind the calls queued before, so the depth settles where
+    depth x time per call is about ``_PREFETCH_BELOW``.
+    """
+    return _PREFETCH_MAX if recent <= 0 else min(_PREFETCH_MAX, int(_PREFETCH_BELOW / recent))
 
 
 def _pickle_plugins(plugins: Sequence[Plugin]) -> proto.Parts:
