@@ -10,11 +10,14 @@
 
 The transport is whatever byte streams reach a ``python -m skyward.worker``: a subprocess's
 pipes (local) or an SSH exec channel. Callers (holding the pool's lock, or about to be
-interrupted by Ctrl-C) never block on a slow worker and never leave half a frame on the wire:
-the sender thread writes, except that a frame of at most ``PIPE_BUF`` bytes, which a pipe
+interrupted by Ctrl-C) must not wait on a slow worker nor leave half a frame on the wire, so
+the sender thread writes; except that a frame of at most ``PIPE_BUF`` bytes, which a pipe
 takes whole or not at all, is written by the caller itself when nothing is queued before it
 and nobody else is writing. That saves a thread switch on every small call, a good part of a
-no-op's round trip. When the protocol stream ends, every call in flight
+no-op's round trip. Such a write waits only when the link has no room for 4 KiB: a worker
+that stopped reading with its 1 MiB pipe full, or an SSH window that a large frame has just
+used up on a link that then stalls (the link timeout ends that wait, and the calls on it
+fail). When the protocol stream ends, every call in flight
 fails with ``WorkerLost`` naming the node, the exit status and the last lines of stderr.
 """
 

@@ -447,8 +447,9 @@ class ComputePool:
     def map(self, fn: Callable[..., R], iterable: Iterable[Any], /) -> list[R]:
         """``[fn(x) for x in iterable]`` spread over the nodes; results in input order.
 
-        The first failure (in input order) is raised and calls not yet started are
-        cancelled.
+        The first failure (in input order) is raised and calls still in the pool's queue
+        are cancelled; the few a node with short calls was handed ahead (see
+        ``_prefetch_depth``) may still run, and their results are dropped.
         """
         calls = [_pending(fn, (item,), {}) for item in iterable]
         futures = self._run_calls(calls, same_function=True, prefetch=True)
