@@ -869,12 +869,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     q = args.quick
-    args.calls = 100 if q else 300
+    args.calls = 60 if q else 300
     args.rounds = 3 if q else 5
-    args.tasks = 2_000 if q else 10_000
+    args.tasks = 1_000 if q else 10_000
     args.repeat = 2 if q else 3
     args.megabytes = 100
-    args.ssh_megabytes = 50 if q else 100
+    args.ssh_megabytes = 20 if q else 100
     args.sizes = [2] if q else [2, 4]
     return args
 
