@@ -9,9 +9,15 @@
                                                        WorkerLost)
 
 The transport is whatever byte streams reach a ``python -m skyward.worker``: a subprocess's
-pipes (local) or an SSH exec channel. Only the sender thread writes: callers (holding the
-pool's lock, or about to be interrupted by Ctrl-C) never block on a slow worker and never
-leave half a frame on the wire. When the protocol stream ends, every call in flight
+pipes (local) or an SSH exec channel. Callers (holding the pool's lock, or about to be
+interrupted by Ctrl-C) must not wait on a slow worker nor leave half a frame on the wire, so
+the sender thread writes; except that a frame of at most ``PIPE_BUF`` bytes, which a pipe
+takes whole or not at all, is written by the caller itself when nothing is queued before it
+and nobody else is writing. That saves a thread switch on every small call, a good part of a
+no-op's round trip. Such a write waits only when the link has no room for 4 KiB: a worker
+that stopped reading with its 1 MiB pipe full, or an SSH window that a large frame has just
+used up on a link that then stalls (the link timeout ends that wait, and the calls on it
+fail). When the protocol stream ends, every call in flight
 fails with ``WorkerLost`` naming the node, the exit status and the last lines of stderr.
 """
 
@@ -37,6 +43,11 @@ from skyward._errors import (
 )
 
 _STDERR_TAIL_LINES = 40
+# At most this many parts (frames are a header and one to a few parts) per write.
+_BATCH_PARTS = 256
+# Frames up to this size may be written by the caller (see the module docstring): POSIX
+# pipes write them atomically, and they fit in one SSH packet.
+_INLINE_BYTES = 4096
 # After EOF on the protocol stream: how long to wait for the process's exit status and the
 # rest of its stderr before reporting the loss. Both normally arrive within milliseconds.
 _EXIT_STATUS_TIMEOUT = 2.0
@@ -126,6 +137,9 @@ class Channel:
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
         self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
+        self._write_lock = threading.Lock()  # guards: writing to the transport
+        self._queued_lock = threading.Lock()  # guards: _queued
+        self._queued = 0  # frames put in the outbox and not yet written
         self._lock = threading.Lock()  # guards: _pending, _ids, broken, lost, _closing
         self._pending: dict[int, tuple[str, Future[Any]]] = {}
         self._ids = itertools.count(1)
@@ -213,17 +227,51 @@ class Channel:
         self._transport.kill()
 
     def _send(self, message: object, payload: proto.Parts | None = None) -> None:
-        self._outbox.put(proto.frame(message, payload))
+        parts = proto.frame(message, payload)
+        if proto.size(parts) <= _INLINE_BYTES and self._write_lock.acquire(blocking=False):
+            try:
+                # Nothing queued may be overtaken: frames keep the order they were sent in.
+                if self._queued == 0:
+                    try:
+                        self._transport.write(parts)
+                    except (OSError, ValueError):
+                        pass  # the worker is gone; the reader thread sees EOF and reports it
+                    return
+            finally:
+                self._write_lock.release()
+        with self._queued_lock:
+            self._queued += 1
+        self._outbox.put(parts)
 
     def _write(self) -> None:
         while (parts := self._outbox.get()) is not None:
-            try:
-                self._transport.write(parts)
-            except (OSError, ValueError):
-                # The worker is gone; the reader thread sees EOF and reports it. Stop
-                # writing, and let queued frames go: nobody will read them.
-                return
+            # Frames queued meanwhile (a map's calls, a burst of submits) go out with this
+            # one in a single write: one system call, one SSH packet, instead of one each.
+            stop = False
+            frames = 1
+            while len(parts) < _BATCH_PARTS:
+                try:
+                    more = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                parts = parts + more
+                frames += 1
+            with self._write_lock:
+                try:
+                    self._transport.write(parts)
+                except (OSError, ValueError):
+                    # The worker is gone; the reader thread sees EOF and reports it. Stop
+                    # writing, and let queued frames go: nobody will read them.
+                    return
+                finally:
+                    with self._queued_lock:
+                        self._queued -= frames
             del parts
+            if stop:
+                return
 
     # ── reader threads ───────────────────────────────────────────────────────────────────
 

@@ -30,7 +30,7 @@ class PipIndex(BaseModel):
     CUDA release page is one). Scoping keeps an extra index from shadowing other packages.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     url: str = Field(min_length=1)
     packages: tuple[str, ...] = Field(min_length=1)
@@ -56,7 +56,7 @@ class Image(BaseModel):
     against what is installed, and ignores ``python``, ``apt``, ``setup`` and the indexes.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     python: str = "auto"
     pip: tuple[str, ...] = ()

@@ -30,7 +30,9 @@ AroundApp = Callable[[InstanceInfo], AbstractContextManager[Any]]
 class Plugin(BaseModel):
     """A named bundle of hooks. See the module docstring for when each hook runs."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, defer_build=True
+    )
 
     name: str = Field(min_length=1)
     transform: Callable[..., Image] | None = None

@@ -47,6 +47,12 @@ from skyward._plugin import Plugin, apply_transforms
 from skyward.providers.base import Node, Provider
 
 R = TypeVar("R")
+# A map may queue calls beyond a node's slots when its recent calls were short, so that its
+# worker finds the next call waiting instead of idling for a round trip: as many as keep the
+# last of them waiting about _PREFETCH_BELOW seconds at most, and never more than
+# _PREFETCH_MAX. A node whose calls take longer than _PREFETCH_BELOW gets none.
+_PREFETCH_BELOW = 0.01
+_PREFETCH_MAX = 8
 # draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
 State = Literal["new", "starting", "running", "draining", "closing", "closed"]
 _ACTIVE = ("running", "draining")
@@ -123,6 +129,7 @@ class _Task:
     future: Future[Any]
     broadcast: bool = False  # bound to one node: waits for that node, never moves
     route: Route | None = None  # where its output goes (the Jupyter cell that submitted it)
+    prefetch: bool = False  # part of a map: may wait on a worker behind another call
 
 
 @dataclass(eq=False)
@@ -135,6 +142,7 @@ class _Slot:
     channel: Channel | None = None
     ready: bool = False
     busy: int = 0  # calls sent and not finished, broadcasts included
+    recent: float = float("inf")  # seconds from send to result, averaged over recent calls
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[_Task] = field(default_factory=list)  # broadcasts waiting for a new worker
 
@@ -463,11 +471,12 @@ class ComputePool:
     def map(self, fn: Callable[..., R], iterable: Iterable[Any], /) -> list[R]:
         """``[fn(x) for x in iterable]`` spread over the nodes; results in input order.
 
-        The first failure (in input order) is raised and calls not yet started are
-        cancelled.
+        The first failure (in input order) is raised and calls still in the pool's queue
+        are cancelled; the few a node with short calls was handed ahead (see
+        ``_prefetch_depth``) may still run, and their results are dropped.
         """
         calls = [_pending(fn, (item,), {}) for item in iterable]
-        futures = self._run_calls(calls, same_function=True)
+        futures = self._run_calls(calls, same_function=True, prefetch=True)
         try:
             return [future.result() for future in futures]
         finally:
@@ -494,13 +503,26 @@ class ComputePool:
         return self._run_calls([call])[0]
 
     def _run_calls(
-        self, calls: Sequence[PendingCall[Any]], *, same_function: bool = False
+        self,
+        calls: Sequence[PendingCall[Any]],
+        *,
+        same_function: bool = False,
+        prefetch: bool = False,
     ) -> list[Future[Any]]:
-        """Queue calls for the least busy nodes; all are pickled before any is queued."""
+        """Queue calls for the least busy nodes; all are pickled before any is queued.
+
+        ``prefetch`` (a map: the caller waits for the lot, and the first failure fails it)
+        lets a node whose recent calls were short hold a few calls more than
+        ``concurrency`` (see ``_prefetch_depth``), so its worker finds the next call waiting
+        instead of idling for a round trip.
+        """
         self._before_pickling()
         function = calls[0].serialize_function() if same_function and calls else None
         route = self._console.route()
-        tasks = [_Task(call, call.serialize(function), Future(), route=route) for call in calls]
+        tasks = [
+            _Task(call, call.serialize(function), Future(), route=route, prefetch=prefetch)
+            for call in calls
+        ]
         with self._lock:  # once for the lot: reader threads want this lock too
             self._check_running()
             self._counts["submitted"] += len(tasks)
@@ -555,7 +577,13 @@ class ComputePool:
         try:
             limit = self.spec.concurrency
             while self._queue:
-                free = [s for s in self._slots if s.ready and s.busy < limit]
+                head = self._queue[0]
+                prefetch = head.prefetch and head.call.timeout is None  # a timeout starts at send
+                free = [
+                    s
+                    for s in self._slots
+                    if s.ready and s.busy < limit + (_prefetch_depth(s.recent) if prefetch else 0)
+                ]
                 if not free:
                     if all(s.lost is not None for s in self._slots):
                         self._fail_queue(self._slots[0].lost)
@@ -583,9 +611,10 @@ class ComputePool:
         # (A timeout or close fails the caller's future first; the books follow when the
         # worker is gone.)
         inner: Future[Any] = Future()
+        sent = time.monotonic()
 
         def settle(done: Future[Any]) -> None:
-            self._call_done(slot, done)
+            self._call_done(slot, done, time.monotonic() - sent)
             error = done.exception()
             if error is not None:
                 _fail(task.future, error)
@@ -608,9 +637,12 @@ class ComputePool:
         if task.call.timeout is not None:
             self._watchdog.watch(task.future, task.call.name, task.call.timeout, channel)
 
-    def _call_done(self, slot: _Slot, future: Future[Any]) -> None:
+    def _call_done(self, slot: _Slot, future: Future[Any], elapsed: float) -> None:
         with self._lock:
             slot.busy -= 1
+            slot.recent = (
+                elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
+            )
             ok = not future.cancelled() and future.exception() is None
             self._counts["succeeded" if ok else "failed"] += 1
             if self._state in _ACTIVE:
@@ -721,6 +753,7 @@ class ComputePool:
                 self._counts["replaced"] += 1
                 slot.channel = channel
                 slot.ready = True
+                slot.recent = float("inf")
                 backlog, slot.backlog = slot.backlog, []
                 for task in backlog:
                     self._send(slot, task)
@@ -780,6 +813,15 @@ def _pending(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     if not callable(fn):
         raise TypeError(f"expected a function, not {type(fn).__name__}")
     return PendingCall(fn, args, kwargs)
+
+
+def _prefetch_depth(recent: float) -> int:
+    """Calls a map may queue past a node's slots, given its recent send-to-result time.
+
+    That time includes the wait behind the calls queued before, so the depth settles where
+    depth x time per call is about ``_PREFETCH_BELOW``.
+    """
+    return _PREFETCH_MAX if recent <= 0 else min(_PREFETCH_MAX, int(_PREFETCH_BELOW / recent))
 
 
 def _pickle_plugins(plugins: Sequence[Plugin]) -> proto.Parts:

@@ -171,6 +171,11 @@ def _nbytes(part: Part) -> int:
     return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
+def size(parts: Sequence[Part]) -> int:
+    """Bytes in ``parts``, as written."""
+    return sum(map(_nbytes, parts))
+
+
 def write_parts(fd: int, parts: Sequence[Part]) -> None:
     """Write every part to ``fd`` with as few syscalls as the kernel allows."""
     views = [memoryview(p).cast("B") for p in parts if _nbytes(p)]

@@ -118,10 +118,32 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Functions by their pickled bytes: ``map`` sends the same bytes with every item, and a
+# function defined in ``__main__`` travels by value, which costs more to unpickle than a no-op
+# costs to run. Equal bytes mean an equal function, globals it captured included; a function
+# whose captured globals changed on the client pickles differently and is a new entry.
+_FUNCTIONS: dict[bytes, Any] = {}
+_FUNCTIONS_MAX = 64
+_FUNCTION_CACHE_BYTES = 1 << 16  # larger ones (big closures) are not worth keeping
+_FUNCTIONS_LOCK = threading.Lock()  # guards: inserting into and evicting from _FUNCTIONS
+
+
+def _function(data: bytes) -> Any:
+    fn = _FUNCTIONS.get(data)
+    if fn is None:
+        fn = proto.loads([data])
+        if len(data) <= _FUNCTION_CACHE_BYTES:
+            with _FUNCTIONS_LOCK:
+                if len(_FUNCTIONS) >= _FUNCTIONS_MAX:
+                    del _FUNCTIONS[next(iter(_FUNCTIONS))]  # the oldest
+                _FUNCTIONS[data] = fn
+    return fn
+
+
 def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Parts]:
     try:
         function, args, kwargs = proto.loads(parts)
-        fn = proto.loads([function])
+        fn = _function(function)
     except BaseException as exc:
         return False, proto.encode_error(exc)
     try:
@@ -149,7 +171,7 @@ class _Worker:
         self.link = link
         self.stdout = stdout
         self.concurrency = concurrency
-        self.calls: queue.Queue[tuple[proto.Call, proto.Parts] | None] = queue.Queue()
+        self.calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards: stopping, cancelled, _main_busy
         self.stopping = False
         self.cancelled = False
@@ -235,7 +257,7 @@ class _Worker:
                 return
 
 
-def _drop_queued(calls: queue.Queue[tuple[proto.Call, proto.Parts] | None]) -> None:
+def _drop_queued(calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None]) -> None:
     while True:
         try:
             calls.get_nowait()

@@ -151,3 +151,12 @@ def test_large_numpy_arguments_and_results_round_trip(pool: sky.ComputePool) -> 
     doubled = pool.run(lambda a: a * 2, data)
     assert doubled.shape == data.shape and float(doubled[-1]) == 2 * float(data[-1])
     assert [float(s) for s in pool.broadcast(lambda a: a.sum(), data)] == [float(data.sum())] * 4
+
+
+def test_map_queues_ahead_only_on_nodes_whose_recent_calls_were_short() -> None:
+    from skyward._pool import _PREFETCH_MAX, _prefetch_depth
+
+    assert _prefetch_depth(float("inf")) == 0  # a new worker: nothing known yet
+    assert _prefetch_depth(0.05) == 0  # long calls: a queued one could wait long
+    assert _prefetch_depth(0.004) == 2  # the last queued waits about 10 ms at most
+    assert _prefetch_depth(0.00001) == _PREFETCH_MAX

@@ -17,6 +17,7 @@ import ipaddress
 import re
 import shlex
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal
@@ -225,6 +226,8 @@ def distributed(
     address = f"{_host(info.head_addr)}:{info.head_port}"
     if info.node == 0:
         _check_coordinator_port(info.head_port)
+    else:
+        _wait_for_coordinator(info.head_addr, info.head_port, initialization_timeout)
     try:
         jax_module.distributed.initialize(
             coordinator_address=address,
@@ -245,6 +248,24 @@ def distributed(
         yield
     finally:
         jax_module.distributed.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _wait_for_coordinator(host: str, port: int, timeout: float) -> None:
+    """Return once node 0's coordinator accepts connections (or ``timeout`` passes).
+
+    Every node imports jax at the same moment, and node 0 is often not the first to finish;
+    a rank that calls ``initialize`` before the coordinator listens has its connection
+    refused and backs off for about a second, which made a pool's start bimodal. Waiting
+    here, 10 ms at a time, joins as soon as it can. If the coordinator never comes,
+    ``initialize`` reports it, with its own timeout.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.01)
 
 
 def _check_coordinator_port(port: int) -> None:
