@@ -13,12 +13,11 @@ pipes (local) or an SSH exec channel. Callers (holding the pool's lock, or about
 interrupted by Ctrl-C) must not wait on a slow worker nor leave half a frame on the wire, so
 the sender thread writes; except that a frame of at most ``PIPE_BUF`` bytes, which a pipe
 takes whole or not at all, is written by the caller itself when nothing is queued before it
-and nobody else is writing. That saves a thread switch on every small call, a good part of a
-no-op's round trip. Such a write waits only when the link has no room for 4 KiB: a worker
-that stopped reading with its 1 MiB pipe full, or an SSH window that a large frame has just
-used up on a link that then stalls (the link timeout ends that wait, and the calls on it
-fail). When the protocol stream ends, every call in flight
-fails with ``WorkerLost`` naming the node, the exit status and the last lines of stderr.
+and nobody else is writing, and the transport says the write cannot wait (the pipe has a
+free page, the SSH window has room): a worker that stopped reading never blocks a caller.
+That saves a thread switch on every small call, a good part of a no-op's round trip. When
+the protocol stream ends, every call in flight fails with ``WorkerLost`` naming the node,
+the exit status (or the dropped link) and the last lines of stderr.
 """
 
 from __future__ import annotations
@@ -68,6 +67,11 @@ class Transport(Protocol):
 
     def kill(self) -> None:
         """Kill the worker and anything it started; harmless once they are gone."""
+        ...
+
+    def can_write_now(self, nbytes: int) -> bool:
+        """Whether ``write`` of ``nbytes`` (≤ 4 KiB) would return without waiting. The
+        caller's own thread writes small frames only then: it may hold the pool's lock."""
         ...
 
     def link_lost(self) -> str | None:
@@ -228,7 +232,12 @@ class Channel:
 
     def _send(self, message: object, payload: proto.Parts | None = None) -> None:
         parts = proto.frame(message, payload)
-        if proto.size(parts) <= _INLINE_BYTES and self._write_lock.acquire(blocking=False):
+        size = proto.size(parts)
+        if (
+            size <= _INLINE_BYTES
+            and self._transport.can_write_now(size)
+            and self._write_lock.acquire(blocking=False)
+        ):
             try:
                 # Nothing queued may be overtaken: frames keep the order they were sent in.
                 if self._queued == 0:

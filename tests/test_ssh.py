@@ -8,6 +8,7 @@ package index only.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 import time
@@ -185,7 +186,8 @@ def test_bootstrap_installs_with_scoped_index_and_a_second_pool_installs_nothing
 
     for node in (0, 1):
         assert "uv pip install" in first.text(node), first.text(node)
-        assert "installed" in first.text(node).splitlines()[-1]
+        assert re.search(r"^skyward: image \w+ installed$", first.text(node), re.M)
+        assert "skyward: uploading this skyward" in first.text(node)
         assert "is already installed" in second.text(node)
         assert "pip install" not in second.text(node)
         assert [p for n, p, _ in second.phases if n == node] == ["connecting", "bootstrapping"]

@@ -12,6 +12,7 @@ import fcntl
 import io
 import json
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -150,6 +151,14 @@ class PipeTransport:
             # Closed here, by the only thread that reads it, never under a blocked read.
             self._stderr.close()
         return data
+
+    def can_write_now(self, nbytes: int) -> bool:
+        # A pipe that polls writable has a free page: a write of up to PIPE_BUF bytes (4 KiB
+        # on Linux) goes in whole, at once. A stopped worker's full pipe does not.
+        try:
+            return bool(select.select([], [self._stdin.fileno()], [], 0)[1])
+        except (OSError, ValueError):
+            return True  # closed: write() raises at once, which is what the caller handles
 
     def link_lost(self) -> None:
         return None  # a pipe breaks only when the process ends

@@ -471,6 +471,11 @@ class SSHTransport:
             if rest:
                 return rest
 
+    def can_write_now(self, nbytes: int) -> bool:
+        # The peer's receive window has room: sendall() hands the bytes to the transport
+        # thread's socket without waiting for the window to reopen.
+        return bool(self._channel.closed or self._channel.out_window_size >= nbytes)
+
     def _exited(self) -> bool:
         # The host reported an exit status. (paramiko's exit_status_ready() and status_event
         # also fire for a channel closed because its connection died, which is no exit;
