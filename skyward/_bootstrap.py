@@ -83,7 +83,7 @@ class Plan:
 
 # Bumped whenever the script's shape changes, so hosts do not trust environments that an
 # older script made.
-_SCRIPT_VERSION = 3
+_SCRIPT_VERSION = 4
 
 
 def shell_path(path: str) -> str:
@@ -106,7 +106,7 @@ def render(plan: Plan) -> str:
         f'env_dir="$home/envs/{plan.digest}"',
         'mkdir -p "$home/envs"',
         'exec 9>"$env_dir.lock"',
-        "command -v flock >/dev/null 2>&1 && flock 9",
+        *_wait_for_lock(9, "$env_dir.lock"),
         'if [ -f "$env_dir/.skyward-ready" ]; then',
         f'  echo "skyward: image {plan.digest} is already installed"',
         "  exit 0",
@@ -151,10 +151,16 @@ def render(plan: Plan) -> str:
     pip_index = _pip_index_options(default_index)
     lines += [
         'uv="$(command -v uv || true)"',
+        # Scoped indexes ([[tool.uv.index]], explicit) need uv 0.4.23 or newer.
+        'if [ -n "$uv" ] && ! "$python" -c \'import sys; sys.exit(tuple(map(int,'
+        ' sys.argv[1].split(".")[:3])) < (0, 4, 23))\' "$("$uv" --version | cut -d" " -f2)"'
+        " 2>/dev/null; then",
+        '  echo "skyward: not using $uv: older than 0.4.23, which scoped indexes need"; uv=""',
+        "fi",
         'if [ -z "$uv" ] && [ -x "$home/tools/bin/uv" ]; then uv="$home/tools/bin/uv"; fi',
         'if [ -z "$uv" ]; then',
         '  exec 8>"$home/tools.lock"',
-        "  command -v flock >/dev/null 2>&1 && flock 8",
+        *("  " + line for line in _wait_for_lock(8, "$home/tools.lock")),
         '  if [ -x "$home/tools/bin/uv" ]; then uv="$home/tools/bin/uv"',
         '  elif step "install uv into $home/tools" && rm -rf "$home/tools" &&'
         ' "$python" -m venv "$home/tools" &&'
@@ -209,6 +215,22 @@ def render(plan: Plan) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# How long a bootstrap waits for another one of the same image (or the uv install) on the
+# same host before giving up with a message, rather than hanging without one.
+_LOCK_WAIT = 900
+
+
+def _wait_for_lock(fd: int, path: str) -> list[str]:
+    return [
+        f"if command -v flock >/dev/null 2>&1 && ! flock -n {fd}; then",
+        f'  echo "skyward: another bootstrap on this host holds {path}; waiting for it"',
+        f'  flock -w {_LOCK_WAIT} {fd} || {{ echo "skyward: {path} still held after'
+        f' {_LOCK_WAIT} s; is a bootstrap stuck on this host (ps -u \\$(id -un))?" >&2;'
+        " exit 75; }",
+        "fi",
+    ]
 
 
 def _pip_index_options(url: str | None) -> str:

@@ -19,7 +19,7 @@ import shlex
 import socket
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,22 +110,46 @@ class HostKeyPolicy:
                 f"{shlex.quote(name)}` and connect again."
             )
         if not self.accept_new:
+            file = shlex.quote(str(self.known_hosts))
             raise HostKeyError(
                 f"{target}: unknown host key ({key.get_name()} {fingerprint}); it is not in "
                 f"{self.known_hosts}. Check the fingerprint and add it (for example by "
-                f"connecting once with `ssh -p {target.port} {target.user}@{target.host}`), "
-                f"or pass accept_new_hosts=True to trust hosts seen for the first time."
+                f"connecting once with `ssh -o UserKnownHostsFile={file} -p {target.port} "
+                f"{target.user}@{target.host}`), or pass "
+                f"accept_new_hosts=True to trust hosts seen for the first time."
             )
         self._remember(name, key)
+
+    def known_types(self, target: Target) -> list[str]:
+        """The key types ``known_hosts`` has for this host (none if it cannot be read)."""
+        import paramiko
+
+        known = paramiko.HostKeys()
+        try:
+            known.load(str(self.known_hosts))
+        except (OSError, paramiko.SSHException):
+            return []
+        return list(known.lookup(target.known_hosts_name) or [])
 
     def _remember(self, name: str, key: paramiko.PKey) -> None:
         # Appended like OpenSSH's accept-new does, so the next pool checks against it.
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        with _KNOWN_HOSTS_LOCK, open(self.known_hosts, "a") as file:
-            file.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+        with _KNOWN_HOSTS_LOCK, open(self.known_hosts, "a+b") as file:
+            file.seek(0, os.SEEK_END)
+            if file.tell() > 0:
+                file.seek(-1, os.SEEK_END)
+                if file.read(1) != b"\n":  # a hand-edited file may end without one
+                    file.write(b"\n")
+            file.write(f"{name} {key.get_name()} {key.get_base64()}\n".encode())
 
 
 _KNOWN_HOSTS_LOCK = threading.Lock()  # guards: appends to known_hosts from parallel connects
+
+
+def _first(preferred: Sequence[str], available: Sequence[str]) -> tuple[str, ...]:
+    """``available``, with those of ``preferred`` it has moved to the front, in that order."""
+    front = [name for name in preferred if name in available]
+    return tuple(front) + tuple(name for name in available if name not in front)
 
 
 def _fingerprint(key: paramiko.PKey) -> str:
@@ -164,13 +188,20 @@ class Connection:
         import paramiko
 
         sock = _connect_socket(target, connect_timeout, dead_after)
-        transport = paramiko.Transport(sock)
+        try:
+            transport = paramiko.Transport(sock)
+        except BaseException:
+            sock.close()
+            raise
         try:
             options = transport.get_security_options()
-            preferred = [c for c in _CIPHERS if c in options.ciphers]
-            options.ciphers = tuple(preferred) + tuple(
-                c for c in options.ciphers if c not in preferred
+            options.ciphers = _first(_CIPHERS, options.ciphers)
+            # Ask for the key type we already know the host by, as OpenSSH does; otherwise
+            # a host known by its RSA or ECDSA key would offer ed25519 and look changed.
+            known = (
+                [pinned_key.get_name()] if pinned_key is not None else policy.known_types(target)
             )
+            options.key_types = _first(known, options.key_types)
             try:
                 transport.start_client(timeout=connect_timeout)
             except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -305,10 +336,14 @@ def _connect_socket(target: Target, timeout: float, dead_after: float) -> socket
         raise ProvisionError(f"{target}: cannot connect: {exc}") from exc
     # Small frames (a call, a result) must not wait for Nagle: this alone takes a round
     # trip from tens of milliseconds to a fraction of one.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    if hasattr(socket, "TCP_USER_TIMEOUT"):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_after * 1000))
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(dead_after * 1000))
+    except OSError as exc:
+        sock.close()
+        raise ProvisionError(f"{target}: cannot configure the connection: {exc}") from exc
     return sock
 
 

@@ -112,7 +112,7 @@ class Hosts:
         try:
             hosts._bridge_up()
             for index in range(count):
-                hosts.hosts.append(hosts._add_host(index, tag))
+                hosts._add_host(index, tag)
             hosts.known_hosts.write_text(
                 "".join(f"{h.address} ssh-ed25519 {h.public_host_key()}\n" for h in hosts.hosts)
             )
@@ -134,6 +134,11 @@ class Hosts:
         netns = f"skyward-{tag}-{name}"
         veth = f"skv{tag}h{index}"
         address = f"{self.subnet}.{11 + index}"
+        directory = self.root / name
+        host = Host(
+            name, netns, address, directory / "home", directory / "ssh_host_ed25519_key", veth
+        )
+        self.hosts.append(host)  # before anything is made, so that close() removes it all
         _run("ip", "netns", "del", netns, check=False)
         _run("ip", "netns", "add", netns)
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
@@ -146,11 +151,10 @@ class Hosts:
         _run(*inside, "ip", "link", "set", "lo", "up")
         _run(*inside, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1")
 
-        directory = self.root / name
-        home = directory / "home"
+        home = host.home
         home.mkdir(parents=True)
         shutil.chown(home, USER, USER)
-        host_key = directory / "ssh_host_ed25519_key"
+        host_key = host.host_key
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
         authorized = directory / "authorized_keys"
         authorized.write_text(Path(f"{self.client_key}.pub").read_text())
@@ -165,7 +169,6 @@ class Hosts:
             "MaxSessions 100\nMaxStartups 100:30:200\nUseDNS no\nPrintMotd no\n"
             "AcceptEnv SKYWARD_*\nSubsystem sftp internal-sftp\n"
         )
-        host = Host(name, netns, address, home, host_key, veth)
         # Its own UTS and mount namespaces: its own hostname, and its own /home/skytest, so
         # each host keeps its own Skyward cache as separate machines do.
         script = (
@@ -259,7 +262,11 @@ class PackageIndex:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        _wait_port(bind, port)
+        try:
+            _wait_port(bind, port)
+        except BaseException:
+            self.close()
+            raise
 
     def add(self, wheels: Iterable[Path]) -> None:
         for wheel in wheels:

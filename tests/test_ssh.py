@@ -481,3 +481,47 @@ def test_a_closed_pool_leaves_only_its_cache_directory(
         worker = pool.run(os.getpid)
     assert [p.name for p in host.home.iterdir()] == [".cache"]
     assert worker not in host.processes()
+
+
+def _sessions(host: Any) -> list[str]:
+    """The host's sshd processes serving a login: one set per open connection."""
+    import psutil
+
+    found = []
+    for pid in host.processes():
+        try:
+            command = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue
+        if command.startswith("sshd: skytest"):
+            found.append(command)
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_host_cancels_the_others_and_closes_their_connections(
+    ssh_hosts: Hosts, package_index: PackageIndex
+) -> None:
+    """Host 1 refuses at once while host 0 is still connecting or bootstrapping (a fresh
+    cache directory): the pool fails naming host 1, and host 0 is not left connected."""
+    good = ssh_hosts.hosts[0]
+    bad = f"skytest@{ssh_hosts.hosts[1].address}:2222"
+    provider = sky.SSH(
+        hosts=[good.target, bad],
+        key=ssh_hosts.client_key,
+        known_hosts=ssh_hosts.known_hosts,
+        workdir=fresh_workdir(),
+    )
+    with pytest.raises(sky.ProvisionError, match=f"^{re.escape(bad)}: connection refused"):
+        with _pool_of(provider, package_index, nodes=2):
+            pass
+    deadline = time.monotonic() + 10
+    while _sessions(good) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _sessions(good)
+
+
+def _pool_of(provider: sky.SSH, index: PackageIndex, nodes: int) -> sky.ComputePool:
+    return sky.ComputePool(
+        provider=provider, nodes=nodes, image=sky.Image(index_url=index.url), quiet=True
+    )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import secrets
 import shlex
 import sys
 import threading
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 _LOG_TAIL_LINES = 30
 _RECONNECT_TO_KILL = 5.0  # seconds; a pool's close waits this long at most per lost host
+_PID_WAIT = 5.0  # seconds kill() waits for a just-spawned worker's PID line
 _RECONNECT_PAUSE = 0.5  # seconds between attempts to reach a host again
 _log = logging.getLogger("skyward")
 _CHUNK = 1 << 18  # large buffers go out in slices: paramiko copies each send into a packet
@@ -139,24 +141,47 @@ class SSH(BaseModel):
             runtime=_runtime_requirements(),
         )
         made: list[SSHNode] = []
-        lock = threading.Lock()  # guards: made
+        connections: list[Connection] = []
+        cancelled = False
+        lock = threading.Lock()  # guards: made, connections, cancelled
+
+        def adopt(connection: Connection) -> None:
+            with lock:
+                connections.append(connection)
+                if cancelled:  # another node failed while this one was connecting
+                    connection.close()
+                    raise ProvisionError(f"{connection.target}: provisioning was cancelled")
 
         def open_node(rank: int) -> SSHNode:
-            node = self._open_node(rank, policy, plan, reporter)
+            node = self._open_node(rank, policy, plan, reporter, adopt)
             with lock:
                 made.append(node)
+                if cancelled:
+                    node.close()
+                    raise ProvisionError(f"{node.connection.target}: provisioning was cancelled")
             return node
 
         try:
             return _parallel(open_node, list(range(spec.nodes)))
         except BaseException:
-            # All or nothing; nodes still connecting are closed by their own failure, or
-            # when their thread finishes (the daemon threads end with their connections).
-            self.terminate(made)
+            # All or nothing. The first failure (or Ctrl-C) arrives while other nodes may
+            # still be connecting or bootstrapping: close their connections now, which ends
+            # what they are doing; a node that finishes later closes itself (cancelled).
+            with lock:
+                cancelled = True
+                nodes, opened = list(made), list(connections)
+            self.terminate(nodes)
+            for connection in opened:
+                connection.close()
             raise
 
     def _open_node(
-        self, rank: int, policy: HostKeyPolicy, plan: Plan, reporter: Reporter
+        self,
+        rank: int,
+        policy: HostKeyPolicy,
+        plan: Plan,
+        reporter: Reporter,
+        adopt: Callable[[Connection], None],
     ) -> SSHNode:
         target = Target.parse(self.hosts[rank])
         reporter.phase(rank, "connecting", str(target))
@@ -168,6 +193,7 @@ class SSH(BaseModel):
             keepalive=self.keepalive,
             dead_after=self.link_timeout,
         )
+        adopt(connection)
         try:
             reporter.phase(rank, "bootstrapping", f"image {plan.digest}")
             bootstrap(connection, plan, lambda line: reporter.log(rank, line))
@@ -214,11 +240,19 @@ def bootstrap(connection: Connection, plan: Plan, on_line: Any) -> None:
         del tail[:-_LOG_TAIL_LINES]
         on_line(text)
 
-    script = render(plan)
-    status, _ = connection.run(f"sh -c {shlex.quote(script)}", on_line=line)
+    # On stdin: no limit on the script's length, and no quoting through the login shell.
+    status, _ = connection.run("sh -s", stdin=render(plan).encode(), on_line=line)
     if status != 0:
         failed = command[0] if command else "the bootstrap script"
         log = "\n".join(tail)
+        if status < 0 or not connection.alive:
+            raise BootstrapError(
+                f"{connection.target}: the SSH connection dropped during the bootstrap, "
+                f"while `{failed}` ran\n--- last lines of its output ---\n{log}",
+                command=failed,
+                exit_status=None,
+                log_tail=log,
+            )
         raise BootstrapError(
             f"{connection.target}: bootstrap failed: `{failed}` exited with {status}\n"
             f"--- last lines of its output ---\n{log}",
@@ -264,22 +298,36 @@ def upload_package(connection: Connection, plan: Plan, on_line: Callable[[str], 
         raise BootstrapError(f"{connection.target}: cannot create {plan.workdir}/pkg: {output}")
     if "present" not in output:
         on_line(f"skyward: uploading this skyward ({len(data) // 1024} KiB) to {directory}")
-        archive = f"{_sftp_path(plan.workdir)}/pkg/{digest}.zip"
-        connection.upload(data, archive)
-        python = f"{shell_path(plan.env_dir)}/bin/python"
-        extract = (
-            "import sys, zipfile, os; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2]); "
-            "os.rename(sys.argv[2], sys.argv[3]); os.remove(sys.argv[1])"
-        )
+        # A name of its own: another client may be uploading the same package right now.
+        upload = f"{digest}.{secrets.token_hex(4)}"
+        connection.upload(data, f"{_sftp_path(plan.workdir)}/pkg/{upload}.zip")
         status, output = connection.run(
-            f"{python} -c {shlex.quote(extract)} {home}/pkg/{digest}.zip "
-            f"{home}/pkg/{digest}.tmp$$ {home}/pkg/{digest}"
+            f"{shell_path(plan.env_dir)}/bin/python -c {shlex.quote(_UNPACK)} "
+            f"{home}/pkg/{upload}.zip {home}/pkg/{upload}.tmp {home}/pkg/{digest}"
         )
-        if status != 0 and "File exists" not in output and "Directory not empty" not in output:
+        if status != 0:
             raise BootstrapError(
                 f"{connection.target}: cannot unpack skyward into {plan.workdir}/pkg: {output}"
             )
     return directory
+
+
+# Unpack next to the final directory and rename into place; whoever renames first wins, and
+# the loser's copy (identical) goes. Nothing is left behind on any path.
+_UNPACK = """
+import os, shutil, sys, zipfile
+archive, scratch, final = sys.argv[1:]
+try:
+    zipfile.ZipFile(archive).extractall(scratch)
+    try:
+        os.rename(scratch, final)
+    except OSError:
+        if not os.path.isdir(final):
+            raise
+finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+    os.remove(archive)
+"""
 
 
 def _sftp_path(workdir: str) -> str:
@@ -318,31 +366,34 @@ class SSHNode:
         self.accelerators = accelerators
         self._plan = plan
         self._package = package
-        self._lock = threading.Lock()  # guards: connection, _transports
+        self._lock = threading.Lock()  # guards: connection, _transports, _closed
         self._transports: list[SSHTransport] = []
+        self._closed = False
 
     def spawn_worker(self, rank: int, env: Mapping[str, str]) -> SSHTransport:
-        with self._lock:
-            if not self.connection.alive:
-                self._reconnect()
-                for stranded in [t for t in self._transports if t.stranded]:
-                    stranded.kill(self.connection)  # the workers the dropped link left
-            connection = self.connection
         assignments = " ".join(
             [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
             + [f"PYTHONPATH={shell_path(self._package)}"]
         )
         # sshd makes the shell a session and process-group leader, so the PID it prints
-        # first names the group that kill() ends. It waits for the worker rather than
-        # exec'ing it: paramiko ignores SSH's exit-signal, and the shell turns death by
-        # signal N into the exit status 128 + N, which paramiko does report.
+        # names the group that kill() ends. The line carries a fresh nonce: a login shell
+        # may print its own lines to stderr first. The shell waits for the worker rather
+        # than exec'ing it: paramiko ignores SSH's exit-signal, and the shell turns death
+        # by signal N into the exit status 128 + N, which paramiko does report.
+        marker = f"skyward-pid-{secrets.token_hex(6)}"
         command = (
-            f"cd {shell_path(self._plan.workdir)} || exit 1; echo skyward-pid $$ >&2; "
+            f"cd {shell_path(self._plan.workdir)} || exit 1; echo {marker} $$ >&2; "
             f"env {assignments} {shell_path(self._plan.env_dir)}/bin/python "
             f"-m skyward.worker --node {rank}; exit $?"
         )
-        transport = SSHTransport(connection, connection.exec(command))
         with self._lock:
+            if self._closed:
+                raise ProvisionError(f"{self.connection.target}: the pool is closing")
+            if not self.connection.alive:
+                self._reconnect()
+                for stranded in [t for t in self._transports if t.stranded]:
+                    stranded.kill(self.connection)  # the workers the dropped link left
+            transport = SSHTransport(self.connection, self.connection.exec(command), marker)
             self._transports = [t for t in self._transports if not t.finished or t.stranded]
             self._transports.append(transport)
         return transport
@@ -377,27 +428,33 @@ class SSHNode:
         old.close()
 
     def close(self) -> None:
-        """Kill this node's workers and close the connection. Idempotent."""
+        """Kill this node's workers and close the connection. Idempotent; after it,
+        ``spawn_worker`` refuses (a replacement racing the pool's teardown)."""
         with self._lock:
-            transports, self._transports = self._transports, []
-        stranded = [t for t in transports if t.stranded]
-        if stranded:
-            # The link dropped under running workers. The host's sshd may not notice for
-            # hours, and the workers would run on: reach the host again to stop them.
+            if self._closed:
+                return
+            self._closed = True
             try:
-                self._reconnect(timeout=_RECONNECT_TO_KILL)
-            except (ProvisionError, OSError) as error:
-                pids = ", ".join(str(t.pid) for t in stranded)
-                _log.warning(
-                    "%s: cannot reach the host to stop worker process(es) %s (%s); they end "
-                    "when the host's sshd notices the dropped connection",
-                    self.connection.target,
-                    pids,
-                    error,
-                )
-        for transport in transports:
-            transport.kill(self.connection)
-        self.connection.close()
+                stranded = [t for t in self._transports if t.stranded]
+                if stranded:
+                    # The link dropped under running workers. The host's sshd may not
+                    # notice for hours, and the workers would run on: reach the host again.
+                    try:
+                        self._reconnect(timeout=_RECONNECT_TO_KILL)
+                    except (ProvisionError, OSError) as error:
+                        pids = ", ".join(str(t.pid) for t in stranded)
+                        _log.warning(
+                            "%s: cannot reach the host to stop worker process(es) %s (%s); "
+                            "they end when the host's sshd notices the dropped connection",
+                            self.connection.target,
+                            pids,
+                            error,
+                        )
+                for transport in self._transports:
+                    transport.kill(self.connection)
+            finally:
+                self._transports = []
+                self.connection.close()
 
 
 class _ChannelReader(io.RawIOBase):
@@ -419,12 +476,13 @@ class _ChannelReader(io.RawIOBase):
 class SSHTransport:
     """A worker over an SSH exec channel: the protocol on stdin/stdout, stderr as itself."""
 
-    def __init__(self, connection: Connection, channel: paramiko.Channel) -> None:
+    def __init__(self, connection: Connection, channel: paramiko.Channel, marker: str) -> None:
         self._connection = connection
         self._channel = channel
         self._stdout = io.BufferedReader(_ChannelReader(channel), 1 << 16)
+        self._marker = marker.encode() + b" "
         self._pid: int | None = None
-        self._pid_seen = False
+        self._pid_known = threading.Event()  # set once the PID line is read, or never comes
         self._stderr_partial = b""
         self._killed = False
         self.finished = False
@@ -450,26 +508,28 @@ class SSHTransport:
     def read_stderr(self) -> bytes:
         while True:
             data: bytes = self._channel.recv_stderr(1 << 16)
-            if self._pid_seen or not data:
-                if not data:
-                    self.finished = True
-                    rest, self._stderr_partial = self._stderr_partial, b""
-                    if rest:
-                        return rest
+            if not data:
+                self.finished = True
+                self._pid_known.set()
+                rest, self._stderr_partial = self._stderr_partial, b""
+                return rest  # b"" once nothing is left: the end of the stream
+            if self._pid_known.is_set():
                 return data
-            # The first line is the PID our launch command printed; keep it off the output.
+            # Until the launch command's PID line: pass whole lines on (a login shell's own
+            # messages), and keep that one line off the output.
             self._stderr_partial += data
-            if b"\n" not in self._stderr_partial:
-                continue
-            first, rest = self._stderr_partial.split(b"\n", 1)
-            self._stderr_partial = b""
-            self._pid_seen = True
-            if first.startswith(b"skyward-pid "):
-                self._pid = int(first.split()[1])
-            else:
-                rest = first + b"\n" + rest
-            if rest:
-                return rest
+            out = b""
+            while not self._pid_known.is_set() and b"\n" in self._stderr_partial:
+                line, self._stderr_partial = self._stderr_partial.split(b"\n", 1)
+                if line.startswith(self._marker):
+                    self._pid = int(line[len(self._marker) :].split()[0])
+                    self._pid_known.set()
+                else:
+                    out += line + b"\n"
+            if self._pid_known.is_set():
+                out, self._stderr_partial = out + self._stderr_partial, b""
+            if out:
+                return out
 
     def can_write_now(self, nbytes: int) -> bool:
         # The peer's receive window has room: sendall() hands the bytes to the transport
@@ -522,6 +582,8 @@ class SSHTransport:
         ``connection`` replaces a dropped one (the node reconnected to stop its workers).
         """
         connection = connection or self._connection
+        # A worker closed right after it was spawned: its PID line may still be in flight.
+        self._pid_known.wait(_PID_WAIT)
         if self._killed or self._pid is None or not connection.alive:
             return
         self._killed = True

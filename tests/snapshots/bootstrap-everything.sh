@@ -1,13 +1,16 @@
 #!/bin/sh
-# Skyward bootstrap for image ca1084a0f5343877; safe to run again.
+# Skyward bootstrap for image 38ad3fb0e1c94d47; safe to run again.
 set -eu
 home=/srv/skyward
-env_dir="$home/envs/ca1084a0f5343877"
+env_dir="$home/envs/38ad3fb0e1c94d47"
 mkdir -p "$home/envs"
 exec 9>"$env_dir.lock"
-command -v flock >/dev/null 2>&1 && flock 9
+if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
+  echo "skyward: another bootstrap on this host holds $env_dir.lock; waiting for it"
+  flock -w 900 9 || { echo "skyward: $env_dir.lock still held after 900 s; is a bootstrap stuck on this host (ps -u \$(id -un))?" >&2; exit 75; }
+fi
 if [ -f "$env_dir/.skyward-ready" ]; then
-  echo "skyward: image ca1084a0f5343877 is already installed"
+  echo "skyward: image 38ad3fb0e1c94d47 is already installed"
   exit 0
 fi
 step() { printf "%s%s\n" "::skyward:: " "$*"; }
@@ -33,10 +36,16 @@ if [ -z "$python" ]; then
   exit 127
 fi
 uv="$(command -v uv || true)"
+if [ -n "$uv" ] && ! "$python" -c 'import sys; sys.exit(tuple(map(int, sys.argv[1].split(".")[:3])) < (0, 4, 23))' "$("$uv" --version | cut -d" " -f2)" 2>/dev/null; then
+  echo "skyward: not using $uv: older than 0.4.23, which scoped indexes need"; uv=""
+fi
 if [ -z "$uv" ] && [ -x "$home/tools/bin/uv" ]; then uv="$home/tools/bin/uv"; fi
 if [ -z "$uv" ]; then
   exec 8>"$home/tools.lock"
-  command -v flock >/dev/null 2>&1 && flock 8
+  if command -v flock >/dev/null 2>&1 && ! flock -n 8; then
+    echo "skyward: another bootstrap on this host holds $home/tools.lock; waiting for it"
+    flock -w 900 8 || { echo "skyward: $home/tools.lock still held after 900 s; is a bootstrap stuck on this host (ps -u \$(id -un))?" >&2; exit 75; }
+  fi
   if [ -x "$home/tools/bin/uv" ]; then uv="$home/tools/bin/uv"
   elif step "install uv into $home/tools" && rm -rf "$home/tools" && "$python" -m venv "$home/tools" && "$home/tools/bin/pip" install -q --disable-pip-version-check --index-url https://pypi.mirror.example/simple/ uv; then
     uv="$home/tools/bin/uv"
@@ -83,5 +92,5 @@ export A='it'"'"'s'
 export XLA_FLAGS=--xla_force_host_platform_device_count=2
 run sh -c 'echo ready > /tmp/marker'
 run sh -c 'git --version'
-echo ca1084a0f5343877 > "$env_dir/.skyward-ready"
-echo "skyward: image ca1084a0f5343877 installed"
+echo 38ad3fb0e1c94d47 > "$env_dir/.skyward-ready"
+echo "skyward: image 38ad3fb0e1c94d47 installed"
