@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import socket
-import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -296,13 +295,6 @@ class Connection:
                 sftp.posix_rename(partial, path)
         except (paramiko.SSHException, OSError) as exc:
             raise ProvisionError(f"{self.target}: could not upload {path}: {exc}") from exc
-
-    def exists(self, path: str) -> bool:
-        with self._sftp() as sftp:
-            try:
-                return stat.S_ISREG(sftp.stat(path).st_mode or 0)
-            except FileNotFoundError:
-                return False
 
     @contextmanager
     def _sftp(self) -> Iterator[paramiko.SFTPClient]:

@@ -211,13 +211,11 @@ def package_index(ssh_hosts: Hosts) -> Iterator[PackageIndex]:
         index.close()
 
 
-def ssh_provider(hosts: Hosts, **options: Any) -> sky.SSH:
-    return sky.SSH(
-        hosts=[h.target for h in hosts.hosts],
-        key=hosts.client_key,
-        known_hosts=hosts.known_hosts,
-        **options,
-    )
+def ssh_provider(hosts: Hosts, *targets: str, **options: Any) -> sky.SSH:
+    """SSH to ``targets`` (every test host by default) with this run's key and known_hosts,
+    unless ``options`` name others."""
+    options = {"key": hosts.client_key, "known_hosts": hosts.known_hosts, **options}
+    return sky.SSH(hosts=list(targets) or [h.target for h in hosts.hosts], **options)
 
 
 PoolFactory = Callable[..., sky.ComputePool]

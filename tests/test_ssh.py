@@ -260,14 +260,12 @@ def test_a_failing_setup_command_is_a_bootstrap_error_naming_it(
 
 
 def _one_host(hosts: Hosts, known_hosts: Path, **options: Any) -> sky.SSH:
-    return sky.SSH(
-        hosts=[hosts.hosts[0].target], key=hosts.client_key, known_hosts=known_hosts, **options
-    )
+    return ssh_provider(hosts, hosts.hosts[0].target, known_hosts=known_hosts, **options)
 
 
-def _pool(provider: sky.SSH, index: PackageIndex) -> sky.ComputePool:
+def _pool(provider: sky.SSH, index: PackageIndex, nodes: int = 1) -> sky.ComputePool:
     return sky.ComputePool(
-        provider=provider, nodes=1, image=sky.Image(index_url=index.url), quiet=True
+        provider=provider, nodes=nodes, image=sky.Image(index_url=index.url), quiet=True
     )
 
 
@@ -328,14 +326,7 @@ def test_a_link_that_goes_down_during_a_call_ends_it_with_worker_lost(
     ssh_hosts: Hosts, package_index: PackageIndex
 ) -> None:
     host = ssh_hosts.hosts[1]
-    provider = sky.SSH(
-        hosts=[host.target],
-        key=ssh_hosts.client_key,
-        known_hosts=ssh_hosts.known_hosts,
-        keepalive=1,
-        link_timeout=5,
-        connect_timeout=3,
-    )
+    provider = ssh_provider(ssh_hosts, host.target, keepalive=1, link_timeout=5, connect_timeout=3)
     try:
         with _pool(provider, package_index) as pool:
             future = pool.submit(_sleep_then_answer, 600)
@@ -392,15 +383,6 @@ def test_jax_multi_controller_across_two_hosts(
 # ── connection failures, keys, and what a pool leaves on a host ───────────────────────────
 
 
-def _unreachable(hosts: Hosts, target: str, **options: Any) -> sky.SSH:
-    return sky.SSH(
-        hosts=[target],
-        key=options.pop("key", hosts.client_key),
-        known_hosts=hosts.known_hosts,
-        **options,
-    )
-
-
 @pytest.mark.parametrize(
     ("where", "expected"),
     [
@@ -420,7 +402,7 @@ def test_a_host_that_cannot_be_reached_is_a_provision_error_naming_it(
     )
     with pytest.raises(sky.ProvisionError) as caught:
         with sky.ComputePool(
-            provider=_unreachable(ssh_hosts, target, connect_timeout=1), quiet=True
+            provider=ssh_provider(ssh_hosts, target, connect_timeout=1), quiet=True
         ):
             pass
     assert str(caught.value).startswith(f"{target}: {expected}")
@@ -434,7 +416,7 @@ def test_a_key_the_host_does_not_accept_is_an_authentication_error(
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
     target = ssh_hosts.hosts[0].target
     with pytest.raises(sky.ProvisionError) as caught:
-        with sky.ComputePool(provider=_unreachable(ssh_hosts, target, key=stranger), quiet=True):
+        with sky.ComputePool(provider=ssh_provider(ssh_hosts, target, key=stranger), quiet=True):
             pass
     assert str(caught.value).startswith(f"{target}: authentication failed")
 
@@ -460,7 +442,7 @@ def test_a_pool_key_is_private_works_and_is_deleted(
         assert key.path.stat().st_mode & 0o777 == 0o600
         assert key.public.startswith("ssh-ed25519 ")
         authorized.write_text(before + key.public + "\n")
-        provider = sky.SSH(hosts=[host.target], key=key.path, known_hosts=ssh_hosts.known_hosts)
+        provider = ssh_provider(ssh_hosts, host.target, key=key.path)
         with _pool(provider, package_index) as pool:
             assert pool.run(os.uname).nodename == "h2"
     finally:
@@ -474,10 +456,7 @@ def test_a_closed_pool_leaves_only_its_cache_directory(
     ssh_hosts: Hosts, package_index: PackageIndex
 ) -> None:
     host = ssh_hosts.hosts[3]
-    provider = sky.SSH(
-        hosts=[host.target], key=ssh_hosts.client_key, known_hosts=ssh_hosts.known_hosts
-    )
-    with _pool(provider, package_index) as pool:
+    with _pool(ssh_provider(ssh_hosts, host.target), package_index) as pool:
         worker = pool.run(os.getpid)
     assert [p.name for p in host.home.iterdir()] == [".cache"]
     assert worker not in host.processes()
@@ -506,22 +485,11 @@ def test_a_failing_host_cancels_the_others_and_closes_their_connections(
     cache directory): the pool fails naming host 1, and host 0 is not left connected."""
     good = ssh_hosts.hosts[0]
     bad = f"skytest@{ssh_hosts.hosts[1].address}:2222"
-    provider = sky.SSH(
-        hosts=[good.target, bad],
-        key=ssh_hosts.client_key,
-        known_hosts=ssh_hosts.known_hosts,
-        workdir=fresh_workdir(),
-    )
+    provider = ssh_provider(ssh_hosts, good.target, bad, workdir=fresh_workdir())
     with pytest.raises(sky.ProvisionError, match=f"^{re.escape(bad)}: connection refused"):
-        with _pool_of(provider, package_index, nodes=2):
+        with _pool(provider, package_index, nodes=2):
             pass
     deadline = time.monotonic() + 10
     while _sessions(good) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _sessions(good)
-
-
-def _pool_of(provider: sky.SSH, index: PackageIndex, nodes: int) -> sky.ComputePool:
-    return sky.ComputePool(
-        provider=provider, nodes=nodes, image=sky.Image(index_url=index.url), quiet=True
-    )

@@ -490,17 +490,24 @@ class SSHTransport:
     def write(self, parts: Sequence[proto.Part]) -> None:
         if self._channel.closed:
             raise BrokenPipeError("the worker's SSH channel is closed")
-        small = [p for p in parts if _nbytes(p) <= 1 << 16]
-        if len(small) == len(parts):
-            # One send for the whole frame: SSH wraps every send in its own packet.
-            self._channel.sendall(
-                b"".join(bytes(p) if isinstance(p, memoryview) else p for p in parts)
-            )
-            return
+        # SSH wraps every send in its own packet: small parts (a frame, a batch of frames)
+        # are gathered into one send; large buffers go in slices of _CHUNK, since paramiko
+        # copies each send.
+        pending = bytearray()
         for part in parts:
             view = memoryview(part).cast("B")
-            for start in range(0, len(view), _CHUNK):
-                self._channel.sendall(bytes(view[start : start + _CHUNK]))
+            if len(view) < _CHUNK:
+                pending += view
+                if len(pending) < _CHUNK:
+                    continue
+            if pending:
+                self._channel.sendall(bytes(pending))
+                pending.clear()
+            if len(view) >= _CHUNK:
+                for start in range(0, len(view), _CHUNK):
+                    self._channel.sendall(bytes(view[start : start + _CHUNK]))
+        if pending:
+            self._channel.sendall(bytes(pending))
 
     def readinto(self, buffer: memoryview) -> int | None:
         return self._stdout.readinto(buffer)
@@ -604,7 +611,3 @@ class SSHTransport:
 def _signed_status(status: int) -> int:
     # A shell reports death by signal N as 128 + N; the Transport contract says -N.
     return -(status - 128) if 128 < status < 160 else status
-
-
-def _nbytes(part: proto.Part) -> int:
-    return part.nbytes if isinstance(part, memoryview) else len(part)
