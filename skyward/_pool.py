@@ -267,6 +267,7 @@ class ComputePool:
             raise
         with self._lock:
             if self._state != "starting":  # closed by another thread meanwhile
+                self._console.end()  # stops a live display, which has a thread of its own
                 raise PoolClosed(f"pool {self.name!r} was closed while it started")
             self._state = "running"
             # A worker that died between Ready and now was not replaced (the pool was not
