@@ -130,6 +130,7 @@ class _Task:
     broadcast: bool = False  # bound to one node: waits for that node, never moves
     route: Route | None = None  # where its output goes (the Jupyter cell that submitted it)
     prefetch: bool = False  # part of a map: may wait on a worker behind another call
+    siblings: Sequence[Future[Any]] = ()  # a broadcast's parts, this one's future included
 
 
 @dataclass(eq=False)
@@ -218,6 +219,9 @@ class ComputePool:
         self._pumping = False
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
         self._restarting = False  # a gang restart of every worker is under way
+        # Plugins that tie every node into one runtime (jax): a worker lost is every worker
+        # lost, and a broadcast runs on one generation of workers or not at all.
+        self._gang = [p.name for p in self.spec.plugins if p.gang] if self.spec.nodes > 1 else []
         self._counts = {"submitted": 0, "succeeded": 0, "failed": 0, "replaced": 0}
         self._started_at = 0.0
         self._watchdog = _Watchdog(self)
@@ -538,16 +542,17 @@ class ComputePool:
         self._before_pickling()
         payload = call.serialize()  # once, for every node
         route = self._console.route()
-        futures: list[Future[R]] = []
+        futures: list[Future[R]] = [Future() for _ in self._slots]
         with self._lock:
             self._check_running()
-            for slot in self._slots:
-                task = _Task(call, payload, Future(), broadcast=True, route=route)
-                futures.append(task.future)
+            # In a gang, no part starts until every node has a worker of the same generation.
+            wait = bool(self._gang) and not all(s.ready or s.lost is not None for s in self._slots)
+            for slot, future in zip(self._slots, futures, strict=True):
+                task = _Task(call, payload, future, broadcast=True, route=route, siblings=futures)
                 self._counts["submitted"] += 1
                 if slot.lost is not None:
                     _fail(task.future, slot.lost)
-                elif not slot.ready:
+                elif wait or not slot.ready:
                     slot.backlog.append(task)  # its worker is being replaced
                 else:
                     self._send(slot, task)
@@ -672,10 +677,15 @@ class ComputePool:
         channel.kill(f"{name} exceeded its timeout of {timeout:g} s")
 
     def _on_broken(self, slot: _Slot, channel: Channel) -> None:
-        """The worker's stream ended: choose other nodes from now on (loss report follows)."""
+        """The worker's stream ended: choose other nodes from now on (loss report follows).
+
+        In a gang every worker is about to be restarted: none takes new calls from now on,
+        even though the survivors' own calls may still be failing their way back.
+        """
         with self._lock:
             if slot.channel is channel:
-                slot.ready = False
+                for other in self._slots if self._gang else [slot]:
+                    other.ready = False
 
     def _on_lost(self, slot: _Slot, channel: Channel, error: WorkerLost) -> None:
         """A worker ended on its own, or was killed after a timeout: replace it.
@@ -691,8 +701,8 @@ class ComputePool:
             slot.ready = False
             if self._restarting:
                 return  # part of a restart of every worker, already under way
-            gang = [p.name for p in self.spec.plugins if p.gang]
-            if gang and len(self._slots) > 1:
+            gang = self._gang
+            if gang:
                 self._restarting = True
                 victims = [s.channel for s in self._slots if s.channel is not None]
                 for other in self._slots:
@@ -755,8 +765,18 @@ class ComputePool:
                 slot.channel = channel
                 slot.ready = True
                 slot.recent = float("inf")
-                backlog, slot.backlog = slot.backlog, []
-                for task in backlog:
+            # Decide for every part before any is sent: a part sent here is not "already run".
+            held = [
+                (slot, task, bool(self._gang) and _split(task))
+                for slot in slots
+                for task in slot.backlog
+            ]
+            for slot in slots:
+                slot.backlog = []
+            for slot, task, split in held:
+                if split:
+                    _fail(task.future, _split_error(slot.rank, task))
+                else:
                     self._send(slot, task)
             self._pump()
         pids = ", ".join(f"node {s.rank} pid {c.pid}" for s, c in zip(slots, channels, strict=True))
@@ -806,6 +826,22 @@ class _Watchdog:
                 _, _, future, name, timeout, channel = heapq.heappop(self._heap)
             if not future.done():
                 self._pool._recycle(future, name, timeout, channel)
+
+
+def _split(task: _Task) -> bool:
+    """Whether part of ``task``'s broadcast already ran, or failed, outside the backlog."""
+    return any(f.running() or f.done() for f in task.siblings if f is not task.future)
+
+
+def _split_error(rank: int, task: _Task) -> WorkerLost:
+    # A part started alone in a new distributed runtime would wait forever in its first
+    # collective (jax's backend start is one) for peers that ran their parts in the old one.
+    return WorkerLost(
+        f"node {rank}: {task.call.name} was not started on the new workers: other nodes "
+        f"had already run their part of this broadcast on the workers that were lost, and "
+        f"a part alone would wait for them forever; broadcast it again",
+        node=rank,
+    )
 
 
 def _pending(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

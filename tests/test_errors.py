@@ -228,3 +228,40 @@ def test_a_gang_plugin_restarts_every_worker_when_one_is_lost(
         after = pool.broadcast(pid)
         assert not set(after) & set(before)
         assert pool.statistics().workers_replaced == 3
+
+
+@sky.compute
+def drop_link_on_node_1() -> None:
+    """On node 1, close the worker's end of the link, then stop: the client sees the stream
+    end seconds before it can report the worker lost (it waits that long for an exit status).
+    """
+    if sky.instance_info().node != 1:
+        return
+    import gc
+
+    # the worker runs as __main__, so its classes are not skyward.worker's
+    link = next(o for o in gc.get_objects() if type(o).__name__ == "_Link")
+    os.close(link._out_fd)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@pytest.mark.timeout(60)
+def test_a_gang_broadcast_runs_on_one_generation_of_workers() -> None:
+    # Between a gang worker's stream ending and its loss being reported, the survivors are
+    # alive and idle; a broadcast sent then must not run on them (they are about to be
+    # restarted) while its part for the lost node waits for the new runtime. (Local only:
+    # the pool's books are the same over SSH, and the fd trick needs the local launch.)
+    plugins = [sky.Plugin(name="tied", gang=True)]
+    with sky.ComputePool(nodes=3, plugins=plugins, console="off") as pool:
+        before = pool.broadcast(pid)
+        dropping = pool._slots[1].channel
+        assert dropping is not None
+        dropped = pool._broadcast_call(drop_link_on_node_1())
+        deadline = time.monotonic() + 20
+        while not dropping.broken and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert dropping.broken and dropping.lost is None, "the loss is reported later"
+        after = pool.broadcast(pid)
+        assert not set(after) & set(before), "every part ran on the new workers"
+        assert pool.statistics().workers_replaced == 3
+        assert isinstance(dropped.exception(timeout=10), sky.WorkerLost)
