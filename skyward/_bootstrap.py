@@ -6,8 +6,9 @@
    (``<workdir>/envs/<hash>/.skyward-ready``): a second pool with the same image on the
    same host installs nothing;
 2. installs apt packages when it runs as root or has password-less sudo;
-3. finds the image's Python, and uv (on PATH, or installed once into ``<workdir>/tools``
-   from the package index; ``python -m venv`` + pip when neither works);
+3. finds a Python of the client's minor version (or the one ``SSH(python=...)`` names),
+   and uv (on PATH, or installed once into ``<workdir>/tools`` from the package index;
+   ``python -m venv`` + pip when neither works);
 4. makes a virtual environment and installs the requirements: ``index_url`` (if set)
    replaces the default index everywhere, and each ``PipIndex`` serves only the packages it
    names, and those are installed (uv pins them to it; pip installs them from it first,
@@ -203,10 +204,9 @@ def render(plan: Plan) -> str:
         lines.append(f"  run {pip} --no-deps{only} {' '.join(q(r) for r in scoped)}")
     lines += [f"  run {pip}{pip_index} {requirements}", "fi"]
     if image.setup:
-        exports = "".join(f"export {k}={q(v)}\n" for k, v in sorted(image.env.items()))
         lines += [
             'PATH="$env_dir/bin:$PATH"; export PATH; VIRTUAL_ENV="$env_dir"; export VIRTUAL_ENV',
-            *exports.splitlines(),
+            *(f"export {k}={q(v)}" for k, v in sorted(image.env.items())),
         ]
         lines += [f"run sh -c {q(command)}" for command in image.setup]
     lines += [

@@ -75,8 +75,8 @@ def _login_name() -> str:
 class HostKeyPolicy:
     """How to trust host keys: a ``known_hosts`` file, and whether to add unknown hosts.
 
-    ``pinned`` maps hosts to the keys seen first in this pool: a key that changes while the
-    pool lives is refused even when ``accept_new`` is set.
+    (A pool's reconnects do not consult it: ``Connection.open(pinned_key=...)`` accepts only
+    the key seen first, even when ``accept_new`` is set.)
     """
 
     known_hosts: Path
@@ -233,8 +233,12 @@ class Connection:
 
         try:
             channel = self.transport.open_session(timeout=15.0)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ProvisionError(f"{self.target}: could not run a command: {exc}") from exc
+        try:
             channel.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            channel.close()  # not left open on the connection
             raise ProvisionError(f"{self.target}: could not run a command: {exc}") from exc
         return channel
 
@@ -393,17 +397,21 @@ class PoolKey:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-        self._directory = Path(tempfile.mkdtemp(prefix="skyward-key-", dir=directory))
-        self.path = self._directory / "id_ed25519"
         private = Ed25519PrivateKey.generate()
         pem = private.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.OpenSSH,
             serialization.NoEncryption(),
         )
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(pem)
+        self._directory = Path(tempfile.mkdtemp(prefix="skyward-key-", dir=directory))
+        self.path = self._directory / "id_ed25519"
+        try:
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(pem)
+        except BaseException:
+            self.delete()  # no half-written key directory left behind
+            raise
         self.public = (
             private.public_key()
             .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)

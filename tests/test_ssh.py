@@ -126,6 +126,19 @@ def test_env_changes_do_not_rebuild_the_environment_unless_setup_sees_them() -> 
     assert with_setup.digest != other_setup.digest
 
 
+def test_setup_commands_see_env_values_byte_for_byte() -> None:
+    # Values with characters str.splitlines() splits on (\r, \f) must reach setup whole.
+    value = "a\r\nb\x0cc 'd' $e"
+    base = SNAPSHOT_PLANS["minimal"]
+    plan = Plan(**{**base.__dict__, "image": sky.Image(env={"A": value}, setup=["true"])})
+    start = render(plan).index("export A=")
+    export = render(plan)[start:].split("\nrun sh -c")[0]
+    shown = subprocess.run(
+        ["sh", "-c", f'{export}\nprintf %s "$A"'], capture_output=True, check=True
+    )
+    assert shown.stdout == value.encode()  # bytes: text mode would turn \r\n into \n
+
+
 # ── bootstrap on real hosts ───────────────────────────────────────────────────────────────
 
 
@@ -334,7 +347,7 @@ def test_a_link_that_goes_down_during_a_call_ends_it_with_worker_lost(
             host.link_down()
             down = time.monotonic()
             with pytest.raises(sky.WorkerLost) as caught:
-                future.result(timeout=60)
+                future.result(timeout=120)  # longer than the bound below, so that it can fail
             lost_after = time.monotonic() - down
             print(f"link down → WorkerLost in {lost_after:.1f} s")
             assert lost_after < 60

@@ -10,6 +10,8 @@ A provider never schedules work or speaks the worker protocol; the pool does bot
 - ``Node.spawn_worker(rank, env)`` starts ``python -m skyward.worker --node RANK`` on the node
   and returns its byte streams. The pool calls it again to replace a worker that died or was
   recycled after a timeout.
+- ``check(spec)``, optional: provider-specific limits (``nodes`` more than the hosts there
+  are), raised when the pool is built, before anything is created.
 - ``terminate(nodes)`` destroys what ``provision`` made. Idempotent; the pool calls it in a
   ``finally`` on every path, after it has stopped the workers.
 """
@@ -24,7 +26,8 @@ if TYPE_CHECKING:
     from skyward._pool import PoolSpec
 
 
-# A node's phases, in order. Providers report the first three; the pool the rest.
+# A node's phases, in order. Providers that create machines report ``provisioning``, remote
+# ones ``connecting`` and ``bootstrapping`` (Local reports none); the pool the rest.
 Phase = Literal["provisioning", "connecting", "bootstrapping", "starting", "ready"]
 
 
