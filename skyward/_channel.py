@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import itertools
 import queue
+import select
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -44,16 +45,17 @@ from skyward._errors import (
 _STDERR_TAIL_LINES = 40
 # At most this many parts (frames are a header and one to a few parts) per write.
 _BATCH_PARTS = 256
-# Frames up to this size may be written by the caller (see the module docstring): POSIX
-# pipes write them atomically, and they fit in one SSH packet.
-_INLINE_BYTES = 4096
+# Frames up to this size may be written by the caller (see the module docstring): pipes
+# write them atomically, and they fit in one SSH packet.
+_INLINE_BYTES = select.PIPE_BUF
 # After EOF on the protocol stream: how long to wait for the process's exit status and the
 # rest of its stderr before reporting the loss. Both normally arrive within milliseconds.
 _EXIT_STATUS_TIMEOUT = 2.0
 
 
 class Transport(Protocol):
-    """Byte streams to one worker process. Only the channel's threads call these."""
+    """Byte streams to one worker process, called by the channel's threads, and by a
+    caller's thread for a small frame when ``can_write_now`` says it will not block."""
 
     def write(self, parts: Sequence[proto.Part]) -> None: ...
     def readinto(self, buffer: memoryview) -> int | None: ...
@@ -233,14 +235,11 @@ class Channel:
     def _send(self, message: object, payload: proto.Parts | None = None) -> None:
         parts = proto.frame(message, payload)
         size = proto.size(parts)
-        if (
-            size <= _INLINE_BYTES
-            and self._transport.can_write_now(size)
-            and self._write_lock.acquire(blocking=False)
-        ):
+        # Cheap checks first: while the sender is busy the frame is queued without a select.
+        if size <= _INLINE_BYTES and self._queued == 0 and self._write_lock.acquire(blocking=False):
             try:
                 # Nothing queued may be overtaken: frames keep the order they were sent in.
-                if self._queued == 0:
+                if self._queued == 0 and self._transport.can_write_now(size):
                     try:
                         self._transport.write(parts)
                     except (OSError, ValueError):
@@ -266,7 +265,7 @@ class Channel:
                 if more is None:
                     stop = True
                     break
-                parts = parts + more
+                parts.extend(more)  # a fresh list from proto.frame, held by nobody else
                 frames += 1
             with self._write_lock:
                 try:

@@ -146,7 +146,7 @@ class Console:
         target = getattr(target, "rich_proxied_file", target)
         label = self._label(node, target)
         text = "".join(f"{label} {line.decode('utf-8', 'backslashreplace')}\n" for line in lines)
-        if _isatty(target) and self._progress is not None and self._progress.print_above(text):
+        if self._progress is not None and _isatty(target) and self._progress.print_above(text):
             return  # a live table is on this terminal: the lines scroll above it
         try:
             with _jupyter.as_parent(self._routes.get(node)):

@@ -54,10 +54,8 @@ class BootstrapError(SkywardError):
         self.command = command
         self.exit_status = exit_status
         self.log_tail = log_tail
-
-    def __reduce__(self) -> tuple[object, ...]:
-        fields = (str(self), self.command, self.exit_status, self.log_tail)
-        return (_rebuild_bootstrap_error, fields)
+        # Pickles as it is: Exception's pickling rebuilds it from the message (every other
+        # argument has a default) and restores these attributes from __dict__.
 
 
 class ChannelError(SkywardError):
@@ -91,12 +89,6 @@ class WorkerLost(ChannelError):
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only fields would be lost by Exception's default pickling.
         return (_rebuild_worker_lost, (str(self), self.node, self.exit_status, self.stderr_tail))
-
-
-def _rebuild_bootstrap_error(
-    message: str, command: str | None, exit_status: int | None, log_tail: str
-) -> BootstrapError:
-    return BootstrapError(message, command=command, exit_status=exit_status, log_tail=log_tail)
 
 
 def _rebuild_worker_lost(

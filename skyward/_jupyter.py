@@ -45,8 +45,8 @@ def current_parent() -> dict[str, Any] | None:
 @contextmanager
 def as_parent(parent: dict[str, Any] | None) -> Iterator[None]:
     """Within this block, what this thread prints or displays belongs to ``parent``'s cell."""
-    ip = shell()
-    if parent is None or ip is None:
+    ip = shell() if parent is not None else None
+    if ip is None:
         yield
         return
     targets: list[Any] = [sys.stdout, sys.stderr, getattr(ip, "display_pub", None)]

@@ -12,16 +12,20 @@ pools never need this.
 
 from __future__ import annotations
 
+import functools
 import site
 import sys
 import sysconfig
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
-_lock = threading.Lock()  # guards: _seen
+_lock = threading.Lock()  # guards: _seen, _looked_at
 _seen = 0  # len(sys.modules) at the last scan: new imports are what needs a look
+_looked_at: set[str] = set()  # names already classified; a module's file does not move
 
 
+@functools.cache
 def _system_roots() -> tuple[str, ...]:
     roots: set[str] = set()
     for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
@@ -34,11 +38,13 @@ def _system_roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
-def client_only_modules() -> list[str]:
-    """Top-level modules imported here whose files are not where installed code lives."""
+def client_only_modules(names: Iterable[str] | None = None) -> list[str]:
+    """Top-level modules imported here (of ``names``, default all) whose files are not
+    where installed code lives."""
     roots = _system_roots()
-    names = []
-    for name, module in list(sys.modules.items()):
+    found = []
+    for name in list(sys.modules) if names is None else names:
+        module = sys.modules.get(name)
         if "." in name or name in ("__main__", "skyward") or module is None:
             continue
         file = getattr(module, "__file__", None)
@@ -46,20 +52,24 @@ def client_only_modules() -> list[str]:
             continue  # built in, frozen, or a namespace package
         path = str(Path(file).resolve())
         if not path.startswith(roots):
-            names.append(name)
-    return names
+            found.append(name)
+    return found
 
 
 def ship_client_modules() -> None:
-    """Register every client-only module for pickling by value; cheap when none is new."""
+    """Register every client-only module for pickling by value; cheap when none is new.
+
+    Runs before every call to a remote pool is pickled: a glance at ``len(sys.modules)``
+    when nothing was imported, and only the new names when something was.
+    """
     global _seen
     with _lock:
         if len(sys.modules) == _seen:
             return
         _seen = len(sys.modules)
+        new = [name for name in list(sys.modules) if name not in _looked_at]
+        _looked_at.update(new)
         import cloudpickle
 
-        for name in client_only_modules():
-            module = sys.modules.get(name)
-            if module is not None:
-                cloudpickle.register_pickle_by_value(module)
+        for name in client_only_modules(new):
+            cloudpickle.register_pickle_by_value(sys.modules[name])

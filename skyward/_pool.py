@@ -553,7 +553,7 @@ class ComputePool:
                 if slot.lost is not None:
                     _fail(task.future, slot.lost)
                 elif wait or not slot.ready:
-                    slot.backlog.append(task)  # its worker is being replaced
+                    slot.backlog.append(task)  # its worker (or its gang) is being replaced
                 else:
                     self._send(slot, task)
         return _gather(futures, list)

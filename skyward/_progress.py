@@ -21,12 +21,8 @@ import html
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from skyward.providers.base import Phase
-
-PHASES: tuple[Phase, ...] = ("provisioning", "connecting", "bootstrapping", "starting", "ready")
 _LAST_LINE_WIDTH = 80
 
 

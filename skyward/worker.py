@@ -129,14 +129,15 @@ _FUNCTIONS_LOCK = threading.Lock()  # guards: inserting into and evicting from _
 
 
 def _function(data: bytes) -> Any:
+    if len(data) > _FUNCTION_CACHE_BYTES:
+        return proto.loads([data])  # not cached, so not worth hashing either
     fn = _FUNCTIONS.get(data)
     if fn is None:
         fn = proto.loads([data])
-        if len(data) <= _FUNCTION_CACHE_BYTES:
-            with _FUNCTIONS_LOCK:
-                if len(_FUNCTIONS) >= _FUNCTIONS_MAX:
-                    del _FUNCTIONS[next(iter(_FUNCTIONS))]  # the oldest
-                _FUNCTIONS[data] = fn
+        with _FUNCTIONS_LOCK:
+            if len(_FUNCTIONS) >= _FUNCTIONS_MAX:
+                del _FUNCTIONS[next(iter(_FUNCTIONS))]  # the oldest
+            _FUNCTIONS[data] = fn
     return fn
 
 

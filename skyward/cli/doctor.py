@@ -73,23 +73,24 @@ def doctor() -> None:
 def run_checks(env: Mapping[str, str], home: Path) -> list[Check]:
     checks: list[Check] = [check_python(), check_skyward()]
     checks += [check_extra(name) for name in EXTRAS]
-    checks += [check_ssh_client(env), check_ssh_agent(env), _guarded(check_ssh_keys, env, home)]
-    for cloud in (check_aws, check_gcp, check_azure):
-        checks.append(_guarded(cloud, env, home))
+    checks += [check_ssh_client(env), check_ssh_agent(env)]
+    checks.append(_guarded("SSH keys", check_ssh_keys, env, home))
+    for name, cloud in (("AWS", check_aws), ("GCP", check_gcp), ("Azure", check_azure)):
+        checks.append(_guarded(f"{name} credentials", cloud, env, home))
     return checks
 
 
 def _guarded(
-    check: Callable[[Mapping[str, str], Path], Check], env: Mapping[str, str], home: Path
+    name: str,
+    check: Callable[[Mapping[str, str], Path], Check],
+    env: Mapping[str, str],
+    home: Path,
 ) -> Check:
-    # A malformed config file of some cloud must not stop the report, nor end in a traceback.
+    # A malformed config file must not stop the report, nor end in a traceback.
     try:
         return check(env, home)
     except (OSError, ValueError, ConfigError) as exc:
-        if check is check_ssh_keys:
-            return Check("SSH keys", "missing", f"could not read {home / '.ssh'}: {exc}")
-        name = check.__name__.removeprefix("check_").upper()
-        return Check(f"{name} credentials", "missing", f"could not read its configuration: {exc}")
+        return Check(name, "missing", f"could not read its configuration: {exc}")
 
 
 def check_python() -> Check:
@@ -100,7 +101,8 @@ def check_python() -> Check:
 
 
 def check_skyward() -> Check:
-    missing = [d for d in ("cloudpickle", "pydantic", "packaging") if not _version(d)]
+    required = ("click", "cloudpickle", "packaging", "pydantic", "rich")  # pyproject's dependencies
+    missing = [d for d in required if not _version(d)]
     where = Path(skyward.__file__).parent
     if missing:
         return Check(
@@ -199,14 +201,15 @@ def check_aws(env: Mapping[str, str], home: Path) -> Check:
     config = Path(env.get("AWS_CONFIG_FILE") or home / ".aws" / "config")
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     config_section = "default" if profile == "default" else f"profile {profile}"
+    parsed_config = _ini(config)
     if not region:
-        region = _ini(config).get(config_section, "region", fallback=None)
+        region = parsed_config.get(config_section, "region", fallback=None)
     where = f"region {region}" if region else "no region set (AWS_DEFAULT_REGION)"
     if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
         return Check("AWS credentials", "ok", f"from environment variables; {where}")
     if _ini(credentials).has_section(profile):
         return Check("AWS credentials", "ok", f"profile {profile!r} in {credentials}; {where}")
-    section = _ini(config)
+    section = parsed_config
     keys = ("aws_access_key_id", "sso_session", "sso_start_url", "credential_process", "role_arn")
     if section.has_section(config_section) and any(
         section.has_option(config_section, k) for k in keys

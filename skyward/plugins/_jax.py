@@ -224,6 +224,7 @@ def distributed(
         yield
         return
     address = f"{_host(info.head_addr)}:{info.head_port}"
+    deadline = time.monotonic() + initialization_timeout
     if info.node == 0:
         _check_coordinator_port(info.head_port)
     else:
@@ -233,7 +234,8 @@ def distributed(
             coordinator_address=address,
             num_processes=info.total_nodes,
             process_id=info.node,
-            initialization_timeout=initialization_timeout,
+            # one budget for waiting on the coordinator and joining it, not one each
+            initialization_timeout=max(1, int(deadline - time.monotonic())),
             heartbeat_timeout_seconds=heartbeat_timeout,
             shutdown_timeout_seconds=shutdown_timeout,
             # Our values, not ones guessed from Slurm/MPI/Kubernetes variables on the node.
