@@ -24,7 +24,7 @@ Scenarios (2 nodes or workers unless named):
   plugin, against as many bare ``python -c "import jax; jax.distributed.initialize(...)"``
   processes (and bare interpreters, for the pool without plugins).
 - ``ssh``: a 1-node SSH pool to an OpenSSH server in a network namespace made for the run
-  (root and openssh-server needed; ``tests/sshhosts.py``), against the ``ssh`` client on the
+  (root and openssh-server needed; ``tests/support/sshhosts.py``), against the ``ssh`` client on the
   same link: no-op round trip, and MB/s for a large argument.
 
 Processes we start are stopped by PID or by their own shutdown calls, in ``finally`` blocks.
@@ -719,13 +719,13 @@ class OpenSSH:
 def _ssh_fixtures(stack: ExitStack) -> tuple[Any, Any]:
     """One OpenSSH host in a network namespace, and the package index its workers use.
 
-    The test suite's own fixtures (``tests/sshhosts.py``): sshd as user ``skytest`` in a
+    The test suite's own fixtures (``tests/support/sshhosts.py``): sshd as user ``skytest`` in a
     namespace on a bridge, keys made for the run, everything stopped by PID and removed.
     """
     sys.path.insert(0, str(ROOT / "tests"))
     from importlib import metadata
 
-    from sshhosts import Hosts, PackageIndex
+    from support.sshhosts import Hosts, PackageIndex
 
     tag = os.getpid() % 250
     taken = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

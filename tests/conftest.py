@@ -11,16 +11,15 @@ import ipaddress
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from sshhosts import USER, Hosts, PackageIndex
-
-import skyward as sky
+from support.pools import PoolFactory, pool_factory
+from support.processes import describe, our_namespaces, worker_processes
+from support.sshhosts import Hosts, PackageIndex
 
 # Addresses tests may reach: loopback, and the bridge range of network namespaces that tests
 # create themselves (see TESTBED.md).
@@ -81,102 +80,19 @@ socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 socket.getaddrinfo = _guarded_getaddrinfo
 
 
-# Workers of pools that a module-scoped fixture keeps open across tests on purpose.
-_shared_pool_workers: set[int] = set()
-
-
-@contextmanager
-def shared_pool(
-    make: Callable[..., sky.ComputePool] | None = None, **options: Any
-) -> Iterator[sky.ComputePool]:
-    """A pool for a module-scoped fixture: its workers are not leaks until it closes."""
-    make = make or (lambda **o: sky.ComputePool(**{"quiet": True, **o}))
-    with make(**options) as pool:
-        pids = set(pool.broadcast(os.getpid))
-        pids |= {_launcher(pid) for pid in pids} - {None}  # type: ignore[arg-type]
-        _shared_pool_workers.update(pids)
-        try:
-            yield pool
-        finally:
-            _shared_pool_workers.difference_update(pids)
-    assert not worker_processes(), "a shared pool left workers behind"
-
-
-# Network namespaces (by inode) of this session's SSH hosts: the test user's processes in
-# them are ours, even once orphaned; another test run on the machine has its own.
-_our_namespaces: set[int] = set()
-
-
-def worker_processes() -> list[psutil.Process]:
-    """``skyward.worker`` processes still alive: our descendants (local pools) and the SSH
-    test user's on our hosts (remote ones). Zombies count as gone."""
-    alive = []
-    remote = [
-        p
-        for p in psutil.process_iter()
-        if _username(p) == USER and _namespace(p.pid) in _our_namespaces
-    ]
-    for child in psutil.Process().children(recursive=True) + remote:
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE or child.pid in _shared_pool_workers:
-                continue
-            if "skyward.worker" in " ".join(child.cmdline()):
-                alive.append(child)
-        except psutil.NoSuchProcess:
-            continue
-    return alive
-
-
-def _launcher(pid: int) -> int | None:
-    """The shell an SSH worker runs under (its parent), which names the worker too."""
-    try:
-        parent = psutil.Process(pid).parent()
-        if parent is not None and "skyward.worker" in " ".join(parent.cmdline()):
-            return int(parent.pid)
-    except psutil.Error:
-        pass
-    return None
-
-
-def _namespace(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
-
-
-def _username(process: psutil.Process) -> str:
-    try:
-        return str(process.username())
-    except (psutil.Error, KeyError):
-        return ""
-
-
 @pytest.fixture(autouse=True)
 def no_leaked_workers(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     deadline = time.monotonic() + 5.0
     while (leaked := worker_processes()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    found = [_describe(p) for p in leaked]  # as they were, before they are killed below
+    found = [describe(p) for p in leaked]  # as they were, before they are killed below
     for process in leaked:
         try:
             process.kill()
         except psutil.NoSuchProcess:
             pass
     assert not leaked, f"{request.node.name} left worker processes alive: {found}"
-
-
-def _describe(process: psutil.Process) -> str:
-    try:
-        with process.oneshot():
-            return (
-                f"pid {process.pid} ({process.status()}, user {_username(process)}, parent "
-                f"{process.ppid()}, started {time.time() - process.create_time():.1f} s ago): "
-                f"{' '.join(process.cmdline())[:160]}"
-            )
-    except psutil.Error as error:
-        return f"pid {process.pid} ({error})"
 
 
 # ── SSH hosts in network namespaces, and the package index they install from ─────────────
@@ -188,12 +104,12 @@ _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 def ssh_hosts() -> Iterator[Hosts]:
     hosts = Hosts.start(4)
     namespaces = {os.stat(f"/run/netns/{h.netns}").st_ino for h in hosts.hosts}
-    _our_namespaces.update(namespaces)
+    our_namespaces.update(namespaces)
     try:
         yield hosts
     finally:
         hosts.close()
-        _our_namespaces.difference_update(namespaces)
+        our_namespaces.difference_update(namespaces)
     assert not hosts.leftovers(), f"SSH test hosts left behind: {hosts.leftovers()}"
 
 
@@ -211,42 +127,15 @@ def package_index(ssh_hosts: Hosts) -> Iterator[PackageIndex]:
         index.close()
 
 
-def ssh_provider(hosts: Hosts, *targets: str, **options: Any) -> sky.SSH:
-    """SSH to ``targets`` (every test host by default) with this run's key and known_hosts,
-    unless ``options`` name others."""
-    options = {"key": hosts.client_key, "known_hosts": hosts.known_hosts, **options}
-    return sky.SSH(hosts=list(targets) or [h.target for h in hosts.hosts], **options)
-
-
-PoolFactory = Callable[..., sky.ComputePool]
-
-
-def _pool_factory(kind: str, request: pytest.FixtureRequest) -> PoolFactory:
-    if kind == "local":
-        return lambda **options: sky.ComputePool(**{"quiet": True, **options})
-    hosts: Hosts = request.getfixturevalue("ssh_hosts")
-    index: PackageIndex = request.getfixturevalue("package_index")
-
-    def make(**options: Any) -> sky.ComputePool:
-        image = options.pop("image", None) or sky.Image()
-        return sky.ComputePool(
-            provider=ssh_provider(hosts),
-            image=image.model_copy(update={"index_url": index.url}),
-            **{"quiet": True, **options},
-        )
-
-    return make
-
-
 @pytest.fixture(params=["local", "ssh"])
 def make_pool(request: pytest.FixtureRequest) -> PoolFactory:
     """Build pools on either transport: the core behaviour suite runs over both."""
-    return _pool_factory(request.param, request)
+    return pool_factory(request.param, request)
 
 
 @pytest.fixture(scope="module", params=["local", "ssh"])
 def make_module_pool(request: pytest.FixtureRequest) -> PoolFactory:
-    return _pool_factory(request.param, request)
+    return pool_factory(request.param, request)
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from conftest import ssh_provider
-from sshhosts import Hosts, PackageIndex
+from support.pools import ssh_provider
+from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
 

@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
 
 import pytest
-from conftest import PoolFactory
+from support.pools import PoolFactory
 
 import skyward as sky
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pydantic
 import pytest
-from conftest import PoolFactory, worker_processes
+from support.pools import PoolFactory
+from support.processes import worker_processes
 
 import skyward as sky
 

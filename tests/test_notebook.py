@@ -15,11 +15,11 @@ from typing import Any
 
 import nbformat
 import pytest
-from conftest import worker_processes
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
-from sshhosts import Hosts, PackageIndex
+from support.processes import worker_processes
+from support.sshhosts import Hosts, PackageIndex
 
 ROOT = Path(__file__).resolve().parents[1]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
-from conftest import PoolFactory, shared_pool
+from support.pools import PoolFactory
+from support.processes import shared_pool
 
 import skyward as sky
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PoolFactory
+from support.pools import PoolFactory
 
 import skyward as sky
 

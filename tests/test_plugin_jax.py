@@ -15,7 +15,7 @@ from importlib import metadata
 
 import numpy as np
 import pytest
-from conftest import shared_pool, worker_processes
+from support.processes import shared_pool, worker_processes
 
 import skyward as sky
 from skyward.plugins._jax import distributed

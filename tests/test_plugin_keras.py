@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import worker_processes
+from support.processes import worker_processes
 
 import skyward as sky
 

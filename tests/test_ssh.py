@@ -1,7 +1,7 @@
 """What only the SSH provider does: bootstrap from the image, host keys, dropped links.
 
 The core behaviour suite runs over SSH too (``make_pool``); these are the rest. Hosts are
-real OpenSSH servers in network namespaces (``sshhosts.py``); they install from the local
+real OpenSSH servers in network namespaces (``support/sshhosts.py``); they install from the local
 package index only.
 """
 
@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ssh_provider, worker_processes
-from sshhosts import Hosts, PackageIndex, build_wheel
+from support.pools import ssh_provider
+from support.processes import worker_processes
+from support.sshhosts import Hosts, PackageIndex, build_wheel
 
 import skyward as sky
 from skyward._bootstrap import Plan, render

@@ -1,0 +1,97 @@
+"""Which ``skyward.worker`` processes are alive: the leak check after every test, and pools
+that module-scoped fixtures keep open on purpose."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+
+import skyward as sky
+from support.sshhosts import USER
+
+# Workers of pools that a module-scoped fixture keeps open across tests on purpose.
+_shared_pool_workers: set[int] = set()
+
+
+@contextmanager
+def shared_pool(
+    make: Callable[..., sky.ComputePool] | None = None, **options: Any
+) -> Iterator[sky.ComputePool]:
+    """A pool for a module-scoped fixture: its workers are not leaks until it closes."""
+    make = make or (lambda **o: sky.ComputePool(**{"quiet": True, **o}))
+    with make(**options) as pool:
+        pids = set(pool.broadcast(os.getpid))
+        pids |= {_launcher(pid) for pid in pids} - {None}  # type: ignore[arg-type]
+        _shared_pool_workers.update(pids)
+        try:
+            yield pool
+        finally:
+            _shared_pool_workers.difference_update(pids)
+    assert not worker_processes(), "a shared pool left workers behind"
+
+
+# Network namespaces (by inode) of this session's SSH hosts: the test user's processes in
+# them are ours, even once orphaned; another test run on the machine has its own.
+our_namespaces: set[int] = set()
+
+
+def worker_processes() -> list[psutil.Process]:
+    """``skyward.worker`` processes still alive: our descendants (local pools) and the SSH
+    test user's on our hosts (remote ones). Zombies count as gone."""
+    alive = []
+    remote = [
+        p
+        for p in psutil.process_iter()
+        if _username(p) == USER and _namespace(p.pid) in our_namespaces
+    ]
+    for child in psutil.Process().children(recursive=True) + remote:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE or child.pid in _shared_pool_workers:
+                continue
+            if "skyward.worker" in " ".join(child.cmdline()):
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def _launcher(pid: int) -> int | None:
+    """The shell an SSH worker runs under (its parent), which names the worker too."""
+    try:
+        parent = psutil.Process(pid).parent()
+        if parent is not None and "skyward.worker" in " ".join(parent.cmdline()):
+            return int(parent.pid)
+    except psutil.Error:
+        pass
+    return None
+
+
+def _namespace(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def _username(process: psutil.Process) -> str:
+    try:
+        return str(process.username())
+    except (psutil.Error, KeyError):
+        return ""
+
+
+def describe(process: psutil.Process) -> str:
+    try:
+        with process.oneshot():
+            return (
+                f"pid {process.pid} ({process.status()}, user {_username(process)}, parent "
+                f"{process.ppid()}, started {time.time() - process.create_time():.1f} s ago): "
+                f"{' '.join(process.cmdline())[:160]}"
+            )
+    except psutil.Error as error:
+        return f"pid {process.pid} ({error})"
