@@ -12,13 +12,18 @@ import sys
 import time
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pytest
-from support.processes import shared_pool, worker_processes
+from support.pools import ssh_provider
+from support.processes import our_namespaces, shared_pool, worker_processes
+from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
-from skyward.plugins._jax import distributed
+from skyward.plugins._jax import collectives_address, distributed
+
+_WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 
 # ── the transform, offline ───────────────────────────────────────────────────────────────
 
@@ -291,3 +296,75 @@ def test_a_worker_that_cannot_join_fails_the_start_with_the_reason() -> None:
     assert "node 0" in message and "cannot start the JAX coordinator on port" in message
     assert "Address already in use" in message
     assert not worker_processes()
+
+
+# ── across hosts set up as workstations are ──────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def workstations() -> Iterator[tuple[Hosts, PackageIndex]]:
+    """Two SSH hosts with Debian's default /etc/hosts: each one's own name is 127.0.1.1."""
+    hosts = Hosts.start(2, etc_hosts="debian-default")
+    namespaces = {os.stat(f"/run/netns/{h.netns}").st_ino for h in hosts.hosts}
+    our_namespaces.update(namespaces)
+    try:
+        index = PackageIndex(hosts.root / "index", hosts.bridge_address)
+        try:
+            pins = [f"{n}=={metadata.version(n)}" for n in ("cloudpickle", "pydantic", "jax")]
+            index.download([*pins, f"jaxlib=={metadata.version('jaxlib')}", "uv"], _WHEEL_CACHE)
+            yield hosts, index
+        finally:
+            index.close()
+    finally:
+        hosts.close()
+        our_namespaces.difference_update(namespaces)
+    assert not hosts.leftovers()
+
+
+def _toy_and_where_my_name_points() -> tuple[float, str]:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4, 2), ("i", "j"))
+    array = jax.device_put(np.arange(32).reshape((4, 8)), NamedSharding(mesh, P("i", "j")))
+    return float(jnp.sum(jnp.sin(array))), socket.gethostbyname(socket.gethostname())
+
+
+@pytest.mark.timeout(300)
+def test_cpu_collectives_cross_hosts_whose_own_name_resolves_to_loopback(
+    workstations: tuple[Hosts, PackageIndex],
+) -> None:
+    # gloo, left to itself, advertises what the hostname resolves to (127.0.1.1 here), and
+    # the other rank's connection is refused; the plugin gives it the pool address instead.
+    hosts, index = workstations
+    with sky.ComputePool(
+        provider=ssh_provider(hosts),
+        nodes=2,
+        image=sky.Image(index_url=index.url),
+        plugins=[sky.plugins.jax(cpu_devices=4)],
+        quiet=True,
+    ) as pool:
+        results = pool.broadcast(_toy_and_where_my_name_points)
+    assert results == [(-0.12398731708526611, "127.0.1.1")] * 2
+
+
+@pytest.mark.timeout(300)
+def test_a_node_named_by_a_hostname_that_is_loopback_on_itself_listens_on_its_network_address(
+    workstations: tuple[Hosts, PackageIndex],
+) -> None:
+    hosts, index = workstations
+    h0, h1 = hosts.hosts
+    head = h0.address
+
+    def address_for_node_1_named_h1() -> str:
+        info = sky.InstanceInfo(
+            node=1, total_nodes=2, head_addr=head, head_port=1234, peers=(head, "h1"), hostname="h1"
+        )
+        return collectives_address(info)
+
+    with sky.ComputePool(
+        provider=ssh_provider(hosts, h1.target), image=sky.Image(index_url=index.url), quiet=True
+    ) as pool:
+        assert pool.run(address_for_node_1_named_h1) == h1.address
