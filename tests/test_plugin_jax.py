@@ -298,6 +298,58 @@ def test_a_worker_that_cannot_join_fails_the_start_with_the_reason() -> None:
     assert not worker_processes()
 
 
+# ── sky.shard(even=True) and a global mesh ───────────────────────────────────────────────
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def _info(node: int, nodes: int) -> sky.InstanceInfo:
+    return sky.InstanceInfo(
+        node=node,
+        total_nodes=nodes,
+        head_addr="127.0.0.1",
+        head_port=1,
+        peers=("127.0.0.1",) * nodes,
+        hostname="h",
+    )
+
+
+@pytest.mark.parametrize(("nodes", "devices", "rows"), [(2, 2, 2048), (3, 4, 1364), (2, 1, 2049)])
+def test_even_shards_are_equal_contiguous_and_split_by_every_device(
+    nodes: int, devices: int, rows: int
+) -> None:
+    data = list(range(4099))
+    shares = [
+        sky.shard(data, even=True, devices=devices, info=_info(n, nodes)) for n in range(nodes)
+    ]
+    assert [len(share) for share in shares] == [rows] * nodes
+    assert [row for share in shares for row in share] == data[: rows * nodes]  # in order, once
+    assert 4099 - rows * nodes < nodes * devices  # only what no device could take is dropped
+
+
+def _docs_example(page: str, marker: str) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), re.DOTALL)
+    [block] = [b for b in blocks if marker in b]
+    return str(block)
+
+
+@pytest.mark.timeout(240)
+def test_the_docs_data_parallel_example_runs_as_written_with_an_odd_row_count(
+    tmp_path: Path,
+) -> None:
+    # 4,099 rows on 2 nodes x 2 CPU devices: an even split per node (2,049) is not one per
+    # device, and jax.make_array_from_process_local_data refuses it.
+    example = _docs_example("plugins.md", "even=True")
+    assert "size=(4_099, 8)" in example and "cpu_devices=2" in example and "nodes=2" in example
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=220, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "(4096, 1) True"
+
+
 # ── across hosts set up as workstations are ──────────────────────────────────────────────
 
 
