@@ -21,13 +21,15 @@ import shlex
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Literal
 
+from skyward import _worker_hooks as hooks
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
 from skyward._plugin import Plugin
+from skyward.plugins._jax_output import GlooFilter, quiet_when_stopped
 
 if TYPE_CHECKING:
     from skyward._pool import PoolSpec
@@ -72,6 +74,7 @@ def jax(
     initialization_timeout: int = 45,
     heartbeat_timeout: int = 15,
     shutdown_timeout: int = 5,
+    verbose: bool = False,
 ) -> Plugin:
     """The jax plugin.
 
@@ -90,6 +93,11 @@ def jax(
       to ``jax.distributed.initialize``. A rank that never arrives fails the pool's start after
       about ``initialization_timeout + 5``; one that dies is detected by the others within
       ``heartbeat_timeout`` (jax's own defaults are 300 and 100).
+    - ``verbose``: show everything JAX writes. By default gloo's ``[Gloo] Rank N is
+      connected to ...`` lines are dropped, and when the pool stops ranks in the middle of a
+      call (Ctrl-C, ``close(wait=False)``), what JAX logs while it stops (the coordination
+      service's fatal errors and stack traces) goes to a file on each node instead of your
+      terminal; node 0 says so in one line.
     """
     major = _cuda_major(cuda) if cuda is not None else None
     if cpu_devices is not None and cpu_devices < 1:
@@ -125,12 +133,18 @@ def jax(
 
     @contextmanager
     def around_app(info: InstanceInfo) -> Iterator[None]:
-        with distributed(
-            info,
-            initialization_timeout=initialization_timeout,
-            heartbeat_timeout=heartbeat_timeout,
-            shutdown_timeout=shutdown_timeout,
-        ):
+        with ExitStack() as stack:
+            if not verbose and info.total_nodes > 1:
+                stack.enter_context(hooks.stdout_filter(GlooFilter()))
+                stack.enter_context(quiet_when_stopped(info))
+            stack.enter_context(
+                distributed(
+                    info,
+                    initialization_timeout=initialization_timeout,
+                    heartbeat_timeout=heartbeat_timeout,
+                    shutdown_timeout=shutdown_timeout,
+                )
+            )
             yield
 
     return Plugin(name="jax", transform=transform, around_app=around_app, gang=True)
