@@ -35,6 +35,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from skyward import _profile
 from skyward import _protocol as proto
 from skyward._channel import Channel, _fail, _resolve
 from skyward._compute import Compute, PendingCall
@@ -781,6 +782,10 @@ class ComputePool:
             self._pump()
         pids = ", ".join(f"node {s.rank} pid {c.pid}" for s, c in zip(slots, channels, strict=True))
         self._console.status(f"new worker(s) ready: {pids}")
+
+    def profile(self, directory: str | os.PathLike[str]) -> _profile.Profile:
+        """``with pool.profile("traces/"):`` traces every node with ``jax.profiler``."""
+        return _profile.profile(self, directory)
 
 
 class _Watchdog:
