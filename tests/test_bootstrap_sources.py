@@ -210,6 +210,7 @@ def test_the_bootstrap_with_git_and_wheel_sources_matches_its_snapshot(tmp_path:
     """The jax plugin's scoping (CUDA wheels from JAX's release page) next to a git
     revision and a client wheel. Set SKYWARD_UPDATE_SNAPSHOTS=1 to accept a change."""
     pool = sky.ComputePool(
+        provider=sky.SSH(hosts=["h1"]),  # never started: the transforms run when it is built
         accelerator="H100",
         image=sky.Image(
             pip=[
