@@ -26,12 +26,17 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from skyward._pool import ComputePool
+
+class _Pool(Protocol):
+    """What a profile needs of a pool (a ``ComputePool``; no import of it, no circle)."""
+
+    def broadcast(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]: ...
+
 
 # On a worker: where this process's trace is being written, between the two broadcasts.
 _trace_dir: str | None = None
@@ -86,7 +91,7 @@ class Profile:
     exception is the one raised, with a note saying why the traces are missing.
     """
 
-    def __init__(self, pool: ComputePool, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, pool: _Pool, directory: str | os.PathLike[str]) -> None:
         self.pool = pool
         self.directory = Path(directory)
         self.files: dict[int, list[Path]] = {}
@@ -122,6 +127,6 @@ class Profile:
                 written.append(path)
 
 
-def profile(pool: ComputePool, directory: str | os.PathLike[str]) -> Profile:
+def profile(pool: _Pool, directory: str | os.PathLike[str]) -> Profile:
     """``with profile(pool, "traces/"):`` traces every node; see ``Profile``."""
     return Profile(pool, directory)
