@@ -19,16 +19,22 @@ import inspect
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from skyward import _protocol as proto
 from skyward._errors import SerializationError
 
-if TYPE_CHECKING:
-    from skyward._pool import ComputePool
-
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class ComputePool(Protocol):
+    """What the operators need of a pool (``skyward._pool.ComputePool`` is the one); named
+    here so that this module does not import the pool, which imports it."""
+
+    def _run_call(self, call: PendingCall[R]) -> Future[R]: ...
+    def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]: ...
+    def _run_group(self, calls: tuple[PendingCall[Any], ...]) -> Future[tuple[Any, ...]]: ...
 
 
 class Compute(Generic[P, R]):

@@ -18,8 +18,6 @@ it, and whatever it returns anyway is terminated by the thread that started it.
 from __future__ import annotations
 
 import atexit
-import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -30,25 +28,22 @@ from typing import Any, Literal, TypeVar
 from skyward._channel import Channel
 from skyward._compute import Compute, PendingCall
 from skyward._console import Console, ConsoleMode, OutputMode
-from skyward._errors import PoolClosed, ProvisionError, SkywardError
+from skyward._errors import PoolClosed
 from skyward._futures import Deadline, fail, gather
 from skyward._image import Image
+from skyward._machines import Machines
 from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin
 from skyward._recovery import Recovery
 from skyward._scheduler import Scheduler, Slot, Task
 from skyward._spec import PoolSpec, apply_transforms, pickle_plugins
 from skyward._startup import Startup
-from skyward.providers.base import Allocation, Provider, ProvisionRequest
+from skyward.providers.base import Allocation, Provider
 
 R = TypeVar("R")
 # draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
 State = Literal["new", "starting", "running", "draining", "closing", "closed"]
 _ACTIVE = ("running", "draining")
-# How long a close waits, past the provision deadline, for a provider that is still
-# provisioning to notice it was cancelled and destroy what it made.
-_PROVISION_GRACE = 120.0
-_log = logging.getLogger("skyward")
 
 
 @dataclass(frozen=True)
@@ -134,9 +129,6 @@ class ComputePool:
         self._console = Console(mode=mode, output=spec.output)
 
         self._state: State = "new"  # guarded by the scheduler's lock
-        self._request: ProvisionRequest | None = None
-        self._allocation: Allocation | None = None
-        self._provisioned = threading.Event()  # provision() has returned or raised
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
         self._started_at = 0.0
         self._scheduler = Scheduler(
@@ -148,6 +140,13 @@ class ComputePool:
             accepting=lambda: self._state in _ACTIVE,
         )
         self._lock = self._scheduler.lock
+        self._machines = Machines(
+            spec.provider,
+            pool=spec.name,
+            reporter=self._console,
+            lock=self._lock,
+            closing=lambda: self._state in ("closing", "closed"),
+        )
         self._startup = Startup(
             spec, plugins=self._plugin_payload, reporter=self._console, open_channel=self._open
         )
@@ -196,15 +195,14 @@ class ComputePool:
             if self._state != "new":
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
-            self._request = spec.request(self.image)
         atexit.register(self._close_at_exit)
         self._started_at = time.monotonic()
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
         )
         try:
-            self._provision(self._request)
-            self._start_workers()
+            allocation = self._machines.provision(spec.request(self.image), spec.nodes)
+            self._start_workers(allocation)
         except BaseException:
             self._console.end()
             self.close(wait=False)
@@ -227,41 +225,8 @@ class ComputePool:
         )
         return self
 
-    def _provision(self, request: ProvisionRequest) -> None:
-        """Ask the provider for the machines; whatever it returns is ours to terminate."""
-        kind = self.spec.provider_kind
-        try:
-            try:
-                allocation = self.spec.provider.provision(request, self._console)
-            except SkywardError:
-                raise
-            except TimeoutError as exc:
-                raise ProvisionError(
-                    f"{kind}: the machines were not ready within {request.deadline.what}: "
-                    f"{exc}. Raise provision_timeout if they need longer."
-                ) from exc
-            except Exception as exc:
-                raise ProvisionError(
-                    f"provider {kind} failed: {type(exc).__name__}: {exc}"
-                ) from exc
-            with self._lock:
-                closed = self._state in ("closing", "closed")
-                if not closed:
-                    self._allocation = allocation
-            if closed:  # closed by another thread while the provider worked
-                allocation.terminate()
-                raise PoolClosed(f"pool {self.name!r} was closed while it started")
-        finally:
-            self._provisioned.set()
-        nodes = allocation.nodes
-        if len(nodes) != self.spec.nodes:
-            raise ProvisionError(
-                f"provider {kind} returned {len(nodes)} nodes, not {self.spec.nodes}"
-            )
-
-    def _start_workers(self) -> None:
-        assert self._allocation is not None
-        slots = [Slot(rank, node) for rank, node in enumerate(self._allocation.nodes)]
+    def _start_workers(self, allocation: Allocation) -> None:
+        slots = [Slot(rank, node) for rank, node in enumerate(allocation.nodes)]
         with self._lock:
             self._scheduler.slots = slots
         timeout = self.spec.start_timeout
@@ -319,9 +284,7 @@ class ComputePool:
             queued = self._scheduler.take_all()
             channels = self._scheduler.channels() + list(self._pending_channels)
             self._pending_channels.clear()
-            request = self._request
-        if request is not None:
-            request.deadline.cancel(f"pool {self.name!r} was closed")
+        self._machines.cancel(f"pool {self.name!r} was closed")
         try:
             self._recovery.timeouts.stop()
             closed = PoolClosed(f"pool {self.name!r} was closed before this call ran")
@@ -339,31 +302,13 @@ class ComputePool:
                 channel.wait_closed(5.0)
         finally:
             try:
-                self._terminate(request)
+                self._machines.terminate()
             finally:
                 with self._lock:
                     self._state = "closed"
                     self._scheduler.idle.notify_all()
                 self._console.flush()
                 atexit.unregister(self._close_at_exit)
-
-    def _terminate(self, request: ProvisionRequest | None) -> None:
-        if request is not None and not self._provisioned.is_set():
-            # Closed from another thread while the provider works: it was cancelled above,
-            # and the starting thread terminates whatever it returns. Wait for that.
-            self._console.status("waiting for the provider to stop and clean up")
-            bound = request.deadline.remaining() + _PROVISION_GRACE
-            if not self._provisioned.wait(bound):
-                _log.warning(
-                    "pool %s: the provider is still provisioning after %.0f s; what it makes "
-                    "is terminated when it returns. `skyward ls` lists leftovers.",
-                    self.name,
-                    bound,
-                )
-        with self._lock:
-            allocation = self._allocation
-        if allocation is not None:
-            allocation.terminate()
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):

@@ -87,8 +87,9 @@ class LocalNode:
 
     def __init__(self, python: str) -> None:
         self._python = python
-        self._lock = threading.Lock()  # guards: _processes
+        self._lock = threading.Lock()  # guards: _processes, _closed
         self._processes: list[subprocess.Popen[bytes]] = []
+        self._closed = False
 
     def spawn_worker(self, rank: int, env: Mapping[str, str]) -> PipeTransport:
         path = os.environ.get("PYTHONPATH")
@@ -97,6 +98,9 @@ class LocalNode:
             **env,
             "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, path) if p),
         }
+        with self._lock:
+            if self._closed:  # a replacement racing the pool's teardown
+                raise ProvisionError("local node: the pool is closing")
         process = subprocess.Popen(
             [self._python, "-m", "skyward.worker", "--node", str(rank)],
             stdin=subprocess.PIPE,
@@ -109,13 +113,20 @@ class LocalNode:
             start_new_session=True,
         )
         with self._lock:
-            # Kept after they exit: terminate() still kills what their children left behind.
+            # Kept after they exit: close() still kills what their children left behind.
             self._processes.append(process)
+            closed = self._closed
+        if closed:  # closed while this one started
+            _kill_group(process)
+            process.wait()
+            raise ProvisionError("local node: the pool is closing")
         return PipeTransport(process)
 
     def close(self) -> None:
-        """Kill every worker this node started, and what they left behind. Idempotent."""
+        """Kill every worker this node started, and what they left behind. Idempotent;
+        ``spawn_worker`` refuses from now on."""
         with self._lock:
+            self._closed = True
             processes, self._processes = self._processes, []
         for process in processes:
             _kill_group(process)
