@@ -13,8 +13,9 @@ import threading
 from collections.abc import Callable
 
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
+from skyward._futures import Deadline
 from skyward._phases import Reporter
-from skyward.providers.base import Allocation, Provider, ProvisionRequest
+from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
 
 # How long a close waits, past the provision deadline, for a provider that is still
 # provisioning to notice it was cancelled and destroy what it made.
@@ -43,6 +44,7 @@ class Machines:
         self._request: ProvisionRequest | None = None  # guarded by lock
         self._allocation: Allocation | None = None  # guarded by lock
         self._provisioned = threading.Event()  # provision() has returned or raised
+        self._replacing: set[Deadline] = set()  # guarded by lock: replacements under way
 
     def provision(self, request: ProvisionRequest, nodes: int) -> Allocation:
         """Ask the provider for ``nodes`` machines. Anything but a ``SkywardError`` that
@@ -80,12 +82,35 @@ class Machines:
             )
         return allocation
 
+    @property
+    def can_replace(self) -> bool:
+        with self._lock:
+            return self._allocation is not None and self._allocation.can_replace
+
+    def replace(self, rank: int) -> Node:
+        """A new machine for node ``rank``, whose machine was lost; bounded by a fresh
+        ``provision_timeout``, and cancelled by a close like the first provision."""
+        with self._lock:
+            allocation, request = self._allocation, self._request
+        assert allocation is not None and request is not None
+        deadline = Deadline(request.deadline.seconds, request.deadline.what)
+        with self._lock:
+            self._replacing.add(deadline)
+        try:
+            return allocation.replace(rank, self._reporter, deadline)
+        finally:
+            with self._lock:
+                self._replacing.discard(deadline)
+
     def cancel(self, reason: str) -> None:
         """Stop a provision under way (its deadline's flag); harmless otherwise."""
         with self._lock:
             request = self._request
+            replacing = list(self._replacing)
         if request is not None:
             request.deadline.cancel(reason)
+        for deadline in replacing:
+            deadline.cancel(reason)
 
     def terminate(self) -> None:
         """Destroy what the provider made, once it has stopped making it. Idempotent."""

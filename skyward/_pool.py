@@ -21,21 +21,20 @@ import atexit
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from skyward._channel import Channel
 from skyward._compute import Compute, PendingCall
 from skyward._console import Console, ConsoleMode, OutputMode
-from skyward._errors import PoolClosed
+from skyward._errors import PoolClosed, ProvisionError
 from skyward._futures import Deadline, fail, gather
 from skyward._image import Image
 from skyward._machines import Machines
 from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin
 from skyward._recovery import Recovery
-from skyward._scheduler import Scheduler, Slot, Task
+from skyward._scheduler import PoolStatistics, Scheduler, Slot, Task
 from skyward._spec import PoolSpec, apply_transforms, pickle_plugins
 from skyward._startup import Startup
 from skyward.providers.base import Allocation, Provider
@@ -44,23 +43,6 @@ R = TypeVar("R")
 # draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
 State = Literal["new", "starting", "running", "draining", "closing", "closed"]
 _ACTIVE = ("running", "draining")
-
-
-@dataclass(frozen=True)
-class PoolStatistics:
-    """A snapshot of a pool's work. ``in_flight`` is per node, by rank."""
-
-    name: str
-    state: str
-    nodes: int
-    ready_nodes: int
-    queued: int
-    in_flight: tuple[int, ...]
-    submitted: int
-    succeeded: int
-    failed: int
-    workers_replaced: int
-    uptime: float
 
 
 class ComputePool:
@@ -239,19 +221,40 @@ class ComputePool:
                 slot.ready = True
 
     def _open(self, slot: Slot) -> Channel:
-        """Spawn a worker on ``slot``'s node; the channel is ended by a close from now on."""
+        """Spawn a worker on ``slot``'s node (a new machine in its place if the node is gone
+        and the provider can replace it); the channel is ended by a close from now on."""
         with self._lock:
             if self._state in ("closing", "closed"):
                 raise PoolClosed(f"pool {self.name!r} is closing")
+        try:
             transport = slot.node.spawn_worker(slot.rank, self.image.env)
-            channel = Channel(
-                transport,
-                node=slot.rank,
-                output=self._console.output,
-                on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
-                on_broken=lambda ch: self._recovery.on_broken(slot, ch),
-            )
-            self._pending_channels.add(channel)
+        except ProvisionError as error:
+            if self._state != "running" or not self._machines.can_replace:
+                raise
+            self._console.status(f"node {slot.rank}: its machine is lost ({error}); replacing it")
+            node = self._machines.replace(slot.rank)
+            with self._lock:
+                slot.node = node
+                if slot.info is not None:  # its new worker is told its new address
+                    peers = list(slot.info.peers)
+                    peers[slot.rank] = node.address
+                    update = {"peers": tuple(peers), "head_addr": peers[0]}
+                    slot.info = slot.info.model_copy(update=update)
+            transport = node.spawn_worker(slot.rank, self.image.env)
+        channel = Channel(
+            transport,
+            node=slot.rank,
+            output=self._console.output,
+            on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
+            on_broken=lambda ch: self._recovery.on_broken(slot, ch),
+        )
+        with self._lock:
+            closing = self._state in ("closing", "closed")
+            if not closing:
+                self._pending_channels.add(channel)
+        if closing:  # closed while it spawned: the teardown did not see this one
+            channel.kill("the pool is closing")
+            raise PoolClosed(f"pool {self.name!r} is closing")
         return channel
 
     def close(self, *, wait: bool = True) -> None:
@@ -348,21 +351,8 @@ class ComputePool:
 
     def statistics(self) -> PoolStatistics:
         with self._lock:
-            slots = self._scheduler.slots
-            counts = self._scheduler.counts
-            return PoolStatistics(
-                name=self.name,
-                state=self._state,
-                nodes=self.spec.nodes,
-                ready_nodes=sum(s.ready for s in slots),
-                queued=len(self._scheduler.queue),
-                in_flight=tuple(s.busy for s in slots),
-                submitted=counts["submitted"],
-                succeeded=counts["succeeded"],
-                failed=counts["failed"],
-                workers_replaced=counts["replaced"],
-                uptime=time.monotonic() - self._started_at if self._started_at else 0.0,
-            )
+            uptime = time.monotonic() - self._started_at if self._started_at else 0.0
+            return self._scheduler.statistics(self._state, self.spec.nodes, uptime)
 
     def _run_call(self, call: PendingCall[R]) -> Future[R]:
         return self._run_calls([call])[0]

@@ -66,6 +66,23 @@ class Slot:
     backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
 
 
+@dataclass(frozen=True)
+class PoolStatistics:
+    """A snapshot of a pool's work. ``in_flight`` is per node, by rank."""
+
+    name: str
+    state: str
+    nodes: int
+    ready_nodes: int
+    queued: int
+    in_flight: tuple[int, ...]
+    submitted: int
+    succeeded: int
+    failed: int
+    workers_replaced: int
+    uptime: float
+
+
 def prefetch_depth(recent: float) -> int:
     """Calls a map may queue past a node's slots, given its recent send-to-result time.
 
@@ -227,6 +244,22 @@ class Scheduler:
             slot.backlog.clear()
             slot.ready = False
         return tasks
+
+    def statistics(self, state: str, nodes: int, uptime: float) -> PoolStatistics:
+        """A snapshot of the books. Lock held by the caller."""
+        return PoolStatistics(
+            name=self._name,
+            state=state,
+            nodes=nodes,
+            ready_nodes=sum(s.ready for s in self.slots),
+            queued=len(self.queue),
+            in_flight=tuple(s.busy for s in self.slots),
+            submitted=self.counts["submitted"],
+            succeeded=self.counts["succeeded"],
+            failed=self.counts["failed"],
+            workers_replaced=self.counts["replaced"],
+            uptime=uptime,
+        )
 
     def channels(self) -> list[Channel]:
         return [s.channel for s in self.slots if s.channel is not None]

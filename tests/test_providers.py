@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from support.pools import ssh_provider
 from support.processes import worker_processes
-from support.providers import Slow, TestHosts
+from support.providers import Preemptible, Slow, TestHosts
 from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex
 
@@ -353,3 +353,37 @@ def test_jax_toy_runs_across_machines_a_provider_hands_out_through_the_shared_la
     ) as pool:
         results = pool.broadcast(_jax_toy)
     assert results == [(-0.12398731708526611, 4), (-0.12398731708526611, 4)]
+
+
+# ── a lost machine is replaced when the provider can ────────────────────────────────────
+
+
+def _exit_on(rank: int) -> int:
+    import os
+
+    if sky.instance_info().node == rank:
+        os._exit(3)
+    return os.getpid()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_a_lost_machine_is_replaced_and_the_pool_goes_on() -> None:
+    provider = Preemptible()
+    with sky.ComputePool(provider=provider, nodes=2, quiet=True) as pool:
+        before = pool.broadcast(_pid)
+        provider.lose(1)  # its machine is gone: no new worker can start there
+        with pytest.raises(sky.WorkerLost):
+            pool.broadcast(_exit_on, 1)
+        deadline = time.monotonic() + 30
+        while pool.statistics().ready_nodes < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = pool.broadcast(_pid)
+    assert provider.replaced == [1]
+    assert after[0] == before[0] and after[1] != before[1]
+    assert provider.allocations[0].terminated
+    assert not worker_processes()

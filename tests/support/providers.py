@@ -4,21 +4,27 @@
   them through the shared SSH-host layer exactly as a cloud does: each machine's host key is
   given in advance (no known_hosts), the pool's own key logs in, and a booting machine is
   waited for. It needs nothing else, which is the point of ``providers._hosts``.
+- ``Preemptible`` is local nodes whose machines a test can take away, and replaces them.
 - ``Slow`` wraps another provider and takes its time (or fails) at chosen moments, to test
   what the pool does around ``provision``.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from skyward._errors import ProvisionError
+from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward._ssh import Target
 from skyward.providers._hosts import Access, HostTarget, open_hosts
-from skyward.providers.base import Allocation, Inventory, Provider, ProvisionRequest
+from skyward.providers.base import Allocation, Inventory, Node, Provider, ProvisionRequest
+from skyward.providers.local import LocalNode
 from support.sshhosts import Hosts
 
 
@@ -91,6 +97,70 @@ class Slow:
         allocation = self.inner.provision(request, reporter)
         self.returned.append(allocation)
         return allocation
+
+    def inventory(self) -> Inventory | None:
+        return None
+
+
+class _LosableNode:
+    """A local node whose machine can be "lost": from then on it starts nothing."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.lost = False
+        self.address = inner.address
+        self.accelerators = inner.accelerators
+        self.shares_files = inner.shares_files
+
+    def spawn_worker(self, rank: int, env: Any) -> Any:
+        if self.lost:
+            raise ProvisionError(f"node {rank}: the machine is gone")
+        return self.inner.spawn_worker(rank, env)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _Replaceable(Allocation):
+    def __init__(self, nodes: list[_LosableNode], replaced: list[int]) -> None:
+        super().__init__(nodes)
+        self._replaced = replaced
+
+    @property
+    def can_replace(self) -> bool:
+        return True
+
+    def replace(self, rank: int, reporter: Reporter, deadline: Deadline) -> Node:
+        self.nodes[rank].close()
+        self.nodes[rank] = _LosableNode(LocalNode(sys.executable))
+        self._replaced.append(rank)
+        return self.nodes[rank]
+
+
+@dataclass(eq=False)
+class Preemptible:
+    """Local nodes whose machines the test can take away (``lose``), as a cloud reclaims a
+    spot VM; the allocation replaces a lost machine with a new one."""
+
+    replaced: list[int] = field(default_factory=list)
+    allocations: list[_Replaceable] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return "preemptible"
+
+    def check(self, request: ProvisionRequest) -> None:
+        pass
+
+    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
+        nodes = [_LosableNode(LocalNode(sys.executable)) for _ in range(request.nodes)]
+        self.allocations.append(_Replaceable(nodes, self.replaced))
+        return self.allocations[-1]
+
+    def lose(self, rank: int) -> None:
+        node = self.allocations[-1].nodes[rank]
+        assert isinstance(node, _LosableNode)
+        node.lost = True
 
     def inventory(self) -> Inventory | None:
         return None
