@@ -28,7 +28,7 @@ from skyward._channel import Channel
 from skyward._compute import Compute, PendingCall
 from skyward._console import Console, ConsoleMode, OutputMode
 from skyward._errors import PoolClosed, ProvisionError
-from skyward._futures import Deadline, fail, gather
+from skyward._futures import CallFuture, Deadline, fail, gather
 from skyward._image import Image
 from skyward._machines import Machines
 from skyward._modules import ship_client_modules
@@ -88,7 +88,8 @@ class ComputePool:
             "nodes": nodes,
             "accelerator": accelerator,
             "image": Image() if image is None else image,
-            "plugins": tuple(plugins),
+            # A list is taken as a tuple; anything else is left to the validator to name.
+            "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,
             "concurrency": concurrency,
             "provision_timeout": provision_timeout,
             "start_timeout": start_timeout,
@@ -112,6 +113,7 @@ class ComputePool:
 
         self._state: State = "new"  # guarded by the scheduler's lock
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
+        self._hurry = False  # a close(wait=False) came while another close was draining
         self._started_at = 0.0
         self._scheduler = Scheduler(
             name=spec.name,
@@ -185,9 +187,14 @@ class ComputePool:
         try:
             allocation = self._machines.provision(spec.request(self.image), spec.nodes)
             self._start_workers(allocation)
-        except BaseException:
+        except BaseException as exc:
             self._console.end()
+            closed_meanwhile = self._state in ("closing", "closed")
             self.close(wait=False)
+            if closed_meanwhile and isinstance(exc, Exception) and not isinstance(exc, PoolClosed):
+                # What the close broke (a plugin's start interrupted, a channel killed) is not
+                # the user's error: the pool was closed.
+                raise PoolClosed(f"pool {self.name!r} was closed while it started") from exc
             raise
         with self._lock:
             if self._state != "starting":  # closed by another thread meanwhile
@@ -247,6 +254,7 @@ class ComputePool:
             output=self._console.output,
             on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
             on_broken=lambda ch: self._recovery.on_broken(slot, ch),
+            on_result=self._console.flush,
         )
         with self._lock:
             closing = self._state in ("closing", "closed")
@@ -258,26 +266,32 @@ class ComputePool:
         return channel
 
     def close(self, *, wait: bool = True) -> None:
-        """Stop every worker and destroy the nodes. Idempotent.
+        """Stop every worker and destroy the nodes. Idempotent; returns once the pool is
+        closed, whichever thread does the closing.
 
         ``wait=True`` first lets submitted calls finish; ``wait=False`` fails the ones not
-        yet started with ``PoolClosed``. Workers get ``shutdown_timeout`` seconds to leave
-        their plugins' contexts, then are killed; the allocation's ``terminate`` always runs.
+        yet started with ``PoolClosed`` and interrupts the running ones, also when another
+        ``close()`` is already waiting for them (the stronger close takes over). Workers get
+        ``shutdown_timeout`` seconds to leave their plugins' contexts, then are killed; the
+        allocation's ``terminate`` always runs.
         """
         with self._lock:
-            if self._state in ("draining", "closing", "closed"):
-                return
-            was_running = self._state == "running"
             if self._state == "new":
                 self._state = "closed"
                 return
-            if wait and was_running:
-                self._state = "draining"
+            if self._state in ("draining", "closing", "closed"):
+                if not wait:
+                    self._hurry = True  # a draining close stops waiting and cancels
+                    self._scheduler.idle.notify_all()
+                while self._state != "closed":
+                    self._scheduler.idle.wait()
+                return
+            drain = wait and self._state == "running"
+            self._state = "draining" if drain else "closing"
         cancel = True
         try:
-            if wait and was_running:
-                self._scheduler.wait_idle()
-                cancel = False
+            if drain:
+                cancel = not self._scheduler.wait_idle(lambda: self._hurry)
         finally:
             self._teardown(cancel=cancel)
 
@@ -375,7 +389,7 @@ class ComputePool:
         function = calls[0].serialize_function() if same_function and calls else None
         route = self._console.route()
         tasks = [
-            Task(call, call.serialize(function), Future(), route=route, prefetch=prefetch)
+            Task(call, call.serialize(function), CallFuture(), route=route, prefetch=prefetch)
             for call in calls
         ]
         with self._lock:  # once for the lot: reader threads want this lock too
