@@ -38,6 +38,7 @@ from skyward._errors import SerializationError  # stdlib-only, like _protocol
 
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
+_orphaned = threading.Event()  # the client went away without a Shutdown
 
 
 class _Link:
@@ -238,7 +239,9 @@ class _Worker:
                     cancel = message.cancel
                     break
         except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
-            # The client is gone; nobody will read results. Leave, but bounded.
+            # The client is gone; nobody will read results. Leave, but bounded, and take
+            # what the calls started along (see _exit).
+            _orphaned.set()
             orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, _exit_orphaned)
             orphan.daemon = True
             orphan.start()
@@ -356,6 +359,8 @@ def _exit(stdout: _StdoutForwarder, code: int) -> None:
     stdout.drain()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
+    if _orphaned.is_set():
+        _exit_orphaned()
     # os._exit: threads that user code or libraries left running must not keep us alive.
     os._exit(code)
 
