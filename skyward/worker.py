@@ -235,6 +235,8 @@ class _Worker:
                 message, parts = self.link.recv()
                 if isinstance(message, proto.Call):
                     self.calls.put((message, parts))
+                elif isinstance(message, proto.StacksRequest):
+                    self.link.send(_stacks(message.request_id))
                 elif isinstance(message, proto.Shutdown):
                     cancel = message.cancel
                     break
@@ -274,6 +276,32 @@ class _Worker:
             except OSError:
                 return
             del payload  # not kept alive while the next call waits or runs
+
+
+# Threads of the worker's own machinery, left out of stack reports: never where user code is.
+_OWN_THREADS = ("skyward-reader", "skyward-stdout")
+
+
+def _stacks(request_id: int) -> proto.StacksReport:
+    import linecache
+    import time
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    threads = []
+    for ident, frame in sys._current_frames().items():
+        name = names.get(ident, f"thread {ident}")
+        if name in _OWN_THREADS or ident == threading.get_ident():
+            continue
+        frames: list[proto.Frame] = []
+        current: Any = frame
+        while current is not None:
+            code = current.f_code
+            line = current.f_lineno or 0
+            text = linecache.getline(code.co_filename, line).strip()
+            frames.append((code.co_filename, line, code.co_name, text))
+            current = current.f_back
+        threads.append((name, tuple(reversed(frames))))
+    return proto.StacksReport(request_id, tuple(threads), time.process_time())
 
 
 def _exit_orphaned() -> None:
