@@ -29,7 +29,7 @@ import select
 import signal
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from skyward import _protocol as proto
@@ -41,8 +41,10 @@ from skyward._errors import (
     StartError,
     WorkerLost,
 )
+from skyward._futures import Deadline, delivering, fail, resolve
 
 _STDERR_TAIL_LINES = 40
+_STDERR_LINE_BYTES = 2048  # of each line in the tail, its end is kept
 # At most this many parts (frames are a header and one to a few parts) per write.
 _BATCH_PARTS = 256
 # Frames up to this size may be written by the caller (see the module docstring): pipes
@@ -94,14 +96,19 @@ def decode_error(parts: proto.Parts) -> BaseException:
     if info.blob is not None:
         try:
             exc = proto.loads([info.blob])
-        except Exception:
-            exc = None  # the client lacks the type's module; fall back to RemoteError
+        except BaseException:  # a missing module, or an unpickler that raises SystemExit
+            exc = None  # fall back to RemoteError
     if not isinstance(exc, Exception):
         # A remote SystemExit or KeyboardInterrupt raised here would exit the client or look
         # like Ctrl-C to it; only ordinary exceptions come back as themselves.
         exc = RemoteError(info.type_name, info.message, info.traceback)
     exc.__cause__ = RemoteTraceback(info.traceback)
     return exc
+
+
+def _tail_line(line: bytes) -> str:
+    text = line[-_STDERR_LINE_BYTES:].decode("utf-8", "backslashreplace")
+    return text if len(line) <= _STDERR_LINE_BYTES else "…" + text
 
 
 def describe_status(status: int | None) -> str:
@@ -133,6 +140,7 @@ class Channel:
         output: OutputSink,
         on_lost: Callable[[Channel, WorkerLost], None] | None = None,
         on_broken: Callable[[Channel], None] | None = None,
+        on_result: Callable[[int], None] | None = None,
     ) -> None:
         self.node = node
         self.pid: int | None = None
@@ -140,14 +148,18 @@ class Channel:
         self._output = output
         self._on_lost = on_lost
         self._on_broken = on_broken
+        self._on_result = on_result  # before a result is handed over: flush partial output
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
         self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
         self._write_lock = threading.Lock()  # guards: writing to the transport
         self._queued_lock = threading.Lock()  # guards: _queued
         self._queued = 0  # frames put in the outbox and not yet written
-        self._lock = threading.Lock()  # guards: _pending, _ids, broken, lost, _closing
+        self._lock = (
+            threading.Lock()
+        )  # guards: _pending, _stack_requests, _ids, broken, lost, _closing
         self._pending: dict[int, tuple[str, Future[Any]]] = {}
+        self._stack_requests: dict[int, Future[proto.StacksReport]] = {}
         self._ids = itertools.count(1)
         self._control: queue.Queue[object] = queue.Queue()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
@@ -171,8 +183,8 @@ class Channel:
 
     # ── handshake ────────────────────────────────────────────────────────────────────────
 
-    def wait_hello(self, timeout: float) -> proto.Hello:
-        message = self._next_control(timeout, "say hello")
+    def wait_hello(self, deadline: Deadline) -> proto.Hello:
+        message = self._next_control(deadline, "say hello")
         if not isinstance(message, proto.Hello):
             raise ChannelError(f"node {self.node}: expected Hello, got {message!r}")
         self.pid = message.pid
@@ -181,19 +193,19 @@ class Channel:
     def send_start(self, message: proto.Start, plugins: proto.Parts) -> None:
         self._send(message, plugins)
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, deadline: Deadline) -> None:
         """Wait for ``Ready``; ``StartError`` if a plugin's ``around_app`` raised."""
-        message = self._next_control(timeout, "enter its plugins")
+        message = self._next_control(deadline, "enter its plugins")
         if not isinstance(message, proto.Ready):
             raise ChannelError(f"node {self.node}: expected Ready, got {message!r}")
         self._ready = True
 
-    def _next_control(self, timeout: float, doing: str) -> object:
+    def _next_control(self, deadline: Deadline, doing: str) -> object:
         try:
-            message = self._control.get(timeout=timeout)
+            message = self._control.get(timeout=deadline.remaining())
         except queue.Empty:
             raise TimeoutError(
-                f"node {self.node}: the worker did not {doing} within {timeout:g} s"
+                f"node {self.node}: the worker did not {doing} within {deadline.what}"
             ) from None
         if isinstance(message, BaseException):
             raise message
@@ -214,6 +226,18 @@ class Channel:
             self._pending[call_id] = (name, future)
         self._send(proto.Call(call_id, name), payload)
         return True
+
+    def request_stacks(self) -> Future[proto.StacksReport]:
+        """Ask the worker for every thread's stack; answered even while calls run."""
+        future: Future[proto.StacksReport] = Future()
+        with self._lock:
+            if self.lost is not None or self.broken:
+                fail(future, self.lost or ChannelError(f"node {self.node}: the link is broken"))
+                return future
+            request_id = next(self._ids)
+            self._stack_requests[request_id] = future
+        self._send(proto.StacksRequest(request_id))
+        return future
 
     def shutdown(self, *, cancel: bool) -> None:
         """Ask the worker to exit; returns at once. See ``proto.Shutdown`` for ``cancel``."""
@@ -284,6 +308,7 @@ class Channel:
     # ── reader threads ───────────────────────────────────────────────────────────────────
 
     def _read(self) -> None:
+        delivering.active = True  # done-callbacks run here: see CallFuture
         try:
             while True:
                 message, parts = proto.read_frame(self._transport.readinto)
@@ -308,11 +333,13 @@ class Channel:
             if entry is None:
                 return
             future = entry[1]
+            if self._on_result is not None:
+                self._on_result(self.node)
             if message.ok:
                 try:
                     value = proto.loads(parts)
-                except Exception as exc:
-                    _fail(
+                except BaseException as exc:  # even SystemExit: it must not end this thread
+                    fail(
                         future,
                         RemoteError(
                             type(exc).__name__,
@@ -321,9 +348,9 @@ class Channel:
                         ),
                     )
                     return
-                _resolve(future, value)
+                resolve(future, value)
             else:
-                _fail(future, decode_error(parts))
+                fail(future, decode_error(parts))
         elif isinstance(message, proto.StartFailed):
             error = decode_error(parts)
             failure = StartError(
@@ -331,6 +358,11 @@ class Channel:
             )
             failure.__cause__ = error
             self._control.put(failure)
+        elif isinstance(message, proto.StacksReport):
+            with self._lock:
+                request = self._stack_requests.pop(message.request_id, None)
+            if request is not None:
+                resolve(request, message)
         elif isinstance(message, proto.Bye):
             pass
         else:
@@ -346,12 +378,15 @@ class Channel:
             if not data:
                 break
             self._output(self.node, "stderr", data)
+            # Only the end of a long line is kept (a progress bar without newlines, a huge
+            # dump): the tail is for WorkerLost, whose message must stay readable, and its
+            # last line (the fatal error) must survive whatever came before it.
             lines = (partial + data).split(b"\n")
-            partial = lines.pop()
-            for line in lines:
-                self._stderr_tail.append(line.decode("utf-8", "backslashreplace"))
+            partial = lines.pop()[-_STDERR_LINE_BYTES:]
+            for line in lines[-_STDERR_TAIL_LINES:]:
+                self._stderr_tail.append(_tail_line(line))
         if partial:
-            self._stderr_tail.append(partial.decode("utf-8", "backslashreplace"))
+            self._stderr_tail.append(_tail_line(partial))
 
     def _lose(self) -> None:
         status = self._transport.wait(_EXIT_STATUS_TIMEOUT)
@@ -363,6 +398,8 @@ class Channel:
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
+            requests = list(self._stack_requests.values())
+            self._stack_requests.clear()
             closing = self._closing
             running = ", ".join(name for name, _ in pending) or "no calls"
             doing = f"running {running}" if self._ready else "starting (before Ready)"
@@ -385,26 +422,12 @@ class Channel:
         if closing:
             error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
         for _, future in pending:
-            _fail(future, error)
+            fail(future, error)
+        for request in requests:
+            fail(request, self.lost)
         self._control.put(self.lost)
         self._outbox.put(None)
         self._sender_thread.join(_EXIT_STATUS_TIMEOUT)
         self._transport.close()
         if self._on_lost is not None and not closing:
             self._on_lost(self, self.lost)
-
-
-def _resolve(future: Future[Any], value: Any) -> None:
-    try:
-        future.set_result(value)
-    except InvalidStateError:
-        pass  # already failed by a timeout or a close
-
-
-def _fail(future: Future[Any], error: BaseException) -> bool:
-    """Fail ``future`` unless it is already done; True if this call failed it."""
-    try:
-        future.set_exception(error)
-    except InvalidStateError:
-        return False
-    return True

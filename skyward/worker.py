@@ -40,6 +40,7 @@ from skyward._errors import SerializationError  # stdlib-only, like _protocol
 
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
+_orphaned = threading.Event()  # the client went away without a Shutdown
 
 
 class _Link:
@@ -151,7 +152,14 @@ def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Part
         function, args, kwargs = proto.loads(parts)
         fn = _function(function)
     except BaseException as exc:
-        return False, proto.encode_error(exc)
+        # Not the function's own error: say so, or it reads as one (a ValueError from a
+        # class's __setstate__, a module the worker lacks).
+        error = SerializationError(
+            f"the function or arguments of {message.name} could not be rebuilt on the "
+            f"worker: {type(exc).__name__}: {_describe(exc)}"
+        )
+        error.__cause__ = exc
+        return False, proto.encode_error(error)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
@@ -164,6 +172,13 @@ def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Part
             f"{type(exc).__name__}: {exc}"
         )
         return False, proto.encode_error(error)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException:
+        return "<str() raised>"
 
 
 class _Worker:
@@ -225,12 +240,16 @@ class _Worker:
                 message, parts = self.link.recv()
                 if isinstance(message, proto.Call):
                     self.calls.put((message, parts))
+                elif isinstance(message, proto.StacksRequest):
+                    self.link.send(_stacks(message.request_id))
                 elif isinstance(message, proto.Shutdown):
                     cancel = message.cancel
                     break
         except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
-            # The client is gone; nobody will read results. Leave, but bounded.
-            orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, os._exit, args=(3,))
+            # The client is gone; nobody will read results. Leave, but bounded, and take
+            # what the calls started along (see _exit).
+            _orphaned.set()
+            orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, _exit_orphaned)
             orphan.daemon = True
             orphan.start()
         with self._lock:
@@ -262,6 +281,44 @@ class _Worker:
                 self.link.send(proto.Result(message.call_id, ok), payload)
             except OSError:
                 return
+            del payload  # not kept alive while the next call waits or runs
+
+
+# Threads of the worker's own machinery, left out of stack reports: never where user code is.
+_OWN_THREADS = ("skyward-reader", "skyward-stdout")
+
+
+def _stacks(request_id: int) -> proto.StacksReport:
+    import linecache
+    import time
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    threads = []
+    for ident, frame in sys._current_frames().items():
+        name = names.get(ident, f"thread {ident}")
+        if name in _OWN_THREADS or ident == threading.get_ident():
+            continue
+        frames: list[proto.Frame] = []
+        current: Any = frame
+        while current is not None:
+            code = current.f_code
+            line = current.f_lineno or 0
+            text = linecache.getline(code.co_filename, line).strip()
+            frames.append((code.co_filename, line, code.co_name, text))
+            current = current.f_back
+        threads.append((name, tuple(reversed(frames))))
+    return proto.StacksReport(request_id, tuple(threads), time.process_time())
+
+
+def _exit_orphaned() -> None:
+    """The client is gone (killed, or its machine lost): end this worker and whatever its
+    calls started. The worker leads its process group (a session of its own locally; the
+    launch shell's group over SSH), so the group is everything it started."""
+    group = os.getpgrp()
+    if group in (os.getpid(), os.getppid()):  # never a group that is not ours
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)  # ourselves included
+    os._exit(3)
 
 
 def _drop_queued(calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None]) -> None:
@@ -336,6 +393,8 @@ def _exit(stdout: _StdoutForwarder, code: int) -> None:
     stdout.drain()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
+    if _orphaned.is_set():
+        _exit_orphaned()
     # os._exit: threads that user code or libraries left running must not keep us alive.
     os._exit(code)
 

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -21,39 +20,23 @@ from typing import Any
 
 import pytest
 from support.pools import ssh_provider
+from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex, build_wheel
 
 import skyward as sky
 from skyward._bootstrap import Plan, render
-from skyward._pool import PoolSpec
+from skyward._spec import PoolSpec
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 
 
-class Recorder:
-    """A Reporter that keeps the bootstrap's lines."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._lock = threading.Lock()
-
-    def phase(self, node: int, phase: str, detail: str = "") -> None:
-        pass
-
-    def log(self, node: int, line: str) -> None:
-        with self._lock:
-            self.lines.append(line)
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-
 def _provision(provider: sky.SSH, image: sky.Image) -> str:
+    """Bring a node up and down again, as a pool's start does; what its bootstrap printed."""
     recorder = Recorder()
-    provider.terminate(provider.provision(PoolSpec(provider=provider, image=image), recorder))
-    return recorder.text
+    spec = PoolSpec(provider=provider, image=image, quiet=True)
+    provider.provision(spec.request(image), recorder).terminate()
+    return recorder.text(0)
 
 
 def _git(*args: str, cwd: Path) -> str:

@@ -32,7 +32,7 @@ from skyward._plugin import Plugin
 from skyward.plugins._jax_output import GlooFilter, quiet_when_stopped
 
 if TYPE_CHECKING:
-    from skyward._pool import PoolSpec
+    from skyward._spec import PoolSpec
 
 Platform = Literal["cpu", "cuda", "tpu"]
 
