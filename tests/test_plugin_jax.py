@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+import pydantic
 import pytest
 from support.pools import ssh_provider
 from support.processes import our_namespaces, shared_pool, worker_processes
@@ -148,8 +149,6 @@ def test_cpu_devices_sets_the_device_count_and_refuses_a_conflicting_image() -> 
     ("make", "message"),
     [
         (lambda: sky.plugins.jax(cuda="cu118"), "cuda='cu118'"),
-        (lambda: sky.plugins.jax(cpu_devices=0), "cpu_devices"),
-        (lambda: sky.plugins.jax(heartbeat_timeout=0), "heartbeat_timeout"),
         (lambda: _image("trainium"), "trainium"),
     ],
 )
@@ -157,6 +156,22 @@ def test_bad_options_are_refused_before_anything_starts(make: object, message: s
     with pytest.raises(sky.PluginError, match=re.escape(message)):
         make()  # type: ignore[operator]
     assert not worker_processes()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"cpu_devices": 0},
+        {"cpu_devices": 2.5},
+        {"cpu_devices": "2"},
+        {"heartbeat_timeout": 0},
+        {"heartbeat_timeout": "5"},
+        {"version": True},
+    ],
+)
+def test_options_of_the_wrong_type_or_range_name_the_option(options: dict[str, object]) -> None:
+    with pytest.raises(pydantic.ValidationError, match=next(iter(options))):
+        sky.plugins.jax(**options)  # type: ignore[arg-type]
 
 
 def test_a_loopback_coordinator_is_refused_when_nodes_are_on_different_hosts() -> None:

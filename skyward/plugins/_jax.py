@@ -24,6 +24,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from skyward import _worker_hooks as hooks
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
@@ -63,6 +65,28 @@ _TPU = re.compile(r"^(TPU|V[2-6][A-Z]*|TRILLIUM)([-:].*)?$", re.IGNORECASE)
 _NOT_JAX = re.compile(r"^(TRAINIUM|INFERENTIA|TRN|INF|GAUDI|MI\d+)", re.IGNORECASE)
 
 
+_DAY = 24 * 3600
+
+
+class _Options(BaseModel):
+    """The plugin's options, checked when it is made: a wrong type or range is a
+    ``ValidationError`` naming the option, before any pool exists."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, title="sky.plugins.jax")
+
+    version: str | None = Field(default=None, min_length=1)
+    cuda: str | int | None = None
+    index_url: str | None = Field(default=None, min_length=1)
+    find_links: bool | None = None
+    cpu_devices: int | None = Field(default=None, ge=1, le=4096)
+    gpu_defaults: bool = True
+    # jax.distributed takes whole seconds.
+    initialization_timeout: int = Field(default=45, ge=1, le=_DAY)
+    heartbeat_timeout: int = Field(default=15, ge=1, le=_DAY)
+    shutdown_timeout: int = Field(default=5, ge=1, le=_DAY)
+    verbose: bool = False
+
+
 def jax(
     *,
     version: str | None = None,
@@ -99,16 +123,19 @@ def jax(
       service's fatal errors and stack traces) goes to a file on each node instead of your
       terminal; node 0 says so in one line.
     """
+    _Options(
+        version=version,
+        cuda=cuda,
+        index_url=index_url,
+        find_links=find_links,
+        cpu_devices=cpu_devices,
+        gpu_defaults=gpu_defaults,
+        initialization_timeout=initialization_timeout,
+        heartbeat_timeout=heartbeat_timeout,
+        shutdown_timeout=shutdown_timeout,
+        verbose=verbose,
+    )
     major = _cuda_major(cuda) if cuda is not None else None
-    if cpu_devices is not None and cpu_devices < 1:
-        raise PluginError(f"jax plugin: cpu_devices must be at least 1, not {cpu_devices}")
-    for name, value in (
-        ("initialization_timeout", initialization_timeout),
-        ("heartbeat_timeout", heartbeat_timeout),
-        ("shutdown_timeout", shutdown_timeout),
-    ):
-        if value < 1:
-            raise PluginError(f"jax plugin: {name} must be at least 1 second, not {value}")
 
     def transform(image: Image, spec: PoolSpec) -> Image:
         platform = accelerator_platform(spec.accelerator)
