@@ -127,7 +127,7 @@ class Recovery:
             for victim in victims:
                 # Told first, so that plugins hear of it (the jax plugin then keeps the
                 # aborting runtime's log lines off the terminal); killed at once all the same.
-                victim.shutdown(cancel=True)
+                victim.interrupt()
                 victim.kill(reason)
         else:
             self._status(f"node {slot.rank}: worker lost; starting a new one")
