@@ -97,13 +97,13 @@ class PendingCall(Generic[R]):
             object.__setattr__(self, "name", _name(self.fn))
 
     def __rshift__(self, pool: ComputePool) -> R:
-        return pool._run_call(self).result()
+        return _pool(pool, ">>")._run_call(self).result()
 
     def __matmul__(self, pool: ComputePool) -> list[R]:
-        return pool._broadcast_call(self).result()
+        return _pool(pool, "@")._broadcast_call(self).result()
 
     def __gt__(self, pool: ComputePool) -> Future[R]:
-        return pool._run_call(self)
+        return _pool(pool, ">")._run_call(self)
 
     def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
         return CallGroup((self,)) & other
@@ -167,10 +167,31 @@ class CallGroup:
         return NotImplemented
 
     def __rshift__(self, pool: ComputePool) -> tuple[Any, ...]:
-        return (self > pool).result()
+        return _pool(pool, ">>")._run_group(self.calls).result()
 
     def __gt__(self, pool: ComputePool) -> Future[tuple[Any, ...]]:
-        return pool._run_group(self.calls)
+        return _pool(pool, ">")._run_group(self.calls)
+
+
+def _pool(target: object, operator: str) -> ComputePool:
+    """``target`` if it is a pool; else a TypeError that says what the right side must be.
+
+    Without it, ``f(x) >> None`` fails with an AttributeError about a private method.
+    """
+    if hasattr(target, "_run_call") and hasattr(target, "_broadcast_call"):
+        return target  # type: ignore[return-value]
+    if inspect.ismodule(target):
+        what = f"the module {target.__name__!r}"
+    else:
+        what = "None" if target is None else f"a {type(target).__name__}"
+    hint = ""
+    if inspect.ismodule(target) and target.__name__ == "skyward":
+        # skyward 0.5 sent `>> sky` to the pool of the enclosing `with` block.
+        hint = " (skyward 0.5's `>> sky`, 'the active pool', is spelled with the pool itself)"
+    raise TypeError(
+        f"the right side of `{operator}` must be a sky.ComputePool, as in "
+        f"`with sky.ComputePool() as pool: f(x) {operator} pool`; got {what}{hint}"
+    )
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -162,3 +162,28 @@ def test_map_queues_ahead_only_on_nodes_whose_recent_calls_were_short() -> None:
     assert _prefetch_depth(0.05) == 0  # long calls: a queued one could wait long
     assert _prefetch_depth(0.004) == 2  # the last queued waits about 10 ms at most
     assert _prefetch_depth(0.00001) == _PREFETCH_MAX
+
+
+# ── the right side of an operator ────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("right", [sky, None, 3, "pool"], ids=["module", "None", "int", "str"])
+@pytest.mark.parametrize("operator", [">>", "@", ">"])
+def test_an_operator_with_no_pool_on_the_right_says_what_the_right_side_must_be(
+    right: object, operator: str
+) -> None:
+    call = square(2)
+    send = {
+        ">>": lambda: call >> right,  # type: ignore[operator]
+        "@": lambda: call @ right,  # type: ignore[operator]
+        ">": lambda: call > right,  # type: ignore[operator]
+    }[operator]
+    with pytest.raises(TypeError, match=rf"right side of `{operator}` must be a sky.ComputePool"):
+        send()
+
+
+def test_a_group_with_no_pool_on_the_right_says_what_the_right_side_must_be() -> None:
+    with pytest.raises(TypeError, match=r"must be a sky\.ComputePool.*got None"):
+        (square(1) & square(2)) >> None  # type: ignore[operator]
+    with pytest.raises(TypeError, match=r"skyward 0\.5's `>> sky`"):
+        _ = (square(1) & square(2)) > sky  # type: ignore[operator]
