@@ -55,7 +55,7 @@ _EXPORTS: dict[str, str] = {
     "VersionMismatch": "skyward._errors",
     "WorkerLost": "skyward._errors",
     "compute": "skyward._compute",
-    "gather": "skyward._multihost",
+    "gather": "skyward._compute",
     "instance_info": "skyward._info",
     "shard": "skyward._multihost",
 }
@@ -64,7 +64,7 @@ __all__ = sorted([*_EXPORTS, "__version__", "plugins"])
 
 if TYPE_CHECKING:
     from skyward import plugins
-    from skyward._compute import CallGroup, Compute, PendingCall, compute
+    from skyward._compute import CallGroup, Compute, PendingCall, compute, gather
     from skyward._errors import (
         BootstrapError,
         ChannelError,
@@ -83,7 +83,7 @@ if TYPE_CHECKING:
     )
     from skyward._image import Image, PipIndex
     from skyward._info import InstanceInfo, instance_info
-    from skyward._multihost import gather, shard
+    from skyward._multihost import shard
     from skyward._plugin import Plugin
     from skyward._pool import ComputePool
     from skyward._scheduler import PoolStatistics

@@ -7,6 +7,8 @@
     f(x) @ pool          -> [value, ...]       every node, by rank
     f(x) > pool          -> Future             one node, don't wait
     (f(x) & g(y)) >> pool -> (fx, gy)          several calls in parallel
+    gather(*calls) >> pool -> (fx, ...)        the same, for any number of calls
+    gather(*calls, stream=True) >> pool        an iterator of their values as they finish
 
 The operators only hand the call to the pool (``ComputePool.run`` and friends); all
 scheduling lives there. ``f.local(x)`` runs ``f`` in this process, unchanged.
@@ -16,8 +18,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -35,6 +37,7 @@ class ComputePool(Protocol):
     def _run_call(self, call: PendingCall[R]) -> Future[R]: ...
     def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]: ...
     def _run_group(self, calls: tuple[PendingCall[Any], ...]) -> Future[tuple[Any, ...]]: ...
+    def _run_calls(self, calls: Sequence[PendingCall[Any]]) -> list[Future[Any]]: ...
 
 
 class Compute(Generic[P, R]):
@@ -155,22 +158,70 @@ class PendingCall(Generic[R]):
 
 @dataclass(frozen=True, eq=False)
 class CallGroup:
-    """Calls to run in parallel: ``(a() & b()) >> pool`` returns ``(a_value, b_value)``."""
+    """Calls to run in parallel: ``(a() & b()) >> pool`` returns ``(a_value, b_value)``.
+
+    ``stream`` (from ``gather``): ``group >> pool`` returns an iterator that yields each
+    value as soon as it and, when ``ordered``, every call before it, has finished.
+    """
 
     calls: tuple[PendingCall[Any], ...]
+    stream: bool = False
+    ordered: bool = True
 
     def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
         if isinstance(other, CallGroup):
-            return CallGroup(self.calls + other.calls)
+            return CallGroup(self.calls + other.calls, self.stream, self.ordered)
         if isinstance(other, PendingCall):
-            return CallGroup((*self.calls, other))
+            return CallGroup((*self.calls, other), self.stream, self.ordered)
         return NotImplemented
 
-    def __rshift__(self, pool: ComputePool) -> tuple[Any, ...]:
-        return _pool(pool, ">>")._run_group(self.calls).result()
+    def __rshift__(self, pool: ComputePool) -> Any:
+        target = _pool(pool, ">>")
+        if self.stream:
+            # Every call is queued now; the iterator only waits for them.
+            return _as_they_finish(target._run_calls(self.calls), ordered=self.ordered)
+        return target._run_group(self.calls).result()
 
     def __gt__(self, pool: ComputePool) -> Future[tuple[Any, ...]]:
-        return _pool(pool, ">")._run_group(self.calls)
+        target = _pool(pool, ">")
+        if self.stream:
+            raise TypeError("gather(..., stream=True) yields values: iterate `group >> pool`")
+        return target._run_group(self.calls)
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def __iter__(self) -> Iterator[PendingCall[Any]]:
+        return iter(self.calls)
+
+
+def gather(*calls: PendingCall[Any], stream: bool = False, ordered: bool = True) -> CallGroup:
+    """Group pending calls to run in parallel, like ``&`` for any number of them.
+
+    ``gather(*calls) >> pool`` returns their values as a tuple, in the order given.
+    ``stream=True``: ``>> pool`` returns an iterator of the values as the calls finish, in
+    the order given (``ordered=True``: a value waits for the ones before it) or in the order
+    they finish (``ordered=False``). A failed call raises where its value would have been
+    yielded; leaving the loop early cancels the calls that have not started.
+    """
+    for call in calls:
+        if not isinstance(call, PendingCall):
+            raise TypeError(
+                f"sky.gather groups pending calls such as f(x), not a {type(call).__name__}; "
+                f"the jax all-gather that sky.gather(tree) used to be is "
+                f"sky.plugins.jax_gather(tree)"
+            )
+    return CallGroup(tuple(calls), stream=stream, ordered=ordered)
+
+
+def _as_they_finish(futures: list[Future[Any]], *, ordered: bool) -> Iterator[Any]:
+    try:
+        for future in futures if ordered else as_completed(futures):
+            yield future.result()
+    finally:
+        # The loop ended early (break, an error): calls still queued need not run.
+        for future in futures:
+            future.cancel()
 
 
 def _pool(target: object, operator: str) -> ComputePool:
