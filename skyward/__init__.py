@@ -57,7 +57,11 @@ _EXPORTS: dict[str, str] = {
     "compute": "skyward._compute",
     "gather": "skyward._compute",
     "instance_info": "skyward._info",
+    "is_head": "skyward._output",
     "shard": "skyward._multihost",
+    "silent": "skyward._output",
+    "stderr": "skyward._output",
+    "stdout": "skyward._output",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__", "plugins"])
@@ -84,6 +88,7 @@ if TYPE_CHECKING:
     from skyward._image import Image, PipIndex
     from skyward._info import InstanceInfo, instance_info
     from skyward._multihost import shard
+    from skyward._output import is_head, silent, stderr, stdout
     from skyward._plugin import Plugin
     from skyward._pool import ComputePool
     from skyward._scheduler import PoolStatistics

@@ -41,8 +41,12 @@ EXPECTED = [
     "compute",
     "gather",
     "instance_info",
+    "is_head",
     "plugins",
     "shard",
+    "silent",
+    "stderr",
+    "stdout",
 ]
 
 
