@@ -63,12 +63,11 @@ class Plan:
 
     @property
     def digest(self) -> str:
+        env = set() if self.image.setup else {"env"}
         fields = {
             # env reaches workers when they start; it shapes the environment only through
             # the setup commands, which see it.
-            "image": self.image.model_dump(
-                mode="json", exclude=set() if self.image.setup else {"env"}
-            ),
+            "image": self.image.model_dump(mode="json", exclude=_NOT_IN_ENVIRONMENT | env),
             "python_version": self.python_version,
             "python": self.python,
             "runtime": self.runtime,
@@ -81,6 +80,10 @@ class Plan:
     def env_dir(self) -> str:
         return f"{self.workdir}/envs/{self.digest}"
 
+
+# Image fields that do not shape the environment the script makes: uploaded apart (includes),
+# or only bounding the run (bootstrap_timeout).
+_NOT_IN_ENVIRONMENT = {"includes", "excludes", "skyward_source", "bootstrap_timeout"}
 
 # Bumped whenever the script's shape changes, so hosts do not trust environments that an
 # older script made.

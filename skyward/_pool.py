@@ -130,7 +130,11 @@ class ComputePool:
             closing=lambda: self._state in ("closing", "closed"),
         )
         self._startup = Startup(
-            spec, plugins=self._plugin_payload, reporter=self._console, open_channel=self._open
+            spec,
+            image=self.image,
+            plugins=self._plugin_payload,
+            reporter=self._console,
+            open_channel=self._open,
         )
         self._recovery = Recovery(
             self._scheduler,
