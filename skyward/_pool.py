@@ -35,7 +35,7 @@ from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin
 from skyward._recovery import Recovery
 from skyward._scheduler import PoolStatistics, Scheduler, Slot, Task
-from skyward._spec import PoolSpec, apply_transforms, pickle_plugins
+from skyward._spec import AllocationStrategy, PoolSpec, apply_transforms, pickle_plugins
 from skyward._startup import Startup
 from skyward.providers.base import Allocation, Provider
 
@@ -68,8 +68,11 @@ class ComputePool:
         self,
         provider: Provider | None = None,
         *,
-        nodes: int = 1,
+        nodes: int | tuple[int, int] = 1,
         accelerator: str | None = None,
+        vcpus: float | None = None,
+        memory_gb: float | None = None,
+        allocation: AllocationStrategy | None = None,
         image: Image | None = None,
         plugins: Sequence[Plugin] = (),
         concurrency: int = 1,
@@ -87,6 +90,9 @@ class ComputePool:
             "provider": Local() if provider is None else provider,
             "nodes": nodes,
             "accelerator": accelerator,
+            "vcpus": vcpus,
+            "memory_gb": memory_gb,
+            "allocation": allocation,
             "image": Image() if image is None else image,
             "plugins": tuple(plugins),
             "concurrency": concurrency,
@@ -186,6 +192,11 @@ class ComputePool:
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
         )
+        if spec.min_nodes is not None and spec.min_nodes < spec.nodes:
+            self._console.status(
+                f"nodes=({spec.min_nodes}, {spec.nodes}): pools do not autoscale; "
+                f"this one runs {spec.nodes} nodes throughout"
+            )
         try:
             allocation = self._machines.provision(spec.request(self.image), spec.nodes)
             self._start_workers(allocation)

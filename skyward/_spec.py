@@ -9,7 +9,7 @@ machine is touched.
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,6 +25,10 @@ from skyward.providers.base import Provider, ProvisionRequest, identity_tags
 # standard library's timeouts (threading's TIMEOUT_MAX) never overflow.
 _MAX_SECONDS = 7 * 24 * 3600.0
 
+# skyward 0.5's names: "spot-if-available" falls back to on-demand machines when no spot
+# ones are to be had; "cheapest" takes whichever costs less.
+AllocationStrategy = Literal["spot", "on-demand", "spot-if-available", "cheapest"]
+
 
 class PoolSpec(BaseModel):
     """A pool's validated configuration; plugins' ``transform`` hooks receive it.
@@ -38,6 +42,11 @@ class PoolSpec(BaseModel):
 
     provider: Any
     nodes: int = Field(default=1, ge=1, le=4096)
+    # nodes=(min, max) in skyward 0.5 asked for autoscaling; this pool runs max nodes.
+    min_nodes: int | None = Field(default=None, ge=1)
+    vcpus: float | None = Field(default=None, gt=0)
+    memory_gb: float | None = Field(default=None, gt=0)
+    allocation: AllocationStrategy | None = None
     accelerator: str | None = Field(default=None, min_length=1)
     image: Image = Field(default_factory=Image)
     plugins: tuple[Plugin, ...] = ()
@@ -49,6 +58,19 @@ class PoolSpec(BaseModel):
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_range(cls, options: Any) -> Any:
+        nodes = options.get("nodes") if isinstance(options, dict) else None
+        if isinstance(nodes, tuple | list):
+            if len(nodes) != 2 or not all(isinstance(n, int) for n in nodes):
+                raise ValueError(f"nodes must be a count or (min, max), not {nodes!r}")
+            low, high = nodes
+            if not 1 <= low <= high:
+                raise ValueError(f"nodes=(min, max) needs 1 <= min <= max, not {nodes!r}")
+            options = {**options, "nodes": high, "min_nodes": low}
+        return options
 
     @model_validator(mode="after")
     def _quiet_means_console_off(self) -> PoolSpec:
@@ -92,6 +114,9 @@ class PoolSpec(BaseModel):
             accelerator=self.accelerator,
             image=image,
             tags=identity_tags(self.name),
+            vcpus=self.vcpus,
+            memory_gb=self.memory_gb,
+            allocation=self.allocation,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from skyward import _protocol as proto
 from skyward._errors import BootstrapError, ProvisionError
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 
 if TYPE_CHECKING:
     from skyward._phases import Reporter
@@ -56,7 +56,22 @@ class Local(BaseModel):
         return self.python or sys.executable
 
     def check(self, request: ProvisionRequest) -> None:
-        """Nothing to refuse up front: what the interpreter lacks is found by ``provision``."""
+        """Refuse what this machine cannot be: a spot machine, or one with fewer cores or
+        less memory than each node asks for (the nodes share them). What the interpreter
+        lacks is found by ``provision``."""
+        refuse_spot(request, "the local provider runs on this machine")
+        cores = os.cpu_count() or 1
+        if request.vcpus is not None and request.vcpus > cores:
+            raise ValueError(
+                f"vcpus={request.vcpus:g} per node, but this machine has {cores} CPU(s), "
+                f"which the local pool's nodes share"
+            )
+        memory = _memory_gb()
+        if request.memory_gb is not None and memory and request.memory_gb > memory:
+            raise ValueError(
+                f"memory_gb={request.memory_gb:g} per node, but this machine has "
+                f"{memory:.1f} GB, which the local pool's nodes share"
+            )
 
     def inventory(self) -> Inventory | None:
         return None  # processes die with their pool; nothing outlives it
@@ -191,6 +206,13 @@ class PipeTransport:
                 stream.close()
             except OSError:
                 pass
+
+
+def _memory_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return None  # not a POSIX system that says; nothing to check against
 
 
 # Linux's default pipe holds 64 KiB, so a 100 MB argument takes ~1,500 writer/reader
