@@ -7,6 +7,7 @@ the image's requirements against the client's interpreter instead (``providers/l
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import re
@@ -165,3 +166,20 @@ class Image(BaseModel):
     def with_env(self, env: Mapping[str, str]) -> Image:
         """A new image with ``env`` merged in; its values replace ones already set."""
         return self.model_validate({**self.model_dump(), "env": {**self.env, **env}})
+
+
+def _replaceable(model: type[BaseModel]) -> None:
+    """Let ``dataclasses.replace(image, pip=...)`` make a new image, validated like any.
+
+    skyward 0.5's ``Image`` was a dataclass, and its plugin docs write transforms that way.
+    ``replace`` needs only each field's name; ``dataclasses.fields()`` stays empty.
+    """
+    fields = {}
+    for name in model.model_fields:
+        field = dataclasses.field()
+        field.name = name
+        fields[name] = field
+    model.__dataclass_fields__ = fields  # type: ignore[attr-defined]
+
+
+_replaceable(Image)

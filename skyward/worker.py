@@ -141,10 +141,18 @@ def _function(data: bytes) -> Any:
     return fn
 
 
+# Plugins whose ``decorate`` wraps every call's function, in list order; set at Start.
+_decorating: list[Any] = []
+
+
 def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Parts]:
     try:
         function, args, kwargs = proto.loads(parts)
         fn = _function(function)
+        if _decorating:
+            from skyward._plugin import decorated
+
+            fn = decorated(fn, _decorating)
     except BaseException as exc:
         return False, proto.encode_error(exc)
     try:
@@ -311,8 +319,10 @@ def main(argv: list[str] | None = None) -> None:
     worker.start_reader()
     with ExitStack() as stack:
         try:
+            plugins = proto.loads(parts)
+            _decorating.extend(p for p in plugins if p.decorate is not None)
             with worker.interruptible():
-                enter_around_app(stack, proto.loads(parts), message.info)
+                enter_around_app(stack, plugins, message.info)
         except BaseException as exc:
             stdout.drain()
             link.send(proto.StartFailed(), proto.encode_error(exc))
