@@ -179,7 +179,7 @@ def _replaceable(model: type[BaseModel]) -> None:
         field = dataclasses.field()
         field.name = name
         fields[name] = field
-    model.__dataclass_fields__ = fields  # type: ignore[attr-defined]
+    model.__dataclass_fields__ = fields
 
 
 _replaceable(Image)
