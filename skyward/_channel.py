@@ -30,7 +30,7 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skyward import _protocol as proto
 from skyward._errors import (
@@ -42,6 +42,9 @@ from skyward._errors import (
     WorkerLost,
 )
 from skyward._futures import Deadline, fail, resolve
+
+if TYPE_CHECKING:
+    from skyward._stream import Streams
 
 _STDERR_TAIL_LINES = 40
 # At most this many parts (frames are a header and one to a few parts) per write.
@@ -149,6 +152,7 @@ class Channel:
         self._queued = 0  # frames put in the outbox and not yet written
         self._lock = threading.Lock()  # guards: _pending, _ids, broken, lost, _closing
         self._pending: dict[int, tuple[str, Future[Any]]] = {}
+        self._streams: dict[int, Streams] = {}  # streaming calls among _pending (_stream)
         self._ids = itertools.count(1)
         self._control: queue.Queue[object] = queue.Queue()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
@@ -202,18 +206,31 @@ class Channel:
 
     # ── calls ────────────────────────────────────────────────────────────────────────────
 
-    def submit(self, name: str, payload: proto.Parts, future: Future[Any]) -> bool:
+    def submit(
+        self,
+        name: str,
+        payload: proto.Parts,
+        future: Future[Any],
+        streams: Streams | None = None,
+    ) -> bool:
         """Queue one call; ``future`` gets its result, its exception, or ``WorkerLost``.
 
         Returns at once. False if the link is already broken: the call was not taken, and
-        ``future`` is untouched, so the caller can send it elsewhere.
+        ``future`` is untouched, so the caller can send it elsewhere. ``streams``: a
+        streaming call's state, fed by this channel's reader until the call ends.
         """
         with self._lock:
             if self.broken:
                 return False
             call_id = next(self._ids)
             self._pending[call_id] = (name, future)
-        self._send(proto.Call(call_id, name), payload)
+            if streams is not None:
+                self._streams[call_id] = streams
+        message = proto.Call(call_id, name)
+        if streams is not None:
+            streams.attach(self._send, call_id)
+            message = proto.Call(call_id, name, streams.window, streams.inputs)
+        self._send(message, payload)
         return True
 
     def shutdown(self, *, cancel: bool) -> None:
@@ -303,9 +320,18 @@ class Channel:
     def _dispatch(self, message: object, parts: proto.Parts) -> None:
         if isinstance(message, proto.Log):
             self._output(self.node, "stdout", message.data)
+        elif isinstance(message, proto.Yield | proto.Want):
+            stream = self._streams.get(message.call_id)
+            if stream is None:
+                pass  # the call ended already (cancelled): a value in flight
+            elif isinstance(message, proto.Yield):
+                stream.on_yield(parts)
+            else:
+                stream.on_want(message.arg, message.count)
         elif isinstance(message, proto.Result):
             with self._lock:
                 entry = self._pending.pop(message.call_id, None)
+                self._streams.pop(message.call_id, None)
             if entry is None:
                 return
             future = entry[1]
@@ -364,6 +390,7 @@ class Channel:
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
+            self._streams.clear()
             closing = self._closing
             running = ", ".join(name for name, _ in pending) or "no calls"
             doing = f"running {running}" if self._ready else "starting (before Ready)"

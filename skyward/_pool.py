@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from types import TracebackType
@@ -34,9 +35,10 @@ from skyward._machines import Machines
 from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin
 from skyward._recovery import Recovery
-from skyward._scheduler import PoolStatistics, Scheduler, Slot, Task
+from skyward._scheduler import PoolStatistics, Scheduler, Slot, tasks_for
 from skyward._spec import AllocationStrategy, PoolSpec, apply_transforms, pickle_plugins
 from skyward._startup import Startup
+from skyward._stream import Streams, prepare
 from skyward.providers.base import Allocation, Provider
 
 R = TypeVar("R")
@@ -118,6 +120,7 @@ class ComputePool:
 
         self._state: State = "new"  # guarded by the scheduler's lock
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
+        self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
         self._started_at = 0.0
         self._scheduler = Scheduler(
             name=spec.name,
@@ -288,6 +291,11 @@ class ComputePool:
                 return
             if wait and was_running:
                 self._state = "draining"
+        # A stream waits on its reader, who may be the caller of close: end them all, or a
+        # waiting close would never see their workers go idle.
+        closed = PoolClosed(f"pool {self.name!r} was closed while this stream was open")
+        for streams in list(self._streams):
+            streams.abandon(closed)
         cancel = True
         try:
             if wait and was_running:
@@ -389,19 +397,21 @@ class ComputePool:
         self._before_pickling()
         function = calls[0].serialize_function() if same_function and calls else None
         route = self._console.route()
-        tasks = [
-            Task(call, call.serialize(function), Future(), route=route, prefetch=prefetch)
-            for call in calls
-        ]
+        tasks, futures = tasks_for(calls, function, route, prefetch, self._streams)
         with self._lock:  # once for the lot: reader threads want this lock too
             self._check_running()
             self._scheduler.submit(tasks)
-        return [task.future for task in tasks]
+        return futures
 
     def _run_group(self, calls: Sequence[PendingCall[Any]]) -> Future[tuple[Any, ...]]:
         return gather(self._run_calls(calls), tuple)
 
     def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
+        if prepare(call, Future())[1] is not None:
+            raise TypeError(
+                f"{call.name} streams (a generator, or an iterator argument): send it to one "
+                f"node with >>; a broadcast of a stream is not supported yet"
+            )
         self._before_pickling()
         payload = call.serialize()  # once, for every node
         route = self._console.route()

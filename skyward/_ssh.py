@@ -18,7 +18,6 @@ import re
 import shlex
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -263,9 +262,7 @@ class Connection:
         """Run ``command`` to its end; stdout and stderr merged, streamed line by line.
 
         Returns the exit status (-1 if the link ended first) and everything it printed.
-        ``timeout`` bounds the whole command, not each read.
         """
-        end = None if timeout is None else time.monotonic() + timeout
         channel = self.exec(command)
         try:
             channel.set_combine_stderr(True)
@@ -277,11 +274,6 @@ class Connection:
             partial = b""
             while True:
                 try:
-                    if end is not None:
-                        left = end - time.monotonic()
-                        if left <= 0:
-                            raise TimeoutError
-                        channel.settimeout(left)
                     data = channel.recv(1 << 16)
                 except TimeoutError as exc:
                     raise ProvisionError(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import io
 import os
 import queue
@@ -29,12 +30,13 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
 
 from skyward import _protocol as proto
 from skyward._errors import SerializationError  # stdlib-only, like _protocol
+from skyward._worker_io import CallIO, route, with_inboxes
 
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
@@ -145,7 +147,11 @@ def _function(data: bytes) -> Any:
 _decorating: list[Any] = []
 
 
-def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Parts]:
+def _run_call(
+    message: proto.Call, parts: proto.Parts, io: CallIO | None, drain: Callable[[], None]
+) -> tuple[bool, proto.Parts]:
+    """Run one call; its result frame's ``ok`` and payload. A streaming call (``io``) gets
+    its inboxes in place of the placeholders, and a generator's values go out as it runs."""
     try:
         function, args, kwargs = proto.loads(parts)
         fn = _function(function)
@@ -153,18 +159,27 @@ def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Part
             from skyward._plugin import decorated
 
             fn = decorated(fn, _decorating)
+        if io is not None:
+            args = tuple(with_inboxes(a, io) for a in args)
+            kwargs = {k: with_inboxes(v, io) for k, v in kwargs.items()}
     except BaseException as exc:
         return False, proto.encode_error(exc)
     try:
         value = fn(*args, **kwargs)
+        if io is not None and message.window:
+            io.stream(value, drain)
+            value = None
     except BaseException as exc:
         return False, proto.encode_error(exc)
     try:
         return True, proto.dumps(value)
     except Exception as exc:
+        hint = ""
+        if inspect.isgenerator(value):
+            hint = " (a generator's values stream only when the function itself is one)"
         error = SerializationError(
             f"the return value of {message.name} ({type(value).__name__}) cannot be pickled: "
-            f"{type(exc).__name__}: {exc}"
+            f"{type(exc).__name__}: {exc}{hint}"
         )
         return False, proto.encode_error(error)
 
@@ -181,10 +196,13 @@ class _Worker:
         self.stdout = stdout
         self.concurrency = concurrency
         self.calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # guards: stopping, cancelled, _main_busy
+        self._lock = threading.Lock()  # guards: the fields below
         self.stopping = False
         self.cancelled = False
         self._main_busy = False
+        self._io: dict[int, CallIO] = {}  # streaming calls, by id, until their Result
+        self._last_call = 0  # the highest call id received
+        self._early_cancels: set[int] = set()  # Cancel frames that overtook their Call
 
     def start_reader(self) -> None:
         threading.Thread(target=self._read, name="skyward-reader", daemon=True).start()
@@ -227,7 +245,13 @@ class _Worker:
             while True:
                 message, parts = self.link.recv()
                 if isinstance(message, proto.Call):
+                    self._register(message)
                     self.calls.put((message, parts))
+                elif isinstance(message, proto.Cancel) and message.call_id > self._last_call:
+                    # The client may cancel a streaming call it is still sending.
+                    self._early_cancels.add(message.call_id)
+                elif route(self._io, message, parts):
+                    pass
                 elif isinstance(message, proto.Shutdown):
                     cancel = message.cancel
                     break
@@ -240,6 +264,9 @@ class _Worker:
             self.stopping = True
             self.cancelled = cancel
             interrupt = cancel and self._main_busy
+            streaming = list(self._io.values()) if cancel else []
+        for call in streaming:  # wake calls waiting for the client's credit or elements
+            call.cancel()
         if cancel:
             _drop_queued(self.calls)
         for _ in range(self.concurrency):
@@ -249,11 +276,27 @@ class _Worker:
             # thread from a blocking call such as sleep() or a socket read.
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
+    def _register(self, message: proto.Call) -> None:
+        """Give a streaming call its IO before any of its frames can arrive (reader)."""
+        self._last_call = max(self._last_call, message.call_id)
+        if not (message.window or message.inputs):
+            return
+        call = CallIO(self.link.send, message)
+        with self._lock:
+            self._io[message.call_id] = call
+        if message.call_id in self._early_cancels:
+            self._early_cancels.discard(message.call_id)
+            call.cancel()
+
     def _execute(self, main: bool = False) -> None:
         while (item := self.calls.get()) is not None:
             message, parts = item
+            with self._lock:
+                call = self._io.get(message.call_id)
             with self.interruptible() if main else contextlib.nullcontext():
-                ok, payload = _run_call(message, parts)
+                ok, payload = _run_call(message, parts, call, self.stdout.drain)
+            with self._lock:
+                self._io.pop(message.call_id, None)
             del parts, item
             if not ok and self.cancelled:
                 # Interrupted by a cancelling shutdown: the client fails this call with

