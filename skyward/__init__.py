@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "SkywardError": "skyward._errors",
     "StartError": "skyward._errors",
     "VersionMismatch": "skyward._errors",
+    "Worker": "skyward._spec",
     "WorkerLost": "skyward._errors",
     "compute": "skyward._compute",
     "gather": "skyward._compute",
@@ -92,7 +93,7 @@ if TYPE_CHECKING:
     from skyward._plugin import Plugin
     from skyward._pool import ComputePool
     from skyward._scheduler import PoolStatistics
-    from skyward._spec import PoolSpec
+    from skyward._spec import PoolSpec, Worker
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local
     from skyward.providers.ssh import SSH

@@ -36,7 +36,7 @@ from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin
 from skyward._recovery import Recovery
 from skyward._scheduler import PoolStatistics, Scheduler, Slot, tasks_for
-from skyward._spec import AllocationStrategy, PoolSpec, apply_transforms, pickle_plugins
+from skyward._spec import AllocationStrategy, PoolSpec, Worker, apply_transforms, pickle_plugins
 from skyward._startup import Startup
 from skyward._stream import Streams, prepare
 from skyward.providers.base import Allocation, Provider
@@ -77,7 +77,8 @@ class ComputePool:
         allocation: AllocationStrategy | None = None,
         image: Image | None = None,
         plugins: Sequence[Plugin] = (),
-        concurrency: int = 1,
+        concurrency: int | None = None,
+        worker: Worker | None = None,
         name: str | None = None,
         provision_timeout: float = 1800.0,
         start_timeout: float = 120.0,
@@ -98,6 +99,7 @@ class ComputePool:
             "image": Image() if image is None else image,
             "plugins": tuple(plugins),
             "concurrency": concurrency,
+            "worker": worker,
             "provision_timeout": provision_timeout,
             "start_timeout": start_timeout,
             "shutdown_timeout": shutdown_timeout,

@@ -46,6 +46,7 @@ class Start:
     info: Any  # InstanceInfo; typed loosely so this module stays import-light
     sys_path: list[str]
     concurrency: int
+    executor: str = "thread"  # or "process": calls run in child processes (_worker_procs)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,24 @@ _MAX_SECONDS = 7 * 24 * 3600.0
 AllocationStrategy = Literal["spot", "on-demand", "spot-if-available", "cheapest"]
 
 
+class Worker(BaseModel):
+    """How each node runs calls: ``concurrency`` at once, and where.
+
+    ``executor="thread"`` (``"auto"`` means the same): on threads of the node's worker
+    process, sharing its memory and its GIL; right for I/O, and for numpy, jax or torch
+    code, which releases the GIL. ``executor="process"``: each call in one of
+    ``concurrency`` child processes of the worker, so pure-Python CPU-bound calls use as
+    many cores; arguments and results are copied across once more, plugins' ``around_app``
+    contexts are not entered in the children (their ``decorate`` hooks are), and streaming
+    calls still run on the worker's threads.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    executor: Literal["auto", "thread", "process"] = "auto"
+
+
 class PoolSpec(BaseModel):
     """A pool's validated configuration; plugins' ``transform`` hooks receive it.
 
@@ -51,6 +69,7 @@ class PoolSpec(BaseModel):
     image: Image = Field(default_factory=Image)
     plugins: tuple[Plugin, ...] = ()
     concurrency: int = Field(default=1, ge=1, le=1024)
+    executor: Literal["thread", "process"] = "thread"
     name: str = Field(default_factory=lambda: f"pool-{secrets.token_hex(3)}", min_length=1)
     provision_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
     start_timeout: float = Field(default=120.0, gt=0, le=_MAX_SECONDS)
@@ -58,6 +77,29 @@ class PoolSpec(BaseModel):
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
+
+    @model_validator(mode="before")
+    @classmethod
+    def _worker(cls, options: Any) -> Any:
+        """``worker=sky.Worker(...)`` (skyward 0.5) sets ``concurrency`` and ``executor``."""
+        if not isinstance(options, dict):
+            return options
+        worker = options.get("worker")
+        options = {k: v for k, v in options.items() if k != "worker"}
+        if options.get("concurrency", 0) is None:
+            del options["concurrency"]  # neither given: the default
+        if worker is None:
+            return options
+        if not isinstance(worker, Worker):
+            raise ValueError(f"worker must be a sky.Worker, not {type(worker).__name__}")
+        given = options.get("concurrency")
+        if given is not None and given != worker.concurrency:
+            raise ValueError(
+                f"concurrency={given} contradicts worker=Worker(concurrency="
+                f"{worker.concurrency}); give one of them"
+            )
+        executor = "process" if worker.executor == "process" else "thread"
+        return {**options, "concurrency": worker.concurrency, "executor": executor}
 
     @model_validator(mode="before")
     @classmethod

@@ -132,6 +132,7 @@ class Startup:
                 client_sys_path() + self._image.include_roots() if slot.node.shares_files else []
             ),
             concurrency=self._spec.concurrency,
+            executor=self._spec.executor,
         )
 
 

@@ -1,4 +1,5 @@
-"""Streaming calls, the worker's end (see ``_stream`` for the client's, and the picture).
+"""Running one call on the worker (``run_call``), and streaming calls, the worker's end (see
+``_stream`` for the client's, and the picture).
 
 A streaming call has a ``CallIO``: the credit its generator's values may use, and an
 ``Inbox`` per streamed argument. The worker's reader thread feeds them (``More``,
@@ -9,11 +10,13 @@ Standard library and ``_protocol`` only, like the rest of the worker's start.
 from __future__ import annotations
 
 import collections
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from skyward import _protocol as proto
+from skyward._errors import SerializationError  # stdlib-only, like _protocol
 
 SendFrame = Callable[[object, "proto.Parts | None"], None]
 
@@ -64,8 +67,6 @@ class CallIO:
                 try:
                     parts = proto.dumps(value)
                 except Exception as exc:
-                    from skyward._errors import SerializationError
-
                     raise SerializationError(
                         f"a value it yielded ({type(value).__name__}) cannot be pickled: "
                         f"{type(exc).__name__}: {exc}"
@@ -175,3 +176,67 @@ def route(calls: dict[int, CallIO], message: object, parts: proto.Parts) -> bool
     else:
         return False
     return True
+
+
+# Functions by their pickled bytes: ``map`` sends the same bytes with every item, and a
+# function defined in ``__main__`` travels by value, which costs more to unpickle than a no-op
+# costs to run. Equal bytes mean an equal function, globals it captured included; a function
+# whose captured globals changed on the client pickles differently and is a new entry.
+_FUNCTIONS: dict[bytes, Any] = {}
+_FUNCTIONS_MAX = 64
+_FUNCTION_CACHE_BYTES = 1 << 16  # larger ones (big closures) are not worth keeping
+_FUNCTIONS_LOCK = threading.Lock()  # guards: inserting into and evicting from _FUNCTIONS
+
+
+def _function(data: bytes) -> Any:
+    if len(data) > _FUNCTION_CACHE_BYTES:
+        return proto.loads([data])  # not cached, so not worth hashing either
+    fn = _FUNCTIONS.get(data)
+    if fn is None:
+        fn = proto.loads([data])
+        with _FUNCTIONS_LOCK:
+            if len(_FUNCTIONS) >= _FUNCTIONS_MAX:
+                del _FUNCTIONS[next(iter(_FUNCTIONS))]  # the oldest
+            _FUNCTIONS[data] = fn
+    return fn
+
+
+# Plugins whose ``decorate`` wraps every call's function, in list order; set at Start.
+decorating: list[Any] = []
+
+
+def run_call(
+    message: proto.Call, parts: proto.Parts, io: CallIO | None, drain: Callable[[], None]
+) -> tuple[bool, proto.Parts]:
+    """Run one call; its result frame's ``ok`` and payload. A streaming call (``io``) gets
+    its inboxes in place of the placeholders, and a generator's values go out as it runs."""
+    try:
+        function, args, kwargs = proto.loads(parts)
+        fn = _function(function)
+        if decorating:
+            from skyward._plugin import decorated
+
+            fn = decorated(fn, decorating)
+        if io is not None:
+            args = tuple(with_inboxes(a, io) for a in args)
+            kwargs = {k: with_inboxes(v, io) for k, v in kwargs.items()}
+    except BaseException as exc:
+        return False, proto.encode_error(exc)
+    try:
+        value = fn(*args, **kwargs)
+        if io is not None and message.window:
+            io.stream(value, drain)
+            value = None
+    except BaseException as exc:
+        return False, proto.encode_error(exc)
+    try:
+        return True, proto.dumps(value)
+    except Exception as exc:
+        hint = ""
+        if inspect.isgenerator(value):
+            hint = " (a generator's values stream only when the function itself is one)"
+        error = SerializationError(
+            f"the return value of {message.name} ({type(value).__name__}) cannot be pickled: "
+            f"{type(exc).__name__}: {exc}{hint}"
+        )
+        return False, proto.encode_error(error)

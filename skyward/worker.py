@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import io
 import os
 import queue
@@ -30,13 +29,15 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyward import _protocol as proto
-from skyward._errors import SerializationError  # stdlib-only, like _protocol
-from skyward._worker_io import CallIO, route, with_inboxes
+from skyward._worker_io import CallIO, decorating, route, run_call
+
+if TYPE_CHECKING:
+    from skyward._worker_procs import Processes
 
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
@@ -120,70 +121,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-# Functions by their pickled bytes: ``map`` sends the same bytes with every item, and a
-# function defined in ``__main__`` travels by value, which costs more to unpickle than a no-op
-# costs to run. Equal bytes mean an equal function, globals it captured included; a function
-# whose captured globals changed on the client pickles differently and is a new entry.
-_FUNCTIONS: dict[bytes, Any] = {}
-_FUNCTIONS_MAX = 64
-_FUNCTION_CACHE_BYTES = 1 << 16  # larger ones (big closures) are not worth keeping
-_FUNCTIONS_LOCK = threading.Lock()  # guards: inserting into and evicting from _FUNCTIONS
-
-
-def _function(data: bytes) -> Any:
-    if len(data) > _FUNCTION_CACHE_BYTES:
-        return proto.loads([data])  # not cached, so not worth hashing either
-    fn = _FUNCTIONS.get(data)
-    if fn is None:
-        fn = proto.loads([data])
-        with _FUNCTIONS_LOCK:
-            if len(_FUNCTIONS) >= _FUNCTIONS_MAX:
-                del _FUNCTIONS[next(iter(_FUNCTIONS))]  # the oldest
-            _FUNCTIONS[data] = fn
-    return fn
-
-
-# Plugins whose ``decorate`` wraps every call's function, in list order; set at Start.
-_decorating: list[Any] = []
-
-
-def _run_call(
-    message: proto.Call, parts: proto.Parts, io: CallIO | None, drain: Callable[[], None]
-) -> tuple[bool, proto.Parts]:
-    """Run one call; its result frame's ``ok`` and payload. A streaming call (``io``) gets
-    its inboxes in place of the placeholders, and a generator's values go out as it runs."""
-    try:
-        function, args, kwargs = proto.loads(parts)
-        fn = _function(function)
-        if _decorating:
-            from skyward._plugin import decorated
-
-            fn = decorated(fn, _decorating)
-        if io is not None:
-            args = tuple(with_inboxes(a, io) for a in args)
-            kwargs = {k: with_inboxes(v, io) for k, v in kwargs.items()}
-    except BaseException as exc:
-        return False, proto.encode_error(exc)
-    try:
-        value = fn(*args, **kwargs)
-        if io is not None and message.window:
-            io.stream(value, drain)
-            value = None
-    except BaseException as exc:
-        return False, proto.encode_error(exc)
-    try:
-        return True, proto.dumps(value)
-    except Exception as exc:
-        hint = ""
-        if inspect.isgenerator(value):
-            hint = " (a generator's values stream only when the function itself is one)"
-        error = SerializationError(
-            f"the return value of {message.name} ({type(value).__name__}) cannot be pickled: "
-            f"{type(exc).__name__}: {exc}{hint}"
-        )
-        return False, proto.encode_error(error)
-
-
 class _Worker:
     """Runs calls from a queue on ``concurrency`` threads, the main thread first.
 
@@ -195,6 +132,7 @@ class _Worker:
         self.link = link
         self.stdout = stdout
         self.concurrency = concurrency
+        self.processes: Processes | None = None  # executor="process": where calls run
         self.calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards: the fields below
         self.stopping = False
@@ -294,7 +232,10 @@ class _Worker:
             with self._lock:
                 call = self._io.get(message.call_id)
             with self.interruptible() if main else contextlib.nullcontext():
-                ok, payload = _run_call(message, parts, call, self.stdout.drain)
+                if self.processes is not None and call is None:
+                    ok, payload = self.processes.run(message, parts)
+                else:
+                    ok, payload = run_call(message, parts, call, self.stdout.drain)
             with self._lock:
                 self._io.pop(message.call_id, None)
             del parts, item
@@ -359,11 +300,15 @@ def main(argv: list[str] | None = None) -> None:
             sys.path.append(path)
     _info._set_current(message.info)
     worker = _Worker(link, stdout, message.concurrency)
+    if message.executor == "process":
+        from skyward._worker_procs import Processes
+
+        worker.processes = Processes(message.concurrency, message.info, message.sys_path, parts)
     worker.start_reader()
     with ExitStack() as stack:
         try:
             plugins = proto.loads(parts)
-            _decorating.extend(p for p in plugins if p.decorate is not None)
+            decorating.extend(p for p in plugins if p.decorate is not None)
             with worker.interruptible():
                 enter_around_app(stack, plugins, message.info)
         except BaseException as exc:
@@ -374,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
         del parts
         link.send(proto.Ready())
         worker.serve()
+        if worker.processes is not None:
+            worker.processes.close(kill=worker.cancelled)
     with contextlib.suppress(OSError):  # the client may be gone already
         link.send(proto.Bye())
     _exit(stdout, 0)

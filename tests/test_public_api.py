@@ -36,6 +36,7 @@ EXPECTED = [
     "SkywardError",
     "StartError",
     "VersionMismatch",
+    "Worker",
     "WorkerLost",
     "__version__",
     "compute",
