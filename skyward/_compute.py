@@ -16,6 +16,7 @@ scheduling lives there. ``f.local(x)`` runs ``f`` in this process, unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
@@ -98,6 +99,12 @@ class PendingCall(Generic[R]):
     def __post_init__(self) -> None:
         if not self.name:
             object.__setattr__(self, "name", _name(self.fn))
+
+    def with_timeout(self, timeout: float) -> PendingCall[R]:
+        """This call with its own ``timeout`` (see ``compute``), as skyward 0.5 spelled it."""
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        return dataclasses.replace(self, timeout=timeout)
 
     def __rshift__(self, pool: ComputePool) -> R:
         return _pool(pool, ">>")._run_call(self).result()

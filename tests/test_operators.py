@@ -281,3 +281,17 @@ def test_gather_refuses_what_is_not_a_pending_call_and_names_the_jax_helper() ->
 def test_a_streaming_gather_is_iterated_not_submitted(pool: sky.ComputePool) -> None:
     with pytest.raises(TypeError, match="iterate"):
         _ = sky.gather(factorial(2), stream=True) > pool
+
+
+@pytest.mark.timeout(60)
+def test_with_timeout_gives_one_call_its_own_timeout() -> None:
+    import time
+
+    call = square(3).with_timeout(0.5)
+    assert call.timeout == 0.5 and square(3).timeout is None
+    with sky.ComputePool(quiet=True) as pool:
+        with pytest.raises(TimeoutError):
+            sky.compute(time.sleep)(30).with_timeout(0.5) >> pool
+        assert call >> pool == 9
+    with pytest.raises(ValueError, match="positive"):
+        square(1).with_timeout(0)
