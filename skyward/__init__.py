@@ -55,10 +55,16 @@ _EXPORTS: dict[str, str] = {
     "VersionMismatch": "skyward._errors",
     "Worker": "skyward._spec",
     "WorkerLost": "skyward._errors",
+    "barrier": "skyward._collections",
     "compute": "skyward._compute",
+    "counter": "skyward._collections",
+    "dict": "skyward._collections",
     "gather": "skyward._compute",
     "instance_info": "skyward._info",
     "is_head": "skyward._output",
+    "lock": "skyward._collections",
+    "queue": "skyward._collections",
+    "set": "skyward._collections",
     "shard": "skyward._multihost",
     "silent": "skyward._output",
     "stderr": "skyward._output",
@@ -69,6 +75,7 @@ __all__ = sorted([*_EXPORTS, "__version__", "plugins"])
 
 if TYPE_CHECKING:
     from skyward import plugins
+    from skyward._collections import barrier, counter, dict, lock, queue, set
     from skyward._compute import CallGroup, Compute, PendingCall, compute, gather
     from skyward._errors import (
         BootstrapError,

@@ -137,6 +137,7 @@ class Channel:
         output: OutputSink,
         on_lost: Callable[[Channel, WorkerLost], None] | None = None,
         on_broken: Callable[[Channel], None] | None = None,
+        on_shared: Callable[[Channel, proto.Shared, proto.Parts], None] | None = None,
     ) -> None:
         self.node = node
         self.pid: int | None = None
@@ -144,6 +145,7 @@ class Channel:
         self._output = output
         self._on_lost = on_lost
         self._on_broken = on_broken
+        self._on_shared = on_shared  # a worker's request to the pool's collections
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
         self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
@@ -233,6 +235,10 @@ class Channel:
         self._send(message, payload)
         return True
 
+    def send(self, message: object, payload: proto.Parts | None = None) -> None:
+        """Send one frame to the worker (a reply); never waits on a slow worker."""
+        self._send(message, payload)
+
     def shutdown(self, *, cancel: bool) -> None:
         """Ask the worker to exit; returns at once. See ``proto.Shutdown`` for ``cancel``."""
         with self._lock:
@@ -320,6 +326,9 @@ class Channel:
     def _dispatch(self, message: object, parts: proto.Parts) -> None:
         if isinstance(message, proto.Log):
             self._output(self.node, "stdout", message.data)
+        elif isinstance(message, proto.Shared):
+            if self._on_shared is not None:
+                self._on_shared(self, message, parts)
         elif isinstance(message, proto.Yield | proto.Want):
             stream = self._streams.get(message.call_id)
             if stream is None:

@@ -231,6 +231,15 @@ def _as_they_finish(futures: list[Future[Any]], *, ordered: bool) -> Iterator[An
             future.cancel()
 
 
+def pending_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn(*args, **kwargs)`` as a pending call, for the pool's methods (``pool.run(fn)``)."""
+    if isinstance(fn, Compute):
+        return PendingCall(fn.fn, args, kwargs, timeout=fn.timeout)
+    if not callable(fn):
+        raise TypeError(f"expected a function, not {type(fn).__name__}")
+    return PendingCall(fn, args, kwargs)
+
+
 def _pool(target: object, operator: str) -> ComputePool:
     """``target`` if it is a pool; else a TypeError that says what the right side must be.
 

@@ -26,7 +26,8 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from skyward._channel import Channel
-from skyward._compute import Compute, PendingCall
+from skyward._collections import PoolCollections, register, serve, unregister
+from skyward._compute import PendingCall, pending_call
 from skyward._console import Console, ConsoleMode, OutputMode
 from skyward._errors import PoolClosed, ProvisionError
 from skyward._futures import Deadline, fail, gather
@@ -36,6 +37,7 @@ from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin
 from skyward._recovery import Recovery
 from skyward._scheduler import PoolStatistics, Scheduler, Slot, tasks_for
+from skyward._shared_state import SharedState
 from skyward._spec import AllocationStrategy, PoolSpec, Worker, apply_transforms, pickle_plugins
 from skyward._startup import Startup
 from skyward._stream import Streams, prepare
@@ -47,7 +49,7 @@ State = Literal["new", "starting", "running", "draining", "closing", "closed"]
 _ACTIVE = ("running", "draining")
 
 
-class ComputePool:
+class ComputePool(PoolCollections):
     """A pool of nodes running Skyward workers. Use it as a context manager::
 
         with sky.ComputePool(nodes=4) as pool:
@@ -123,6 +125,7 @@ class ComputePool:
         self._state: State = "new"  # guarded by the scheduler's lock
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
+        self._shared = SharedState()  # sky.dict(...) and the rest (_collections)
         self._started_at = 0.0
         self._scheduler = Scheduler(
             name=spec.name,
@@ -214,6 +217,7 @@ class ComputePool:
                 self._console.end()  # stops a live display, which has a thread of its own
                 raise PoolClosed(f"pool {self.name!r} was closed while it started")
             self._state = "running"
+            register(self._request)  # sky.dict(...) in this process means this pool's
             # A worker that died between Ready and now was not replaced (the pool was not
             # running yet); replace it now.
             lost = [(s, s.channel) for s in self._scheduler.slots if s.channel and s.channel.lost]
@@ -266,7 +270,8 @@ class ComputePool:
             node=slot.rank,
             output=self._console.output,
             on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
-            on_broken=lambda ch: self._recovery.on_broken(slot, ch),
+            on_broken=lambda ch: self._broken(slot, ch),
+            on_shared=lambda ch, message, parts: serve(self._shared, ch, message, parts),
         )
         with self._lock:
             closing = self._state in ("closing", "closed")
@@ -306,7 +311,14 @@ class ComputePool:
         finally:
             self._teardown(cancel=cancel)
 
+    def _broken(self, slot: Slot, channel: Channel) -> None:
+        # Before its calls fail: nothing a caller does next may go to the dead worker.
+        self._shared.forget(channel, f"node {slot.rank}'s worker was lost")
+        self._recovery.on_broken(slot, channel)
+
     def _teardown(self, *, cancel: bool) -> None:
+        unregister(self._request)
+        self._shared.close()  # waiters in shared collections get PoolClosed
         with self._lock:
             self._state = "closing"
             queued = self._scheduler.take_all()
@@ -347,16 +359,16 @@ class ComputePool:
 
     def run(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
         """Run ``fn(*args, **kwargs)`` on the least busy node and return its value."""
-        result: R = self._run_call(_pending(fn, args, kwargs)).result()
+        result: R = self._run_call(pending_call(fn, args, kwargs)).result()
         return result
 
     def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
         """Like ``run`` but returns a ``concurrent.futures.Future`` at once."""
-        return self._run_call(_pending(fn, args, kwargs))
+        return self._run_call(pending_call(fn, args, kwargs))
 
     def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]:
         """Run ``fn(*args, **kwargs)`` on every node; results by node rank."""
-        result: list[R] = self._broadcast_call(_pending(fn, args, kwargs)).result()
+        result: list[R] = self._broadcast_call(pending_call(fn, args, kwargs)).result()
         return result
 
     def map(self, fn: Callable[..., R], iterable: Iterable[Any], /) -> list[R]:
@@ -366,7 +378,7 @@ class ComputePool:
         are cancelled; the few a node with short calls was handed ahead (see
         ``prefetch_depth``) may still run, and their results are dropped.
         """
-        calls = [_pending(fn, (item,), {}) for item in iterable]
+        calls = [pending_call(fn, (item,), {}) for item in iterable]
         futures = self._run_calls(calls, same_function=True, prefetch=True)
         try:
             return [future.result() for future in futures]
@@ -436,11 +448,3 @@ class ComputePool:
             )
         # draining refuses new calls too, as Executor.shutdown does
         raise PoolClosed(f"pool {self.name!r} is {self._state}: it takes no new calls")
-
-
-def _pending(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if isinstance(fn, Compute):
-        return PendingCall(fn.fn, args, kwargs, timeout=fn.timeout)
-    if not callable(fn):
-        raise TypeError(f"expected a function, not {type(fn).__name__}")
-    return PendingCall(fn, args, kwargs)

@@ -98,6 +98,14 @@ class ItemsEnd:
 
 
 @dataclass(frozen=True)
+class SharedReply:
+    """The answer to ``Shared``; payload: the value if ``ok``, else the encoded error."""
+
+    request_id: int
+    ok: bool
+
+
+@dataclass(frozen=True)
 class InputStream:
     """Stands in, inside a call's arguments, for an iterator the client streams: the
     worker puts an iterator over ``Item`` frames in its place."""
@@ -144,6 +152,17 @@ class Result:
 
     call_id: int
     ok: bool
+
+
+@dataclass(frozen=True)
+class Shared:
+    """An operation on a distributed collection (``_collections``); payload: its arguments.
+    The client answers with ``SharedReply``, at once or when the operation can proceed."""
+
+    request_id: int
+    kind: str  # "dict", "set", "counter", "queue", "barrier", "lock"
+    name: str
+    op: str
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ class Inbox(Iterator[Any]):
                 raise Cancelled
             if not self._items:
                 if self._error is not None:
-                    raise _decoded(self._error)
+                    raise decoded(self._error)
                 raise StopIteration
             parts = self._items.popleft()
             self._taken += 1
@@ -137,8 +137,9 @@ class Inbox(Iterator[Any]):
             self._cond.notify_all()
 
 
-def _decoded(parts: proto.Parts) -> BaseException:
-    """The client iterator's exception, as itself when it unpickles here."""
+def decoded(parts: proto.Parts) -> BaseException:
+    """An exception the client sent (a streamed argument's iterator raised it, a shared
+    collection refused an operation), as itself when it unpickles here."""
     info: proto.ErrorInfo = proto.loads(parts)
     if info.blob is not None:
         try:
@@ -147,7 +148,7 @@ def _decoded(parts: proto.Parts) -> BaseException:
                 return error
         except Exception:
             pass
-    return RuntimeError(f"the streamed argument's iterator raised {info.type_name}: {info.message}")
+    return RuntimeError(f"the client raised {info.type_name}: {info.message}")
 
 
 def with_inboxes(value: Any, io: CallIO | None) -> Any:

@@ -27,6 +27,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from skyward import _protocol as proto
+from skyward._collections import use_link
 from skyward._worker_io import decorating, run_call
 
 
@@ -86,11 +87,19 @@ def _child_start(info: Any, sys_path: list[str], plugins: list[bytes], parent: i
             sys.path.append(path)
     _info._set_current(info)
     decorating.extend(p for p in proto.loads(plugins) if p.decorate is not None)
+    use_link(_no_collections)
     # A pipe is block-buffered; line by line, prints reach the worker's forwarder in time.
     reconfigure = getattr(sys.stdout, "reconfigure", None)
     if reconfigure is not None:
         reconfigure(line_buffering=True)
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _no_collections(kind: str, name: str, op: str, args: tuple[Any, ...]) -> Any:
+    raise RuntimeError(
+        f"sky.{kind}({name!r}) is not available in executor='process' calls yet; use the "
+        f"thread executor for calls that share collections"
+    )
 
 
 def _exit_with(parent: int) -> None:

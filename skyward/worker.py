@@ -34,6 +34,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from skyward import _protocol as proto
+from skyward._collections import LinkRequester, use_link
 from skyward._worker_io import CallIO, decorating, route, run_call
 
 if TYPE_CHECKING:
@@ -133,6 +134,8 @@ class _Worker:
         self.stdout = stdout
         self.concurrency = concurrency
         self.processes: Processes | None = None  # executor="process": where calls run
+        self.shared = LinkRequester(link.send)  # sky.dict(...) and the rest, via the pool
+        use_link(self.shared)
         self.calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards: the fields below
         self.stopping = False
@@ -190,10 +193,13 @@ class _Worker:
                     self._early_cancels.add(message.call_id)
                 elif route(self._io, message, parts):
                     pass
+                elif isinstance(message, proto.SharedReply):
+                    self.shared.deliver(message, parts)
                 elif isinstance(message, proto.Shutdown):
                     cancel = message.cancel
                     break
         except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
+            self.shared.fail_all("the pool's client is gone")
             # The client is gone; nobody will read results. Leave, but bounded.
             orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, os._exit, args=(3,))
             orphan.daemon = True
