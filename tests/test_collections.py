@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from support.pools import PoolFactory
 from support.processes import shared_pool
 
 import skyward as sky
@@ -262,3 +263,14 @@ def test_process_executor_calls_are_told_collections_are_not_there_yet() -> None
     with sky.ComputePool(worker=worker, quiet=True) as pool:
         with pytest.raises(RuntimeError, match="not available in executor='process'"):
             pool.run(lambda: sky.counter("c").increment())
+
+
+@pytest.mark.timeout(120)
+def test_collections_work_over_every_transport(make_pool: PoolFactory) -> None:
+    def bump_and_wait() -> int:
+        sky.counter("hits").increment()
+        sky.barrier("all", 2).wait()
+        return sky.counter("hits").value
+
+    with make_pool(nodes=2) as pool:
+        assert pool.broadcast(bump_and_wait) == [2, 2]
