@@ -172,12 +172,14 @@ def _replaceable(model: type[BaseModel]) -> None:
     """Let ``dataclasses.replace(image, pip=...)`` make a new image, validated like any.
 
     skyward 0.5's ``Image`` was a dataclass, and its plugin docs write transforms that way.
-    ``replace`` needs only each field's name; ``dataclasses.fields()`` stays empty.
+    ``replace`` needs only each field's name; marked as ordinary fields (dataclasses' own
+    marker, stable since 3.7), ``fields()`` and ``asdict()`` work too.
     """
     fields = {}
     for name in model.model_fields:
         field = dataclasses.field()
         field.name = name
+        field._field_type = getattr(dataclasses, "_FIELD", None)
         fields[name] = field
     model.__dataclass_fields__ = fields
 

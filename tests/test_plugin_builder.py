@@ -106,3 +106,11 @@ def test_decorators_nest_first_plugin_outermost_inside_around_app(tmp_path: Any)
             "b after",
             "a after",
         ]
+
+
+def test_an_image_is_a_dataclass_to_dataclasses_functions() -> None:
+    from dataclasses import asdict, fields
+
+    image = sky.Image(pip=["numpy"], env={"A": "1"})
+    assert "pip" in [f.name for f in fields(image)]
+    assert asdict(image)["pip"] == ("numpy",) and asdict(image)["env"] == {"A": "1"}
