@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
     "ChannelError": "skyward._errors",
+    "CollectiveHang": "skyward._errors",
     "Compute": "skyward._compute",
     "ComputePool": "skyward._pool",
     "HostKeyError": "skyward._errors",
@@ -51,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
+    "Stacks": "skyward._stacks",
     "StartError": "skyward._errors",
     "VersionMismatch": "skyward._errors",
     "Worker": "skyward._spec",
@@ -80,6 +82,7 @@ if TYPE_CHECKING:
     from skyward._errors import (
         BootstrapError,
         ChannelError,
+        CollectiveHang,
         HostKeyError,
         MissingDependency,
         PluginError,
@@ -101,6 +104,7 @@ if TYPE_CHECKING:
     from skyward._pool import ComputePool
     from skyward._scheduler import PoolStatistics
     from skyward._spec import PoolSpec, Worker
+    from skyward._stacks import Stacks
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local
     from skyward.providers.ssh import SSH

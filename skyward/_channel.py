@@ -41,12 +41,13 @@ from skyward._errors import (
     StartError,
     WorkerLost,
 )
-from skyward._futures import Deadline, fail, resolve
+from skyward._futures import Deadline, delivering, fail, resolve
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a streaming call's state; its frames come back through on_frame
     from skyward._stream import Streams
 
 _STDERR_TAIL_LINES = 40
+_STDERR_LINE_BYTES = 2048  # of each line in the tail, its end is kept
 # At most this many parts (frames are a header and one to a few parts) per write.
 _BATCH_PARTS = 256
 # Frames up to this size may be written by the caller (see the module docstring): pipes
@@ -98,14 +99,19 @@ def decode_error(parts: proto.Parts) -> BaseException:
     if info.blob is not None:
         try:
             exc = proto.loads([info.blob])
-        except Exception:
-            exc = None  # the client lacks the type's module; fall back to RemoteError
+        except BaseException:  # a missing module, or an unpickler that raises SystemExit
+            exc = None  # fall back to RemoteError
     if not isinstance(exc, Exception):
         # A remote SystemExit or KeyboardInterrupt raised here would exit the client or look
         # like Ctrl-C to it; only ordinary exceptions come back as themselves.
         exc = RemoteError(info.type_name, info.message, info.traceback)
     exc.__cause__ = RemoteTraceback(info.traceback)
     return exc
+
+
+def _tail_line(line: bytes) -> str:
+    text = line[-_STDERR_LINE_BYTES:].decode("utf-8", "backslashreplace")
+    return text if len(line) <= _STDERR_LINE_BYTES else "…" + text
 
 
 def describe_status(status: int | None) -> str:
@@ -137,7 +143,8 @@ class Channel:
         output: OutputSink,
         on_lost: Callable[[Channel, WorkerLost], None] | None = None,
         on_broken: Callable[[Channel], None] | None = None,
-        on_shared: Callable[[Channel, proto.Shared, proto.Parts], None] | None = None,
+        on_frame: Callable[[Channel, Any, proto.Parts], None] = lambda *_: None,
+        on_result: Callable[[int], None] | None = None,
     ) -> None:
         self.node = node
         self.pid: int | None = None
@@ -145,16 +152,18 @@ class Channel:
         self._output = output
         self._on_lost = on_lost
         self._on_broken = on_broken
-        self._on_shared = on_shared  # a worker's request to the pool's collections
+        self._on_frame = on_frame  # Shared, Yield, Want: for the pool (_stream.route)
+        self._on_result = on_result  # before a result is handed over: flush partial output
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
         self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
         self._write_lock = threading.Lock()  # guards: writing to the transport
         self._queued_lock = threading.Lock()  # guards: _queued
         self._queued = 0  # frames put in the outbox and not yet written
-        self._lock = threading.Lock()  # guards: _pending, _ids, broken, lost, _closing
+        # guards: _pending, _stack_requests, _ids, broken, lost, _closing
+        self._lock = threading.Lock()
         self._pending: dict[int, tuple[str, Future[Any]]] = {}
-        self._streams: dict[int, Streams] = {}  # streaming calls among _pending (_stream)
+        self._stack_requests: dict[int, Future[proto.StacksReport]] = {}
         self._ids = itertools.count(1)
         self._control: queue.Queue[object] = queue.Queue()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
@@ -218,26 +227,32 @@ class Channel:
         """Queue one call; ``future`` gets its result, its exception, or ``WorkerLost``.
 
         Returns at once. False if the link is already broken: the call was not taken, and
-        ``future`` is untouched, so the caller can send it elsewhere. ``streams``: a
-        streaming call's state, fed by this channel's reader until the call ends.
+        ``future`` is untouched, so the caller can send it elsewhere.
         """
         with self._lock:
             if self.broken:
                 return False
             call_id = next(self._ids)
             self._pending[call_id] = (name, future)
-            if streams is not None:
-                self._streams[call_id] = streams
-        message = proto.Call(call_id, name)
-        if streams is not None:
-            streams.attach(self._send, call_id)
-            message = proto.Call(call_id, name, streams.window, streams.inputs)
+        message = proto.Call(call_id, name) if streams is None else streams.call(self, call_id)
         self._send(message, payload)
         return True
 
     def send(self, message: object, payload: proto.Parts | None = None) -> None:
         """Send one frame to the worker (a reply); never waits on a slow worker."""
         self._send(message, payload)
+
+    def request_stacks(self) -> Future[proto.StacksReport]:
+        """Ask the worker for every thread's stack; answered even while calls run."""
+        future: Future[proto.StacksReport] = Future()
+        with self._lock:
+            if self.lost is not None or self.broken:
+                fail(future, self.lost or ChannelError(f"node {self.node}: the link is broken"))
+                return future
+            request_id = next(self._ids)
+            self._stack_requests[request_id] = future
+        self._send(proto.StacksRequest(request_id))
+        return future
 
     def shutdown(self, *, cancel: bool) -> None:
         """Ask the worker to exit; returns at once. See ``proto.Shutdown`` for ``cancel``."""
@@ -308,6 +323,7 @@ class Channel:
     # ── reader threads ───────────────────────────────────────────────────────────────────
 
     def _read(self) -> None:
+        delivering.active = True  # done-callbacks run here: see CallFuture
         try:
             while True:
                 message, parts = proto.read_frame(self._transport.readinto)
@@ -326,28 +342,20 @@ class Channel:
     def _dispatch(self, message: object, parts: proto.Parts) -> None:
         if isinstance(message, proto.Log):
             self._output(self.node, "stdout", message.data)
-        elif isinstance(message, proto.Shared):
-            if self._on_shared is not None:
-                self._on_shared(self, message, parts)
-        elif isinstance(message, proto.Yield | proto.Want):
-            stream = self._streams.get(message.call_id)
-            if stream is None:
-                pass  # the call ended already (cancelled): a value in flight
-            elif isinstance(message, proto.Yield):
-                stream.on_yield(parts)
-            else:
-                stream.on_want(message.arg, message.count)
+        elif isinstance(message, proto.Shared | proto.Yield | proto.Want):
+            self._on_frame(self, message, parts)
         elif isinstance(message, proto.Result):
             with self._lock:
                 entry = self._pending.pop(message.call_id, None)
-                self._streams.pop(message.call_id, None)
             if entry is None:
                 return
             future = entry[1]
+            if self._on_result is not None:
+                self._on_result(self.node)
             if message.ok:
                 try:
                     value = proto.loads(parts)
-                except Exception as exc:
+                except BaseException as exc:  # even SystemExit: it must not end this thread
                     fail(
                         future,
                         RemoteError(
@@ -367,6 +375,11 @@ class Channel:
             )
             failure.__cause__ = error
             self._control.put(failure)
+        elif isinstance(message, proto.StacksReport):
+            with self._lock:
+                request = self._stack_requests.pop(message.request_id, None)
+            if request is not None:
+                resolve(request, message)
         elif isinstance(message, proto.Bye):
             pass
         else:
@@ -382,12 +395,15 @@ class Channel:
             if not data:
                 break
             self._output(self.node, "stderr", data)
+            # Only the end of a long line is kept (a progress bar without newlines, a huge
+            # dump): the tail is for WorkerLost, whose message must stay readable, and its
+            # last line (the fatal error) must survive whatever came before it.
             lines = (partial + data).split(b"\n")
-            partial = lines.pop()
-            for line in lines:
-                self._stderr_tail.append(line.decode("utf-8", "backslashreplace"))
+            partial = lines.pop()[-_STDERR_LINE_BYTES:]
+            for line in lines[-_STDERR_TAIL_LINES:]:
+                self._stderr_tail.append(_tail_line(line))
         if partial:
-            self._stderr_tail.append(partial.decode("utf-8", "backslashreplace"))
+            self._stderr_tail.append(_tail_line(partial))
 
     def _lose(self) -> None:
         status = self._transport.wait(_EXIT_STATUS_TIMEOUT)
@@ -399,7 +415,8 @@ class Channel:
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
-            self._streams.clear()
+            requests = list(self._stack_requests.values())
+            self._stack_requests.clear()
             closing = self._closing
             running = ", ".join(name for name, _ in pending) or "no calls"
             doing = f"running {running}" if self._ready else "starting (before Ready)"
@@ -423,6 +440,8 @@ class Channel:
             error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
         for _, future in pending:
             fail(future, error)
+        for request in requests:
+            fail(request, self.lost)
         self._control.put(self.lost)
         self._outbox.put(None)
         self._sender_thread.join(_EXIT_STATUS_TIMEOUT)

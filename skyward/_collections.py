@@ -25,16 +25,22 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skyward import _protocol as proto
 
 if TYPE_CHECKING:
-    from skyward._channel import Channel
     from skyward._shared_state import SharedState
 
 # (kind, name, operation, arguments) -> the result, or its exception raised
 Requester = Callable[[str, str, str, tuple[Any, ...]], Any]
+
+
+class Link(Protocol):
+    """A worker's channel (``_channel.Channel``), as what the pool answers it needs."""
+
+    def send(self, message: object, payload: proto.Parts | None = None) -> None: ...
+
 
 _endpoint: Requester | None = None  # in a worker: its link to the pool
 _running: builtins.list[Requester] = []  # in the client: the running pools' states
@@ -303,7 +309,7 @@ def local_request(state: SharedState, kind: str, name: str, op: str, args: tuple
     return value
 
 
-def serve(state: SharedState, channel: Channel, message: proto.Shared, parts: proto.Parts) -> None:
+def serve(state: SharedState, channel: Link, message: proto.Shared, parts: proto.Parts) -> None:
     """An operation from a worker (its channel's reader thread): answer it, now or later."""
 
     def reply(ok: bool, value: Any) -> None:

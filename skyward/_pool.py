@@ -20,27 +20,27 @@ from __future__ import annotations
 import atexit
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from skyward._channel import Channel
-from skyward._collections import PoolCollections, register, serve, unregister
-from skyward._compute import PendingCall, pending_call
+from skyward._collections import PoolCollections, register, unregister
 from skyward._console import Console, ConsoleMode, OutputMode
-from skyward._errors import PoolClosed, ProvisionError
-from skyward._futures import Deadline, fail, gather
+from skyward._errors import PoolClosed
+from skyward._futures import Deadline, fail
+from skyward._hangs import HangWatch
 from skyward._image import Image
 from skyward._machines import Machines
-from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin
+from skyward._pool_calls import PoolCalls
 from skyward._recovery import Recovery
-from skyward._scheduler import PoolStatistics, Scheduler, Slot, tasks_for
+from skyward._scheduler import PoolStatistics, Scheduler, Slot
 from skyward._shared_state import SharedState
 from skyward._spec import AllocationStrategy, PoolSpec, Worker, apply_transforms, pickle_plugins
+from skyward._stacks import Stacks, collect
 from skyward._startup import Startup
-from skyward._stream import Streams, prepare
+from skyward._stream import Streams, route
 from skyward.providers.base import Allocation, Provider
 
 R = TypeVar("R")
@@ -49,7 +49,7 @@ State = Literal["new", "starting", "running", "draining", "closing", "closed"]
 _ACTIVE = ("running", "draining")
 
 
-class ComputePool(PoolCollections):
+class ComputePool(PoolCalls, PoolCollections):
     """A pool of nodes running Skyward workers. Use it as a context manager::
 
         with sky.ComputePool(nodes=4) as pool:
@@ -85,6 +85,7 @@ class ComputePool(PoolCollections):
         provision_timeout: float = 1800.0,
         start_timeout: float = 120.0,
         shutdown_timeout: float = 10.0,
+        hang_timeout: float | None = 60.0,
         console: ConsoleMode = "auto",
         output: OutputMode = "all",
         quiet: bool = False,
@@ -99,12 +100,14 @@ class ComputePool(PoolCollections):
             "memory_gb": memory_gb,
             "allocation": allocation,
             "image": Image() if image is None else image,
-            "plugins": tuple(plugins),
+            # A list is taken as a tuple; anything else is left to the validator to name.
+            "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,
             "concurrency": concurrency,
             "worker": worker,
             "provision_timeout": provision_timeout,
             "start_timeout": start_timeout,
             "shutdown_timeout": shutdown_timeout,
+            "hang_timeout": hang_timeout,
             "console": console,
             "output": output,
             "quiet": quiet,
@@ -124,6 +127,7 @@ class ComputePool(PoolCollections):
 
         self._state: State = "new"  # guarded by the scheduler's lock
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
+        self._hurry = False  # a close(wait=False) came while another close was draining
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
         self._shared = SharedState()  # sky.dict(...) and the rest (_collections)
         self._started_at = 0.0
@@ -161,6 +165,11 @@ class ComputePool(PoolCollections):
             active=lambda: self._state in _ACTIVE,
             forget=self._pending_channels.discard,
             status=self._console.status,
+        )
+        self._hangs = (
+            HangWatch(self._scheduler, bound=spec.hang_timeout, status=self._console.status)
+            if spec.gang and spec.hang_timeout is not None
+            else None
         )
 
     @property
@@ -208,9 +217,14 @@ class ComputePool(PoolCollections):
         try:
             allocation = self._machines.provision(spec.request(self.image), spec.nodes)
             self._start_workers(allocation)
-        except BaseException:
+        except BaseException as exc:
             self._console.end()
+            closed_meanwhile = self._state in ("closing", "closed")
             self.close(wait=False)
+            if closed_meanwhile and isinstance(exc, Exception) and not isinstance(exc, PoolClosed):
+                # What the close broke (a plugin's start interrupted, a channel killed) is not
+                # the user's error: the pool was closed.
+                raise PoolClosed(f"pool {self.name!r} was closed while it started") from exc
             raise
         with self._lock:
             if self._state != "starting":  # closed by another thread meanwhile
@@ -218,6 +232,8 @@ class ComputePool(PoolCollections):
                 raise PoolClosed(f"pool {self.name!r} was closed while it started")
             self._state = "running"
             register(self._request)  # sky.dict(...) in this process means this pool's
+            if self._hangs is not None:
+                self._hangs.start()
             # A worker that died between Ready and now was not replaced (the pool was not
             # running yet); replace it now.
             lost = [(s, s.channel) for s in self._scheduler.slots if s.channel and s.channel.lost]
@@ -250,28 +266,15 @@ class ComputePool(PoolCollections):
         with self._lock:
             if self._state in ("closing", "closed"):
                 raise PoolClosed(f"pool {self.name!r} is closing")
-        try:
-            transport = slot.node.spawn_worker(slot.rank, self.image.env)
-        except ProvisionError as error:
-            if self._state != "running" or not self._machines.can_replace:
-                raise
-            self._console.status(f"node {slot.rank}: its machine is lost ({error}); replacing it")
-            node = self._machines.replace(slot.rank)
-            with self._lock:
-                slot.node = node
-                if slot.info is not None:  # its new worker is told its new address
-                    peers = list(slot.info.peers)
-                    peers[slot.rank] = node.address
-                    update = {"peers": tuple(peers), "head_addr": peers[0]}
-                    slot.info = slot.info.model_copy(update=update)
-            transport = node.spawn_worker(slot.rank, self.image.env)
+        transport = self._machines.spawn(slot, self.image.env, replace=self._state == "running")
         channel = Channel(
             transport,
             node=slot.rank,
             output=self._console.output,
             on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
             on_broken=lambda ch: self._broken(slot, ch),
-            on_shared=lambda ch, message, parts: serve(self._shared, ch, message, parts),
+            on_result=self._console.flush,
+            on_frame=lambda ch, message, parts: route(self._shared, ch, message, parts),
         )
         with self._lock:
             closing = self._state in ("closing", "closed")
@@ -283,21 +286,28 @@ class ComputePool(PoolCollections):
         return channel
 
     def close(self, *, wait: bool = True) -> None:
-        """Stop every worker and destroy the nodes. Idempotent.
+        """Stop every worker and destroy the nodes. Idempotent; returns once the pool is
+        closed, whichever thread does the closing.
 
         ``wait=True`` first lets submitted calls finish; ``wait=False`` fails the ones not
-        yet started with ``PoolClosed``. Workers get ``shutdown_timeout`` seconds to leave
-        their plugins' contexts, then are killed; the allocation's ``terminate`` always runs.
+        yet started with ``PoolClosed`` and interrupts the running ones, also when another
+        ``close()`` is already waiting for them (the stronger close takes over). Workers get
+        ``shutdown_timeout`` seconds to leave their plugins' contexts, then are killed; the
+        allocation's ``terminate`` always runs.
         """
         with self._lock:
-            if self._state in ("draining", "closing", "closed"):
-                return
-            was_running = self._state == "running"
             if self._state == "new":
                 self._state = "closed"
                 return
-            if wait and was_running:
-                self._state = "draining"
+            if self._state in ("draining", "closing", "closed"):
+                if not wait:
+                    self._hurry = True  # a draining close stops waiting and cancels
+                    self._scheduler.idle.notify_all()
+                while self._state != "closed":
+                    self._scheduler.idle.wait()
+                return
+            drain = wait and self._state == "running"
+            self._state = "draining" if drain else "closing"
         # A stream waits on its reader, who may be the caller of close: end them all, or a
         # waiting close would never see their workers go idle.
         closed = PoolClosed(f"pool {self.name!r} was closed while this stream was open")
@@ -305,9 +315,8 @@ class ComputePool(PoolCollections):
             streams.abandon(closed)
         cancel = True
         try:
-            if wait and was_running:
-                self._scheduler.wait_idle()
-                cancel = False
+            if drain:
+                cancel = not self._scheduler.wait_idle(lambda: self._hurry)
         finally:
             self._teardown(cancel=cancel)
 
@@ -327,6 +336,8 @@ class ComputePool(PoolCollections):
         self._machines.cancel(f"pool {self.name!r} was closed")
         try:
             self._recovery.timeouts.stop()
+            if self._hangs is not None:
+                self._hangs.stop()
             closed = PoolClosed(f"pool {self.name!r} was closed before this call ran")
             for task in queued:
                 fail(task.future, closed)
@@ -355,96 +366,17 @@ class ComputePool(PoolCollections):
             self._console.status(f"closing pool {self.name} at interpreter exit")
         self.close(wait=False)
 
-    # ── calls ────────────────────────────────────────────────────────────────────────────
-
-    def run(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
-        """Run ``fn(*args, **kwargs)`` on the least busy node and return its value."""
-        result: R = self._run_call(pending_call(fn, args, kwargs)).result()
-        return result
-
-    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
-        """Like ``run`` but returns a ``concurrent.futures.Future`` at once."""
-        return self._run_call(pending_call(fn, args, kwargs))
-
-    def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]:
-        """Run ``fn(*args, **kwargs)`` on every node; results by node rank."""
-        result: list[R] = self._broadcast_call(pending_call(fn, args, kwargs)).result()
-        return result
-
-    def map(self, fn: Callable[..., R], iterable: Iterable[Any], /) -> list[R]:
-        """``[fn(x) for x in iterable]`` spread over the nodes; results in input order.
-
-        The first failure (in input order) is raised and calls still in the pool's queue
-        are cancelled; the few a node with short calls was handed ahead (see
-        ``prefetch_depth``) may still run, and their results are dropped.
-        """
-        calls = [pending_call(fn, (item,), {}) for item in iterable]
-        futures = self._run_calls(calls, same_function=True, prefetch=True)
-        try:
-            return [future.result() for future in futures]
-        finally:
-            for future in futures:
-                future.cancel()
+    # ── calls: the rest is in _pool_calls (run, submit, broadcast, map) ─────────────────
 
     def statistics(self) -> PoolStatistics:
         with self._lock:
             uptime = time.monotonic() - self._started_at if self._started_at else 0.0
             return self._scheduler.statistics(self._state, self.spec.nodes, uptime)
 
-    def _run_call(self, call: PendingCall[R]) -> Future[R]:
-        return self._run_calls([call])[0]
-
-    def _run_calls(
-        self,
-        calls: Sequence[PendingCall[Any]],
-        *,
-        same_function: bool = False,
-        prefetch: bool = False,
-    ) -> list[Future[Any]]:
-        """Queue calls for the least busy nodes; all are pickled before any is queued.
-
-        ``prefetch`` (a map: the caller waits for the lot, and the first failure fails it)
-        lets a node whose recent calls were short hold a few calls more than
-        ``concurrency``, so its worker finds the next call waiting instead of idling for a
-        round trip.
-        """
-        self._before_pickling()
-        function = calls[0].serialize_function() if same_function and calls else None
-        route = self._console.route()
-        tasks, futures = tasks_for(calls, function, route, prefetch, self._streams)
-        with self._lock:  # once for the lot: reader threads want this lock too
-            self._check_running()
-            self._scheduler.submit(tasks)
-        return futures
-
-    def _run_group(self, calls: Sequence[PendingCall[Any]]) -> Future[tuple[Any, ...]]:
-        return gather(self._run_calls(calls), tuple)
-
-    def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
-        if prepare(call, Future())[1] is not None:
-            raise TypeError(
-                f"{call.name} streams (a generator, or an iterator argument): send it to one "
-                f"node with >>; a broadcast of a stream is not supported yet"
-            )
-        self._before_pickling()
-        payload = call.serialize()  # once, for every node
-        route = self._console.route()
+    def stacks(self, timeout: float = 10.0) -> Stacks:
+        """Every node's Python stacks right now, labelled by node, without stopping anything:
+        where a slow or stuck call is. ``print(pool.stacks())``."""
         with self._lock:
             self._check_running()
-            futures = self._scheduler.broadcast(call, payload, route)
-        return gather(futures, list)
-
-    def _before_pickling(self) -> None:
-        if self._remote:
-            ship_client_modules()
-
-    def _check_running(self) -> None:
-        if self._state == "running":
-            return
-        if self._state in ("new", "starting"):
-            raise PoolClosed(
-                f"pool {self.name!r} is not started: use `with sky.ComputePool(...) as pool:` "
-                f"or `pool.start()` before sending calls"
-            )
-        # draining refuses new calls too, as Executor.shutdown does
-        raise PoolClosed(f"pool {self.name!r} is {self._state}: it takes no new calls")
+            channels = {s.rank: s.channel for s in self._scheduler.slots}
+        return collect(channels, timeout)

@@ -28,7 +28,7 @@ from skyward._channel import Channel
 from skyward._compute import PendingCall
 from skyward._console import Route
 from skyward._errors import WorkerLost
-from skyward._futures import fail, resolve
+from skyward._futures import CallFuture, fail, resolve
 from skyward._info import InstanceInfo
 from skyward._stream import ResultStream, Streams, prepare
 from skyward.providers.base import Node
@@ -66,6 +66,7 @@ class Slot:
     recent: float = float("inf")  # seconds from send to result, averaged over recent calls
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
+    running: dict[int, tuple[Task, float]] = field(default_factory=dict)  # sent, by id: when
 
 
 @dataclass(frozen=True)
@@ -97,14 +98,15 @@ def tasks_for(
     calls' states are added to ``streams`` (the pool ends them when it closes)."""
     tasks, futures = [], []
     for call in calls:
-        done: Future[Any] = Future()
+        done: Future[Any] = CallFuture()
         sent, state = prepare(call, done)  # a generator, or iterator arguments
-        tasks.append(Task(sent, sent.serialize(function), done, False, route, prefetch, (), state))
+        payload = sent.serialize(function)
+        tasks.append(Task(sent, payload, done, route=route, prefetch=prefetch, streams=state))
         futures.append(done)
         if state is not None:
             streams.add(state)
             if state.window:
-                futures[-1] = Future()
+                futures[-1] = CallFuture()
                 futures[-1].set_result(ResultStream(state, call.name))
     return tasks, futures
 
@@ -148,6 +150,12 @@ class Scheduler:
         self._watch = watch
         self._accepting = accepting
         self._pumping = False
+        # Gang broadcasts: parts sent or held and not finished, and whole broadcasts waiting
+        # for them to finish (call, payload, route, futures).
+        self._gang_running = 0
+        self._gang_waiting: deque[
+            tuple[PendingCall[Any], proto.Parts, Route | None, list[Future[Any]]]
+        ] = deque()
 
     def submit(self, tasks: Sequence[Task]) -> None:
         """Queue ``tasks`` and start what can start. Lock held by the caller."""
@@ -158,20 +166,48 @@ class Scheduler:
     def broadcast(
         self, call: PendingCall[Any], payload: proto.Parts, route: Route | None
     ) -> list[Future[Any]]:
-        """One part of ``call`` per node, sent now where it can be. Lock held by the caller."""
-        futures: list[Future[Any]] = [Future() for _ in self.slots]
+        """One part of ``call`` per node, sent now where it can be. Lock held by the caller.
+
+        In a gang, a broadcast waits while any part of an earlier one still runs on any
+        node: its collectives would otherwise pair with the earlier one's on a rank that is
+        behind, and both would return each other's data.
+        """
+        futures: list[Future[Any]] = [CallFuture() for _ in self.slots]
+        self.counts["submitted"] += len(futures)
+        if self._gang and (self._gang_running or self._gang_waiting):
+            self._gang_waiting.append((call, payload, route, futures))
+        else:
+            self._dispatch_broadcast(call, payload, route, futures)
+        return futures
+
+    def _dispatch_broadcast(
+        self,
+        call: PendingCall[Any],
+        payload: proto.Parts,
+        route: Route | None,
+        futures: list[Future[Any]],
+    ) -> None:
         # In a gang, no part starts until every node has a worker of the same generation.
         wait = self._gang and not all(s.ready or s.lost is not None for s in self.slots)
+        if self._gang:  # counted before any part can finish, so the count reaches 0 last
+            self._gang_running += len(futures)
         for slot, future in zip(self.slots, futures, strict=True):
             task = Task(call, payload, future, broadcast=True, route=route, siblings=futures)
-            self.counts["submitted"] += 1
             if slot.lost is not None:
                 fail(task.future, slot.lost)
             elif wait or not slot.ready:
                 slot.backlog.append(task)  # its worker (or its gang) is being replaced
             else:
                 self.send(slot, task)
-        return futures
+        if self._gang:
+            for future in futures:
+                future.add_done_callback(self._gang_part_done)
+
+    def _gang_part_done(self, _: Future[Any]) -> None:
+        with self.lock:
+            self._gang_running -= 1
+            while self._gang_running == 0 and self._gang_waiting:
+                self._dispatch_broadcast(*self._gang_waiting.popleft())
 
     def pump(self) -> None:
         """Send queued calls to the least busy ready nodes with a free slot. Lock held."""
@@ -220,7 +256,7 @@ class Scheduler:
         sent = time.monotonic()
 
         def settle(done: Future[Any]) -> None:
-            self._call_done(slot, done, time.monotonic() - sent)
+            self._call_done(slot, done, time.monotonic() - sent, task)
             error = done.exception()
             if error is not None:
                 fail(task.future, error)
@@ -239,13 +275,15 @@ class Scheduler:
                 self.queue.appendleft(task)
             return
         slot.busy += 1
+        slot.running[id(task)] = (task, sent)
         inner.add_done_callback(settle)
         if task.call.timeout is not None:
             self._watch(task.future, task.call.name, task.call.timeout, channel)
 
-    def _call_done(self, slot: Slot, future: Future[Any], elapsed: float) -> None:
+    def _call_done(self, slot: Slot, future: Future[Any], elapsed: float, task: Task) -> None:
         with self.lock:
             slot.busy -= 1
+            slot.running.pop(id(task), None)
             slot.recent = (
                 elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
             )
@@ -255,16 +293,25 @@ class Scheduler:
                 self.pump()
             self.idle.notify_all()
 
-    def wait_idle(self) -> None:
-        """Until nothing is queued, held or running."""
+    def wait_idle(self, stop: Callable[[], bool]) -> bool:
+        """Until nothing is queued, held or running (True), or ``stop()`` (False)."""
         with self.idle:
-            while self.queue or any(s.busy or s.backlog for s in self.slots):
+            while self.queue or self._gang_waiting or any(s.busy or s.backlog for s in self.slots):
+                if stop():
+                    return False
                 self.idle.wait(1.0)
+            return True
 
     def take_all(self) -> list[Task]:
         """Empty the queue and every backlog, and take every slot out of rotation: the pool
         is closing. Lock held; returns the tasks that will never run."""
-        tasks = list(self.queue) + [t for s in self.slots for t in s.backlog]
+        waiting = [
+            Task(call, payload, future, broadcast=True)
+            for call, payload, _, futures in self._gang_waiting
+            for future in futures
+        ]
+        self._gang_waiting.clear()
+        tasks = waiting + list(self.queue) + [t for s in self.slots for t in s.backlog]
         self.queue.clear()
         for slot in self.slots:
             slot.backlog.clear()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,15 +33,13 @@ Reply = Callable[[bool, Any], None]  # (ok, value or exception)
 @dataclass(eq=False)
 class _Barrier:
     parties: int
-    waiting: list[tuple[Hashable, Reply]] = field(default_factory=list)
+    waiting: list[tuple[object, Reply]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
 class _Lock:
-    holder: tuple[Hashable, str] | None = None  # (owner, the proxy's token)
-    waiting: collections.deque[tuple[Hashable, str, Reply]] = field(
-        default_factory=collections.deque
-    )
+    holder: tuple[object, str] | None = None  # (owner, the proxy's token)
+    waiting: collections.deque[tuple[object, str, Reply]] = field(default_factory=collections.deque)
 
 
 class SharedState:
@@ -62,7 +60,7 @@ class SharedState:
         self._closed = False
 
     def handle(
-        self, owner: Hashable, kind: str, name: str, op: str, args: tuple[Any, ...], reply: Reply
+        self, owner: object, kind: str, name: str, op: str, args: tuple[Any, ...], reply: Reply
     ) -> None:
         """Do one operation; ``reply`` is called exactly once, now or when it can be."""
         method = getattr(self, f"_{kind}_{op}", None)
@@ -82,56 +80,56 @@ class SharedState:
 
     # ── dict, set, counter ───────────────────────────────────────────────────────────────
 
-    def _dict_get(self, owner: Hashable, name: str, reply: Reply, key: Any) -> tuple[bool, Any]:
+    def _dict_get(self, owner: object, name: str, reply: Reply, key: Any) -> tuple[bool, Any]:
         data = self._dicts[name]
         return (True, data[key]) if key in data else (False, KeyError(key))
 
-    def _dict_set(self, owner: Hashable, name: str, reply: Reply, key: Any, value: Any) -> Any:
+    def _dict_set(self, owner: object, name: str, reply: Reply, key: Any, value: Any) -> Any:
         self._dicts[name][key] = value
         return True, None
 
-    def _dict_delete(self, owner: Hashable, name: str, reply: Reply, key: Any) -> Any:
+    def _dict_delete(self, owner: object, name: str, reply: Reply, key: Any) -> Any:
         del self._dicts[name][key]
         return True, None
 
-    def _dict_contains(self, owner: Hashable, name: str, reply: Reply, key: Any) -> Any:
+    def _dict_contains(self, owner: object, name: str, reply: Reply, key: Any) -> Any:
         return True, key in self._dicts[name]
 
-    def _dict_update(self, owner: Hashable, name: str, reply: Reply, items: Any) -> Any:
+    def _dict_update(self, owner: object, name: str, reply: Reply, items: Any) -> Any:
         self._dicts[name].update(items)
         return True, None
 
-    def _dict_pop(self, owner: Hashable, name: str, reply: Reply, key: Any, default: Any) -> Any:
+    def _dict_pop(self, owner: object, name: str, reply: Reply, key: Any, default: Any) -> Any:
         return True, self._dicts[name].pop(key, default)
 
-    def _dict_snapshot(self, owner: Hashable, name: str, reply: Reply) -> Any:
+    def _dict_snapshot(self, owner: object, name: str, reply: Reply) -> Any:
         return True, dict(self._dicts[name])
 
-    def _set_add(self, owner: Hashable, name: str, reply: Reply, value: Any) -> Any:
+    def _set_add(self, owner: object, name: str, reply: Reply, value: Any) -> Any:
         self._sets[name].add(value)
         return True, None
 
-    def _set_discard(self, owner: Hashable, name: str, reply: Reply, value: Any) -> Any:
+    def _set_discard(self, owner: object, name: str, reply: Reply, value: Any) -> Any:
         self._sets[name].discard(value)
         return True, None
 
-    def _set_contains(self, owner: Hashable, name: str, reply: Reply, value: Any) -> Any:
+    def _set_contains(self, owner: object, name: str, reply: Reply, value: Any) -> Any:
         return True, value in self._sets[name]
 
-    def _set_len(self, owner: Hashable, name: str, reply: Reply) -> Any:
+    def _set_len(self, owner: object, name: str, reply: Reply) -> Any:
         return True, len(self._sets[name])
 
-    def _counter_add(self, owner: Hashable, name: str, reply: Reply, amount: int) -> Any:
+    def _counter_add(self, owner: object, name: str, reply: Reply, amount: int) -> Any:
         self._counters[name] += amount
         return True, self._counters[name]
 
-    def _counter_reset(self, owner: Hashable, name: str, reply: Reply, value: int) -> Any:
+    def _counter_reset(self, owner: object, name: str, reply: Reply, value: int) -> Any:
         self._counters[name] = value
         return True, value
 
     # ── queue ────────────────────────────────────────────────────────────────────────────
 
-    def _queue_put(self, owner: Hashable, name: str, reply: Reply, value: Any) -> Any:
+    def _queue_put(self, owner: object, name: str, reply: Reply, value: Any) -> Any:
         getters = self._getters[name]
         if getters:  # the oldest waiting getter takes it directly
             _, waiter, timer = getters.popleft()
@@ -143,7 +141,7 @@ class SharedState:
         return True, None
 
     def _queue_get(
-        self, owner: Hashable, name: str, reply: Reply, timeout: float | None
+        self, owner: object, name: str, reply: Reply, timeout: float | None
     ) -> tuple[bool, Any] | None:
         if self._queues[name]:
             return True, self._queues[name].popleft()
@@ -165,12 +163,12 @@ class SharedState:
                 return  # a put took it first
         entry[1](True, None)  # skyward 0.5: None when the timeout passes
 
-    def _queue_len(self, owner: Hashable, name: str, reply: Reply) -> Any:
+    def _queue_len(self, owner: object, name: str, reply: Reply) -> Any:
         return True, len(self._queues[name])
 
     # ── barrier, lock ────────────────────────────────────────────────────────────────────
 
-    def _barrier_wait(self, owner: Hashable, name: str, reply: Reply, parties: int) -> Any:
+    def _barrier_wait(self, owner: object, name: str, reply: Reply, parties: int) -> Any:
         barrier = self._barriers.setdefault(name, _Barrier(parties))
         if barrier.parties != parties:
             return False, ValueError(
@@ -184,13 +182,13 @@ class SharedState:
             waiter(True, None)
         return True, None
 
-    def _barrier_reset(self, owner: Hashable, name: str, reply: Reply) -> Any:
+    def _barrier_reset(self, owner: object, name: str, reply: Reply) -> Any:
         barrier = self._barriers.get(name)
         if barrier is not None:
             self._break(barrier, f"barrier {name!r} was reset while they waited")
         return True, None
 
-    def _lock_acquire(self, owner: Hashable, name: str, reply: Reply, token: str) -> Any:
+    def _lock_acquire(self, owner: object, name: str, reply: Reply, token: str) -> Any:
         lock = self._locks[name]
         if lock.holder is None:
             lock.holder = (owner, token)
@@ -200,7 +198,7 @@ class SharedState:
         lock.waiting.append((owner, token, reply))
         return None
 
-    def _lock_release(self, owner: Hashable, name: str, reply: Reply, token: str) -> Any:
+    def _lock_release(self, owner: object, name: str, reply: Reply, token: str) -> Any:
         lock = self._locks[name]
         if lock.holder != (owner, token):
             return False, RuntimeError(f"release of lock {name!r}, which this proxy does not hold")
@@ -221,7 +219,7 @@ class SharedState:
 
     # ── lost workers, the pool closing ───────────────────────────────────────────────────
 
-    def forget(self, owner: Hashable, why: str) -> None:
+    def forget(self, owner: object, why: str) -> None:
         """A worker is lost: release its locks, drop its waiters, break barriers with
         waiters (whoever they wait for may have been it)."""
         with self._lock:

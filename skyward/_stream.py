@@ -28,14 +28,19 @@ import functools
 import inspect
 import threading
 import typing
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyward import _protocol as proto
+from skyward._collections import Link, serve
 from skyward._compute import PendingCall
 from skyward._errors import PoolClosed, RemoteError, SerializationError
+
+if TYPE_CHECKING:
+    from skyward._shared_state import SharedState
 
 WINDOW = proto.STREAM_WINDOW
 
@@ -50,14 +55,18 @@ class Streams:
     when a timeout, a loss or a close ends it for the worker.
     """
 
-    def __init__(self, future: Future[Any], window: int, inputs: list[Iterator[Any]]) -> None:
+    def __init__(
+        self, future: Future[Any], name: str, window: int, inputs: list[Iterator[Any]]
+    ) -> None:
         self.future = future
+        self.name = name
         self.window = window
         self.inputs = len(inputs)
         self._cond = threading.Condition()  # guards: everything below
         self._values: collections.deque[proto.Parts] = collections.deque()
         self._error: BaseException | None = None  # ends the stream before the call does
         self._send: Send | None = None
+        self._channel: Link | None = None
         self._call_id = 0
         self._taken = 0  # values taken since the last More
         self._feeders = [_Feeder(self, arg, it) for arg, it in enumerate(inputs)]
@@ -65,13 +74,17 @@ class Streams:
 
     # ── the channel's side ───────────────────────────────────────────────────────────────
 
-    def attach(self, send: Send, call_id: int) -> None:
-        """The call was handed to a worker: from now on ``send`` reaches it."""
+    def call(self, channel: Link, call_id: int) -> proto.Call:
+        """The call is being handed to ``channel``'s worker: its ``Call`` message. From now
+        on the channel's frames for it come here (``route``)."""
+        with _routes_lock:
+            _routes.setdefault(channel, {})[call_id] = self
         with self._cond:
-            self._send, self._call_id = send, call_id
+            self._send, self._call_id, self._channel = channel.send, call_id, channel
             abandoned = self._error is not None
-        if abandoned:  # closed while it was queued, and the pool sent it anyway
-            send(proto.Cancel(call_id), None)
+        if abandoned:  # closed while it was queued, and the pool sent it anyway (the worker
+            channel.send(proto.Cancel(call_id), None)  # takes a Cancel ahead of its Call)
+        return proto.Call(call_id, self.name, self.window, self.inputs)
 
     def on_yield(self, parts: proto.Parts) -> None:
         with self._cond:
@@ -86,8 +99,12 @@ class Streams:
     def _ended(self, _: Future[Any]) -> None:
         with self._cond:
             self._cond.notify_all()
+            channel = self._channel
         for feeder in self._feeders:
             feeder.stop()
+        if channel is not None:
+            with _routes_lock:
+                _routes.get(channel, {}).pop(self._call_id, None)
 
     # ── the consumer's side ──────────────────────────────────────────────────────────────
 
@@ -236,6 +253,28 @@ class _Feeder:
             send(proto.Item(call_id, arg), parts)
 
 
+# Each channel's streaming calls, by call id, while they run: where its reader thread sends
+# their Yield and Want frames. Weak: a channel that is gone takes its entries along.
+_routes: weakref.WeakKeyDictionary[Link, dict[int, Streams]] = weakref.WeakKeyDictionary()
+_routes_lock = threading.Lock()  # guards: _routes
+
+
+def route(shared: SharedState, channel: Link, message: Any, parts: proto.Parts) -> None:
+    """A frame the pool answers (the channel's ``on_frame``, its reader thread): a shared
+    collection's request, or a streaming call's value or demand."""
+    if isinstance(message, proto.Shared):
+        serve(shared, channel, message, parts)
+        return
+    with _routes_lock:
+        streams = _routes.get(channel, {}).get(message.call_id)
+    if streams is None:
+        return  # the call ended already (cancelled): a value in flight
+    if isinstance(message, proto.Yield):
+        streams.on_yield(parts)
+    elif isinstance(message, proto.Want):
+        streams.on_want(message.arg, message.count)
+
+
 def prepare(call: PendingCall[Any], future: Future[Any]) -> tuple[PendingCall[Any], Streams | None]:
     """The call as it is sent (iterator arguments replaced by placeholders) and its streaming
     state, or ``(call, None)`` for an ordinary call."""
@@ -258,7 +297,7 @@ def prepare(call: PendingCall[Any], future: Future[Any]) -> tuple[PendingCall[An
     kwargs = {k: placeholder(v, k) for k, v in call.kwargs.items()}
     if not window and not inputs:
         return call, None
-    return replace(call, args=args, kwargs=kwargs), Streams(future, window, inputs)
+    return replace(call, args=args, kwargs=kwargs), Streams(future, call.name, window, inputs)
 
 
 def _shape(fn: Callable[..., Any]) -> tuple[bool, frozenset[str]]:

@@ -222,7 +222,14 @@ def run_call(
             args = tuple(with_inboxes(a, io) for a in args)
             kwargs = {k: with_inboxes(v, io) for k, v in kwargs.items()}
     except BaseException as exc:
-        return False, proto.encode_error(exc)
+        # Not the function's own error: say so, or it reads as one (a ValueError from a
+        # class's __setstate__, a module the worker lacks).
+        error = SerializationError(
+            f"the function or arguments of {message.name} could not be rebuilt on the "
+            f"worker: {type(exc).__name__}: {_describe(exc)}"
+        )
+        error.__cause__ = exc
+        return False, proto.encode_error(error)
     try:
         value = fn(*args, **kwargs)
         if io is not None and message.window:
@@ -241,3 +248,10 @@ def run_call(
             f"{type(exc).__name__}: {exc}{hint}"
         )
         return False, proto.encode_error(error)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException:
+        return "<str() raised>"

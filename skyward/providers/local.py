@@ -56,9 +56,18 @@ class Local(BaseModel):
         return self.python or sys.executable
 
     def check(self, request: ProvisionRequest) -> None:
-        """Refuse what this machine cannot be: a spot machine, or one with fewer cores or
-        less memory than each node asks for (the nodes share them). What the interpreter
-        lacks is found by ``provision``."""
+        """Refuse what this machine cannot be. An accelerator: the local pool's workers are
+        processes on this machine's CPUs, and a pool that said "A100" here would install or
+        expect GPU packages and report devices that are not there. A spot machine, or one
+        with fewer cores or less memory than each node asks for (the nodes share them).
+        (What the interpreter lacks is found by ``provision``.)"""
+        if request.accelerator is not None:
+            raise ValueError(
+                f"the local pool has no {request.accelerator}: its nodes are processes on "
+                f"this machine's CPUs. Leave accelerator=None to try the code here (the jax "
+                f"plugin then uses CPU jax; cpu_devices= gives each node several devices), "
+                f"and give the accelerator to a provider that has it, such as sky.AWS()."
+            )
         refuse_spot(request, "the local provider runs on this machine")
         cores = os.cpu_count() or 1
         if request.vcpus is not None and request.vcpus > cores:
@@ -183,10 +192,19 @@ class PipeTransport:
     def can_write_now(self, nbytes: int) -> bool:
         # A pipe that polls writable has a free page: a write of up to PIPE_BUF bytes (4 KiB
         # on Linux) goes in whole, at once. A stopped worker's full pipe does not.
+        # poll, not select: select refuses descriptors past 1023, and a client with many open
+        # files must not take that for "writable" and block the pool's lock on a full pipe.
         try:
-            return bool(select.select([], [self._stdin.fileno()], [], 0)[1])
-        except (OSError, ValueError):
+            fd = self._stdin.fileno()
+        except ValueError:
             return True  # closed: write() raises at once, which is what the caller handles
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        try:
+            events = poller.poll(0)
+        except OSError:
+            return False  # unknown: let the sender thread write it
+        return any(mask & (select.POLLOUT | select.POLLERR | select.POLLHUP) for _, mask in events)
 
     def link_lost(self) -> None:
         return None  # a pipe breaks only when the process ends
