@@ -11,6 +11,7 @@ from time import monotonic
 
 import pydantic
 import pytest
+from support.pools import PoolFactory
 from support.processes import shared_pool
 
 import skyward as sky
@@ -156,3 +157,12 @@ def test_no_child_outlives_its_pool() -> None:
     with sky.ComputePool(worker=sky.Worker(concurrency=2, executor="process"), quiet=True) as pool:
         child = pool.run(os.getpid)
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie"
+
+
+@pytest.mark.timeout(120)
+def test_the_process_executor_runs_on_every_transport(make_pool: PoolFactory) -> None:
+    worker = sky.Worker(concurrency=2, executor="process")
+    with make_pool(nodes=1, worker=worker) as pool:
+        results = sky.gather(*(cpu_burn(i) for i in range(2))) >> pool
+        assert [r["task_id"] for r in results] == [0, 1]
+        assert next(worker_pid() >> pool) not in {r["pid"] for r in results}
