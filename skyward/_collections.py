@@ -77,8 +77,30 @@ class _Shared:
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.name,))  # on a worker, it reaches the pool through its link
 
+    def __getattr__(self, attribute: str) -> Any:
+        """skyward 0.5's ``*_async`` methods (``await cache.get_async(k)``): the operation,
+        on a thread, so that an event loop never waits on the pool."""
+        if not attribute.endswith("_async"):
+            raise AttributeError(f"{type(self).__name__} has no attribute {attribute!r}")
+        name = _ASYNC_NAMES.get(attribute, attribute.removesuffix("_async"))
+        if name == "value":
+            sync: Callable[..., Any] = lambda: self.value  # noqa: E731 - a property
+        else:
+            sync = getattr(self, name)
+
+        async def operation(*args: Any, **kwargs: Any) -> Any:
+            import asyncio
+
+            return await asyncio.to_thread(sync, *args, **kwargs)
+
+        return operation
+
     def __repr__(self) -> str:
         return f"sky.{self.kind}({self.name!r})"
+
+
+# *_async names whose sync operation is spelled otherwise
+_ASYNC_NAMES = {"set_async": "__setitem__", "contains_async": "__contains__"}
 
 
 class DictProxy(_Shared):

@@ -204,6 +204,35 @@ def test_outside_a_pool_the_collections_say_where_they_live() -> None:
     assert run.returncode != 0 and "belong to a running pool" in run.stderr
 
 
+def test_the_async_interface_of_skyward_0_5(pool: sky.ComputePool) -> None:
+    name = fresh("async")
+
+    def use_async() -> tuple[object, ...]:
+        import asyncio
+
+        async def main() -> tuple[object, ...]:
+            cache, steps, seen = sky.dict(name), sky.counter(name), sky.set(name)
+            queue, lock = sky.queue(name), sky.lock(name)
+            await cache.set_async("k", 1)
+            await steps.increment_async()
+            await seen.add_async("x")
+            await queue.put_async("item")
+            await lock.acquire_async()
+            await lock.release_async()
+            return (
+                await cache.get_async("k"),
+                await steps.value_async(),
+                await seen.contains_async("x"),
+                await queue.get_async(timeout=1),
+            )
+
+        return asyncio.run(main())
+
+    assert pool.run(use_async) == (1, 1, True, "item")
+    with pytest.raises(AttributeError):
+        pool.counter(name).no_such_thing  # noqa: B018
+
+
 # ── worker loss ──────────────────────────────────────────────────────────────────────────
 
 
