@@ -26,7 +26,6 @@ import collections
 import itertools
 import queue
 import select
-import signal
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -40,6 +39,7 @@ from skyward._errors import (
     RemoteTraceback,
     StartError,
     WorkerLost,
+    describe_status,
 )
 from skyward._futures import Deadline, delivering, fail, resolve
 
@@ -112,17 +112,6 @@ def decode_error(parts: proto.Parts) -> BaseException:
 def _tail_line(line: bytes) -> str:
     text = line[-_STDERR_LINE_BYTES:].decode("utf-8", "backslashreplace")
     return text if len(line) <= _STDERR_LINE_BYTES else "…" + text
-
-
-def describe_status(status: int | None) -> str:
-    if status is None:
-        return "an unknown status (still running, or not reported)"
-    if status < 0:
-        try:
-            return f"signal {signal.Signals(-status).name}"
-        except ValueError:
-            return f"signal {-status}"
-    return f"exit code {status}"
 
 
 class Channel:
@@ -259,6 +248,11 @@ class Channel:
         with self._lock:
             self._closing = True
         self._send(proto.Shutdown(cancel=cancel))
+
+    def interrupt(self) -> None:
+        """Tell the worker it is being stopped (a cancelling ``Shutdown``), without this
+        channel counting as closed by the pool: its calls still fail with ``WorkerLost``."""
+        self._send(proto.Shutdown(cancel=True))
 
     def wait_closed(self, timeout: float) -> bool:
         """Wait for the worker to exit and the reader to finish; True if it did in time."""

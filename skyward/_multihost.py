@@ -21,6 +21,7 @@ option                 rows of node ``i``                           shares
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Sequence
 from typing import Any, TypeVar, overload
 
@@ -49,6 +50,7 @@ def shard(
     total_nodes: int | None = ...,
     even: bool = ...,
     info: InstanceInfo | None = ...,
+    devices: int | None = ...,
 ) -> S: ...
 @overload
 def shard(
@@ -63,6 +65,7 @@ def shard(
     total_nodes: int | None = ...,
     even: bool = ...,
     info: InstanceInfo | None = ...,
+    devices: int | None = ...,
 ) -> tuple[S1, S2]: ...
 @overload
 def shard(
@@ -78,6 +81,7 @@ def shard(
     total_nodes: int | None = ...,
     even: bool = ...,
     info: InstanceInfo | None = ...,
+    devices: int | None = ...,
 ) -> tuple[S1, S2, S3]: ...
 @overload
 def shard(
@@ -94,6 +98,7 @@ def shard(
     total_nodes: int | None = ...,
     even: bool = ...,
     info: InstanceInfo | None = ...,
+    devices: int | None = ...,
 ) -> tuple[S1, S2, S3, S4]: ...
 @overload
 def shard(
@@ -105,6 +110,7 @@ def shard(
     total_nodes: int | None = ...,
     even: bool = ...,
     info: InstanceInfo | None = ...,
+    devices: int | None = ...,
 ) -> tuple[Any, ...]: ...
 def shard(
     *arrays: Any,
@@ -115,6 +121,7 @@ def shard(
     total_nodes: int | None = None,
     even: bool = False,
     info: InstanceInfo | None = None,
+    devices: int | None = None,
 ) -> Any:
     """This node's share of each of ``arrays``: one array in, its share out; several in, a
     tuple of their shares out.
@@ -129,8 +136,13 @@ def shard(
       way on every node; the shares still cover every row exactly once.
     - ``drop_last``: contiguous blocks of ``len // total_nodes`` rows; the rest is dropped so
       every node gets the same number.
-    - ``even``: contiguous blocks, equal on every node, sized for data-parallel jax (see
-      ``_even_rows``); use it with ``jax.make_array_from_process_local_data``.
+    - ``even``: contiguous blocks, equal on every node and a multiple of its ``devices``;
+      the few rows left over (fewer than ``total_nodes * devices``) are dropped. For
+      data-parallel jax: nodes that take different numbers of steps wait for each other
+      forever, and ``jax.make_array_from_process_local_data`` over a mesh of every device
+      splits each node's rows among its local devices. ``devices`` defaults to
+      ``jax.local_device_count()`` once jax runs in this process (the jax plugin started
+      it, or your code used it), else 1; every node is assumed to have as many.
     - ``node``, ``total_nodes`` (or ``info``): whose share, for use outside a worker;
       default ``instance_info()``, which outside a worker is node 0 of 1 (all the data).
     """
@@ -141,26 +153,57 @@ def shard(
     total = here.total_nodes if total_nodes is None else total_nodes
     if total < 1 or not 0 <= node < total:
         raise ValueError(f"shard: node {node} is not one of {total} node(s)")
+    split = 1
+    if even:
+        split = devices if devices is not None else _local_devices()
+        if split < 1:
+            raise ValueError(f"shard: devices must be at least 1, not {split}")
     shares = tuple(
-        _take(data, _rows(len(data), node, total, shuffle, seed, drop_last, even))
+        _take(data, _rows(len(data), node, total, shuffle, seed, drop_last, even, split))
         for data in arrays
     )
     return shares[0] if len(shares) == 1 else shares
 
 
-def _even_rows(length: int, nodes: int) -> int:
+def _even_rows(length: int, nodes: int, devices: int) -> int:
     """Rows every node gets with ``even=True``: the same on each node, so data-parallel
-    steps line up (nodes that take different numbers of steps wait for each other forever)."""
-    return length // nodes
+    steps line up, and a multiple of its ``devices``, which share them."""
+    return length // (nodes * devices) * devices
+
+
+def _local_devices() -> int:
+    """This process's jax devices if jax is running here; 1 otherwise.
+
+    Only a jax that is imported *and* started is asked: counting devices starts jax's
+    backend, after which ``jax.distributed.initialize`` is refused, so a process that has
+    not started jax yet (or never imports it) is left alone.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return 1
+    try:
+        from jax._src import xla_bridge
+
+        started = xla_bridge.backends_are_initialized() or jax.distributed.is_initialized()
+    except (ImportError, AttributeError):  # a jax older or newer than these names
+        return 1
+    return int(jax.local_device_count()) if started else 1
 
 
 def _rows(
-    length: int, node: int, nodes: int, shuffle: bool, seed: int | None, drop_last: bool, even: bool
+    length: int,
+    node: int,
+    nodes: int,
+    shuffle: bool,
+    seed: int | None,
+    drop_last: bool,
+    even: bool,
+    devices: int,
 ) -> range | list[int]:
     """Which rows of ``length`` belong to ``node``, as a range while that is possible (a
     slice keeps numpy views and is cheap for any sequence)."""
     if even or drop_last:
-        size = _even_rows(length, nodes) if even else length // nodes
+        size = _even_rows(length, nodes, devices) if even else length // nodes
         block = range(node * size, node * size + size)
     else:
         block = range(node, length, nodes)

@@ -18,12 +18,14 @@ it, and whatever it returns anyway is terminated by the thread that started it.
 from __future__ import annotations
 
 import atexit
+import os
 import time
 import weakref
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from skyward import _profile
 from skyward._channel import Channel
 from skyward._collections import PoolCollections, register, unregister
 from skyward._console import Console, ConsoleMode, OutputMode
@@ -380,3 +382,7 @@ class ComputePool(PoolCalls, PoolCollections):
             self._check_running()
             channels = {s.rank: s.channel for s in self._scheduler.slots}
         return collect(channels, timeout)
+
+    def profile(self, directory: str | os.PathLike[str]) -> _profile.Profile:
+        """``with pool.profile("traces/"):`` traces every node with ``jax.profiler``."""
+        return _profile.profile(self, directory)
