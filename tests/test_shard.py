@@ -111,10 +111,12 @@ def test_drop_last_with_shuffle_keeps_shares_equal_and_disjoint() -> None:
 # ── ours: even=True and info= ────────────────────────────────────────────────────────────
 
 
-def test_even_gives_contiguous_equal_blocks() -> None:
-    assert shares(list(range(10)), 4, even=True) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+def test_even_gives_contiguous_equal_blocks_a_multiple_of_the_devices() -> None:
+    assert shares(list(range(10)), 4, even=True, devices=1) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     x = np.arange(10)
-    assert sky.shard(x, even=True, node=3, total_nodes=4).tolist() == [6, 7]
+    assert sky.shard(x, even=True, devices=1, node=3, total_nodes=4).tolist() == [6, 7]
+    # two devices per node: 10 rows over 2 nodes x 2 devices -> 4 rows each, 2 dropped
+    assert shares(list(range(10)), 2, even=True, devices=2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_info_names_the_node_as_node_and_total_nodes_do() -> None:
@@ -127,7 +129,7 @@ def test_info_names_the_node_as_node_and_total_nodes_do() -> None:
         hostname="h",
     )
     assert sky.shard(list(range(9)), info=info) == [2, 5, 8]
-    assert sky.shard(list(range(9)), info=info, even=True) == [6, 7, 8]
+    assert sky.shard(list(range(9)), info=info, even=True, devices=1) == [6, 7, 8]
 
 
 def test_outside_a_worker_the_whole_data_is_this_nodes_share() -> None:
