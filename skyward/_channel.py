@@ -26,11 +26,10 @@ import collections
 import itertools
 import queue
 import select
-import signal
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skyward import _protocol as proto
 from skyward._errors import (
@@ -40,8 +39,12 @@ from skyward._errors import (
     RemoteTraceback,
     StartError,
     WorkerLost,
+    describe_status,
 )
 from skyward._futures import Deadline, delivering, fail, resolve
+
+if TYPE_CHECKING:  # a streaming call's state; its frames come back through on_frame
+    from skyward._stream import Streams
 
 _STDERR_TAIL_LINES = 40
 _STDERR_LINE_BYTES = 2048  # of each line in the tail, its end is kept
@@ -111,17 +114,6 @@ def _tail_line(line: bytes) -> str:
     return text if len(line) <= _STDERR_LINE_BYTES else "…" + text
 
 
-def describe_status(status: int | None) -> str:
-    if status is None:
-        return "an unknown status (still running, or not reported)"
-    if status < 0:
-        try:
-            return f"signal {signal.Signals(-status).name}"
-        except ValueError:
-            return f"signal {-status}"
-    return f"exit code {status}"
-
-
 class Channel:
     """One worker link. ``submit`` and ``send_*`` are thread-safe.
 
@@ -140,6 +132,7 @@ class Channel:
         output: OutputSink,
         on_lost: Callable[[Channel, WorkerLost], None] | None = None,
         on_broken: Callable[[Channel], None] | None = None,
+        on_frame: Callable[[Channel, Any, proto.Parts], None] = lambda *_: None,
         on_result: Callable[[int], None] | None = None,
     ) -> None:
         self.node = node
@@ -148,6 +141,7 @@ class Channel:
         self._output = output
         self._on_lost = on_lost
         self._on_broken = on_broken
+        self._on_frame = on_frame  # Shared, Yield, Want: for the pool (_stream.route)
         self._on_result = on_result  # before a result is handed over: flush partial output
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
@@ -155,9 +149,8 @@ class Channel:
         self._write_lock = threading.Lock()  # guards: writing to the transport
         self._queued_lock = threading.Lock()  # guards: _queued
         self._queued = 0  # frames put in the outbox and not yet written
-        self._lock = (
-            threading.Lock()
-        )  # guards: _pending, _stack_requests, _ids, broken, lost, _closing
+        # guards: _pending, _stack_requests, _ids, broken, lost, _closing
+        self._lock = threading.Lock()
         self._pending: dict[int, tuple[str, Future[Any]]] = {}
         self._stack_requests: dict[int, Future[proto.StacksReport]] = {}
         self._ids = itertools.count(1)
@@ -213,7 +206,13 @@ class Channel:
 
     # ── calls ────────────────────────────────────────────────────────────────────────────
 
-    def submit(self, name: str, payload: proto.Parts, future: Future[Any]) -> bool:
+    def submit(
+        self,
+        name: str,
+        payload: proto.Parts,
+        future: Future[Any],
+        streams: Streams | None = None,
+    ) -> bool:
         """Queue one call; ``future`` gets its result, its exception, or ``WorkerLost``.
 
         Returns at once. False if the link is already broken: the call was not taken, and
@@ -224,8 +223,13 @@ class Channel:
                 return False
             call_id = next(self._ids)
             self._pending[call_id] = (name, future)
-        self._send(proto.Call(call_id, name), payload)
+        message = proto.Call(call_id, name) if streams is None else streams.call(self, call_id)
+        self._send(message, payload)
         return True
+
+    def send(self, message: object, payload: proto.Parts | None = None) -> None:
+        """Send one frame to the worker (a reply); never waits on a slow worker."""
+        self._send(message, payload)
 
     def request_stacks(self) -> Future[proto.StacksReport]:
         """Ask the worker for every thread's stack; answered even while calls run."""
@@ -332,6 +336,8 @@ class Channel:
     def _dispatch(self, message: object, parts: proto.Parts) -> None:
         if isinstance(message, proto.Log):
             self._output(self.node, "stdout", message.data)
+        elif isinstance(message, proto.Shared | proto.Yield | proto.Want):
+            self._on_frame(self, message, parts)
         elif isinstance(message, proto.Result):
             with self._lock:
                 entry = self._pending.pop(message.call_id, None)

@@ -30,6 +30,11 @@ Parts = list[Part]
 _COUNT = struct.Struct("!I")
 _MAX_PARTS = 1 << 16
 
+# Values (or elements) one side of a streaming call may send beyond what the other side has
+# taken. A count, not bytes: a stream's values tend to be alike, and "8 arrays in flight" is
+# a bound a user can see coming.
+STREAM_WINDOW = 8
+
 
 # ── messages, client → worker ────────────────────────────────────────────────────────────
 
@@ -41,14 +46,71 @@ class Start:
     info: Any  # InstanceInfo; typed loosely so this module stays import-light
     sys_path: list[str]
     concurrency: int
+    executor: str = "thread"  # or "process": calls run in child processes (_worker_procs)
 
 
 @dataclass(frozen=True)
 class Call:
-    """Run a function; payload: ``(fn, args, kwargs)``."""
+    """Run a function; payload: ``(fn, args, kwargs)``.
+
+    ``window`` > 0: the function is a generator; send its values as ``Yield`` frames, at
+    most ``window`` ahead of what the client has taken (``More`` grants more). ``inputs``:
+    how many arguments are ``InputStream`` placeholders, fed by ``Item`` frames on demand.
+    """
 
     call_id: int
     name: str
+    window: int = 0
+    inputs: int = 0
+
+
+@dataclass(frozen=True)
+class More:
+    """The client took ``count`` values of a streaming call: the worker may send as many."""
+
+    call_id: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The client stopped reading a streaming call: close the generator, end the call."""
+
+    call_id: int
+
+
+@dataclass(frozen=True)
+class Item:
+    """The next element of a streamed argument; payload: the element."""
+
+    call_id: int
+    arg: int
+
+
+@dataclass(frozen=True)
+class ItemsEnd:
+    """A streamed argument has no more elements; if not ``ok``, payload: the encoded error
+    its iterator raised on the client, raised where the function iterates it."""
+
+    call_id: int
+    arg: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class SharedReply:
+    """The answer to ``Shared``; payload: the value if ``ok``, else the encoded error."""
+
+    request_id: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class InputStream:
+    """Stands in, inside a call's arguments, for an iterator the client streams: the
+    worker puts an iterator over ``Item`` frames in its place."""
+
+    arg: int
 
 
 @dataclass(frozen=True)
@@ -111,6 +173,33 @@ class StacksReport:
     request_id: int
     threads: tuple[tuple[str, tuple[Frame, ...]], ...]
     cpu_seconds: float
+
+
+@dataclass(frozen=True)
+class Shared:
+    """An operation on a distributed collection (``_collections``); payload: its arguments.
+    The client answers with ``SharedReply``, at once or when the operation can proceed."""
+
+    request_id: int
+    kind: str  # "dict", "set", "counter", "queue", "barrier", "lock"
+    name: str
+    op: str
+
+
+@dataclass(frozen=True)
+class Yield:
+    """One value of a streaming call, in order; payload: the value. ``Result`` ends it."""
+
+    call_id: int
+
+
+@dataclass(frozen=True)
+class Want:
+    """The function may take ``count`` more elements of streamed argument ``arg``."""
+
+    call_id: int
+    arg: int
+    count: int
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSet, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,7 @@ from skyward._console import Route
 from skyward._errors import WorkerLost
 from skyward._futures import CallFuture, fail, resolve
 from skyward._info import InstanceInfo
+from skyward._stream import ResultStream, Streams, prepare
 from skyward.providers.base import Node
 
 # A map may queue calls beyond a node's slots when its recent calls were short, so that its
@@ -49,6 +50,7 @@ class Task:
     route: Route | None = None  # where its output goes (the Jupyter cell that submitted it)
     prefetch: bool = False  # part of a map: may wait on a worker behind another call
     siblings: Sequence[Future[Any]] = ()  # a broadcast's parts, this one's future included
+    streams: Streams | None = None  # a streaming call's state (_stream)
 
 
 @dataclass(eq=False)
@@ -82,6 +84,31 @@ class PoolStatistics:
     failed: int
     workers_replaced: int
     uptime: float
+
+
+def tasks_for(
+    calls: Sequence[PendingCall[Any]],
+    function: bytes | None,
+    route: Route | None,
+    prefetch: bool,
+    streams: MutableSet[Streams],
+) -> tuple[list[Task], list[Future[Any]]]:
+    """Pickled tasks for ``calls``, and the futures their callers get: the task's own, or,
+    for a generator function, one already holding its values' ``ResultStream``. Streaming
+    calls' states are added to ``streams`` (the pool ends them when it closes)."""
+    tasks, futures = [], []
+    for call in calls:
+        done: Future[Any] = CallFuture()
+        sent, state = prepare(call, done)  # a generator, or iterator arguments
+        payload = sent.serialize(function)
+        tasks.append(Task(sent, payload, done, route=route, prefetch=prefetch, streams=state))
+        futures.append(done)
+        if state is not None:
+            streams.add(state)
+            if state.window:
+                futures[-1] = CallFuture()
+                futures[-1].set_result(ResultStream(state, call.name))
+    return tasks, futures
 
 
 def prefetch_depth(recent: float) -> int:
@@ -238,7 +265,7 @@ class Scheduler:
 
         # Before the worker can print anything for this call.
         self._bind_output(slot.rank, task.route)
-        if not channel.submit(task.call.name, task.payload, inner):
+        if not channel.submit(task.call.name, task.payload, inner, task.streams):
             # The worker broke a moment ago; on_broken is on its way. Take the node out of
             # rotation now and put the call back: it has not run anywhere.
             slot.ready = False

@@ -16,7 +16,7 @@ from skyward._extras import check
 from skyward._phases import Reporter
 from skyward._ssh import Target
 from skyward.providers._hosts import Access, HostTarget, open_hosts
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 
 
 class SSH(BaseModel):
@@ -101,8 +101,11 @@ class SSH(BaseModel):
         )
 
     def check(self, request: ProvisionRequest) -> None:
-        """Called when the pool is built, before anything is touched."""
+        """Called when the pool is built, before anything is touched. The hosts are what
+        they are: ``vcpus`` and ``memory_gb`` are not checked, and ``allocation="spot"`` is
+        refused."""
         check("paramiko", feature="sky.SSH")
+        refuse_spot(request, "SSH runs on hosts you already have")
         if request.nodes > len(self.hosts):
             raise ValueError(
                 f"the pool asks for {request.nodes} nodes but SSH has {len(self.hosts)} "
