@@ -63,9 +63,17 @@ class SSH(BaseModel):
     @field_validator("key")
     @classmethod
     def _key(cls, key: Path | None) -> Path | None:
-        if key is not None and not key.expanduser().is_file():
+        if key is None:
+            return None
+        path = _expand(key)
+        if not path.is_file():
             raise ValueError(f"no private key file at {key}")
-        return None if key is None else key.expanduser()
+        return path
+
+    @field_validator("known_hosts")
+    @classmethod
+    def _known_hosts(cls, known_hosts: Path | None) -> Path | None:
+        return None if known_hosts is None else _expand(known_hosts)
 
     @field_validator("workdir")
     @classmethod
@@ -127,3 +135,11 @@ class SSH(BaseModel):
 
     def inventory(self) -> Inventory | None:
         return None  # it creates nothing
+
+
+def _expand(path: Path) -> Path:
+    """``~`` and ``~user`` expanded; a user that does not exist is a ``ValueError``."""
+    try:
+        return path.expanduser()
+    except RuntimeError as exc:  # "~nobody-here/..."
+        raise ValueError(f"cannot expand {str(path)!r}: {exc}") from exc
