@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 
 # public name -> the private module that defines it
 _EXPORTS: dict[str, str] = {
+    "Allocation": "skyward.providers.base",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
     "ChannelError": "skyward._errors",
@@ -34,15 +35,17 @@ _EXPORTS: dict[str, str] = {
     "Image": "skyward._image",
     "InstanceInfo": "skyward._info",
     "Local": "skyward.providers.local",
+    "MissingDependency": "skyward._errors",
     "PendingCall": "skyward._compute",
     "PipIndex": "skyward._image",
     "Plugin": "skyward._plugin",
     "PluginError": "skyward._errors",
     "PoolClosed": "skyward._errors",
-    "PoolSpec": "skyward._pool",
+    "PoolSpec": "skyward._spec",
     "PoolStatistics": "skyward._pool",
     "Provider": "skyward.providers.base",
     "ProvisionError": "skyward._errors",
+    "ProvisionRequest": "skyward.providers.base",
     "RemoteError": "skyward._errors",
     "SSH": "skyward.providers.ssh",
     "RemoteTraceback": "skyward._errors",
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
         BootstrapError,
         ChannelError,
         HostKeyError,
+        MissingDependency,
         PluginError,
         PoolClosed,
         ProvisionError,
@@ -81,8 +85,9 @@ if TYPE_CHECKING:
     from skyward._info import InstanceInfo, instance_info
     from skyward._multihost import gather, shard
     from skyward._plugin import Plugin
-    from skyward._pool import ComputePool, PoolSpec, PoolStatistics
-    from skyward.providers.base import Provider
+    from skyward._pool import ComputePool, PoolStatistics
+    from skyward._spec import PoolSpec
+    from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local
     from skyward.providers.ssh import SSH
 

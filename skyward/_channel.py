@@ -29,7 +29,7 @@ import select
 import signal
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from skyward import _protocol as proto
@@ -41,6 +41,7 @@ from skyward._errors import (
     StartError,
     WorkerLost,
 )
+from skyward._futures import Deadline, fail, resolve
 
 _STDERR_TAIL_LINES = 40
 # At most this many parts (frames are a header and one to a few parts) per write.
@@ -171,8 +172,8 @@ class Channel:
 
     # ── handshake ────────────────────────────────────────────────────────────────────────
 
-    def wait_hello(self, timeout: float) -> proto.Hello:
-        message = self._next_control(timeout, "say hello")
+    def wait_hello(self, deadline: Deadline) -> proto.Hello:
+        message = self._next_control(deadline, "say hello")
         if not isinstance(message, proto.Hello):
             raise ChannelError(f"node {self.node}: expected Hello, got {message!r}")
         self.pid = message.pid
@@ -181,19 +182,19 @@ class Channel:
     def send_start(self, message: proto.Start, plugins: proto.Parts) -> None:
         self._send(message, plugins)
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, deadline: Deadline) -> None:
         """Wait for ``Ready``; ``StartError`` if a plugin's ``around_app`` raised."""
-        message = self._next_control(timeout, "enter its plugins")
+        message = self._next_control(deadline, "enter its plugins")
         if not isinstance(message, proto.Ready):
             raise ChannelError(f"node {self.node}: expected Ready, got {message!r}")
         self._ready = True
 
-    def _next_control(self, timeout: float, doing: str) -> object:
+    def _next_control(self, deadline: Deadline, doing: str) -> object:
         try:
-            message = self._control.get(timeout=timeout)
+            message = self._control.get(timeout=deadline.remaining())
         except queue.Empty:
             raise TimeoutError(
-                f"node {self.node}: the worker did not {doing} within {timeout:g} s"
+                f"node {self.node}: the worker did not {doing} within {deadline.what}"
             ) from None
         if isinstance(message, BaseException):
             raise message
@@ -312,7 +313,7 @@ class Channel:
                 try:
                     value = proto.loads(parts)
                 except Exception as exc:
-                    _fail(
+                    fail(
                         future,
                         RemoteError(
                             type(exc).__name__,
@@ -321,9 +322,9 @@ class Channel:
                         ),
                     )
                     return
-                _resolve(future, value)
+                resolve(future, value)
             else:
-                _fail(future, decode_error(parts))
+                fail(future, decode_error(parts))
         elif isinstance(message, proto.StartFailed):
             error = decode_error(parts)
             failure = StartError(
@@ -385,26 +386,10 @@ class Channel:
         if closing:
             error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
         for _, future in pending:
-            _fail(future, error)
+            fail(future, error)
         self._control.put(self.lost)
         self._outbox.put(None)
         self._sender_thread.join(_EXIT_STATUS_TIMEOUT)
         self._transport.close()
         if self._on_lost is not None and not closing:
             self._on_lost(self, self.lost)
-
-
-def _resolve(future: Future[Any], value: Any) -> None:
-    try:
-        future.set_result(value)
-    except InvalidStateError:
-        pass  # already failed by a timeout or a close
-
-
-def _fail(future: Future[Any], error: BaseException) -> bool:
-    """Fail ``future`` unless it is already done; True if this call failed it."""
-    try:
-        future.set_exception(error)
-    except InvalidStateError:
-        return False
-    return True

@@ -35,7 +35,7 @@ from skyward import _jupyter
 from skyward._progress import Board, JupyterProgress, PlainProgress, Progress, RichProgress
 
 if TYPE_CHECKING:
-    from skyward.providers.base import Phase
+    from skyward._phases import Phase
 
 ConsoleMode = Literal["auto", "rich", "plain", "off"]
 OutputMode = Literal["all", "head", "none"]

@@ -13,6 +13,8 @@
      ├─ RemoteError         a remote exception that could not be sent back as itself
      ├─ SerializationError  a function, argument or result that cannot be pickled
      ├─ PluginError         a plugin is invalid, unpicklable, or out of order
+ ├─ MissingDependency   an optional package (paramiko, boto3, jax) is not installed; names
+ │                      the extra that installs it (also an ImportError)
      └─ PoolClosed          the pool is not running (never started, or already closed)
 
 Configuration mistakes are pydantic ``ValidationError``s (they name the field); a call that
@@ -123,6 +125,10 @@ class SerializationError(SkywardError):
 
 class PluginError(SkywardError):
     """A plugin is invalid, cannot be pickled, or is in the wrong place in the list."""
+
+
+class MissingDependency(SkywardError, ImportError):
+    """An optional package is not installed; the message names the extra that installs it."""
 
 
 class PoolClosed(SkywardError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,10 +20,9 @@ from skyward._errors import PluginError
 from skyward._image import Image
 from skyward._info import InstanceInfo
 
-if TYPE_CHECKING:
-    from skyward._pool import PoolSpec
-
-Transform = Callable[[Image, "PoolSpec"], Image]
+# transform(image, spec: PoolSpec) -> Image; PoolSpec is not named here, since _spec
+# imports this module.
+Transform = Callable[[Image, Any], Image]
 AroundApp = Callable[[InstanceInfo], AbstractContextManager[Any]]
 
 
@@ -40,26 +39,6 @@ class Plugin(BaseModel):
     # True when around_app ties every node into one runtime that cannot take a new member
     # (jax.distributed): when one worker is lost, the pool restarts all of them together.
     gang: bool = False
-
-
-def apply_transforms(image: Image, spec: PoolSpec) -> Image:
-    """Run every plugin's ``transform`` in list order; wrap foreign failures in PluginError."""
-    for plugin in spec.plugins:
-        if plugin.transform is None:
-            continue
-        try:
-            result = plugin.transform(image, spec)
-        except PluginError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"plugin {plugin.name!r}: transform failed: {exc}") from exc
-        if not isinstance(result, Image):
-            raise PluginError(
-                f"plugin {plugin.name!r}: transform must return an Image, "
-                f"not {type(result).__name__}"
-            )
-        image = result
-    return image
 
 
 def enter_around_app(stack: ExitStack, plugins: Sequence[Plugin], info: InstanceInfo) -> None:

@@ -180,6 +180,7 @@ class Connection:
         policy: HostKeyPolicy,
         key_file: Path | None = None,
         pinned_key: paramiko.PKey | None = None,
+        expected_key: bool = False,
         connect_timeout: float = 15.0,
         keepalive: float = 5.0,
         dead_after: float = 20.0,
@@ -206,7 +207,15 @@ class Connection:
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 raise ProvisionError(f"{target}: SSH handshake failed: {exc}") from exc
             key = transport.get_remote_server_key()
-            if pinned_key is not None:
+            if pinned_key is not None and expected_key:
+                if key != pinned_key:
+                    raise HostKeyError(
+                        f"{target}: the host presented {key.get_name()} {_fingerprint(key)}, "
+                        f"not the key the provider gave this machine "
+                        f"({pinned_key.get_name()} {_fingerprint(pinned_key)}); refusing to "
+                        f"connect. Something else answers at this address."
+                    )
+            elif pinned_key is not None:
                 if key != pinned_key:
                     raise HostKeyError(
                         f"{target}: the host key changed while the pool was running "
@@ -314,6 +323,21 @@ class Connection:
 
     def close(self) -> None:
         self.transport.close()
+
+
+def parse_public_key(text: str) -> paramiko.PKey:
+    """``"ssh-ed25519 AAAA... [comment]"`` as a paramiko key; ``ValueError`` if it is not one."""
+    import base64
+
+    import paramiko
+
+    parts = text.split()
+    if len(parts) < 2:
+        raise ValueError(f"not an OpenSSH public key: {text!r}")
+    try:
+        return paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
+    except (paramiko.SSHException, ValueError, TypeError) as exc:
+        raise ValueError(f"not an OpenSSH public key: {text[:40]!r}...: {exc}") from exc
 
 
 def _connect_socket(target: Target, timeout: float, dead_after: float) -> socket.socket:

@@ -8,6 +8,7 @@ import sys
 import skyward as sky
 
 EXPECTED = [
+    "Allocation",
     "BootstrapError",
     "CallGroup",
     "ChannelError",
@@ -17,6 +18,7 @@ EXPECTED = [
     "Image",
     "InstanceInfo",
     "Local",
+    "MissingDependency",
     "PendingCall",
     "PipIndex",
     "Plugin",
@@ -26,6 +28,7 @@ EXPECTED = [
     "PoolStatistics",
     "Provider",
     "ProvisionError",
+    "ProvisionRequest",
     "RemoteError",
     "RemoteTraceback",
     "SSH",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,33 +19,14 @@ from typing import Any
 import pytest
 from support.pools import ssh_provider
 from support.processes import worker_processes
+from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex, build_wheel
 
 import skyward as sky
 from skyward._bootstrap import Plan, render
-from skyward._pool import PoolSpec
+from skyward._spec import PoolSpec
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
-
-
-class Recorder:
-    """A Reporter that keeps what providers tell it."""
-
-    def __init__(self) -> None:
-        self.phases: list[tuple[int, str, str]] = []
-        self.lines: list[tuple[int, str]] = []
-        self._lock = threading.Lock()
-
-    def phase(self, node: int, phase: str, detail: str = "") -> None:
-        with self._lock:
-            self.phases.append((node, phase, detail))
-
-    def log(self, node: int, line: str) -> None:
-        with self._lock:
-            self.lines.append((node, line))
-
-    def text(self, node: int) -> str:
-        return "\n".join(line for n, line in self.lines if n == node)
 
 
 def fresh_workdir() -> str:
@@ -59,9 +39,9 @@ def provision(provider: sky.SSH, image: sky.Image, nodes: int = 1) -> tuple[Reco
     recorder = Recorder()
     spec = PoolSpec(provider=provider, nodes=nodes, image=image, quiet=True)
     started = time.perf_counter()
-    made = provider.provision(spec, recorder)
+    made = provider.provision(spec.request(image), recorder)
     elapsed = time.perf_counter() - started
-    provider.terminate(made)
+    made.terminate()
     return recorder, elapsed
 
 

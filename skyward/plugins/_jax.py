@@ -28,7 +28,7 @@ from skyward._info import InstanceInfo
 from skyward._plugin import Plugin
 
 if TYPE_CHECKING:
-    from skyward._pool import PoolSpec
+    from skyward._spec import PoolSpec
 
 Platform = Literal["cpu", "cuda", "tpu"]
 

@@ -1,44 +1,88 @@
-"""The ``Provider`` contract: create machines, say how to start a worker on each, destroy them.
+"""The provider contract: create machines, say how to start a worker on each, destroy them.
 
-A provider never schedules work or speaks the worker protocol; the pool does both.
+A provider never schedules work or speaks the worker protocol; the pool does both::
 
-- ``provision(spec, reporter)`` returns ``spec.nodes`` nodes, all or nothing: if it fails
-  part-way it destroys what it made before raising ``ProvisionError`` (or ``BootstrapError``
-  when the machines exist but cannot run the image). It is called once per pool. It tells the
-  ``reporter`` each node's phase (``provisioning``, ``connecting``, ``bootstrapping``) and
-  the lines its bootstrap prints, so the user sees progress while machines come up.
-- ``Node.spawn_worker(rank, env)`` starts ``python -m skyward.worker --node RANK`` on the node
-  and returns its byte streams. The pool calls it again to replace a worker that died or was
-  recycled after a timeout.
-- ``check(spec)``, optional: provider-specific limits (``nodes`` more than the hosts there
-  are), raised when the pool is built, before anything is created.
-- ``terminate(nodes)`` destroys what ``provision`` made. Idempotent; the pool calls it in a
-  ``finally`` on every path, after it has stopped the workers.
+    ComputePool(...)     provider.check(request)            refuse bad input, touch nothing
+    pool.start()         provider.provision(request, rep)   -> Allocation (nodes + resources)
+                         node.spawn_worker(rank, env)       per node; again to replace a worker
+                         allocation.replace(rank, ...)      a lost machine (optional)
+    pool.close()         allocation.terminate()             always, on every path; idempotent
+    skyward ls / down    provider.inventory()               leftovers by tag (optional)
+
+- ``check(request)``: provider-specific limits (more nodes than hosts, an accelerator the
+  provider cannot give, a missing SDK: ``MissingDependency``), raised when the pool is built.
+- ``provision(request, reporter)`` returns an ``Allocation`` of exactly ``request.nodes``
+  nodes, all or nothing: if it fails part-way (or ``request.deadline`` passes, or is
+  cancelled because the pool was closed meanwhile) it destroys what it made before raising.
+  It tells ``reporter`` each node's phase (``provisioning``, ``connecting``,
+  ``bootstrapping``) and the lines its bootstrap prints. It tags everything it creates with
+  ``request.tags`` (``skyward-pool``, ``skyward-owner``, ``skyward-created``), so that
+  ``skyward ls`` can find it after a crash. Errors are ``SkywardError``s that say what to do;
+  anything else that escapes is wrapped by the pool in ``ProvisionError``.
+- The ``Allocation`` owns the nodes *and* the pool-wide resources (a security group, a key
+  pair, a resource group). ``terminate()`` stops every node, then deletes those resources;
+  it is idempotent and thread-safe, and raises ``ProvisionError`` naming what it could not
+  delete (with the ``skyward down`` command that removes it), after trying everything.
+- ``Node.spawn_worker(rank, env)`` starts ``python -m skyward.worker --node RANK`` and returns
+  its byte streams. ``Node.close()`` kills its workers and lets go of the machine's link.
+
+A provider that reaches its machines over SSH builds on ``providers._hosts``: it hands over
+targets (address, user, key, expected host key) and gets nodes back.
 """
 
 from __future__ import annotations
 
+import getpass
+import socket
+import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from skyward._errors import ProvisionError
+from skyward._futures import Deadline
+from skyward._image import Image
+from skyward._phases import Reporter
 
 if TYPE_CHECKING:
     from skyward._channel import Transport
-    from skyward._pool import PoolSpec
+
+# The tags every created resource carries (AWS tags, GCP labels, Azure tags).
+TAG_POOL = "skyward-pool"
+TAG_OWNER = "skyward-owner"
+TAG_CREATED = "skyward-created"
 
 
-# A node's phases, in order. Providers that create machines report ``provisioning``, remote
-# ones ``connecting`` and ``bootstrapping`` (Local reports none); the pool the rest.
-Phase = Literal["provisioning", "connecting", "bootstrapping", "starting", "ready"]
+def identity_tags(pool: str, *, now: datetime | None = None) -> dict[str, str]:
+    """The tags that tie a resource to its pool, its owner and its creation time (UTC)."""
+    created = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {TAG_POOL: pool, TAG_OWNER: owner(), TAG_CREATED: created}
 
 
-class Reporter(Protocol):
-    """Where providers and the pool say what each node is doing. Thread-safe."""
+def owner() -> str:
+    """``user@host`` of this client: who to ask about a leftover."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
-    def phase(self, node: int, phase: Phase, detail: str = "") -> None: ...
 
-    def log(self, node: int, line: str) -> None:
-        """A line of a node's bootstrap output (not the worker's: that is ``Log``)."""
-        ...
+@dataclass(frozen=True)
+class ProvisionRequest:
+    """What a provider is asked for: no console options, no scheduling knobs.
+
+    ``image`` is the pool's image after the plugins' transforms. ``deadline`` bounds the whole
+    provision (``provision_timeout``) and is cancelled when the pool is closed meanwhile.
+    """
+
+    pool: str
+    nodes: int
+    accelerator: str | None
+    image: Image
+    tags: Mapping[str, str]
+    deadline: Deadline = field(compare=False)
 
 
 @runtime_checkable
@@ -63,6 +107,102 @@ class Node(Protocol):
 
     def spawn_worker(self, rank: int, env: Mapping[str, str]) -> Transport: ...
 
+    def close(self) -> None:
+        """Kill this node's workers and release its link. Idempotent; later spawns fail."""
+        ...
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A pool-wide thing a provider created (for messages and ``terminate``'s report)."""
+
+    kind: str  # "security group", "key pair", "resource group"
+    id: str
+
+
+class Allocation:
+    """What one ``provision`` made: the nodes, by rank, and the pool-wide resources.
+
+    Providers subclass it to delete their resources (``release``) and, when they can, to
+    replace a lost machine (``replace``). ``terminate`` is the only teardown the pool calls:
+    it closes every node, then releases, once, whatever happened before.
+    """
+
+    def __init__(self, nodes: Sequence[Node], resources: Sequence[Resource] = ()) -> None:
+        self.nodes: list[Node] = list(nodes)
+        self.resources: list[Resource] = list(resources)
+        self._lock = threading.Lock()  # guards: _terminated
+        self._terminated = False
+
+    @property
+    def can_replace(self) -> bool:
+        """Whether ``replace`` can make a new machine for a lost one."""
+        return False
+
+    def replace(self, rank: int, reporter: Reporter, deadline: Deadline) -> Node:
+        """A new machine in place of node ``rank``'s, which was lost (a preempted VM).
+
+        The old node is closed and its machine destroyed first. Only when ``can_replace``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot replace a machine")
+
+    def release(self) -> None:
+        """Delete the pool-wide resources, after every node is closed. Default: none."""
+
+    @property
+    def terminated(self) -> bool:
+        return self._terminated
+
+    def terminate(self) -> None:
+        """Close every node, then ``release``. Idempotent and thread-safe; tries everything,
+        then raises the first failure (a ``ProvisionError`` names what is left)."""
+        with self._lock:
+            if self._terminated:
+                return
+            self._terminated = True
+        errors: list[BaseException] = []
+        for node in self.nodes:
+            try:
+                node.close()
+            except Exception as exc:
+                errors.append(exc)
+        try:
+            self.release()
+        except Exception as exc:
+            errors.append(exc)
+        if errors:
+            first = errors[0]
+            if isinstance(first, ProvisionError) and len(errors) == 1:
+                raise first
+            raise ProvisionError("; ".join(f"{type(e).__name__}: {e}" for e in errors)) from first
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Something a provider made for a pool that still exists (``skyward ls``)."""
+
+    provider: str  # "aws"
+    kind: str  # "instance", "security group", "key pair"
+    id: str
+    pool: str
+    owner: str
+    created: datetime | None
+    state: str
+    region: str = ""
+    hourly_cost: float | None = None  # USD, when known
+
+
+class Inventory(Protocol):
+    """Leftovers by tag, for ``skyward ls`` / ``skyward down`` and the tests' leak checks."""
+
+    def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
+        """What carries Skyward's tags (of ``pool`` only, when given), live ones included."""
+        ...
+
+    def delete(self, leftovers: Sequence[Leftover], reporter: Reporter) -> None:
+        """Delete them, instances first; raises ``ProvisionError`` naming what remains."""
+        ...
+
 
 @runtime_checkable
 class Provider(Protocol):
@@ -73,6 +213,12 @@ class Provider(Protocol):
         """A short name for ``InstanceInfo.provider`` and messages: ``"local"``, ``"aws"``."""
         ...
 
-    def provision(self, spec: PoolSpec, reporter: Reporter) -> Sequence[Node]: ...
+    def check(self, request: ProvisionRequest) -> None:
+        """Refuse what this provider cannot do, before anything is created."""
+        ...
 
-    def terminate(self, nodes: Sequence[Node]) -> None: ...
+    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation: ...
+
+    def inventory(self) -> Inventory | None:
+        """Where to find this provider's leftovers; ``None`` when it creates nothing."""
+        ...

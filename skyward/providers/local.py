@@ -26,10 +26,10 @@ from pydantic import BaseModel, ConfigDict
 
 from skyward import _protocol as proto
 from skyward._errors import BootstrapError, ProvisionError
+from skyward.providers.base import Allocation, Inventory, ProvisionRequest
 
 if TYPE_CHECKING:
-    from skyward._pool import PoolSpec
-    from skyward.providers.base import Reporter
+    from skyward._phases import Reporter
 
 # The directory that holds the skyward package, so workers import this very copy even when
 # the client runs it from a source checkout rather than an installed distribution.
@@ -55,11 +55,17 @@ class Local(BaseModel):
     def interpreter(self) -> str:
         return self.python or sys.executable
 
-    def provision(self, spec: PoolSpec, reporter: Reporter) -> Sequence[LocalNode]:
-        missing = missing_requirements(spec.image.pip, self.interpreter)
+    def check(self, request: ProvisionRequest) -> None:
+        """Nothing to refuse up front: what the interpreter lacks is found by ``provision``."""
+
+    def inventory(self) -> Inventory | None:
+        return None  # processes die with their pool; nothing outlives it
+
+    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
+        missing = missing_requirements(request.image.pip, self.interpreter)
         if missing:
             listed = "\n".join(f"  - {line}" for line in missing)
-            install = " ".join(shlex.quote(r) for r in spec.image.pip)
+            install = " ".join(shlex.quote(r) for r in request.image.pip)
             raise BootstrapError(
                 f"the local pool's image needs packages that {self.interpreter} lacks:\n"
                 f"{listed}\n"
@@ -69,12 +75,7 @@ class Local(BaseModel):
             )
         if not Path(self.interpreter).exists():
             raise ProvisionError(f"Local(python={self.interpreter!r}): no such interpreter")
-        return [LocalNode(self.interpreter) for _ in range(spec.nodes)]
-
-    def terminate(self, nodes: Sequence[object]) -> None:
-        for node in nodes:
-            if isinstance(node, LocalNode):
-                node.kill_all()
+        return Allocation([LocalNode(self.interpreter) for _ in range(request.nodes)])
 
 
 class LocalNode:
@@ -112,7 +113,8 @@ class LocalNode:
             self._processes.append(process)
         return PipeTransport(process)
 
-    def kill_all(self) -> None:
+    def close(self) -> None:
+        """Kill every worker this node started, and what they left behind. Idempotent."""
         with self._lock:
             processes, self._processes = self._processes, []
         for process in processes:

@@ -1,0 +1,254 @@
+"""What the pool does when a worker fails: lost workers, calls past their timeout, and the
+restart of every worker at once when a plugin ties the nodes into one runtime.
+
+::
+
+    stream ends      on_broken: the node takes no new calls (in a gang: no node does)
+    worker lost      on_lost:   its calls already failed (WorkerLost, by the channel); start a
+                                new worker on the node, or, in a gang, stop every worker and
+                                start them all again through the start-up barrier
+    call too long    CallTimeouts → recycle: fail the call (TimeoutError), kill its worker,
+                                which is then lost and replaced as above
+    no new worker    every call held for that node fails; the node is out of the pool
+
+It changes slots under the scheduler's lock and talks to the pool through functions only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from skyward._channel import Channel
+from skyward._errors import WorkerLost
+from skyward._futures import Deadline, fail
+from skyward._scheduler import Scheduler, Slot, Task
+
+
+class Recovery:
+    """Replaces lost workers of one pool.
+
+    ``bring_up(slots, deadline, whole_pool, launched)`` starts workers through the barrier;
+    ``active()`` says whether the pool still runs (running or draining); ``forget(channel)``
+    drops a channel the pool was keeping for its teardown; ``status(line)`` tells the user.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        gang: Sequence[str],
+        start_timeout: float,
+        shutdown_timeout: float,
+        bring_up: Callable[[list[Slot], Deadline, bool, list[Channel]], list[Channel]],
+        active: Callable[[], bool],
+        forget: Callable[[Channel], None],
+        status: Callable[[str], None],
+    ) -> None:
+        self._scheduler = scheduler
+        self._gang = list(gang)
+        self._start_timeout = start_timeout
+        self._shutdown_timeout = shutdown_timeout
+        self._bring_up = bring_up
+        self._active = active
+        self._forget = forget
+        self._status = status
+        self._restarting = False  # a gang restart of every worker is under way; under lock
+        self.timeouts = CallTimeouts(self.recycle)
+
+    def recycle(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
+        """A call outlived its timeout: fail it, and replace the worker running it."""
+        scheduler = self._scheduler
+        with scheduler.lock:
+            for slot in scheduler.slots:
+                if slot.channel is channel:
+                    slot.ready = False  # before the future fails: no new call may land here
+            error = TimeoutError(
+                f"{name} did not finish within its timeout of {timeout:g} s on node "
+                f"{channel.node}; that node's worker is being replaced"
+            )
+            timed_out = fail(future, error)
+            if not timed_out:  # it finished just now: the worker is healthy, keep it
+                for slot in scheduler.slots:
+                    if slot.channel is channel and not channel.broken:
+                        slot.ready = True
+                scheduler.pump()
+                return
+        channel.kill(f"{name} exceeded its timeout of {timeout:g} s")
+
+    def on_broken(self, slot: Slot, channel: Channel) -> None:
+        """The worker's stream ended: choose other nodes from now on (loss report follows).
+
+        In a gang every worker is about to be restarted: none takes new calls from now on,
+        even though the survivors' own calls may still be failing their way back.
+        """
+        scheduler = self._scheduler
+        with scheduler.lock:
+            if slot.channel is channel:
+                for other in scheduler.slots if self._gang else [slot]:
+                    other.ready = False
+
+    def on_lost(self, slot: Slot, channel: Channel, error: WorkerLost) -> None:
+        """A worker ended on its own, or was killed after a timeout: replace it.
+
+        With a gang plugin (jax: one distributed runtime spans every node, and a new process
+        cannot join a running one) the other workers are stopped too and all of them are
+        started again together, through the same barrier as ``start()``.
+        """
+        scheduler = self._scheduler
+        with scheduler.lock:
+            if slot.channel is not channel or not self._active():
+                return
+            slot.channel = None
+            slot.ready = False
+            if self._restarting:
+                return  # part of a restart of every worker, already under way
+            if self._gang:
+                self._restarting = True
+                victims = scheduler.channels()
+                for other in scheduler.slots:
+                    other.ready = False
+                replace: list[Slot] = list(scheduler.slots)
+            else:
+                victims = []
+                replace = [slot]
+        if victims:
+            reason = (
+                f"node {slot.rank} was lost, and plugin {', '.join(self._gang)} ties every "
+                f"node into one runtime, so all workers are restarted together"
+            )
+            self._status(reason)
+            for victim in victims:
+                victim.kill(reason)
+        else:
+            self._status(f"node {slot.rank}: worker lost; starting a new one")
+        threading.Thread(
+            target=self._replace,
+            args=(replace, victims),
+            name=f"skyward-replace-{slot.rank}",
+            daemon=True,
+        ).start()
+
+    def _replace(self, slots: list[Slot], victims: list[Channel]) -> None:
+        scheduler = self._scheduler
+        launched: list[Channel] = []
+        try:
+            for victim in victims:  # a new runtime must not meet the old one
+                victim.wait_closed(self._shutdown_timeout)
+            deadline = Deadline(self._start_timeout, f"start_timeout ({self._start_timeout:g} s)")
+            whole = len(slots) == len(scheduler.slots)
+            channels = self._bring_up(slots, deadline, whole, launched)
+        except BaseException as exc:
+            self._give_up(slots, launched, exc)
+            return
+        with scheduler.lock:
+            self._restarting = False
+            for channel in channels:
+                self._forget(channel)
+            if not self._active():
+                for channel in channels:
+                    channel.kill("the pool is closing")
+                return
+            for slot, channel in zip(slots, channels, strict=True):
+                scheduler.counts["replaced"] += 1
+                slot.channel = channel
+                slot.ready = True
+                slot.recent = float("inf")
+            # Decide for every part before any is sent: a part sent here is not "already run".
+            held = [
+                (slot, task, bool(self._gang) and _split(task))
+                for slot in slots
+                for task in slot.backlog
+            ]
+            for slot in slots:
+                slot.backlog = []
+            for slot, task, split in held:
+                if split:
+                    fail(task.future, _split_error(slot.rank, task))
+                else:
+                    scheduler.send(slot, task)
+            scheduler.pump()
+        pids = ", ".join(f"node {s.rank} pid {c.pid}" for s, c in zip(slots, channels, strict=True))
+        self._status(f"new worker(s) ready: {pids}")
+
+    def _give_up(self, slots: list[Slot], launched: list[Channel], exc: BaseException) -> None:
+        scheduler = self._scheduler
+        with scheduler.lock:
+            for channel in launched:
+                channel.kill("it could not be started")
+                self._forget(channel)
+            self._restarting = False
+            for slot in slots:
+                slot.lost = WorkerLost(
+                    f"node {slot.rank}: its worker died and no new one could be started: {exc}",
+                    node=slot.rank,
+                )
+                backlog, slot.backlog = slot.backlog, []
+                for task in backlog:
+                    fail(task.future, slot.lost)
+            scheduler.pump()
+            scheduler.idle.notify_all()
+
+
+class CallTimeouts:
+    """Fails calls that outlive their ``timeout=`` (through ``expired``, which kills their
+    worker). One thread per pool, started by the first call that has a timeout."""
+
+    def __init__(self, expired: Callable[[Future[Any], str, float, Channel], None]) -> None:
+        self._expired = expired
+        self._cond = threading.Condition()  # guards: _heap, _thread, _stopped
+        # (deadline, seq, future, name, timeout, channel): not the task, whose payload may be
+        # large and must not live as long as the timeout does.
+        self._heap: list[tuple[float, int, Future[Any], str, float, Channel]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def watch(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
+        with self._cond:
+            entry = (time.monotonic() + timeout, next(self._seq), future, name, timeout, channel)
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="skyward-call-timeouts", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    delay = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cond.wait(delay)
+                if self._stopped:
+                    return
+                _, _, future, name, timeout, channel = heapq.heappop(self._heap)
+            if not future.done():
+                self._expired(future, name, timeout, channel)
+
+
+def _split(task: Task) -> bool:
+    """Whether part of ``task``'s broadcast already ran, or failed, outside the backlog."""
+    return any(f.running() or f.done() for f in task.siblings if f is not task.future)
+
+
+def _split_error(rank: int, task: Task) -> WorkerLost:
+    # A part started alone in a new distributed runtime would wait forever in its first
+    # collective (jax's backend start is one) for peers that ran their parts in the old one.
+    return WorkerLost(
+        f"node {rank}: {task.call.name} was not started on the new workers: other nodes "
+        f"had already run their part of this broadcast on the workers that were lost, and "
+        f"a part alone would wait for them forever; broadcast it again",
+        node=rank,
+    )

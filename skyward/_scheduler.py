@@ -1,0 +1,232 @@
+"""Where calls go: one slot per node, the pool's queue, least busy first, map prefetch.
+
+::
+
+    submit(tasks)      queue → pump: the least busy ready slot with room takes the head
+    broadcast(call)    one part per slot, sent at once under the lock, so every node sees
+                       broadcasts in the same order (SPMD programs need it); a slot whose
+                       worker is being replaced holds its part in its backlog
+    a call finishes    the slot's books (busy, recent time) → pump again → notify idle
+
+Everything here is guarded by ``lock``, which the pool and recovery share: they change the
+slots too (a worker ready, lost, replaced). Nothing here blocks while holding it; a channel's
+``submit`` never waits on a slow worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from skyward import _protocol as proto
+from skyward._channel import Channel
+from skyward._compute import PendingCall
+from skyward._console import Route
+from skyward._errors import WorkerLost
+from skyward._futures import fail, resolve
+from skyward._info import InstanceInfo
+from skyward.providers.base import Node
+
+# A map may queue calls beyond a node's slots when its recent calls were short, so that its
+# worker finds the next call waiting instead of idling for a round trip: as many as keep the
+# last of them waiting about PREFETCH_BELOW seconds at most, and never more than
+# PREFETCH_MAX. A node whose calls take longer than PREFETCH_BELOW gets none.
+PREFETCH_BELOW = 0.01
+PREFETCH_MAX = 8
+
+
+@dataclass(eq=False)
+class Task:
+    call: PendingCall[Any]
+    payload: proto.Parts
+    future: Future[Any]
+    broadcast: bool = False  # bound to one node: waits for that node, never moves
+    route: Route | None = None  # where its output goes (the Jupyter cell that submitted it)
+    prefetch: bool = False  # part of a map: may wait on a worker behind another call
+    siblings: Sequence[Future[Any]] = ()  # a broadcast's parts, this one's future included
+
+
+@dataclass(eq=False)
+class Slot:
+    """One node and its current worker."""
+
+    rank: int
+    node: Node
+    info: InstanceInfo | None = None
+    channel: Channel | None = None
+    ready: bool = False
+    busy: int = 0  # calls sent and not finished, broadcasts included
+    recent: float = float("inf")  # seconds from send to result, averaged over recent calls
+    lost: WorkerLost | None = None  # set when the node cannot get a worker any more
+    backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
+
+
+def prefetch_depth(recent: float) -> int:
+    """Calls a map may queue past a node's slots, given its recent send-to-result time.
+
+    That time includes the wait behind the calls queued before, so the depth settles where
+    depth x time per call is about ``PREFETCH_BELOW``.
+    """
+    return PREFETCH_MAX if recent <= 0 else min(PREFETCH_MAX, int(PREFETCH_BELOW / recent))
+
+
+class Scheduler:
+    """The slots and the queue of one pool. See the module docstring.
+
+    ``bind_output(rank, route)`` is called before a call is sent (its prints go to the
+    caller's cell); ``watch(future, name, timeout, channel)`` for each call with a timeout;
+    ``accepting()`` says whether finished calls may start queued ones (the pool is running).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        concurrency: int,
+        gang: bool,
+        bind_output: Callable[[int, Route | None], None],
+        watch: Callable[[Future[Any], str, float, Channel], None],
+        accepting: Callable[[], bool],
+    ) -> None:
+        self.lock = threading.RLock()  # guards: everything below, slot fields, pool state
+        self.idle = threading.Condition(self.lock)  # notified whenever a call finishes
+        self.slots: list[Slot] = []
+        self.queue: deque[Task] = deque()
+        self.counts = {"submitted": 0, "succeeded": 0, "failed": 0, "replaced": 0}
+        self._name = name
+        self._concurrency = concurrency
+        self._gang = gang
+        self._bind_output = bind_output
+        self._watch = watch
+        self._accepting = accepting
+        self._pumping = False
+
+    def submit(self, tasks: Sequence[Task]) -> None:
+        """Queue ``tasks`` and start what can start. Lock held by the caller."""
+        self.counts["submitted"] += len(tasks)
+        self.queue.extend(tasks)
+        self.pump()
+
+    def broadcast(
+        self, call: PendingCall[Any], payload: proto.Parts, route: Route | None
+    ) -> list[Future[Any]]:
+        """One part of ``call`` per node, sent now where it can be. Lock held by the caller."""
+        futures: list[Future[Any]] = [Future() for _ in self.slots]
+        # In a gang, no part starts until every node has a worker of the same generation.
+        wait = self._gang and not all(s.ready or s.lost is not None for s in self.slots)
+        for slot, future in zip(self.slots, futures, strict=True):
+            task = Task(call, payload, future, broadcast=True, route=route, siblings=futures)
+            self.counts["submitted"] += 1
+            if slot.lost is not None:
+                fail(task.future, slot.lost)
+            elif wait or not slot.ready:
+                slot.backlog.append(task)  # its worker (or its gang) is being replaced
+            else:
+                self.send(slot, task)
+        return futures
+
+    def pump(self) -> None:
+        """Send queued calls to the least busy ready nodes with a free slot. Lock held."""
+        if self._pumping:
+            # Re-entered from a done-callback of a future failed below (a user's callback
+            # may submit); the outer loop carries on with the queue.
+            return
+        self._pumping = True
+        try:
+            limit = self._concurrency
+            while self.queue:
+                head = self.queue[0]
+                prefetch = head.prefetch and head.call.timeout is None  # a timeout starts at send
+                free = [
+                    s
+                    for s in self.slots
+                    if s.ready and s.busy < limit + (prefetch_depth(s.recent) if prefetch else 0)
+                ]
+                if not free:
+                    if self.slots and all(s.lost is not None for s in self.slots):
+                        self._fail_queue(self.slots[0].lost)
+                    return
+                slot = min(free, key=lambda s: s.busy)
+                self.send(slot, self.queue.popleft())
+        finally:
+            self._pumping = False
+
+    def _fail_queue(self, error: BaseException | None) -> None:
+        lost = WorkerLost(f"pool {self._name!r} has no node left to run calls on: {error}", node=-1)
+        while self.queue:
+            fail(self.queue.popleft().future, lost)
+
+    def send(self, slot: Slot, task: Task) -> None:
+        """Hand one task to ``slot``'s worker. Lock held; never blocks (see Channel)."""
+        if task.future.done():
+            return  # cancelled while queued, or timed out before a retry
+        if not task.future.running() and not task.future.set_running_or_notify_cancel():
+            return
+        assert slot.channel is not None
+        channel = slot.channel
+        # The channel settles an inner future; the pool's books are updated before the
+        # caller's future completes, so statistics() agree with what the caller has seen.
+        # (A timeout or close fails the caller's future first; the books follow when the
+        # worker is gone.)
+        inner: Future[Any] = Future()
+        sent = time.monotonic()
+
+        def settle(done: Future[Any]) -> None:
+            self._call_done(slot, done, time.monotonic() - sent)
+            error = done.exception()
+            if error is not None:
+                fail(task.future, error)
+            else:
+                resolve(task.future, done.result())
+
+        # Before the worker can print anything for this call.
+        self._bind_output(slot.rank, task.route)
+        if not channel.submit(task.call.name, task.payload, inner):
+            # The worker broke a moment ago; on_broken is on its way. Take the node out of
+            # rotation now and put the call back: it has not run anywhere.
+            slot.ready = False
+            if task.broadcast:
+                slot.backlog.append(task)
+            else:
+                self.queue.appendleft(task)
+            return
+        slot.busy += 1
+        inner.add_done_callback(settle)
+        if task.call.timeout is not None:
+            self._watch(task.future, task.call.name, task.call.timeout, channel)
+
+    def _call_done(self, slot: Slot, future: Future[Any], elapsed: float) -> None:
+        with self.lock:
+            slot.busy -= 1
+            slot.recent = (
+                elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
+            )
+            ok = not future.cancelled() and future.exception() is None
+            self.counts["succeeded" if ok else "failed"] += 1
+            if self._accepting():
+                self.pump()
+            self.idle.notify_all()
+
+    def wait_idle(self) -> None:
+        """Until nothing is queued, held or running."""
+        with self.idle:
+            while self.queue or any(s.busy or s.backlog for s in self.slots):
+                self.idle.wait(1.0)
+
+    def take_all(self) -> list[Task]:
+        """Empty the queue and every backlog, and take every slot out of rotation: the pool
+        is closing. Lock held; returns the tasks that will never run."""
+        tasks = list(self.queue) + [t for s in self.slots for t in s.backlog]
+        self.queue.clear()
+        for slot in self.slots:
+            slot.backlog.clear()
+            slot.ready = False
+        return tasks
+
+    def channels(self) -> list[Channel]:
+        return [s.channel for s in self.slots if s.channel is not None]

@@ -1,0 +1,298 @@
+"""Reach machines over SSH and run workers on them: the layer every provider whose machines
+are SSH hosts shares (``SSH`` for hosts you have; the clouds for the VMs they create).
+
+::
+
+    open_hosts(targets)   per target, in parallel, all or nothing, cancellable:
+                          connect (host key checked against known_hosts, or the key the
+                          provider gave the machine; retried while a VM boots) → bootstrap
+                          → upload skyward → count GPUs → a HostNode
+    HostNode.spawn_worker an exec channel running ``<env>/bin/python -m skyward.worker``
+    HostNode.close        kill the workers' process groups (reconnecting if the link
+                          dropped under them), close the connection
+
+A provider gives targets and gets nodes; it never touches a connection itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from skyward._bootstrap import Plan, shell_path
+from skyward._errors import HostKeyError, ProvisionError
+from skyward._extras import require
+from skyward._futures import Deadline, parallel
+from skyward._phases import Reporter
+from skyward._ssh import Connection, HostKeyPolicy, Target, parse_public_key
+from skyward.providers._prepare import bootstrap, count_gpus, runtime_requirements, upload_package
+from skyward.providers._ssh_transport import SSHTransport
+from skyward.providers.base import ProvisionRequest
+
+_RECONNECT_TO_KILL = 5.0  # seconds; a pool's close waits this long at most per lost host
+_RECONNECT_PAUSE = 0.5  # seconds between attempts to reach a host again
+_log = logging.getLogger("skyward")
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    """One machine to reach.
+
+    ``peer_address`` is where the pool's other machines reach it (a private address), when
+    that differs from ``target.host``. ``host_key`` (``"ssh-ed25519 AAAA..."``) is the key
+    the machine must present, when the provider gave it one: then known_hosts is not used.
+    """
+
+    target: Target
+    peer_address: str | None = None
+    host_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Access:
+    """How to reach and prepare the machines; the same for every machine of a pool.
+
+    ``boot_timeout``: how long refused, reset or silent connections are retried, for a
+    machine that is still booting (0 for hosts that are up already).
+    """
+
+    key_file: Path | None = None
+    known_hosts: Path | None = None
+    accept_new_hosts: bool = False
+    python: str | None = None
+    workdir: str = "~/.cache/skyward"
+    connect_timeout: float = 15.0
+    keepalive: float = 5.0
+    link_timeout: float = 20.0
+    boot_timeout: float = 0.0
+
+    @property
+    def policy(self) -> HostKeyPolicy:
+        known = (self.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
+        return HostKeyPolicy(known_hosts=known, accept_new=self.accept_new_hosts)
+
+
+def open_hosts(
+    targets: Sequence[HostTarget],
+    access: Access,
+    request: ProvisionRequest,
+    reporter: Reporter,
+    *,
+    ranks: Sequence[int] | None = None,
+) -> list[HostNode]:
+    """Reach and prepare every target in parallel; the nodes, in the targets' order.
+
+    All or nothing: the first failure, a Ctrl-C, the deadline passing or being cancelled
+    closes every connection made so far (which ends what the others are doing) and raises.
+    ``ranks`` are the nodes' ranks for the reporter (default ``0..n-1``).
+    """
+    require("paramiko", feature="reaching machines over SSH")
+    ranks = list(range(len(targets))) if ranks is None else list(ranks)
+    plan = Plan(
+        image=request.image,
+        python_version="{}.{}".format(*sys.version_info[:2]),
+        python=access.python,
+        workdir=access.workdir,
+        runtime=runtime_requirements(),
+    )
+    made: list[HostNode] = []
+    connections: list[Connection] = []
+    cancelled = False
+    lock = threading.Lock()  # guards: made, connections, cancelled
+
+    def adopt(connection: Connection) -> None:
+        with lock:
+            connections.append(connection)
+            if cancelled:  # another node failed while this one was connecting
+                connection.close()
+                raise ProvisionError(f"{connection.target}: provisioning was cancelled")
+
+    def open_one(index: int) -> HostNode:
+        rank, host = ranks[index], targets[index]
+        reporter.phase(rank, "connecting", str(host.target))
+        connection = connect(host, access, request.deadline)
+        adopt(connection)
+        try:
+            reporter.phase(rank, "bootstrapping", f"image {plan.digest}")
+            bootstrap(connection, plan, lambda line: reporter.log(rank, line))
+            package = upload_package(connection, plan, lambda line: reporter.log(rank, line))
+            accelerators = count_gpus(connection)
+        except BaseException:
+            connection.close()
+            raise
+        node = HostNode(
+            connection,
+            access,
+            address=host.peer_address or host.target.host,
+            plan=plan,
+            package=package,
+            accelerators=accelerators,
+        )
+        with lock:
+            made.append(node)
+            if cancelled:
+                node.close()
+                raise ProvisionError(f"{node.connection.target}: provisioning was cancelled")
+        return node
+
+    try:
+        return parallel(open_one, range(len(targets)), request.deadline, "reaching the machines")
+    except BaseException:
+        with lock:
+            cancelled = True
+            nodes, opened = list(made), list(connections)
+        for node in nodes:
+            node.close()
+        for connection in opened:
+            connection.close()
+        raise
+
+
+def connect(host: HostTarget, access: Access, deadline: Deadline) -> Connection:
+    """Connect and authenticate, retrying within ``access.boot_timeout`` while the machine
+    boots (refused, reset, no SSH banner yet); a wrong host key is never retried."""
+    pinned = parse_public_key(host.host_key) if host.host_key else None
+    boot_end = time.monotonic() + access.boot_timeout
+    while True:
+        deadline.check(f"{host.target}: connecting")
+        try:
+            return Connection.open(
+                host.target,
+                policy=access.policy,
+                key_file=access.key_file,
+                pinned_key=pinned,
+                expected_key=pinned is not None,
+                connect_timeout=max(0.5, min(access.connect_timeout, deadline.remaining())),
+                keepalive=access.keepalive,
+                dead_after=access.link_timeout,
+            )
+        except HostKeyError:
+            raise
+        except ProvisionError as error:
+            if time.monotonic() + _RECONNECT_PAUSE >= boot_end:
+                if access.boot_timeout > 0:
+                    raise ProvisionError(
+                        f"{error} (still failing after {access.boot_timeout:g} s of retries "
+                        f"while the machine booted)"
+                    ) from error
+                raise
+            deadline.sleep(_RECONNECT_PAUSE)
+
+
+class HostNode:
+    """One host of the pool and its connection; each ``spawn_worker`` is one exec channel."""
+
+    shares_files = False
+
+    def __init__(
+        self,
+        connection: Connection,
+        access: Access,
+        *,
+        address: str,
+        plan: Plan,
+        package: str,
+        accelerators: int,
+    ) -> None:
+        self._access = access
+        self.connection = connection
+        self.address = address
+        self.accelerators = accelerators
+        self._plan = plan
+        self._package = package
+        self._lock = threading.Lock()  # guards: connection, _transports, _closed
+        self._transports: list[SSHTransport] = []
+        self._closed = False
+
+    def spawn_worker(self, rank: int, env: Mapping[str, str]) -> SSHTransport:
+        assignments = " ".join(
+            [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+            + [f"PYTHONPATH={shell_path(self._package)}"]
+        )
+        # sshd makes the shell a session and process-group leader, so the PID it prints
+        # names the group that kill() ends. The line carries a fresh nonce: a login shell
+        # may print its own lines to stderr first. The shell waits for the worker rather
+        # than exec'ing it: paramiko ignores SSH's exit-signal, and the shell turns death
+        # by signal N into the exit status 128 + N, which paramiko does report.
+        marker = f"skyward-pid-{secrets.token_hex(6)}"
+        command = (
+            f"cd {shell_path(self._plan.workdir)} || exit 1; echo {marker} $$ >&2; "
+            f"env {assignments} {shell_path(self._plan.env_dir)}/bin/python "
+            f"-m skyward.worker --node {rank}; exit $?"
+        )
+        with self._lock:
+            if self._closed:
+                raise ProvisionError(f"{self.connection.target}: the pool is closing")
+            if not self.connection.alive:
+                self._reconnect()
+                for stranded in [t for t in self._transports if t.stranded]:
+                    stranded.kill(self.connection)  # the workers the dropped link left
+            transport = SSHTransport(self.connection, self.connection.exec(command), marker)
+            self._transports = [t for t in self._transports if not t.finished or t.stranded]
+            self._transports.append(transport)
+        return transport
+
+    def _reconnect(self, timeout: float | None = None) -> None:
+        """The link dropped (a reboot, a network blip): connect again, same host key only.
+
+        Tries until ``timeout`` (default ``connect_timeout``) runs out: a host whose link
+        just came back is "unreachable" for a moment, until the network relearns its
+        address.
+        """
+        old = self.connection
+        deadline = time.monotonic() + (timeout or self._access.connect_timeout)
+        while True:
+            try:
+                self.connection = Connection.open(
+                    old.target,
+                    policy=HostKeyPolicy(known_hosts=Path("/dev/null")),
+                    key_file=self._access.key_file,
+                    pinned_key=old.host_key,
+                    connect_timeout=max(0.5, deadline - time.monotonic()),
+                    keepalive=self._access.keepalive,
+                    dead_after=self._access.link_timeout,
+                )
+                break
+            except HostKeyError:
+                raise
+            except ProvisionError:
+                if time.monotonic() + _RECONNECT_PAUSE >= deadline:
+                    raise
+                time.sleep(_RECONNECT_PAUSE)
+        old.close()
+
+    def close(self) -> None:
+        """Kill this node's workers and close the connection. Idempotent; after it,
+        ``spawn_worker`` refuses (a replacement racing the pool's teardown)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                stranded = [t for t in self._transports if t.stranded]
+                if stranded:
+                    # The link dropped under running workers. The host's sshd may not
+                    # notice for hours, and the workers would run on: reach the host again.
+                    try:
+                        self._reconnect(timeout=_RECONNECT_TO_KILL)
+                    except (ProvisionError, OSError) as error:
+                        pids = ", ".join(str(t.pid) for t in stranded)
+                        _log.warning(
+                            "%s: cannot reach the host to stop worker process(es) %s (%s); "
+                            "they end when the host's sshd notices the dropped connection",
+                            self.connection.target,
+                            pids,
+                            error,
+                        )
+                for transport in self._transports:
+                    transport.kill(self.connection)
+            finally:
+                self._transports = []
+                self.connection.close()
