@@ -21,6 +21,7 @@ from support.moto import MotoServer
 from support.pools import PoolFactory, pool_factory
 from support.processes import describe, our_namespaces, worker_processes
 from support.sshhosts import Hosts, PackageIndex
+from support.standin import StandInCloud
 
 # Addresses tests may reach: loopback, and the bridge range of network namespaces that tests
 # create themselves (see TESTBED.md).
@@ -186,3 +187,14 @@ def moto(moto_server: MotoServer) -> MotoServer:
     moto_server.reset()
     moto_server.seed_ami()
     return moto_server
+
+
+@pytest.fixture
+def standin_cloud(moto: MotoServer, ssh_hosts: Hosts) -> Iterator[StandInCloud]:
+    """moto with stand-in VMs for the instances it runs in ``standin_cloud.subnet``."""
+    cloud = StandInCloud(moto, ssh_hosts)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"

@@ -2,7 +2,7 @@
 
 ::
 
-    unshare --pid --fork --kill-child --mount --mount-proc [under nsenter --net=NS]
+    unshare --pid --fork --kill-child --mount --mount-proc --uts [under nsenter --net=NS]
       └ sh (PID 1 of its own PID namespace)
           1. refuses to go on unless it is PID 1 (so the rest never runs on the host)
           2. makes every mount private, then bind-mounts the shim over poweroff, shutdown,
@@ -133,6 +133,7 @@ class Sandbox:
             "--kill-child",
             "--mount",
             "--mount-proc",
+            "--uts",
             "sh",
             str(init),
         ]

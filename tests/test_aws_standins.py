@@ -1,0 +1,82 @@
+"""The AWS provider end to end: moto creates the instances, stand-in VMs (network-namespace
+hosts that boot from the instances' user data, in sandboxes that cannot stop this machine)
+play the machines, and the pool reaches them at their private addresses."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.aws import held, nothing, provider
+from support.sshhosts import USER, PackageIndex
+from support.standin import StandInCloud
+
+import skyward as sky
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def aws(cloud: StandInCloud, **options: Any) -> sky.AWS:
+    """The provider, pointed at the stand-ins' subnet and reaching them privately."""
+    settings: dict[str, Any] = {
+        "subnet_id": cloud.subnet,
+        "connect": "private",
+        "username": USER,
+        **options,
+    }
+    return provider(cloud.moto, **settings)
+
+
+def _toy() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "jax_multicontroller", EXAMPLES / "jax_multicontroller.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.toy
+
+
+@pytest.mark.timeout(300)
+def test_a_pool_runs_on_stand_ins_and_leaves_nothing(
+    standin_cloud: StandInCloud, package_index: PackageIndex
+) -> None:
+    with sky.ComputePool(
+        provider=aws(standin_cloud),
+        nodes=2,
+        image=sky.Image(index_url=package_index.url),
+        name="standins",
+        quiet=True,
+    ) as pool:
+        names = pool.broadcast(lambda: os.uname().nodename)
+        infos = pool.broadcast(sky.instance_info)
+    addresses = [s.address for s in standin_cloud.standins.values()]
+    assert names == ["ip-" + a.replace(".", "-") for a in addresses]
+    assert [i.head_addr for i in infos] == [addresses[0], addresses[0]]
+    standin_cloud.wait_for(
+        lambda: all(s.ended for s in standin_cloud.standins.values()),
+        30,
+        "stand-ins stopped when their instances were terminated",
+    )
+    assert nothing(held(standin_cloud.moto, "standins"))
+
+
+@pytest.mark.timeout(600)
+def test_jax_multi_controller_toy_on_two_stand_ins(
+    standin_cloud: StandInCloud, package_index: PackageIndex
+) -> None:
+    toy = _toy()
+    with sky.ComputePool(
+        provider=aws(standin_cloud),
+        nodes=2,
+        image=sky.Image(index_url=package_index.url),
+        plugins=[sky.plugins.jax(cpu_devices=4)],
+        name="jax-standins",
+        quiet=True,
+    ) as pool:
+        results = toy() @ pool
+    assert [value for value, _ in results] == [-0.12398731708526611, -0.12398731708526611]
+    assert nothing(held(standin_cloud.moto, "jax-standins"))
