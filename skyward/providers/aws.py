@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from skyward._errors import ProvisionError
+from skyward._errors import HostKeyError, ProvisionError
 from skyward._extras import check
-from skyward._phases import Reporter
+from skyward._phases import Phase, Reporter
 from skyward._ssh import PoolKey
 from skyward.providers import _aws_resources as ec2
 from skyward.providers import _catalog as catalog
@@ -212,7 +212,19 @@ class AWS(BaseModel):
         """Reach every instance over SSH and prepare it: the shared remote-host layer."""
         assert made.access is not None
         targets = [made.target(instance) for instance in described]
-        return open_hosts(targets, made.access, made.request, reporter)
+        watched = _Reached(reporter)
+        try:
+            return open_hosts(targets, made.access, made.request, watched)
+        except (ProvisionError, TimeoutError) as exc:
+            silent = [t.target.host for r, t in enumerate(targets) if r not in watched.reached]
+            if silent and not isinstance(exc, HostKeyError):
+                exc.add_note(
+                    f"Instances {', '.join(silent)} are running, but SSH did not answer from "
+                    f"here: check that this machine's address is inside the security "
+                    f"group's SSH range (ssh_cidr={self.ssh_cidr!r}) and that their "
+                    f"{self.connect} addresses are reachable from this network."
+                )
+            raise
 
     def _launch(self, api: Api, spec: ec2.LaunchSpec, count: int) -> list[str]:
         try:
@@ -300,3 +312,22 @@ class AWS(BaseModel):
         described = api.call(api.ec2.describe_vpcs, "reading the VPC", VpcIds=[vpc])["Vpcs"][0]
         ranges = [a["CidrBlock"] for a in described.get("CidrBlockAssociationSet", [])]
         return ranges or [str(described["CidrBlock"])]
+
+
+class _Reached:
+    """A reporter that also remembers which nodes got past connecting (SSH answered)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self._reporter = reporter
+        self.reached: set[int] = set()
+
+    def phase(self, node: int, phase: Phase, detail: str = "") -> None:
+        if phase not in ("provisioning", "connecting"):
+            self.reached.add(node)
+        self._reporter.phase(node, phase, detail)
+
+    def log(self, node: int, line: str) -> None:
+        self._reporter.log(node, line)
+
+    def status(self, line: str) -> None:
+        self._reporter.status(line)

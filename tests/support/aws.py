@@ -31,9 +31,9 @@ def provider(moto: MotoServer, **options: Any) -> sky.AWS:
 
 
 class Checkpoint(Deadline):
-    """A deadline that, at the ``nth`` check whose step contains ``step``, calls ``reached``
-    (to look at moto mid-provision) and raises ``error``: a Ctrl-C, or a failure, exactly
-    where the provider says it is."""
+    """A deadline that, at the ``nth`` check whose step contains ``step`` (once ``when()`` holds,
+    if given), calls ``reached`` (to look at moto mid-provision) and raises ``error``: a
+    Ctrl-C, or a failure, exactly where the provider says it is."""
 
     def __init__(
         self,
@@ -42,6 +42,7 @@ class Checkpoint(Deadline):
         error: BaseException | None = None,
         nth: int = 1,
         reached: Callable[[], None] | None = None,
+        when: Callable[[], bool] | None = None,
         seconds: float = 120.0,
     ) -> None:
         super().__init__(seconds, f"provision_timeout ({seconds:g} s)")
@@ -51,10 +52,11 @@ class Checkpoint(Deadline):
         self.seen = 0
         self.steps: list[str] = []
         self.reached = reached
+        self.when = when
 
     def check(self, doing: str) -> None:
         self.steps.append(doing)
-        if self.step in doing:
+        if self.step in doing and (self.when is None or self.when()):
             self.seen += 1
             if self.seen == self.nth:
                 if self.reached is not None:

@@ -80,6 +80,7 @@ class StandInCloud:
     moto: MotoServer
     hosts: Hosts
     boot_delay: float = 0.0  # seconds between a stand-in's network and its sshd
+    boot: bool = True  # False: instances run but no machine ever answers (unreachable)
     standins: dict[str, StandIn] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (what, instance)
 
@@ -123,7 +124,7 @@ class StandInCloud:
             state, ident = instance["State"]["Name"], instance["InstanceId"]
             with self._lock:
                 standin = self.standins.get(ident)
-            if state == "running" and standin is None:
+            if state == "running" and standin is None and self.boot:
                 standin = self._claim(instance)
                 threading.Thread(target=self._boot, args=(standin, instance), daemon=True).start()
             elif state in ("shutting-down", "terminated", "stopped") and (
