@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +151,110 @@ def test_instances_that_never_answer_fail_the_start_in_time_and_leave_nothing(
         assert "provision_timeout (8 s)" in message, message
         assert "SSH did not answer from here" in message, message
         assert nothing(held(moto, "unreachable"))
+
+
+# ── a client killed: the watchdog, then skyward ls / down ──────────────────────────────
+
+_CLIENT = """
+import time
+import skyward as sky
+aws = sky.AWS(**{settings!r})
+with sky.ComputePool(provider=aws, nodes=2, image=sky.Image(index_url={index!r}),
+                     name={pool!r}, console="plain") as pool:
+    print("READY", flush=True)
+    pool.broadcast(time.sleep, 3600)  # a long job, its client attached
+"""
+
+
+def _client(cloud: StandInCloud, index: str, pool: str, log: Path, **options: Any) -> Any:
+    settings = aws(cloud, **options).model_dump(exclude_defaults=True)
+    script = _CLIENT.format(settings=settings, index=index, pool=pool)
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def _wait_for_line(log: Path, text: str, process: Any, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < end, f"no {text!r} within {timeout:g} s: {log.read_text()}"
+        time.sleep(0.1)
+
+
+def _skyward(moto: MotoServer, *args: str, answer: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AWS_ENDPOINT_URL": moto.url, "AWS_DEFAULT_REGION": moto.region}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "skyward"), *args],
+        input=answer,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_clients_machines_power_themselves_off_and_down_removes_the_rest(
+    standin_cloud: StandInCloud, package_index: PackageIndex, tmp_path: Path
+) -> None:
+    log = tmp_path / "client.log"
+    client = _client(standin_cloud, package_index.url, "orphan", log, idle_timeout=3)
+    try:
+        _wait_for_line(log, "READY", client, 240)
+        # The job runs well past idle_timeout while its client is attached: nothing stops.
+        time.sleep(8)
+        assert client.poll() is None, log.read_text()
+        assert all(not s.ended for s in standin_cloud.standins.values()), standin_cloud.events
+        assert len(held(standin_cloud.moto, "orphan")["instances"]) == 2
+    finally:
+        client.kill()
+        client.wait(30)
+    standin_cloud.wait_for(
+        lambda: all(s.ended for s in standin_cloud.standins.values()),
+        90,
+        "the stand-ins powered themselves off",
+    )
+    assert {s.ended for s in standin_cloud.standins.values()} == {"poweroff"}
+    left = held(standin_cloud.moto, "orphan")
+    assert left["instances"] == []  # terminated by EC2 on power-off
+    assert len(left["security groups"]) == 1 and len(left["key pairs"]) == 1
+
+    listed = _skyward(standin_cloud.moto, "ls", "--pool", "orphan")
+    assert listed.returncode == 0, listed.stderr
+    assert left["security groups"][0] in listed.stdout
+    assert left["key pairs"][0] in listed.stdout
+    refused = _skyward(standin_cloud.moto, "down", "--pool", "orphan", answer="n\n")
+    assert refused.returncode != 0
+    assert held(standin_cloud.moto, "orphan") == left
+    removed = _skyward(standin_cloud.moto, "down", "--pool", "orphan", "--yes")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert nothing(held(standin_cloud.moto, "orphan"))
+    assert "Nothing left" in _skyward(standin_cloud.moto, "ls").stdout
+
+
+@pytest.mark.timeout(180)
+def test_ls_and_down_all_after_a_client_killed_mid_start(
+    moto: MotoServer, ssh_hosts: Hosts, tmp_path: Path
+) -> None:
+    log = tmp_path / "client.log"
+    with StandInCloud(moto, ssh_hosts, boot=False) as cloud:
+        client = _client(cloud, "http://127.0.0.1:9/simple/", "killed", log)
+        try:
+            _wait_for_line(log, "connecting", client, 120)
+        finally:
+            client.kill()
+            client.wait(30)
+        left = held(moto, "killed")
+        assert len(left["instances"]) == 2, log.read_text()
+        listed = _skyward(moto, "ls")
+        assert listed.returncode == 0, listed.stderr
+        rows = [line for line in listed.stdout.splitlines() if " killed " in f" {line} "]
+        assert len(rows) == 4, listed.stdout  # 2 instances, a group, a key pair
+        instances = [r for r in rows if "instance" in r]
+        assert all("running" in r and "0.20" in r for r in instances), listed.stdout
+        assert "about $0.40/h" in listed.stdout
+        removed = _skyward(moto, "down", "--all", "--yes")
+        assert removed.returncode == 0, removed.stdout + removed.stderr
+        assert nothing(held(moto, "killed"))
