@@ -43,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "PluginError": "skyward._errors",
     "PoolClosed": "skyward._errors",
     "PoolSpec": "skyward._spec",
-    "PoolStatistics": "skyward._pool",
+    "PoolStatistics": "skyward._scheduler",
     "Provider": "skyward.providers.base",
     "ProvisionError": "skyward._errors",
     "ProvisionRequest": "skyward.providers.base",
@@ -86,7 +86,8 @@ if TYPE_CHECKING:
     from skyward._info import InstanceInfo, instance_info
     from skyward._multihost import gather, shard
     from skyward._plugin import Plugin
-    from skyward._pool import ComputePool, PoolStatistics
+    from skyward._pool import ComputePool
+    from skyward._scheduler import PoolStatistics
     from skyward._spec import PoolSpec
     from skyward.providers.aws import AWS
     from skyward.providers.base import Allocation, Provider, ProvisionRequest

@@ -41,9 +41,10 @@ from skyward._errors import (
     StartError,
     WorkerLost,
 )
-from skyward._futures import Deadline, fail, resolve
+from skyward._futures import Deadline, delivering, fail, resolve
 
 _STDERR_TAIL_LINES = 40
+_STDERR_LINE_BYTES = 2048  # of each line in the tail, its end is kept
 # At most this many parts (frames are a header and one to a few parts) per write.
 _BATCH_PARTS = 256
 # Frames up to this size may be written by the caller (see the module docstring): pipes
@@ -95,14 +96,19 @@ def decode_error(parts: proto.Parts) -> BaseException:
     if info.blob is not None:
         try:
             exc = proto.loads([info.blob])
-        except Exception:
-            exc = None  # the client lacks the type's module; fall back to RemoteError
+        except BaseException:  # a missing module, or an unpickler that raises SystemExit
+            exc = None  # fall back to RemoteError
     if not isinstance(exc, Exception):
         # A remote SystemExit or KeyboardInterrupt raised here would exit the client or look
         # like Ctrl-C to it; only ordinary exceptions come back as themselves.
         exc = RemoteError(info.type_name, info.message, info.traceback)
     exc.__cause__ = RemoteTraceback(info.traceback)
     return exc
+
+
+def _tail_line(line: bytes) -> str:
+    text = line[-_STDERR_LINE_BYTES:].decode("utf-8", "backslashreplace")
+    return text if len(line) <= _STDERR_LINE_BYTES else "…" + text
 
 
 def describe_status(status: int | None) -> str:
@@ -134,6 +140,7 @@ class Channel:
         output: OutputSink,
         on_lost: Callable[[Channel, WorkerLost], None] | None = None,
         on_broken: Callable[[Channel], None] | None = None,
+        on_result: Callable[[int], None] | None = None,
     ) -> None:
         self.node = node
         self.pid: int | None = None
@@ -141,6 +148,7 @@ class Channel:
         self._output = output
         self._on_lost = on_lost
         self._on_broken = on_broken
+        self._on_result = on_result  # before a result is handed over: flush partial output
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
         self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
@@ -285,6 +293,7 @@ class Channel:
     # ── reader threads ───────────────────────────────────────────────────────────────────
 
     def _read(self) -> None:
+        delivering.active = True  # done-callbacks run here: see CallFuture
         try:
             while True:
                 message, parts = proto.read_frame(self._transport.readinto)
@@ -309,10 +318,12 @@ class Channel:
             if entry is None:
                 return
             future = entry[1]
+            if self._on_result is not None:
+                self._on_result(self.node)
             if message.ok:
                 try:
                     value = proto.loads(parts)
-                except Exception as exc:
+                except BaseException as exc:  # even SystemExit: it must not end this thread
                     fail(
                         future,
                         RemoteError(
@@ -347,12 +358,15 @@ class Channel:
             if not data:
                 break
             self._output(self.node, "stderr", data)
+            # Only the end of a long line is kept (a progress bar without newlines, a huge
+            # dump): the tail is for WorkerLost, whose message must stay readable, and its
+            # last line (the fatal error) must survive whatever came before it.
             lines = (partial + data).split(b"\n")
-            partial = lines.pop()
-            for line in lines:
-                self._stderr_tail.append(line.decode("utf-8", "backslashreplace"))
+            partial = lines.pop()[-_STDERR_LINE_BYTES:]
+            for line in lines[-_STDERR_TAIL_LINES:]:
+                self._stderr_tail.append(_tail_line(line))
         if partial:
-            self._stderr_tail.append(partial.decode("utf-8", "backslashreplace"))
+            self._stderr_tail.append(_tail_line(partial))
 
     def _lose(self) -> None:
         status = self._transport.wait(_EXIT_STATUS_TIMEOUT)

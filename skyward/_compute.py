@@ -19,16 +19,43 @@ import inspect
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward import _protocol as proto
 from skyward._errors import SerializationError
 
-if TYPE_CHECKING:
-    from skyward._pool import ComputePool
+# The longest timeout accepted: a week. Longer ones overflow the standard library's waits
+# (threading.TIMEOUT_MAX), and a call that may run for more than a week needs none.
+MAX_TIMEOUT = 7 * 24 * 3600.0
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class _Options(BaseModel):
+    """``sky.compute``'s options, validated like every public constructor's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True, title="sky.compute")
+
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT, strict=True)
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _number(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)  # strict: no "5", no True, but 5 is 5.0
+        return value
+
+
+class ComputePool(Protocol):
+    """What the operators need of a pool (``skyward._pool.ComputePool`` is the one); named
+    here so that this module does not import the pool, which imports it."""
+
+    def _run_call(self, call: PendingCall[R]) -> Future[R]: ...
+    def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]: ...
+    def _run_group(self, calls: tuple[PendingCall[Any], ...]) -> Future[tuple[Any, ...]]: ...
 
 
 class Compute(Generic[P, R]):
@@ -37,8 +64,7 @@ class Compute(Generic[P, R]):
     def __init__(self, fn: Callable[P, R], *, timeout: float | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"sky.compute needs a callable, not {type(fn).__name__}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        timeout = _Options(timeout=timeout).timeout
         self.fn = fn
         self.timeout = timeout
         functools.update_wrapper(self, fn)

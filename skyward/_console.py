@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from skyward import _jupyter
@@ -54,7 +55,7 @@ class Console:
         self.mode = mode
         self.output_mode = output
         self._lock = threading.Lock()  # guards: everything below, and whole-line writes
-        self._partial: dict[tuple[int, str], bytes] = {}
+        self._partial: dict[tuple[int, str], LineBuffer] = {}
         self._routes: dict[int, Route] = {}
         self._board: Board | None = None
         self._progress: Progress | None = None
@@ -123,18 +124,18 @@ class Console:
             return
         key = (node, stream)
         with self._lock:
-            lines = (self._partial.pop(key, b"") + data).split(b"\n")
-            rest = lines.pop()
-            if rest:
-                self._partial[key] = rest
-            self._write(node, stream, lines)
+            buffer = self._partial.get(key)
+            if buffer is None:
+                buffer = self._partial[key] = LineBuffer()
+            self._write(node, stream, buffer.feed(data, time.monotonic()))
 
-    def flush(self) -> None:
-        """Write out every line still missing its newline (the worker has ended)."""
+    def flush(self, node: int | None = None) -> None:
+        """Write out every line still missing its newline: of ``node`` (a call of its has
+        returned), or of every node (the workers have ended)."""
         with self._lock:
-            partial, self._partial = self._partial, {}
-            for (node, stream), rest in sorted(partial.items()):
-                self._write(node, stream, [rest])
+            for (rank, stream), buffer in sorted(self._partial.items()):
+                if node is None or rank == node:
+                    self._write(rank, stream, buffer.take())
 
     def _write(self, node: int, stream: str, lines: list[bytes]) -> None:
         """Lock held."""
@@ -160,6 +161,62 @@ class Console:
         if self.mode in ("off", "plain") or not (_colour(target) or _jupyter.in_jupyter()):
             return label
         return f"\x1b[{_COLOURS[node % len(_COLOURS)]}m{label}\x1b[0m"
+
+
+class LineBuffer:
+    """One stream's text not yet shown, cut into lines in linear time with bounded memory.
+
+    A line longer than ``MAX_LINE`` bytes is shown in pieces. A line rewritten with ``\r``
+    (tqdm, keras) keeps only its latest state, shown at most every ``REDRAW`` seconds while
+    it changes, and in full when its newline comes or its call returns.
+    """
+
+    MAX_LINE = 1 << 16
+    REDRAW = 0.5
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._shown = 0.0  # when the latest state of a \r-rewritten line was shown
+
+    def feed(self, data: bytes, now: float) -> list[bytes]:
+        lines: list[bytes] = []
+        if b"\n" in data:
+            head, _, data = data.rpartition(b"\n")
+            self._chunks.append(head)
+            whole = b"".join(self._chunks).split(b"\n")
+            self._chunks, self._size = [], 0
+            lines = [_latest(line) for line in whole]
+        if b"\r" in data:
+            # Earlier states of a rewritten line are dropped: only the latest matters.
+            done, _, data = data.rpartition(b"\r")
+            state = _latest(b"".join(self._chunks) + done)
+            self._chunks, self._size = [], 0
+            if state and now - self._shown >= self.REDRAW:
+                lines.append(state)
+                self._shown = now
+        if data:
+            self._chunks.append(data)
+            self._size += len(data)
+            if self._size > self.MAX_LINE:
+                whole_line = b"".join(self._chunks)
+                cut = len(whole_line) - len(whole_line) % self.MAX_LINE
+                lines += [whole_line[i : i + self.MAX_LINE] for i in range(0, cut, self.MAX_LINE)]
+                rest = whole_line[cut:]
+                self._chunks, self._size = ([rest], len(rest)) if rest else ([], 0)
+        return lines
+
+    def take(self) -> list[bytes]:
+        """What is left, as a line of its own (empty if nothing is)."""
+        rest = _latest(b"".join(self._chunks))
+        self._chunks, self._size = [], 0
+        return [rest] if rest else []
+
+
+def _latest(line: bytes) -> bytes:
+    """The state a terminal would show of a line rewritten with ``\r``."""
+    line = line.rstrip(b"\r")
+    return line.rpartition(b"\r")[2]
 
 
 def _make_progress(mode: ConsoleMode) -> Progress | None:

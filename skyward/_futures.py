@@ -28,6 +28,35 @@ LOSS_GRACE = 2.0
 _POLL = 0.05
 
 
+# Set on the threads that deliver results (the channels' readers): done-callbacks run there,
+# and a callback that waited there for another call would wait for itself.
+delivering = threading.local()
+
+
+class CallFuture(Future[T]):
+    """The ``concurrent.futures.Future`` a call hands out. Waiting for an unfinished one on
+    the thread that delivers results (inside a done-callback) raises at once instead of
+    deadlocking."""
+
+    def result(self, timeout: float | None = None) -> T:
+        _refuse_reentrant_wait(self)
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        _refuse_reentrant_wait(self)
+        return super().exception(timeout)
+
+
+def _refuse_reentrant_wait(future: Future[Any]) -> None:
+    if getattr(delivering, "active", False) and not future.done():
+        raise RuntimeError(
+            "waiting for a Skyward call inside a Future's done-callback would deadlock: "
+            "callbacks run on the thread that delivers results, so the result you wait for "
+            "could never arrive. Wait in another thread (for example, hand the work to a "
+            "concurrent.futures.ThreadPoolExecutor from the callback)."
+        )
+
+
 def resolve(future: Future[Any], value: Any) -> None:
     try:
         future.set_result(value)
@@ -131,7 +160,7 @@ def gather(futures: Sequence[Future[Any]], build: Callable[[list[Any]], Any]) ->
     A ``WorkerLost`` fails the group at once; another error does after ``LOSS_GRACE``
     seconds, or as soon as every call has finished, unless a ``WorkerLost`` comes first.
     """
-    out: Future[Any] = Future()
+    out: Future[Any] = CallFuture()
     out.set_running_or_notify_cancel()
     remaining = [len(futures)]
     errors: list[BaseException] = []

@@ -18,54 +18,31 @@ it, and whatever it returns anyway is terminated by the thread that started it.
 from __future__ import annotations
 
 import atexit
-import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from skyward._channel import Channel
 from skyward._compute import Compute, PendingCall
 from skyward._console import Console, ConsoleMode, OutputMode
-from skyward._errors import PoolClosed, ProvisionError, SkywardError
-from skyward._futures import Deadline, fail, gather
+from skyward._errors import PoolClosed, ProvisionError
+from skyward._futures import CallFuture, Deadline, fail, gather
 from skyward._image import Image
+from skyward._machines import Machines
 from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin
 from skyward._recovery import Recovery
-from skyward._scheduler import Scheduler, Slot, Task
+from skyward._scheduler import PoolStatistics, Scheduler, Slot, Task
 from skyward._spec import PoolSpec, apply_transforms, pickle_plugins
 from skyward._startup import Startup
-from skyward.providers.base import Allocation, Provider, ProvisionRequest
+from skyward.providers.base import Allocation, Provider
 
 R = TypeVar("R")
 # draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
 State = Literal["new", "starting", "running", "draining", "closing", "closed"]
 _ACTIVE = ("running", "draining")
-# How long a close waits, past the provision deadline, for a provider that is still
-# provisioning to notice it was cancelled and destroy what it made.
-_PROVISION_GRACE = 120.0
-_log = logging.getLogger("skyward")
-
-
-@dataclass(frozen=True)
-class PoolStatistics:
-    """A snapshot of a pool's work. ``in_flight`` is per node, by rank."""
-
-    name: str
-    state: str
-    nodes: int
-    ready_nodes: int
-    queued: int
-    in_flight: tuple[int, ...]
-    submitted: int
-    succeeded: int
-    failed: int
-    workers_replaced: int
-    uptime: float
 
 
 class ComputePool:
@@ -111,7 +88,8 @@ class ComputePool:
             "nodes": nodes,
             "accelerator": accelerator,
             "image": Image() if image is None else image,
-            "plugins": tuple(plugins),
+            # A list is taken as a tuple; anything else is left to the validator to name.
+            "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,
             "concurrency": concurrency,
             "provision_timeout": provision_timeout,
             "start_timeout": start_timeout,
@@ -134,10 +112,8 @@ class ComputePool:
         self._console = Console(mode=mode, output=spec.output)
 
         self._state: State = "new"  # guarded by the scheduler's lock
-        self._request: ProvisionRequest | None = None
-        self._allocation: Allocation | None = None
-        self._provisioned = threading.Event()  # provision() has returned or raised
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
+        self._hurry = False  # a close(wait=False) came while another close was draining
         self._started_at = 0.0
         self._scheduler = Scheduler(
             name=spec.name,
@@ -148,6 +124,13 @@ class ComputePool:
             accepting=lambda: self._state in _ACTIVE,
         )
         self._lock = self._scheduler.lock
+        self._machines = Machines(
+            spec.provider,
+            pool=spec.name,
+            reporter=self._console,
+            lock=self._lock,
+            closing=lambda: self._state in ("closing", "closed"),
+        )
         self._startup = Startup(
             spec, plugins=self._plugin_payload, reporter=self._console, open_channel=self._open
         )
@@ -196,18 +179,22 @@ class ComputePool:
             if self._state != "new":
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
-            self._request = spec.request(self.image)
         atexit.register(self._close_at_exit)
         self._started_at = time.monotonic()
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
         )
         try:
-            self._provision(self._request)
-            self._start_workers()
-        except BaseException:
+            allocation = self._machines.provision(spec.request(self.image), spec.nodes)
+            self._start_workers(allocation)
+        except BaseException as exc:
             self._console.end()
+            closed_meanwhile = self._state in ("closing", "closed")
             self.close(wait=False)
+            if closed_meanwhile and isinstance(exc, Exception) and not isinstance(exc, PoolClosed):
+                # What the close broke (a plugin's start interrupted, a channel killed) is not
+                # the user's error: the pool was closed.
+                raise PoolClosed(f"pool {self.name!r} was closed while it started") from exc
             raise
         with self._lock:
             if self._state != "starting":  # closed by another thread meanwhile
@@ -227,41 +214,8 @@ class ComputePool:
         )
         return self
 
-    def _provision(self, request: ProvisionRequest) -> None:
-        """Ask the provider for the machines; whatever it returns is ours to terminate."""
-        kind = self.spec.provider_kind
-        try:
-            try:
-                allocation = self.spec.provider.provision(request, self._console)
-            except SkywardError:
-                raise
-            except TimeoutError as exc:
-                raise ProvisionError(
-                    f"{kind}: the machines were not ready within {request.deadline.what}: "
-                    f"{exc}. Raise provision_timeout if they need longer."
-                ) from exc
-            except Exception as exc:
-                raise ProvisionError(
-                    f"provider {kind} failed: {type(exc).__name__}: {exc}"
-                ) from exc
-            with self._lock:
-                closed = self._state in ("closing", "closed")
-                if not closed:
-                    self._allocation = allocation
-            if closed:  # closed by another thread while the provider worked
-                allocation.terminate()
-                raise PoolClosed(f"pool {self.name!r} was closed while it started")
-        finally:
-            self._provisioned.set()
-        nodes = allocation.nodes
-        if len(nodes) != self.spec.nodes:
-            raise ProvisionError(
-                f"provider {kind} returned {len(nodes)} nodes, not {self.spec.nodes}"
-            )
-
-    def _start_workers(self) -> None:
-        assert self._allocation is not None
-        slots = [Slot(rank, node) for rank, node in enumerate(self._allocation.nodes)]
+    def _start_workers(self, allocation: Allocation) -> None:
+        slots = [Slot(rank, node) for rank, node in enumerate(allocation.nodes)]
         with self._lock:
             self._scheduler.slots = slots
         timeout = self.spec.start_timeout
@@ -274,42 +228,70 @@ class ComputePool:
                 slot.ready = True
 
     def _open(self, slot: Slot) -> Channel:
-        """Spawn a worker on ``slot``'s node; the channel is ended by a close from now on."""
+        """Spawn a worker on ``slot``'s node (a new machine in its place if the node is gone
+        and the provider can replace it); the channel is ended by a close from now on."""
         with self._lock:
             if self._state in ("closing", "closed"):
                 raise PoolClosed(f"pool {self.name!r} is closing")
+        try:
             transport = slot.node.spawn_worker(slot.rank, self.image.env)
-            channel = Channel(
-                transport,
-                node=slot.rank,
-                output=self._console.output,
-                on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
-                on_broken=lambda ch: self._recovery.on_broken(slot, ch),
-            )
-            self._pending_channels.add(channel)
+        except ProvisionError as error:
+            if self._state != "running" or not self._machines.can_replace:
+                raise
+            self._console.status(f"node {slot.rank}: its machine is lost ({error}); replacing it")
+            node = self._machines.replace(slot.rank)
+            with self._lock:
+                slot.node = node
+                if slot.info is not None:  # its new worker is told its new address
+                    peers = list(slot.info.peers)
+                    peers[slot.rank] = node.address
+                    update = {"peers": tuple(peers), "head_addr": peers[0]}
+                    slot.info = slot.info.model_copy(update=update)
+            transport = node.spawn_worker(slot.rank, self.image.env)
+        channel = Channel(
+            transport,
+            node=slot.rank,
+            output=self._console.output,
+            on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
+            on_broken=lambda ch: self._recovery.on_broken(slot, ch),
+            on_result=self._console.flush,
+        )
+        with self._lock:
+            closing = self._state in ("closing", "closed")
+            if not closing:
+                self._pending_channels.add(channel)
+        if closing:  # closed while it spawned: the teardown did not see this one
+            channel.kill("the pool is closing")
+            raise PoolClosed(f"pool {self.name!r} is closing")
         return channel
 
     def close(self, *, wait: bool = True) -> None:
-        """Stop every worker and destroy the nodes. Idempotent.
+        """Stop every worker and destroy the nodes. Idempotent; returns once the pool is
+        closed, whichever thread does the closing.
 
         ``wait=True`` first lets submitted calls finish; ``wait=False`` fails the ones not
-        yet started with ``PoolClosed``. Workers get ``shutdown_timeout`` seconds to leave
-        their plugins' contexts, then are killed; the allocation's ``terminate`` always runs.
+        yet started with ``PoolClosed`` and interrupts the running ones, also when another
+        ``close()`` is already waiting for them (the stronger close takes over). Workers get
+        ``shutdown_timeout`` seconds to leave their plugins' contexts, then are killed; the
+        allocation's ``terminate`` always runs.
         """
         with self._lock:
-            if self._state in ("draining", "closing", "closed"):
-                return
-            was_running = self._state == "running"
             if self._state == "new":
                 self._state = "closed"
                 return
-            if wait and was_running:
-                self._state = "draining"
+            if self._state in ("draining", "closing", "closed"):
+                if not wait:
+                    self._hurry = True  # a draining close stops waiting and cancels
+                    self._scheduler.idle.notify_all()
+                while self._state != "closed":
+                    self._scheduler.idle.wait()
+                return
+            drain = wait and self._state == "running"
+            self._state = "draining" if drain else "closing"
         cancel = True
         try:
-            if wait and was_running:
-                self._scheduler.wait_idle()
-                cancel = False
+            if drain:
+                cancel = not self._scheduler.wait_idle(lambda: self._hurry)
         finally:
             self._teardown(cancel=cancel)
 
@@ -319,9 +301,7 @@ class ComputePool:
             queued = self._scheduler.take_all()
             channels = self._scheduler.channels() + list(self._pending_channels)
             self._pending_channels.clear()
-            request = self._request
-        if request is not None:
-            request.deadline.cancel(f"pool {self.name!r} was closed")
+        self._machines.cancel(f"pool {self.name!r} was closed")
         try:
             self._recovery.timeouts.stop()
             closed = PoolClosed(f"pool {self.name!r} was closed before this call ran")
@@ -339,31 +319,13 @@ class ComputePool:
                 channel.wait_closed(5.0)
         finally:
             try:
-                self._terminate(request)
+                self._machines.terminate()
             finally:
                 with self._lock:
                     self._state = "closed"
                     self._scheduler.idle.notify_all()
                 self._console.flush()
                 atexit.unregister(self._close_at_exit)
-
-    def _terminate(self, request: ProvisionRequest | None) -> None:
-        if request is not None and not self._provisioned.is_set():
-            # Closed from another thread while the provider works: it was cancelled above,
-            # and the starting thread terminates whatever it returns. Wait for that.
-            self._console.status("waiting for the provider to stop and clean up")
-            bound = request.deadline.remaining() + _PROVISION_GRACE
-            if not self._provisioned.wait(bound):
-                _log.warning(
-                    "pool %s: the provider is still provisioning after %.0f s; what it makes "
-                    "is terminated when it returns. `skyward ls` lists leftovers.",
-                    self.name,
-                    bound,
-                )
-        with self._lock:
-            allocation = self._allocation
-        if allocation is not None:
-            allocation.terminate()
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):
@@ -403,21 +365,8 @@ class ComputePool:
 
     def statistics(self) -> PoolStatistics:
         with self._lock:
-            slots = self._scheduler.slots
-            counts = self._scheduler.counts
-            return PoolStatistics(
-                name=self.name,
-                state=self._state,
-                nodes=self.spec.nodes,
-                ready_nodes=sum(s.ready for s in slots),
-                queued=len(self._scheduler.queue),
-                in_flight=tuple(s.busy for s in slots),
-                submitted=counts["submitted"],
-                succeeded=counts["succeeded"],
-                failed=counts["failed"],
-                workers_replaced=counts["replaced"],
-                uptime=time.monotonic() - self._started_at if self._started_at else 0.0,
-            )
+            uptime = time.monotonic() - self._started_at if self._started_at else 0.0
+            return self._scheduler.statistics(self._state, self.spec.nodes, uptime)
 
     def _run_call(self, call: PendingCall[R]) -> Future[R]:
         return self._run_calls([call])[0]
@@ -440,7 +389,7 @@ class ComputePool:
         function = calls[0].serialize_function() if same_function and calls else None
         route = self._console.route()
         tasks = [
-            Task(call, call.serialize(function), Future(), route=route, prefetch=prefetch)
+            Task(call, call.serialize(function), CallFuture(), route=route, prefetch=prefetch)
             for call in calls
         ]
         with self._lock:  # once for the lot: reader threads want this lock too

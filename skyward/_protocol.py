@@ -139,20 +139,34 @@ def encode_error(exc: BaseException) -> Parts:
 
     import cloudpickle
 
-    tb = "".join(traceback.format_exception(exc))
     kind = type(exc)
     type_name = f"{kind.__module__}.{kind.__qualname__}"
     if kind.__module__ == "builtins":
         type_name = kind.__qualname__
+    # A hostile exception may raise from __str__, from pickling or from unpickling (even
+    # SystemExit): each is caught here, so the worker lives and the call fails with what
+    # could be kept.
+    message = _safely(lambda: str(exc), f"<{type_name}: str() raised>")
+    tb = _safely(
+        lambda: "".join(traceback.format_exception(exc)),
+        f"{type_name}: {message}\n(the traceback could not be formatted)\n",
+    )
     blob: bytes | None
     try:
         blob = cloudpickle.dumps(exc, protocol=5)
         # Exceptions with custom __init__ signatures pickle but fail to unpickle; catch that
         # here, where the traceback is, rather than as a puzzling error on the client.
         pickle.loads(blob)
-    except Exception:
+    except BaseException:
         blob = None
-    return dumps(ErrorInfo(type_name, str(exc), tb, blob))
+    return dumps(ErrorInfo(type_name, message, tb, blob))
+
+
+def _safely(make: Callable[[], str], fallback: str) -> str:
+    try:
+        return make()
+    except BaseException:
+        return fallback
 
 
 # ── framing ──────────────────────────────────────────────────────────────────────────────

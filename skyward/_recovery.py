@@ -20,6 +20,7 @@ import heapq
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -203,15 +204,23 @@ class CallTimeouts:
         self._expired = expired
         self._cond = threading.Condition()  # guards: _heap, _thread, _stopped
         # (deadline, seq, future, name, timeout, channel): not the task, whose payload may be
-        # large and must not live as long as the timeout does.
-        self._heap: list[tuple[float, int, Future[Any], str, float, Channel]] = []
+        # large, and the future only weakly, since its result may be large too: neither may
+        # live as long as the timeout does once the caller has let go of them.
+        self._heap: list[tuple[float, int, weakref.ref[Future[Any]], str, float, Channel]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
 
     def watch(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
         with self._cond:
-            entry = (time.monotonic() + timeout, next(self._seq), future, name, timeout, channel)
+            entry = (
+                time.monotonic() + timeout,
+                next(self._seq),
+                weakref.ref(future),
+                name,
+                timeout,
+                channel,
+            )
             heapq.heappush(self._heap, entry)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -233,8 +242,9 @@ class CallTimeouts:
                     self._cond.wait(delay)
                 if self._stopped:
                     return
-                _, _, future, name, timeout, channel = heapq.heappop(self._heap)
-            if not future.done():
+                _, _, ref, name, timeout, channel = heapq.heappop(self._heap)
+            future = ref()
+            if future is not None and not future.done():
                 self._expired(future, name, timeout, channel)
 
 

@@ -28,7 +28,7 @@ from skyward._channel import Channel
 from skyward._compute import PendingCall
 from skyward._console import Route
 from skyward._errors import WorkerLost
-from skyward._futures import fail, resolve
+from skyward._futures import CallFuture, fail, resolve
 from skyward._info import InstanceInfo
 from skyward.providers.base import Node
 
@@ -64,6 +64,23 @@ class Slot:
     recent: float = float("inf")  # seconds from send to result, averaged over recent calls
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    """A snapshot of a pool's work. ``in_flight`` is per node, by rank."""
+
+    name: str
+    state: str
+    nodes: int
+    ready_nodes: int
+    queued: int
+    in_flight: tuple[int, ...]
+    submitted: int
+    succeeded: int
+    failed: int
+    workers_replaced: int
+    uptime: float
 
 
 def prefetch_depth(recent: float) -> int:
@@ -105,6 +122,12 @@ class Scheduler:
         self._watch = watch
         self._accepting = accepting
         self._pumping = False
+        # Gang broadcasts: parts sent or held and not finished, and whole broadcasts waiting
+        # for them to finish (call, payload, route, futures).
+        self._gang_running = 0
+        self._gang_waiting: deque[
+            tuple[PendingCall[Any], proto.Parts, Route | None, list[Future[Any]]]
+        ] = deque()
 
     def submit(self, tasks: Sequence[Task]) -> None:
         """Queue ``tasks`` and start what can start. Lock held by the caller."""
@@ -115,20 +138,48 @@ class Scheduler:
     def broadcast(
         self, call: PendingCall[Any], payload: proto.Parts, route: Route | None
     ) -> list[Future[Any]]:
-        """One part of ``call`` per node, sent now where it can be. Lock held by the caller."""
-        futures: list[Future[Any]] = [Future() for _ in self.slots]
+        """One part of ``call`` per node, sent now where it can be. Lock held by the caller.
+
+        In a gang, a broadcast waits while any part of an earlier one still runs on any
+        node: its collectives would otherwise pair with the earlier one's on a rank that is
+        behind, and both would return each other's data.
+        """
+        futures: list[Future[Any]] = [CallFuture() for _ in self.slots]
+        self.counts["submitted"] += len(futures)
+        if self._gang and (self._gang_running or self._gang_waiting):
+            self._gang_waiting.append((call, payload, route, futures))
+        else:
+            self._dispatch_broadcast(call, payload, route, futures)
+        return futures
+
+    def _dispatch_broadcast(
+        self,
+        call: PendingCall[Any],
+        payload: proto.Parts,
+        route: Route | None,
+        futures: list[Future[Any]],
+    ) -> None:
         # In a gang, no part starts until every node has a worker of the same generation.
         wait = self._gang and not all(s.ready or s.lost is not None for s in self.slots)
+        if self._gang:  # counted before any part can finish, so the count reaches 0 last
+            self._gang_running += len(futures)
         for slot, future in zip(self.slots, futures, strict=True):
             task = Task(call, payload, future, broadcast=True, route=route, siblings=futures)
-            self.counts["submitted"] += 1
             if slot.lost is not None:
                 fail(task.future, slot.lost)
             elif wait or not slot.ready:
                 slot.backlog.append(task)  # its worker (or its gang) is being replaced
             else:
                 self.send(slot, task)
-        return futures
+        if self._gang:
+            for future in futures:
+                future.add_done_callback(self._gang_part_done)
+
+    def _gang_part_done(self, _: Future[Any]) -> None:
+        with self.lock:
+            self._gang_running -= 1
+            while self._gang_running == 0 and self._gang_waiting:
+                self._dispatch_broadcast(*self._gang_waiting.popleft())
 
     def pump(self) -> None:
         """Send queued calls to the least busy ready nodes with a free slot. Lock held."""
@@ -212,21 +263,46 @@ class Scheduler:
                 self.pump()
             self.idle.notify_all()
 
-    def wait_idle(self) -> None:
-        """Until nothing is queued, held or running."""
+    def wait_idle(self, stop: Callable[[], bool]) -> bool:
+        """Until nothing is queued, held or running (True), or ``stop()`` (False)."""
         with self.idle:
-            while self.queue or any(s.busy or s.backlog for s in self.slots):
+            while self.queue or self._gang_waiting or any(s.busy or s.backlog for s in self.slots):
+                if stop():
+                    return False
                 self.idle.wait(1.0)
+            return True
 
     def take_all(self) -> list[Task]:
         """Empty the queue and every backlog, and take every slot out of rotation: the pool
         is closing. Lock held; returns the tasks that will never run."""
-        tasks = list(self.queue) + [t for s in self.slots for t in s.backlog]
+        waiting = [
+            Task(call, payload, future, broadcast=True)
+            for call, payload, _, futures in self._gang_waiting
+            for future in futures
+        ]
+        self._gang_waiting.clear()
+        tasks = waiting + list(self.queue) + [t for s in self.slots for t in s.backlog]
         self.queue.clear()
         for slot in self.slots:
             slot.backlog.clear()
             slot.ready = False
         return tasks
+
+    def statistics(self, state: str, nodes: int, uptime: float) -> PoolStatistics:
+        """A snapshot of the books. Lock held by the caller."""
+        return PoolStatistics(
+            name=self._name,
+            state=state,
+            nodes=nodes,
+            ready_nodes=sum(s.ready for s in self.slots),
+            queued=len(self.queue),
+            in_flight=tuple(s.busy for s in self.slots),
+            submitted=self.counts["submitted"],
+            succeeded=self.counts["succeeded"],
+            failed=self.counts["failed"],
+            workers_replaced=self.counts["replaced"],
+            uptime=uptime,
+        )
 
     def channels(self) -> list[Channel]:
         return [s.channel for s in self.slots if s.channel is not None]

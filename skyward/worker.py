@@ -146,7 +146,14 @@ def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Part
         function, args, kwargs = proto.loads(parts)
         fn = _function(function)
     except BaseException as exc:
-        return False, proto.encode_error(exc)
+        # Not the function's own error: say so, or it reads as one (a ValueError from a
+        # class's __setstate__, a module the worker lacks).
+        error = SerializationError(
+            f"the function or arguments of {message.name} could not be rebuilt on the "
+            f"worker: {type(exc).__name__}: {_describe(exc)}"
+        )
+        error.__cause__ = exc
+        return False, proto.encode_error(error)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
@@ -159,6 +166,13 @@ def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Part
             f"{type(exc).__name__}: {exc}"
         )
         return False, proto.encode_error(error)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException:
+        return "<str() raised>"
 
 
 class _Worker:
@@ -225,7 +239,7 @@ class _Worker:
                     break
         except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
             # The client is gone; nobody will read results. Leave, but bounded.
-            orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, os._exit, args=(3,))
+            orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, _exit_orphaned)
             orphan.daemon = True
             orphan.start()
         with self._lock:
@@ -256,6 +270,18 @@ class _Worker:
                 self.link.send(proto.Result(message.call_id, ok), payload)
             except OSError:
                 return
+            del payload  # not kept alive while the next call waits or runs
+
+
+def _exit_orphaned() -> None:
+    """The client is gone (killed, or its machine lost): end this worker and whatever its
+    calls started. The worker leads its process group (a session of its own locally; the
+    launch shell's group over SSH), so the group is everything it started."""
+    group = os.getpgrp()
+    if group in (os.getpid(), os.getppid()):  # never a group that is not ours
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)  # ourselves included
+    os._exit(3)
 
 
 def _drop_queued(calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None]) -> None:

@@ -259,7 +259,7 @@ def test_a_gang_broadcast_runs_on_one_generation_of_workers(
     plugins = [sky.Plugin(name="tied", gang=True)]
     with sky.ComputePool(nodes=3, plugins=plugins, console="off") as pool:
         before = pool.broadcast(pid)
-        dropping = pool._slots[1].channel
+        dropping = pool._scheduler.slots[1].channel
         assert dropping is not None
         dropped = pool._broadcast_call(drop_link_on_node_1())
         deadline = time.monotonic() + 20

@@ -26,9 +26,14 @@ from skyward.plugins._jax import distributed
 def _image(
     accelerator: str | None = None, image: sky.Image | None = None, **options: object
 ) -> sky.Image:
+    # A provider that is never started: the transform runs when the pool is built. (The
+    # local pool refuses accelerators.)
     pool = sky.ComputePool(
-        accelerator=accelerator, image=image, plugins=[sky.plugins.jax(**options)]
-    )  # type: ignore[arg-type]
+        provider=sky.SSH(hosts=["h1"]),
+        accelerator=accelerator,
+        image=image,
+        plugins=[sky.plugins.jax(**options)],  # type: ignore[arg-type]
+    )
     return pool.image
 
 

@@ -140,10 +140,10 @@ class Allocation:
         return False
 
     def replace(self, rank: int, reporter: Reporter, deadline: Deadline) -> Node:
-        """A new machine in place of node ``rank``'s, which was lost (a preempted VM).
-
-        The old node is closed and its machine destroyed first. Only when ``can_replace``.
-        """
+        """A new machine in place of node ``rank``'s, which was lost (a preempted VM);
+        it becomes ``nodes[rank]``. The old node is closed and its machine destroyed first.
+        Only when ``can_replace``; the pool calls it when it cannot start a worker on the
+        old node any more."""
         raise NotImplementedError(f"{type(self).__name__} cannot replace a machine")
 
     def release(self) -> None:

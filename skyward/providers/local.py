@@ -56,7 +56,17 @@ class Local(BaseModel):
         return self.python or sys.executable
 
     def check(self, request: ProvisionRequest) -> None:
-        """Nothing to refuse up front: what the interpreter lacks is found by ``provision``."""
+        """An accelerator is refused: the local pool's workers are processes on this
+        machine's CPUs, and a pool that said "A100" here would install or expect GPU
+        packages and report devices that are not there. (What the interpreter lacks is
+        found by ``provision``.)"""
+        if request.accelerator is not None:
+            raise ValueError(
+                f"the local pool has no {request.accelerator}: its nodes are processes on "
+                f"this machine's CPUs. Leave accelerator=None to try the code here (the jax "
+                f"plugin then uses CPU jax; cpu_devices= gives each node several devices), "
+                f"and give the accelerator to a provider that has it, such as sky.AWS()."
+            )
 
     def inventory(self) -> Inventory | None:
         return None  # processes die with their pool; nothing outlives it
@@ -87,8 +97,9 @@ class LocalNode:
 
     def __init__(self, python: str) -> None:
         self._python = python
-        self._lock = threading.Lock()  # guards: _processes
+        self._lock = threading.Lock()  # guards: _processes, _closed
         self._processes: list[subprocess.Popen[bytes]] = []
+        self._closed = False
 
     def spawn_worker(self, rank: int, env: Mapping[str, str]) -> PipeTransport:
         path = os.environ.get("PYTHONPATH")
@@ -97,6 +108,9 @@ class LocalNode:
             **env,
             "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, path) if p),
         }
+        with self._lock:
+            if self._closed:  # a replacement racing the pool's teardown
+                raise ProvisionError("local node: the pool is closing")
         process = subprocess.Popen(
             [self._python, "-m", "skyward.worker", "--node", str(rank)],
             stdin=subprocess.PIPE,
@@ -109,13 +123,20 @@ class LocalNode:
             start_new_session=True,
         )
         with self._lock:
-            # Kept after they exit: terminate() still kills what their children left behind.
+            # Kept after they exit: close() still kills what their children left behind.
             self._processes.append(process)
+            closed = self._closed
+        if closed:  # closed while this one started
+            _kill_group(process)
+            process.wait()
+            raise ProvisionError("local node: the pool is closing")
         return PipeTransport(process)
 
     def close(self) -> None:
-        """Kill every worker this node started, and what they left behind. Idempotent."""
+        """Kill every worker this node started, and what they left behind. Idempotent;
+        ``spawn_worker`` refuses from now on."""
         with self._lock:
+            self._closed = True
             processes, self._processes = self._processes, []
         for process in processes:
             _kill_group(process)
@@ -157,10 +178,19 @@ class PipeTransport:
     def can_write_now(self, nbytes: int) -> bool:
         # A pipe that polls writable has a free page: a write of up to PIPE_BUF bytes (4 KiB
         # on Linux) goes in whole, at once. A stopped worker's full pipe does not.
+        # poll, not select: select refuses descriptors past 1023, and a client with many open
+        # files must not take that for "writable" and block the pool's lock on a full pipe.
         try:
-            return bool(select.select([], [self._stdin.fileno()], [], 0)[1])
-        except (OSError, ValueError):
+            fd = self._stdin.fileno()
+        except ValueError:
             return True  # closed: write() raises at once, which is what the caller handles
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        try:
+            events = poller.poll(0)
+        except OSError:
+            return False  # unknown: let the sender thread write it
+        return any(mask & (select.POLLOUT | select.POLLERR | select.POLLHUP) for _, mask in events)
 
     def link_lost(self) -> None:
         return None  # a pipe breaks only when the process ends

@@ -1,0 +1,134 @@
+"""The pool's machines: asked of the provider once, terminated on every path.
+
+A close can come from another thread at any moment of a start, including while the provider
+is still creating machines. The rule that keeps anything from leaking: the close cancels the
+provision's deadline and waits for it to end; whoever holds the allocation last (the
+starting thread, if the close came first) terminates it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from skyward._errors import PoolClosed, ProvisionError, SkywardError
+from skyward._futures import Deadline
+from skyward._phases import Reporter
+from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
+
+# How long a close waits, past the provision deadline, for a provider that is still
+# provisioning to notice it was cancelled and destroy what it made.
+_PROVISION_GRACE = 120.0
+_log = logging.getLogger("skyward")
+
+
+class Machines:
+    """One pool's allocation. ``closing()`` answers, under the pool's lock, whether the pool
+    is closing; ``lock`` is that lock. Thread-safe."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        *,
+        pool: str,
+        reporter: Reporter,
+        lock: threading.RLock,
+        closing: Callable[[], bool],
+    ) -> None:
+        self._provider = provider
+        self._pool = pool
+        self._reporter = reporter
+        self._lock = lock
+        self._closing = closing
+        self._request: ProvisionRequest | None = None  # guarded by lock
+        self._allocation: Allocation | None = None  # guarded by lock
+        self._provisioned = threading.Event()  # provision() has returned or raised
+        self._replacing: set[Deadline] = set()  # guarded by lock: replacements under way
+
+    def provision(self, request: ProvisionRequest, nodes: int) -> Allocation:
+        """Ask the provider for ``nodes`` machines. Anything but a ``SkywardError`` that
+        escapes the provider becomes a ``ProvisionError`` (its cause kept); a pool closed
+        meanwhile gets ``PoolClosed``, and what the provider made anyway is terminated."""
+        kind = self._provider.kind
+        with self._lock:
+            self._request = request
+        try:
+            try:
+                allocation = self._provider.provision(request, self._reporter)
+            except SkywardError:
+                raise
+            except TimeoutError as exc:
+                raise ProvisionError(
+                    f"{kind}: the machines were not ready within {request.deadline.what}: "
+                    f"{exc}. Raise provision_timeout if they need longer."
+                ) from exc
+            except Exception as exc:
+                raise ProvisionError(
+                    f"provider {kind} failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            with self._lock:
+                closed = self._closing()
+                if not closed:
+                    self._allocation = allocation
+            if closed:  # closed by another thread while the provider worked
+                allocation.terminate()
+                raise PoolClosed(f"pool {self._pool!r} was closed while it started")
+        finally:
+            self._provisioned.set()
+        if len(allocation.nodes) != nodes:
+            raise ProvisionError(
+                f"provider {kind} returned {len(allocation.nodes)} nodes, not {nodes}"
+            )
+        return allocation
+
+    @property
+    def can_replace(self) -> bool:
+        with self._lock:
+            return self._allocation is not None and self._allocation.can_replace
+
+    def replace(self, rank: int) -> Node:
+        """A new machine for node ``rank``, whose machine was lost; bounded by a fresh
+        ``provision_timeout``, and cancelled by a close like the first provision."""
+        with self._lock:
+            allocation, request = self._allocation, self._request
+        assert allocation is not None and request is not None
+        deadline = Deadline(request.deadline.seconds, request.deadline.what)
+        with self._lock:
+            self._replacing.add(deadline)
+        try:
+            return allocation.replace(rank, self._reporter, deadline)
+        finally:
+            with self._lock:
+                self._replacing.discard(deadline)
+
+    def cancel(self, reason: str) -> None:
+        """Stop a provision under way (its deadline's flag); harmless otherwise."""
+        with self._lock:
+            request = self._request
+            replacing = list(self._replacing)
+        if request is not None:
+            request.deadline.cancel(reason)
+        for deadline in replacing:
+            deadline.cancel(reason)
+
+    def terminate(self) -> None:
+        """Destroy what the provider made, once it has stopped making it. Idempotent."""
+        with self._lock:
+            request = self._request
+        if request is not None and not self._provisioned.is_set():
+            # The starting thread terminates whatever the cancelled provider still returns;
+            # wait for that, so that a close returns with nothing left behind.
+            self._reporter.status("waiting for the provider to stop and clean up")
+            bound = request.deadline.remaining() + _PROVISION_GRACE
+            if not self._provisioned.wait(bound):
+                _log.warning(
+                    "pool %s: the provider is still provisioning after %.0f s; what it makes "
+                    "is terminated when it returns. `skyward ls` lists leftovers.",
+                    self._pool,
+                    bound,
+                )
+        with self._lock:
+            allocation = self._allocation
+        if allocation is not None:
+            allocation.terminate()
