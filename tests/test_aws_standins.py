@@ -13,26 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.aws import Checkpoint, held, nothing, provider, request
+from support.aws import Checkpoint, held, nothing, request
+from support.aws import standin_provider as aws
 from support.moto import MotoServer
 from support.reporter import Recorder
-from support.sshhosts import USER, Hosts, PackageIndex
+from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
 
 import skyward as sky
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def aws(cloud: StandInCloud, **options: Any) -> sky.AWS:
-    """The provider, pointed at the stand-ins' subnet and reaching them privately."""
-    settings: dict[str, Any] = {
-        "subnet_id": cloud.subnet,
-        "connect": "private",
-        "username": USER,
-        **options,
-    }
-    return provider(cloud.moto, **settings)
 
 
 def _toy() -> Any:

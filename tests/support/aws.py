@@ -12,6 +12,8 @@ import skyward as sky
 from skyward._futures import Deadline
 from skyward.providers.base import ProvisionRequest, identity_tags
 from support.moto import AMI_PARAMETER, MotoServer
+from support.sshhosts import USER
+from support.standin import StandInCloud
 
 LIVE = ["pending", "running", "shutting-down", "stopping", "stopped"]
 
@@ -28,6 +30,18 @@ def provider(moto: MotoServer, **options: Any) -> sky.AWS:
         **options,
     }
     return sky.AWS(**settings)
+
+
+def standin_provider(cloud: StandInCloud, **options: Any) -> sky.AWS:
+    """``sky.AWS`` for the stand-ins: their subnet, reached at private addresses, logging in
+    as the test hosts' user."""
+    settings: dict[str, Any] = {
+        "subnet_id": cloud.subnet,
+        "connect": "private",
+        "username": USER,
+        **options,
+    }
+    return provider(cloud.moto, **settings)
 
 
 class Checkpoint(Deadline):
