@@ -83,6 +83,7 @@ class StandInCloud:
     boot: bool = True  # False: instances run but no machine ever answers (unreachable)
     standins: dict[str, StandIn] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (what, instance)
+    booted_at: dict[str, float] = field(default_factory=dict)  # instance -> monotonic time
 
     def __post_init__(self) -> None:
         ensure_user()
@@ -185,6 +186,7 @@ class StandInCloud:
                 self._remove(standin)
                 return
             standin.sandbox = Sandbox(standin.directory, main, netns=standin.netns)
+            self.booted_at[standin.instance] = time.monotonic()
             self._event("booted", standin.instance)
         except Exception as exc:
             standin.ended, standin.error = "failed", repr(exc)
