@@ -5,10 +5,14 @@ nothing behind. Reaching the instances over SSH is in ``test_aws_standins.py``."
 from __future__ import annotations
 
 import base64
+import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -357,3 +361,102 @@ def test_a_start_stopped_at_any_step_leaves_nothing(
     assert at_stop["key file"] is not None
     assert nothing(held(moto, made.pool))
     assert not at_stop["key file"].exists()
+
+
+# ── the docs' IAM policy, enforced by moto ─────────────────────────────────────────────
+
+
+def _docs_policy() -> dict[str, Any]:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "providers.md").read_text()
+    section = page[page.index("### Minimal IAM policy") :]
+    block = section[section.index("```json\n") + len("```json\n") :]
+    return dict(json.loads(block[: block.index("```")]))
+
+
+@pytest.fixture
+def iam_user(moto: MotoServer) -> Iterator[Callable[[dict[str, Any]], dict[str, str]]]:
+    """Makes an IAM user with a policy and returns its credentials; then moto enforces IAM
+    on every request (until the test ends)."""
+    iam = moto.client("iam")
+
+    def make(policy: dict[str, Any]) -> dict[str, str]:
+        name = f"skyward-{secrets.token_hex(3)}"
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName="skyward", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        _enforce(moto, "0")
+        return {
+            "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+        }
+
+    try:
+        yield make
+    finally:
+        _enforce(moto, "inf")
+
+
+def _enforce(moto: MotoServer, count: str) -> None:
+    """moto checks IAM on requests after the first ``count`` ("inf": never)."""
+    post = urllib.request.Request(
+        f"{moto.url}/moto-api/reset-auth",
+        data=count.encode(),
+        headers={"Content-Type": "text/plain"},  # not a form: moto reads the raw body
+    )
+    with urllib.request.urlopen(post, timeout=30):
+        pass
+
+
+_PROVISION_AS = """
+import os, sys
+import skyward as sky
+from skyward._phases import SilentReporter
+sys.path.insert(0, {tests!r})
+from support.aws import Checkpoint, provider, request
+from support.moto import MotoServer
+
+class Server(MotoServer):
+    def __init__(self): self.url, self.region = {url!r}, "us-east-1"
+
+made = request(pool={pool!r}, deadline=Checkpoint("waiting for"))
+try:
+    provider(Server()).provision(made, SilentReporter())
+except KeyboardInterrupt as e:
+    print("STOPPED", getattr(e, "__notes__", []))
+except sky.ProvisionError as e:
+    print("ERROR", e, getattr(e, "__notes__", []))
+"""
+
+
+def _provision_as(moto: MotoServer, credentials: dict[str, str], pool: str) -> str:
+    script = _PROVISION_AS.format(tests=str(Path(__file__).parent), url=moto.url, pool=pool)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, **credentials},
+    )
+    return done.stdout + done.stderr
+
+
+def test_the_docs_iam_policy_is_enough_to_make_and_delete_a_pool(
+    moto: MotoServer, iam_user: Callable[[dict[str, Any]], dict[str, str]]
+) -> None:
+    output = _provision_as(moto, iam_user(_docs_policy()), "iam-ok")
+    _enforce(moto, "inf")
+    assert "STOPPED []" in output, output  # it got as far as the launch, and cleaned up
+    assert nothing(held(moto, "iam-ok"))
+
+
+def test_an_action_the_policy_lacks_is_named(
+    moto: MotoServer, iam_user: Callable[[dict[str, Any]], dict[str, str]]
+) -> None:
+    policy = _docs_policy()
+    for statement in policy["Statement"]:
+        statement["Action"] = [a for a in statement["Action"] if a != "ec2:RunInstances"]
+    output = _provision_as(moto, iam_user(policy), "iam-short")
+    _enforce(moto, "inf")
+    assert "ERROR" in output, output
+    assert "ec2:RunInstances" in output
+    assert nothing(held(moto, "iam-short"))
