@@ -28,7 +28,9 @@ from support.reporter import Recorder
 import skyward as sky
 from skyward._errors import MissingDependency, ProvisionError
 from skyward.providers import _catalog as catalog
-from skyward.providers._aws_api import translate
+from skyward.providers._aws_allocation import AWSAllocation
+from skyward.providers._aws_api import Api, translate
+from skyward.providers._aws_resources import describe_reason
 from skyward.providers._cloud import WATCHDOG_PATH
 
 pytestmark = pytest.mark.timeout(120)
@@ -460,3 +462,42 @@ def test_an_action_the_policy_lacks_is_named(
     assert "ERROR" in output, output
     assert "ec2:RunInstances" in output
     assert nothing(held(moto, "iam-short"))
+
+
+# ── why a node was lost ────────────────────────────────────────────────────────────────
+
+
+def test_loss_reason_asks_ec2_why_an_instance_ended(moto: MotoServer) -> None:
+    api = Api.connect(region=moto.region, profile=None, endpoint_url=moto.url)
+    ec2 = moto.client("ec2")
+    image = ec2.describe_images(Filters=[{"Name": "name", "Values": ["*ubuntu*"]}])["Images"][0]
+    (instance,) = [
+        i["InstanceId"]
+        for i in ec2.run_instances(
+            ImageId=image["ImageId"], InstanceType="g5.xlarge", MinCount=1, MaxCount=1
+        )["Instances"]
+    ]
+    allocation = AWSAllocation(
+        api, request(nodes=1), connect="private", username="ubuntu", release_timeout=10
+    )
+    allocation.adopt_instances([instance])
+    assert allocation.loss_reason(0) is None  # still running: not a machine loss
+    ec2.terminate_instances(InstanceIds=[instance])
+    assert allocation.loss_reason(0) == (
+        f"instance {instance} is terminated: terminated through the API or the console"
+    )
+    allocation.terminate()
+    assert allocation.loss_reason(5) is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "words"),
+    [
+        ({"Code": "Server.SpotInstanceTermination"}, "reclaimed by AWS (spot interruption)"),
+        ({"Code": "Server.SpotInstanceShutdown"}, "reclaimed by AWS (spot interruption)"),
+        ({"Code": "Client.InstanceInitiatedShutdown"}, "it powered itself off"),
+        ({"Code": "Server.InternalError", "Message": "Internal error"}, "Internal error"),
+    ],
+)
+def test_state_reasons_read_as_words(reason: dict[str, str], words: str) -> None:
+    assert words in describe_reason({"StateReason": reason})

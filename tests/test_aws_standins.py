@@ -248,3 +248,39 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
         removed = _skyward(moto, "down", "--all", "--yes")
         assert removed.returncode == 0, removed.stdout + removed.stderr
         assert nothing(held(moto, "killed"))
+
+
+# ── a machine lost (as AWS reclaims a spot instance) is replaced ───────────────────────
+
+
+@pytest.mark.timeout(300)
+def test_an_instance_aws_takes_away_is_replaced_and_the_pool_goes_on(
+    standin_cloud: StandInCloud, package_index: PackageIndex
+) -> None:
+    with sky.ComputePool(
+        provider=aws(standin_cloud, boot_timeout=60),
+        nodes=2,
+        image=sky.Image(index_url=package_index.url),
+        name="reclaimed",
+        quiet=True,
+    ) as pool:
+        before = pool.broadcast(lambda: os.uname().nodename)
+        first = {s.address: s.instance for s in standin_cloud.standins.values()}
+        lost = first["-".join(before[1].split("-")[1:]).replace("-", ".")]
+        standin_cloud.ec2.terminate_instances(InstanceIds=[lost])  # AWS reclaims node 1
+        end = time.monotonic() + 180
+        while time.monotonic() < end:
+            stats = pool.statistics()
+            if stats.ready_nodes == 2 and len(standin_cloud.standins) == 3:
+                break
+            time.sleep(0.2)
+        after = pool.broadcast(lambda: os.uname().nodename)
+        replacement = [
+            s for s in standin_cloud.standins.values() if s.instance not in first.values()
+        ]
+        assert len(replacement) == 1 and not replacement[0].ended
+        assert standin_cloud.standins[lost].ended == "terminated"
+    assert after[0] == before[0]
+    # (EC2 may give the new instance the address the old one freed.)
+    assert after[1] == "ip-" + replacement[0].address.replace(".", "-")
+    assert nothing(held(standin_cloud.moto, "reclaimed"))

@@ -228,6 +228,7 @@ def delete(
     """Delete, in dependency order; what could not be deleted, as ``"kind id (why)"``."""
     left: list[str] = []
     end = time.monotonic() + timeout
+    instances = _not_terminated(api, instances)
     if instances:
         asked = _terminate(api, instances, left)
         if asked:
@@ -255,6 +256,26 @@ def delete(
             if error_code(exc) != "InvalidKeyPair.NotFound":
                 left.append(f"key pair {name} ({error_code(exc) or exc})")
     return left
+
+
+def _not_terminated(api: Api, ids: Sequence[str]) -> list[str]:
+    """``ids`` less those already terminated (terminating one again is an error on some
+    endpoints); all of them if EC2 cannot be asked."""
+    if not ids:
+        return []
+    try:
+        answer = api.ec2.describe_instances(InstanceIds=list(ids))
+    except Exception as exc:
+        if error_code(exc) == "InvalidInstanceID.NotFound" and len(ids) > 1:
+            return [i for one in ids for i in _not_terminated(api, [one])]
+        return [] if error_code(exc) == "InvalidInstanceID.NotFound" else list(ids)
+    ended = {
+        i["InstanceId"]
+        for r in answer["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] == "terminated"
+    }
+    return [i for i in ids if i not in ended]
 
 
 def _terminate(api: Api, ids: Sequence[str], left: list[str]) -> list[str]:
