@@ -66,6 +66,11 @@ def test_bad_settings_are_validation_errors_naming_the_field() -> None:
         sky.AWS(ami="ami-0123456789abcdef0", ami_parameter="/x")
 
 
+def test_an_unknown_profile_is_refused_when_the_pool_is_built(moto: MotoServer) -> None:
+    with pytest.raises(ProvisionError, match="no-such-profile"):
+        sky.ComputePool(provider=provider(moto, profile="no-such-profile"), nodes=1, quiet=True)
+
+
 def test_a_missing_boto3_names_the_extra_when_the_pool_is_built() -> None:
     script = (
         "import sys; sys.modules['boto3'] = None\n"

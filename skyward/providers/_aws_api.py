@@ -54,26 +54,32 @@ class Api:
     ssm: SSMClient
     region: str
 
+    @staticmethod
+    def session(*, region: str | None, profile: str | None) -> Any:
+        """A boto3 session with a region; reads only the environment and ~/.aws."""
+        boto3 = require("boto3", feature="sky.AWS")
+        try:
+            session = boto3.session.Session(profile_name=profile, region_name=region)
+        except Exception as exc:
+            raise translate(exc, "opening an AWS session", region or "") from exc
+        if not session.region_name:
+            raise ProvisionError(
+                "no AWS region: pass sky.AWS(region='us-east-1'), set AWS_DEFAULT_REGION, or "
+                "set a region in ~/.aws/config"
+            )
+        return session
+
     @classmethod
     def connect(cls, *, region: str | None, profile: str | None, endpoint_url: str | None) -> Api:
-        boto3 = require("boto3", feature="sky.AWS")
         from botocore.config import Config
 
+        session = cls.session(region=region, profile=profile)
+        name = str(session.region_name)
         config = Config(
             retries={"mode": "standard", "max_attempts": 5},
             connect_timeout=10,
             read_timeout=60,
         )
-        try:
-            session = boto3.session.Session(profile_name=profile, region_name=region)
-        except Exception as exc:
-            raise translate(exc, "opening an AWS session", region or "") from exc
-        name = session.region_name
-        if not name:
-            raise ProvisionError(
-                "no AWS region: pass sky.AWS(region='us-east-1'), set AWS_DEFAULT_REGION, or "
-                "set a region in ~/.aws/config"
-            )
         ec2 = session.client("ec2", endpoint_url=endpoint_url, config=config)
         ssm = session.client("ssm", endpoint_url=endpoint_url, config=config)
         return cls(ec2=ec2, ssm=ssm, region=name)

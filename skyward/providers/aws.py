@@ -128,6 +128,9 @@ class AWS(BaseModel):
         check("boto3", feature="sky.AWS")
         check("paramiko", feature="sky.AWS")
         self.instance_type_for(request.accelerator)
+        # Reads only the environment and ~/.aws: an unknown profile or no region at all is
+        # said now, not after the pool has started.
+        Api.session(region=self.region, profile=self.profile)
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         self.check(request)

@@ -189,6 +189,9 @@ class StandInCloud:
             self.booted_at[standin.instance] = time.monotonic()
             self._event("booted", standin.instance)
         except Exception as exc:
+            if standin.ended:  # the cloud ended it while it booted: that is why
+                self._remove(standin)
+                return
             standin.ended, standin.error = "failed", repr(exc)
             self._event("boot-failed", f"{standin.instance}: {exc!r}")
             self._remove(standin)
