@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
     "ChannelError": "skyward._errors",
+    "CollectiveHang": "skyward._errors",
     "Compute": "skyward._compute",
     "ComputePool": "skyward._pool",
     "HostKeyError": "skyward._errors",
@@ -52,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
+    "Stacks": "skyward._stacks",
     "StartError": "skyward._errors",
     "VersionMismatch": "skyward._errors",
     "WorkerLost": "skyward._errors",
@@ -69,6 +71,7 @@ if TYPE_CHECKING:
     from skyward._errors import (
         BootstrapError,
         ChannelError,
+        CollectiveHang,
         HostKeyError,
         MissingDependency,
         PluginError,
@@ -89,6 +92,7 @@ if TYPE_CHECKING:
     from skyward._pool import ComputePool
     from skyward._scheduler import PoolStatistics
     from skyward._spec import PoolSpec
+    from skyward._stacks import Stacks
     from skyward.providers.aws import AWS
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local

@@ -155,8 +155,11 @@ class Channel:
         self._write_lock = threading.Lock()  # guards: writing to the transport
         self._queued_lock = threading.Lock()  # guards: _queued
         self._queued = 0  # frames put in the outbox and not yet written
-        self._lock = threading.Lock()  # guards: _pending, _ids, broken, lost, _closing
+        self._lock = (
+            threading.Lock()
+        )  # guards: _pending, _stack_requests, _ids, broken, lost, _closing
         self._pending: dict[int, tuple[str, Future[Any]]] = {}
+        self._stack_requests: dict[int, Future[proto.StacksReport]] = {}
         self._ids = itertools.count(1)
         self._control: queue.Queue[object] = queue.Queue()
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
@@ -223,6 +226,18 @@ class Channel:
             self._pending[call_id] = (name, future)
         self._send(proto.Call(call_id, name), payload)
         return True
+
+    def request_stacks(self) -> Future[proto.StacksReport]:
+        """Ask the worker for every thread's stack; answered even while calls run."""
+        future: Future[proto.StacksReport] = Future()
+        with self._lock:
+            if self.lost is not None or self.broken:
+                fail(future, self.lost or ChannelError(f"node {self.node}: the link is broken"))
+                return future
+            request_id = next(self._ids)
+            self._stack_requests[request_id] = future
+        self._send(proto.StacksRequest(request_id))
+        return future
 
     def shutdown(self, *, cancel: bool) -> None:
         """Ask the worker to exit; returns at once. See ``proto.Shutdown`` for ``cancel``."""
@@ -343,6 +358,11 @@ class Channel:
             )
             failure.__cause__ = error
             self._control.put(failure)
+        elif isinstance(message, proto.StacksReport):
+            with self._lock:
+                request = self._stack_requests.pop(message.request_id, None)
+            if request is not None:
+                resolve(request, message)
         elif isinstance(message, proto.Bye):
             pass
         else:
@@ -378,6 +398,8 @@ class Channel:
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
+            requests = list(self._stack_requests.values())
+            self._stack_requests.clear()
             closing = self._closing
             running = ", ".join(name for name, _ in pending) or "no calls"
             doing = f"running {running}" if self._ready else "starting (before Ready)"
@@ -401,6 +423,8 @@ class Channel:
             error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
         for _, future in pending:
             fail(future, error)
+        for request in requests:
+            fail(request, self.lost)
         self._control.put(self.lost)
         self._outbox.put(None)
         self._sender_thread.join(_EXIT_STATUS_TIMEOUT)

@@ -9,6 +9,7 @@
      ├─ ChannelError        the link to a worker failed
      │   ├─ VersionMismatch  the worker's Python differs from the client's
      │   ├─ WorkerLost       a worker died with calls in flight (node, exit status, stderr tail)
+ │   ├─ CollectiveHang   ranks of a gang pool waited in a collective the others had left
      │   └─ StartError       a worker could not start (around_app raised, Ready never came)
      ├─ RemoteError         a remote exception that could not be sent back as itself
      ├─ SerializationError  a function, argument or result that cannot be pickled
@@ -97,6 +98,32 @@ def _rebuild_worker_lost(
     message: str, node: int, exit_status: int | None, stderr_tail: str
 ) -> WorkerLost:
     return WorkerLost(message, node=node, exit_status=exit_status, stderr_tail=stderr_tail)
+
+
+class CollectiveHang(ChannelError):
+    """In a gang pool (jax), some ranks stayed blocked in a collective that the other ranks
+    had left (they finished the call, or never entered it): it could never complete.
+
+    ``finished`` are the ranks that had finished the call; ``blocked`` maps each blocked
+    rank to where it waited (its stacks, from the user's code down to the call into jax).
+    The pool restarts every rank, as it does for a lost one.
+    """
+
+    def __init__(
+        self, message: str, *, finished: tuple[int, ...] = (), blocked: dict[int, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.finished = finished
+        self.blocked = dict(blocked or {})
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_hang, (str(self), self.finished, self.blocked))
+
+
+def _rebuild_hang(
+    message: str, finished: tuple[int, ...], blocked: dict[int, str]
+) -> CollectiveHang:
+    return CollectiveHang(message, finished=finished, blocked=blocked)
 
 
 class StartError(ChannelError):

@@ -83,7 +83,9 @@ class Image(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, env: Mapping[str, str]) -> dict[str, str]:
-        for key in env:
+        for key, value in env.items():
+            if "\x00" in value:  # no process environment can hold it: exec would fail
+                raise ValueError(f"the value of {key!r} contains a NUL byte")
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
         return dict(env)

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
+
+if TYPE_CHECKING:
+    from skyward._channel import Transport
+    from skyward._scheduler import Slot
 
 # How long a close waits, past the provision deadline, for a provider that is still
 # provisioning to notice it was cancelled and destroy what it made.
@@ -82,10 +87,26 @@ class Machines:
             )
         return allocation
 
-    @property
-    def can_replace(self) -> bool:
+    def spawn(self, slot: Slot, env: Mapping[str, str], *, replace: bool) -> Transport:
+        """A worker on ``slot``'s node; with ``replace``, on a new machine in its place if
+        that node's machine is gone and the provider can make another."""
+        try:
+            return slot.node.spawn_worker(slot.rank, env)
+        except ProvisionError as error:
+            with self._lock:
+                allocation = self._allocation
+            if not replace or allocation is None or not allocation.can_replace:
+                raise
+            self._reporter.status(f"node {slot.rank}: its machine is lost ({error}); replacing it")
+        node = self.replace(slot.rank)
         with self._lock:
-            return self._allocation is not None and self._allocation.can_replace
+            slot.node = node
+            if slot.info is not None:  # its new worker is told its new address
+                peers = list(slot.info.peers)
+                peers[slot.rank] = node.address
+                update = {"peers": tuple(peers), "head_addr": peers[0]}
+                slot.info = slot.info.model_copy(update=update)
+        return node.spawn_worker(slot.rank, env)
 
     def replace(self, rank: int) -> Node:
         """A new machine for node ``rank``, whose machine was lost; bounded by a fresh

@@ -27,8 +27,9 @@ from typing import Any, Literal, TypeVar
 from skyward._channel import Channel
 from skyward._compute import Compute, PendingCall
 from skyward._console import Console, ConsoleMode, OutputMode
-from skyward._errors import PoolClosed, ProvisionError
+from skyward._errors import PoolClosed
 from skyward._futures import CallFuture, Deadline, fail, gather
+from skyward._hangs import HangWatch
 from skyward._image import Image
 from skyward._machines import Machines
 from skyward._modules import ship_client_modules
@@ -36,6 +37,7 @@ from skyward._plugin import Plugin
 from skyward._recovery import Recovery
 from skyward._scheduler import PoolStatistics, Scheduler, Slot, Task
 from skyward._spec import PoolSpec, apply_transforms, pickle_plugins
+from skyward._stacks import Stacks, collect
 from skyward._startup import Startup
 from skyward.providers.base import Allocation, Provider
 
@@ -77,6 +79,7 @@ class ComputePool:
         provision_timeout: float = 1800.0,
         start_timeout: float = 120.0,
         shutdown_timeout: float = 10.0,
+        hang_timeout: float | None = 60.0,
         console: ConsoleMode = "auto",
         output: OutputMode = "all",
         quiet: bool = False,
@@ -94,6 +97,7 @@ class ComputePool:
             "provision_timeout": provision_timeout,
             "start_timeout": start_timeout,
             "shutdown_timeout": shutdown_timeout,
+            "hang_timeout": hang_timeout,
             "console": console,
             "output": output,
             "quiet": quiet,
@@ -145,6 +149,11 @@ class ComputePool:
             active=lambda: self._state in _ACTIVE,
             forget=self._pending_channels.discard,
             status=self._console.status,
+        )
+        self._hangs = (
+            HangWatch(self._scheduler, bound=spec.hang_timeout, status=self._console.status)
+            if spec.gang and spec.hang_timeout is not None
+            else None
         )
 
     @property
@@ -201,6 +210,8 @@ class ComputePool:
                 self._console.end()  # stops a live display, which has a thread of its own
                 raise PoolClosed(f"pool {self.name!r} was closed while it started")
             self._state = "running"
+            if self._hangs is not None:
+                self._hangs.start()
             # A worker that died between Ready and now was not replaced (the pool was not
             # running yet); replace it now.
             lost = [(s, s.channel) for s in self._scheduler.slots if s.channel and s.channel.lost]
@@ -233,21 +244,7 @@ class ComputePool:
         with self._lock:
             if self._state in ("closing", "closed"):
                 raise PoolClosed(f"pool {self.name!r} is closing")
-        try:
-            transport = slot.node.spawn_worker(slot.rank, self.image.env)
-        except ProvisionError as error:
-            if self._state != "running" or not self._machines.can_replace:
-                raise
-            self._console.status(f"node {slot.rank}: its machine is lost ({error}); replacing it")
-            node = self._machines.replace(slot.rank)
-            with self._lock:
-                slot.node = node
-                if slot.info is not None:  # its new worker is told its new address
-                    peers = list(slot.info.peers)
-                    peers[slot.rank] = node.address
-                    update = {"peers": tuple(peers), "head_addr": peers[0]}
-                    slot.info = slot.info.model_copy(update=update)
-            transport = node.spawn_worker(slot.rank, self.image.env)
+        transport = self._machines.spawn(slot, self.image.env, replace=self._state == "running")
         channel = Channel(
             transport,
             node=slot.rank,
@@ -304,6 +301,8 @@ class ComputePool:
         self._machines.cancel(f"pool {self.name!r} was closed")
         try:
             self._recovery.timeouts.stop()
+            if self._hangs is not None:
+                self._hangs.stop()
             closed = PoolClosed(f"pool {self.name!r} was closed before this call ran")
             for task in queued:
                 fail(task.future, closed)
@@ -367,6 +366,14 @@ class ComputePool:
         with self._lock:
             uptime = time.monotonic() - self._started_at if self._started_at else 0.0
             return self._scheduler.statistics(self._state, self.spec.nodes, uptime)
+
+    def stacks(self, timeout: float = 10.0) -> Stacks:
+        """Every node's Python stacks right now, labelled by node, without stopping anything:
+        where a slow or stuck call is. ``print(pool.stacks())``."""
+        with self._lock:
+            self._check_running()
+            channels = {s.rank: s.channel for s in self._scheduler.slots}
+        return collect(channels, timeout)
 
     def _run_call(self, call: PendingCall[R]) -> Future[R]:
         return self._run_calls([call])[0]

@@ -63,6 +63,14 @@ class Shutdown:
     cancel: bool = False
 
 
+@dataclass(frozen=True)
+class StacksRequest:
+    """Report every thread's Python stack now; answered by the worker's reader thread, so
+    it works while calls run (or hang)."""
+
+    request_id: int
+
+
 # ── messages, worker → client ────────────────────────────────────────────────────────────
 
 
@@ -90,6 +98,19 @@ class Result:
 
     call_id: int
     ok: bool
+
+
+# (file, line number, function, source line)
+Frame = tuple[str, int, str, str]
+
+
+@dataclass(frozen=True)
+class StacksReport:
+    """Every thread's stack (name, frames outermost first) and the process's CPU seconds."""
+
+    request_id: int
+    threads: tuple[tuple[str, tuple[Frame, ...]], ...]
+    cpu_seconds: float
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ class Slot:
     recent: float = float("inf")  # seconds from send to result, averaged over recent calls
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
+    running: dict[int, tuple[Task, float]] = field(default_factory=dict)  # sent, by id: when
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ class Scheduler:
         sent = time.monotonic()
 
         def settle(done: Future[Any]) -> None:
-            self._call_done(slot, done, time.monotonic() - sent)
+            self._call_done(slot, done, time.monotonic() - sent, task)
             error = done.exception()
             if error is not None:
                 fail(task.future, error)
@@ -247,13 +248,15 @@ class Scheduler:
                 self.queue.appendleft(task)
             return
         slot.busy += 1
+        slot.running[id(task)] = (task, sent)
         inner.add_done_callback(settle)
         if task.call.timeout is not None:
             self._watch(task.future, task.call.name, task.call.timeout, channel)
 
-    def _call_done(self, slot: Slot, future: Future[Any], elapsed: float) -> None:
+    def _call_done(self, slot: Slot, future: Future[Any], elapsed: float, task: Task) -> None:
         with self.lock:
             slot.busy -= 1
+            slot.running.pop(id(task), None)
             slot.recent = (
                 elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
             )

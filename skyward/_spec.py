@@ -32,6 +32,9 @@ class PoolSpec(BaseModel):
     ``provision_timeout`` bounds making the machines ready to run workers (creating,
     booting, connecting, bootstrapping); ``start_timeout`` bounds the workers, once the
     machines exist, from spawn to ``Ready`` (their plugins' ``around_app`` included).
+    ``hang_timeout``, in a gang pool (jax), is how long ranks may stay blocked in a collective
+    that the other ranks have left before the call fails with ``CollectiveHang`` (``None``:
+    never).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -46,6 +49,7 @@ class PoolSpec(BaseModel):
     provision_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
     start_timeout: float = Field(default=120.0, gt=0, le=_MAX_SECONDS)
     shutdown_timeout: float = Field(default=10.0, gt=0, le=_MAX_SECONDS)
+    hang_timeout: float | None = Field(default=60.0, gt=0, le=_MAX_SECONDS)
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working

@@ -38,6 +38,7 @@ from skyward._errors import SerializationError  # stdlib-only, like _protocol
 
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
+_orphaned = threading.Event()  # the client went away without a Shutdown
 
 
 class _Link:
@@ -234,11 +235,15 @@ class _Worker:
                 message, parts = self.link.recv()
                 if isinstance(message, proto.Call):
                     self.calls.put((message, parts))
+                elif isinstance(message, proto.StacksRequest):
+                    self.link.send(_stacks(message.request_id))
                 elif isinstance(message, proto.Shutdown):
                     cancel = message.cancel
                     break
         except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
-            # The client is gone; nobody will read results. Leave, but bounded.
+            # The client is gone; nobody will read results. Leave, but bounded, and take
+            # what the calls started along (see _exit).
+            _orphaned.set()
             orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, _exit_orphaned)
             orphan.daemon = True
             orphan.start()
@@ -271,6 +276,32 @@ class _Worker:
             except OSError:
                 return
             del payload  # not kept alive while the next call waits or runs
+
+
+# Threads of the worker's own machinery, left out of stack reports: never where user code is.
+_OWN_THREADS = ("skyward-reader", "skyward-stdout")
+
+
+def _stacks(request_id: int) -> proto.StacksReport:
+    import linecache
+    import time
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    threads = []
+    for ident, frame in sys._current_frames().items():
+        name = names.get(ident, f"thread {ident}")
+        if name in _OWN_THREADS or ident == threading.get_ident():
+            continue
+        frames: list[proto.Frame] = []
+        current: Any = frame
+        while current is not None:
+            code = current.f_code
+            line = current.f_lineno or 0
+            text = linecache.getline(code.co_filename, line).strip()
+            frames.append((code.co_filename, line, code.co_name, text))
+            current = current.f_back
+        threads.append((name, tuple(reversed(frames))))
+    return proto.StacksReport(request_id, tuple(threads), time.process_time())
 
 
 def _exit_orphaned() -> None:
@@ -356,6 +387,8 @@ def _exit(stdout: _StdoutForwarder, code: int) -> None:
     stdout.drain()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
+    if _orphaned.is_set():
+        _exit_orphaned()
     # os._exit: threads that user code or libraries left running must not keep us alive.
     os._exit(code)
 

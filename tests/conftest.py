@@ -23,6 +23,32 @@ from support.processes import describe, our_namespaces, worker_processes
 from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        help="also run the long soak tests, and fuzz configuration with 20x more examples",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from hypothesis import settings
+
+    settings.register_profile("ci", max_examples=150)
+    settings.register_profile("soak", max_examples=3000)
+    settings.load_profile("soak" if config.getoption("--soak") else "ci")
+    config.addinivalue_line("markers", "soak: a long run, only with --soak")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--soak"):
+        return
+    kept = [item for item in items if "soak" not in item.keywords]
+    config.hook.pytest_deselected(items=[i for i in items if "soak" in i.keywords])
+    items[:] = kept
+
+
 # Addresses tests may reach: loopback, and the bridge range of network namespaces that tests
 # create themselves (see TESTBED.md).
 _ALLOWED = [ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128", "10.123.0.0/16")]

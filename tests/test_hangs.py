@@ -1,0 +1,105 @@
+"""Where every node is (``pool.stacks()``), and the hang watch of a gang pool: ranks blocked
+in a collective that the others left fail their call with ``CollectiveHang`` and the gang
+restarts; a long computation is never taken for a hang."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import skyward as sky
+
+
+def long_job(gate: str) -> str:
+    def waiting_for_the_gate() -> None:
+        while not Path(gate).exists():
+            time.sleep(0.02)
+
+    waiting_for_the_gate()
+    return "done"
+
+
+@pytest.mark.timeout(60)
+def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    with sky.ComputePool(nodes=4, quiet=True) as pool:
+        running = pool._broadcast_call(_call(long_job, str(gate)))
+        time.sleep(0.5)
+        stacks = pool.stacks()
+        gate.touch()
+        assert running.result(timeout=30) == ["done"] * 4
+        idle = pool.stacks()
+    assert list(stacks) == [0, 1, 2, 3]
+    for node in range(4):
+        assert "in long_job" in stacks[node] and "in waiting_for_the_gate" in stacks[node]
+        assert "skyward/worker.py" not in stacks[node], "the worker's own frames are left out"
+    assert "── node 3 ──" in str(stacks)
+    assert all(text == "idle (no call running)" for text in idle.values())
+
+
+def _call(fn: object, *args: object) -> object:
+    from skyward._compute import PendingCall
+
+    return PendingCall(fn, args, {})  # type: ignore[arg-type]
+
+
+def _rank_1_lags(seconds: float) -> int:
+    if sky.instance_info().node == 1:
+        time.sleep(seconds)  # plain Python, not a collective
+    return sky.instance_info().node
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_computes_long_after_the_others_is_left_alone() -> None:
+    tied = sky.Plugin(name="tied", gang=True)
+    with sky.ComputePool(nodes=2, plugins=[tied], hang_timeout=1.0, quiet=True) as pool:
+        assert pool.broadcast(_rank_1_lags, 4.0) == [0, 1]
+        assert pool.statistics().workers_replaced == 0
+
+
+# ── a real hang, in jax ──────────────────────────────────────────────────────────────────
+
+
+def one_more_allgather_on_rank_1() -> int:
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    multihost_utils.process_allgather(jnp.ones(1))
+    if sky.instance_info().node == 1:
+        multihost_utils.process_allgather(jnp.ones(1))  # nobody else comes
+    return sky.instance_info().node
+
+
+def allgather() -> list[float]:
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    return [float(x) for x in multihost_utils.process_allgather(jnp.ones(1)).ravel()]
+
+
+@pytest.mark.timeout(240)
+def test_ranks_blocked_in_a_collective_the_others_left_fail_the_call_and_the_gang_restarts() -> (
+    None
+):
+    with sky.ComputePool(
+        nodes=2, plugins=[sky.plugins.jax()], hang_timeout=4.0, quiet=True
+    ) as pool:
+        # A broadcast in which rank 1 runs one more collective than rank 0.
+        started = time.monotonic()
+        with pytest.raises(sky.CollectiveHang) as hang:
+            pool.broadcast(one_more_allgather_on_rank_1)
+        took = time.monotonic() - started
+        assert pool.broadcast(allgather) == [[1.0, 1.0], [1.0, 1.0]]
+        # A call on one node that enters a collective nobody else will.
+        with pytest.raises(sky.CollectiveHang) as alone:
+            pool.run(allgather)
+        assert pool.broadcast(allgather) == [[1.0, 1.0], [1.0, 1.0]]
+    assert hang.value.finished == (0,)
+    assert list(hang.value.blocked) == [1]
+    where = hang.value.blocked[1]
+    assert "in one_more_allgather_on_rank_1" in where and "process_allgather" in where
+    assert "node(s) 1 waited more than hang_timeout (4 s)" in str(hang.value)
+    assert took < 60, "far below jax's own five-minute waits"
+    assert len(alone.value.blocked) == 1
