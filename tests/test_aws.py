@@ -506,3 +506,29 @@ def test_loss_reason_asks_ec2_why_an_instance_ended(moto: MotoServer) -> None:
 )
 def test_state_reasons_read_as_words(reason: dict[str, str], words: str) -> None:
     assert words in describe_reason({"StateReason": reason})
+
+
+def test_what_teardown_cannot_delete_is_named_with_the_command_that_removes_it(
+    moto: MotoServer, iam_user: Callable[[dict[str, Any]], dict[str, str]]
+) -> None:
+    policy = _docs_policy()
+    for statement in policy["Statement"]:
+        statement["Action"] = [a for a in statement["Action"] if a != "ec2:DeleteSecurityGroup"]
+    output = _provision_as(moto, iam_user(policy), "undeletable")
+    _enforce(moto, "inf")
+    assert "STOPPED" in output, output
+    assert "could not delete security group sg-" in output
+    assert "skyward down --pool undeletable" in output
+    left = held(moto, "undeletable")
+    assert left["instances"] == [] and left["key pairs"] == []  # the rest went
+    assert len(left["security groups"]) == 1
+    env = {**os.environ, "AWS_ENDPOINT_URL": moto.url}
+    down = subprocess.run(
+        [str(Path(sys.executable).parent / "skyward"), "down", "--pool", "undeletable", "--yes"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert nothing(held(moto, "undeletable"))
