@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
 
 import skyward as sky
+from skyward._futures import Deadline
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -286,3 +288,33 @@ def test_an_instance_aws_takes_away_is_replaced_and_the_pool_goes_on(
     # (EC2 may give the new instance the address the old one freed.)
     assert after[1] == "ip-" + replacement[0].address.replace(".", "-")
     assert nothing(held(standin_cloud.moto, "reclaimed"))
+
+
+@pytest.mark.timeout(180)
+def test_an_instance_that_ends_while_it_is_reached_fails_the_start_with_why(
+    moto: MotoServer, ssh_hosts: Hosts
+) -> None:
+    # sshd never comes up in time; AWS takes node 1's instance back while it is awaited.
+    with StandInCloud(moto, ssh_hosts, boot_delay=600) as cloud:
+        recorder = Recorder()
+        made = request(deadline=Deadline(150, "provision_timeout (150 s)"))
+
+        reclaimed: list[str] = []
+
+        def reclaim() -> None:
+            cloud.wait_for(
+                lambda: all(recorder.phases_of(n)[-1:] == ["connecting"] for n in (0, 1)),
+                60,
+                "both nodes connecting",
+            )
+            reclaimed.append(held(moto, made.pool)["instances"][1])
+            cloud.ec2.terminate_instances(InstanceIds=reclaimed)
+
+        thread = threading.Thread(target=reclaim, daemon=True)
+        thread.start()
+        with pytest.raises(sky.ProvisionError) as caught:
+            aws(cloud, boot_timeout=600).provision(made, recorder)
+        thread.join(10)
+        assert f"instance {reclaimed[0]} is terminated" in str(caught.value)
+        assert "SSH did not answer" not in "".join(getattr(caught.value, "__notes__", []))
+        assert nothing(held(moto, made.pool))

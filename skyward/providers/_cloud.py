@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from skyward._errors import ProvisionError
+from skyward._futures import Deadline
 from skyward.providers.base import Allocation
 
 A = TypeVar("A", bound=Allocation)
@@ -225,3 +226,28 @@ def _finish(fn: Callable[[], None]) -> BaseException | None:
         except KeyboardInterrupt:
             continue  # see open_or_destroy: the clean-up finishes first
     return errors[0] if errors else None
+
+
+class WatchedDeadline(Deadline):
+    """A deadline that ends with ``parent`` and can also be failed, with a reason, by a watcher
+    of the machines being reached: a spot instance reclaimed while it booted fails the start
+    at once instead of being retried until ``boot_timeout``."""
+
+    def __init__(self, parent: Deadline) -> None:
+        super().__init__(parent.remaining(), parent.what)
+        self._parent = parent
+        self._failure: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    def fail(self, reason: str) -> None:
+        self._failure = reason
+        self.cancel(reason)  # wakes whoever sleeps on this deadline
+
+    def check(self, doing: str) -> None:
+        self._parent.check(doing)
+        if self._failure is not None:
+            raise ProvisionError(f"{doing}: {self._failure}")
+        super().check(doing)

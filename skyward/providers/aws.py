@@ -18,7 +18,9 @@ calls and their error messages live in ``_aws_api``, the resources in ``_aws_res
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import threading
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -34,6 +36,7 @@ from skyward.providers._aws_api import Api, error_code
 from skyward.providers._cloud import (
     DEFAULT_IP_LOOKUP,
     HostKey,
+    WatchedDeadline,
     client_cidr,
     open_or_destroy,
     user_data,
@@ -216,11 +219,22 @@ class AWS(BaseModel):
         assert made.access is not None
         targets = [made.target(instance) for instance in described]
         watched = _Reached(reporter)
+        # An instance that ends while it is being reached (a spot reclaim, its watchdog)
+        # fails the start at once, with EC2's reason, rather than after boot_timeout.
+        deadline = WatchedDeadline(made.request.deadline)
+        stop = threading.Event()
+        threading.Thread(
+            target=_watch_instances,
+            args=(made.api, list(made.instances), deadline, stop),
+            name="skyward-aws-watch",
+            daemon=True,
+        ).start()
         try:
-            return open_hosts(targets, made.access, made.request, watched)
+            request = dataclasses.replace(made.request, deadline=deadline)
+            return open_hosts(targets, made.access, request, watched)
         except (ProvisionError, TimeoutError) as exc:
             silent = [t.target.host for r, t in enumerate(targets) if r not in watched.reached]
-            if silent and not isinstance(exc, HostKeyError):
+            if silent and deadline.failure is None and not isinstance(exc, HostKeyError):
                 exc.add_note(
                     f"Instances {', '.join(silent)} are running, but SSH did not answer from "
                     f"here: check that this machine's address is inside the security "
@@ -228,6 +242,8 @@ class AWS(BaseModel):
                     f"{self.connect} addresses are reachable from this network."
                 )
             raise
+        finally:
+            stop.set()
 
     def _launch(self, api: Api, spec: ec2.LaunchSpec, count: int) -> list[str]:
         try:
@@ -334,3 +350,22 @@ class _Reached:
 
     def status(self, line: str) -> None:
         self._reporter.status(line)
+
+
+def _watch_instances(
+    api: Api, ids: list[str], deadline: WatchedDeadline, stop: threading.Event
+) -> None:
+    """Fail ``deadline`` as soon as one of ``ids`` stops running (until ``stop``)."""
+    while not stop.wait(ec2.POLL):
+        try:
+            answer = api.ec2.describe_instances(InstanceIds=ids)
+        except Exception:
+            continue  # a hint only; the connections' own bounds still hold
+        for reservation in answer["Reservations"]:
+            for instance in reservation["Instances"]:
+                if instance["State"]["Name"] not in ("pending", "running"):
+                    deadline.fail(
+                        f"instance {instance['InstanceId']} is {instance['State']['Name']}: "
+                        f"{ec2.describe_reason(instance)}"
+                    )
+                    return
