@@ -10,7 +10,6 @@ import os
 import secrets
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,9 +18,8 @@ from typing import Any
 import pytest
 import yaml
 from botocore.exceptions import ClientError
-from cryptography.hazmat.primitives import serialization
 from pydantic import ValidationError
-from support.aws import Checkpoint, held, nothing, provider, request
+from support.aws import Checkpoint, held, key_file_of, nothing, provider, request
 from support.moto import MotoServer
 from support.reporter import Recorder
 
@@ -322,21 +320,6 @@ def test_expired_credentials_say_to_renew_them() -> None:
 # ── the leak matrix, up to the SSH stage (the rest is in test_aws_standins.py) ──────────
 
 
-def _key_file_of(public: str) -> Path | None:
-    """The pool key file on this machine whose public half is ``public``."""
-    for candidate in Path(tempfile.gettempdir()).glob("skyward-key-*/id_ed25519"):
-        try:
-            key = serialization.load_ssh_private_key(candidate.read_bytes(), password=None)
-        except (OSError, ValueError):
-            continue
-        mine = key.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-        )
-        if mine.decode() == public.strip():
-            return candidate
-    return None
-
-
 @pytest.mark.parametrize(
     ("step", "made_by_then"),
     [
@@ -359,7 +342,7 @@ def test_a_start_stopped_at_any_step_leaves_nothing(
         keys = moto.client("ec2").describe_key_pairs(
             KeyNames=at_stop["held"]["key pairs"], IncludePublicKey=True
         )["KeyPairs"]
-        at_stop["key file"] = _key_file_of(keys[0]["PublicKey"])
+        at_stop["key file"] = key_file_of(keys[0]["PublicKey"])
 
     made = request(deadline=Checkpoint(step, error=error, reached=look))
     with pytest.raises(type(error)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.aws import Checkpoint, held, nothing, request
+from support.aws import Checkpoint, held, nothing, pool_key_of, request
 from support.aws import standin_provider as aws
 from support.moto import MotoServer
 from support.reporter import Recorder
@@ -202,9 +203,12 @@ def test_a_killed_clients_machines_power_themselves_off_and_down_removes_the_res
         assert client.poll() is None, log.read_text()
         assert all(not s.ended for s in standin_cloud.standins.values()), standin_cloud.events
         assert len(held(standin_cloud.moto, "orphan")["instances"]) == 2
+        key_file = pool_key_of(standin_cloud.moto, "orphan")
+        assert key_file is not None
     finally:
         client.kill()
         client.wait(30)
+    shutil.rmtree(key_file.parent)  # a killed client cannot delete its pool key
     standin_cloud.wait_for(
         lambda: all(s.ended for s in standin_cloud.standins.values()),
         90,
@@ -237,9 +241,12 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
         client = _client(cloud, "http://127.0.0.1:9/simple/", "killed", log)
         try:
             _wait_for_line(log, "connecting", client, 120)
+            key_file = pool_key_of(moto, "killed")
+            assert key_file is not None
         finally:
             client.kill()
             client.wait(30)
+        shutil.rmtree(key_file.parent)  # a killed client cannot delete its pool key
         left = held(moto, "killed")
         assert len(left["instances"]) == 2, log.read_text()
         listed = _skyward(moto, "ls")

@@ -5,8 +5,12 @@ for a pool."""
 from __future__ import annotations
 
 import secrets
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from cryptography.hazmat.primitives import serialization
 
 import skyward as sky
 from skyward._futures import Deadline
@@ -116,3 +120,26 @@ def held(moto: MotoServer, pool: str) -> dict[str, list[str]]:
 
 def nothing(holdings: dict[str, list[str]]) -> bool:
     return not any(holdings.values())
+
+
+def key_file_of(public: str) -> Path | None:
+    """The pool key file on this machine whose public half is ``public``."""
+    for candidate in Path(tempfile.gettempdir()).glob("skyward-key-*/id_ed25519"):
+        try:
+            key = serialization.load_ssh_private_key(candidate.read_bytes(), password=None)
+        except (OSError, ValueError):
+            continue
+        mine = key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        if mine.decode() == public.strip():
+            return candidate
+    return None
+
+
+def pool_key_of(moto: MotoServer, pool: str) -> Path | None:
+    """The pool key file on this machine behind ``pool``'s key pair in moto."""
+    ec2 = moto.client("ec2")
+    tag = [{"Name": "tag:skyward-pool", "Values": [pool]}]
+    keys = ec2.describe_key_pairs(Filters=tag, IncludePublicKey=True)["KeyPairs"]
+    return key_file_of(keys[0]["PublicKey"]) if keys else None

@@ -139,9 +139,10 @@ class StandInCloud:
         for standin in booted:
             assert standin.sandbox is not None
             if not standin.sandbox.alive:
-                standin.ended = standin.sandbox.power_state() or "failed"
-                if standin.ended in ("poweroff", "signal-INT"):
+                state = standin.sandbox.power_state() or "failed"
+                if state in ("poweroff", "signal-INT"):
                     self._power_off(standin)
+                standin.ended = state  # after EC2 was told: tests read moto once they see it
                 self._remove(standin)
 
     def _power_off(self, standin: StandIn) -> None:
