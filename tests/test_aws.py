@@ -178,7 +178,7 @@ def test_the_group_lets_in_ssh_from_the_cidr_only_and_everything_from_itself(
 def test_the_key_pair_is_the_pools_own_and_the_user_data_pins_a_host_key(
     moto: MotoServer,
 ) -> None:
-    seen, _ = _stopped_after_launch(moto, provider(moto, idle_timeout=600))
+    seen, _ = _stopped_after_launch(moto, provider(moto, idle_timeout=600, boot_timeout=900))
     (key,) = seen["keys"]
     assert key["KeyType"] == "ed25519"
     document = yaml.safe_load(seen["user_data"])
@@ -186,7 +186,7 @@ def test_the_key_pair_is_the_pools_own_and_the_user_data_pins_a_host_key(
     assert document["ssh_authorized_keys"] == [key["PublicKey"].strip()]
     assert document["ssh_keys"]["ed25519_public"].startswith("ssh-ed25519 ")
     runcmd = " ".join(" ".join(c) for c in document["runcmd"])
-    assert f"{WATCHDOG_PATH} 600 22" in runcmd
+    assert f"{WATCHDOG_PATH} 600 22 10 900" in runcmd  # waits boot_timeout for a first client
 
 
 def test_a_private_pool_gets_no_public_address_and_auto_ssh_is_the_vpc(

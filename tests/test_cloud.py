@@ -76,13 +76,15 @@ def test_user_data_writes_and_starts_the_watchdog_with_the_idle_timeout(
     assert "ClientAliveInterval" in files[cloud.SSHD_DROPIN_PATH]["content"]
     started = [" ".join(c) for c in document["runcmd"] if cloud.WATCHDOG_PATH in " ".join(c)]
     assert len(started) == 1
-    assert f"{cloud.WATCHDOG_PATH} 90 22 10 " in started[0]
+    assert f"{cloud.WATCHDOG_PATH} 90 22 10 90 " in started[0]  # first client: same bound
 
 
 # ── the watchdog itself, in a sandbox ──────────────────────────────────────────────────
 
 
-def _watchdog_box(directory: Path, port: int, idle: int = 1) -> tuple[Sandbox, Path]:
+def _watchdog_box(
+    directory: Path, port: int, idle: int = 1, first: int | None = None
+) -> tuple[Sandbox, Path]:
     """The watchdog in a sandbox, with `sleep` counting its rounds in ``counter``."""
     tools = directory / "bin"
     tools.mkdir(parents=True)
@@ -93,7 +95,8 @@ def _watchdog_box(directory: Path, port: int, idle: int = 1) -> tuple[Sandbox, P
         tool.chmod(0o755)
     script = directory / "watchdog"
     script.write_text(cloud.watchdog_script())
-    main = f"PATH={tools}:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\nsh {script} {idle} {port} 1\n"
+    bounds = f"{idle} {port} 1" + ("" if first is None else f" {first}")
+    main = f"PATH={tools}:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\nsh {script} {bounds}\n"
     return Sandbox(directory / "box", main), counter
 
 
@@ -132,6 +135,32 @@ def test_watchdog_never_stops_a_machine_whose_client_is_attached(tmp_path: Path)
         finally:
             client.close()
             accepted.close()
+            sandbox.stop()
+
+
+@pytest.mark.timeout(90)
+def test_watchdog_waits_longer_for_the_first_client_then_keeps_the_idle_bound(
+    tmp_path: Path,
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        sandbox, counter = _watchdog_box(tmp_path, port, idle=1, first=600)
+        try:
+            # Five rounds without any client: past the idle bound, within the first one.
+            end = time.monotonic() + 40
+            while _rounds(counter) < 5 and sandbox.alive and time.monotonic() < end:
+                time.sleep(0.1)
+            assert sandbox.alive, sandbox.power_state()
+            client = socket.create_connection(listener.getsockname())
+            accepted, _ = listener.accept()
+            seen = _rounds(counter)
+            while _rounds(counter) < seen + 2 and time.monotonic() < end:
+                time.sleep(0.1)  # the watchdog has seen the client
+            client.close()
+            accepted.close()
+            assert sandbox.wait(30) == 0  # now the idle bound (1 s) applies
+            assert sandbox.power_state() == "poweroff"
+        finally:
             sandbox.stop()
 
 

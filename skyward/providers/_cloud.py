@@ -77,18 +77,20 @@ class HostKey:
 
 
 def watchdog_script() -> str:
-    """The idle watchdog: ``skyward-watchdog IDLE_SECONDS [PORT] [EVERY_SECONDS]``.
+    """The idle watchdog: ``skyward-watchdog IDLE [PORT] [EVERY] [FIRST]`` (seconds).
 
     Time is read from ``/proc/uptime``, which the clock synchronised at boot cannot make
-    jump. The boot itself counts as activity: a client that never arrives (it crashed while
-    creating the pool) leaves the machine ``IDLE_SECONDS`` after the watchdog started.
+    jump. Until a first client arrives the bound is ``FIRST`` (default ``IDLE``): a machine
+    waits for its client as long as the client waits for it, and one whose client never
+    comes (it crashed while creating the pool) still goes ``FIRST`` seconds after boot.
     """
     return r"""#!/bin/sh
 # Skyward idle watchdog: power this machine off when no SSH client has been connected to
 # port PORT for IDLE seconds. Started by cloud-init (runcmd); needs only sh and /proc.
-idle=${1:?usage: skyward-watchdog IDLE_SECONDS [PORT] [EVERY_SECONDS]}
+idle=${1:?usage: skyward-watchdog IDLE_SECONDS [PORT] [EVERY_SECONDS] [FIRST_CLIENT_SECONDS]}
 port=${2:-22}
 every=${3:-10}
+bound=${4:-$idle}  # until the first client has come
 suffix=$(printf ':%04X' "$port")
 
 say() {
@@ -114,13 +116,14 @@ attached() {
     return 1
 }
 
-say "powering off after ${idle}s without an SSH client on port $port"
+say "powering off after ${idle}s without an SSH client on port $port (${bound}s for the first)"
 last=$(uptime_s)
 while :; do
     now=$(uptime_s)
     if attached; then
         last=$now
-    elif [ $((now - last)) -ge "$idle" ]; then
+        bound=$idle
+    elif [ $((now - last)) -ge "$bound" ]; then
         say "no SSH client for $((now - last))s: powering off"
         poweroff || shutdown -h now || halt -p
         sleep 60
@@ -135,12 +138,16 @@ def user_data(
     host_key: HostKey,
     authorized_key: str,
     idle_timeout: float,
+    first_client_timeout: float | None = None,
     ssh_port: int = 22,
 ) -> str:
-    """The ``#cloud-config`` a pool's machines boot with."""
+    """The ``#cloud-config`` a pool's machines boot with. The watchdog powers a machine off
+    after ``idle_timeout`` without an SSH client, or ``first_client_timeout`` (default: the
+    same) while it waits for its first one."""
     idle = max(1, round(idle_timeout))
+    first = max(idle, round(first_client_timeout or 0))
     every = max(1, min(10, idle // 6))  # notice idleness within about a sixth of the bound
-    watchdog = shlex.join([WATCHDOG_PATH, str(idle), str(ssh_port), str(every)])
+    watchdog = shlex.join([WATCHDOG_PATH, str(idle), str(ssh_port), str(every), str(first)])
     config = {
         # Only the host key we made: the image's keys are deleted, and cloud-init generates
         # none when ssh_keys is given (its schema refuses an empty ssh_genkeytypes).

@@ -199,7 +199,11 @@ class AWS(BaseModel):
             security_group=group,
             key_name=name,
             user_data=user_data(
-                host_key=host_key, authorized_key=key.public, idle_timeout=self.idle_timeout
+                host_key=host_key,
+                authorized_key=key.public,
+                idle_timeout=self.idle_timeout,
+                # A machine waits for its first client as long as the client waits for it.
+                first_client_timeout=self.boot_timeout,
             ),
             public_ip=self.connect == "public",
             spot=self.spot,
