@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 
 # public name -> the private module that defines it
 _EXPORTS: dict[str, str] = {
+    "AWS": "skyward.providers.aws",
     "Allocation": "skyward.providers.base",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
@@ -105,6 +106,7 @@ if TYPE_CHECKING:
     from skyward._scheduler import PoolStatistics
     from skyward._spec import PoolSpec, Worker
     from skyward._stacks import Stacks
+    from skyward.providers.aws import AWS
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local
     from skyward.providers.ssh import SSH

@@ -8,6 +8,7 @@ import sys
 import skyward as sky
 
 EXPECTED = [
+    "AWS",
     "Allocation",
     "BootstrapError",
     "CallGroup",
