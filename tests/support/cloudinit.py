@@ -26,13 +26,11 @@ def schema() -> dict[str, Any]:
         _CACHE.mkdir(parents=True, exist_ok=True)
         for old in _CACHE.glob("cloud-init_*.deb"):
             old.unlink()
-        subprocess.run(
-            ["apt-get", "download", "-q", "cloud-init"],
-            cwd=_CACHE,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        download = ["apt-get", "download", "-q", "cloud-init"]
+        if subprocess.run(download, cwd=_CACHE, capture_output=True, timeout=120).returncode:
+            # A fresh machine has no package lists yet.
+            subprocess.run(["apt-get", "update", "-qq"], check=True, timeout=300)
+            subprocess.run(download, cwd=_CACHE, check=True, capture_output=True, timeout=120)
         (package,) = _CACHE.glob("cloud-init_*.deb")
         subprocess.run(
             ["dpkg-deb", "-x", str(package), str(_CACHE / "root")], check=True, timeout=60
