@@ -134,6 +134,7 @@ class Channel:
         on_broken: Callable[[Channel], None] | None = None,
         on_frame: Callable[[Channel, Any, proto.Parts], None] = lambda *_: None,
         on_result: Callable[[int], None] | None = None,
+        diagnose: Callable[[int], str | None] | None = None,
     ) -> None:
         self.node = node
         self.pid: int | None = None
@@ -143,6 +144,7 @@ class Channel:
         self._on_broken = on_broken
         self._on_frame = on_frame  # Shared, Yield, Want: for the pool (_stream.route)
         self._on_result = on_result  # before a result is handed over: flush partial output
+        self._diagnose = diagnose  # why a node's link dropped, if its provider can tell
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
         self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
@@ -406,6 +408,9 @@ class Channel:
         self._transport.kill()
         self._stderr_thread.join(_EXIT_STATUS_TIMEOUT)
         tail = "\n".join(self._stderr_tail)
+        link = self._transport.link_lost()
+        # A dropped link: the provider may know why (a reclaimed spot VM); asked unlocked.
+        why = self._diagnose(self.node) if link is not None and self._diagnose else None
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
@@ -414,11 +419,12 @@ class Channel:
             closing = self._closing
             running = ", ".join(name for name, _ in pending) or "no calls"
             doing = f"running {running}" if self._ready else "starting (before Ready)"
-            link = self._transport.link_lost()
             if link is not None:
                 message = (
                     f"node {self.node}: {link}; lost the worker (pid {self.pid}) while {doing}"
                 )
+                if why:
+                    message += f"; {why}"
             else:
                 message = (
                     f"node {self.node}: the worker (pid {self.pid}) ended with "

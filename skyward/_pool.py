@@ -276,6 +276,7 @@ class ComputePool(PoolCalls, PoolCollections):
             on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
             on_broken=lambda ch: self._broken(slot, ch),
             on_result=self._console.flush,
+            diagnose=self._machines.loss_reason,
             on_frame=lambda ch, message, parts: route(self._shared, ch, message, parts),
         )
         with self._lock:

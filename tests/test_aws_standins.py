@@ -278,7 +278,13 @@ def test_an_instance_aws_takes_away_is_replaced_and_the_pool_goes_on(
         before = pool.broadcast(lambda: os.uname().nodename)
         first = {s.address: s.instance for s in standin_cloud.standins.values()}
         lost = first["-".join(before[1].split("-")[1:]).replace("-", ".")]
+        # A call in flight on node 1 when its machine goes.
+        in_flight = pool._broadcast_call(_pending(_sleep_on, 1))
+        time.sleep(0.5)
         standin_cloud.ec2.terminate_instances(InstanceIds=[lost])  # AWS reclaims node 1
+        failure = in_flight.exception(timeout=120)
+        assert isinstance(failure, sky.WorkerLost)
+        assert f"instance {lost} is" in str(failure), "EC2's reason is in the message"
         end = time.monotonic() + 180
         while time.monotonic() < end:
             stats = pool.statistics()
@@ -325,3 +331,14 @@ def test_an_instance_that_ends_while_it_is_reached_fails_the_start_with_why(
         assert f"instance {reclaimed[0]} is terminated" in str(caught.value)
         assert "SSH did not answer" not in "".join(getattr(caught.value, "__notes__", []))
         assert nothing(held(moto, made.pool))
+
+
+def _pending(fn: object, *args: object) -> object:
+    from skyward._compute import PendingCall
+
+    return PendingCall(fn, args, {})  # type: ignore[arg-type]
+
+
+def _sleep_on(rank: int) -> None:
+    if sky.instance_info().node == rank:
+        time.sleep(600)

@@ -164,6 +164,12 @@ class Allocation:
         old node any more."""
         raise NotImplementedError(f"{type(self).__name__} cannot replace a machine")
 
+    def loss_reason(self, rank: int) -> str | None:
+        """Why node ``rank``'s machine is gone (``"reclaimed by AWS (spot interruption)"``),
+        when the provider can tell; ``None`` otherwise. Asked when a node's link drops, and
+        added to the ``WorkerLost`` its calls get."""
+        return None
+
     def release(self) -> None:
         """Delete the pool-wide resources, after every node is closed. Default: none."""
 
