@@ -163,4 +163,44 @@ class Machines:
         with self._lock:
             allocation = self._allocation
         if allocation is not None:
-            allocation.terminate()
+            self._shielded(allocation)
+
+    def _shielded(self, allocation: Allocation) -> None:
+        """``allocation.terminate()`` on a thread of its own, so that one Ctrl-C (often
+        pressed again while a cloud takes a minute to delete things) does not stop it
+        half-way: the first is noted and the wait goes on; a second leaves, and says what
+        may be left."""
+        errors: list[BaseException] = []
+        # An Event, not Thread.join: on Python 3.11 a join interrupted by Ctrl-C marks the
+        # thread as stopped while it still runs.
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                allocation.terminate()
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="skyward-terminate").start()
+        interrupted = False
+        while not done.is_set():
+            try:
+                done.wait(0.2)
+            except KeyboardInterrupt:
+                if interrupted:
+                    _log.warning(
+                        "pool %s: left while its machines were being destroyed; "
+                        "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
+                        self._pool,
+                        self._pool,
+                    )
+                    raise
+                interrupted = True
+                self._reporter.status(
+                    f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
+                    f"now (then `skyward down --pool {self._pool}`)"
+                )
+        if errors:
+            raise errors[0]

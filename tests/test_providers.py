@@ -391,3 +391,54 @@ def test_a_lost_machine_is_replaced_and_the_pool_goes_on() -> None:
     assert after[0] == before[0] and after[1] != before[1]
     assert provider.allocations[0].terminated
     assert not worker_processes()
+
+
+# ── a Ctrl-C while a cloud deletes things does not stop it half-way ─────────────────────
+
+
+class _SlowRelease(Allocation):
+    def __init__(self, nodes: list[Any]) -> None:
+        super().__init__(nodes)
+        self.releasing = threading.Event()
+        self.released = False
+
+    def release(self) -> None:
+        self.releasing.set()
+        time.sleep(1.5)
+        self.released = True
+
+
+class _SlowReleaseProvider:
+    kind = "slow-release"
+
+    def __init__(self) -> None:
+        self.allocation: _SlowRelease | None = None
+
+    def check(self, request: Any) -> None:
+        pass
+
+    def provision(self, request: Any, reporter: Any) -> Allocation:
+        nodes = sky.Local().provision(request, reporter).nodes
+        self.allocation = _SlowRelease(nodes)
+        return self.allocation
+
+    def inventory(self) -> None:
+        return None
+
+
+def test_one_ctrl_c_during_teardown_does_not_stop_the_deletion() -> None:
+    import signal
+
+    provider = _SlowReleaseProvider()
+    pool = sky.ComputePool(provider=provider, quiet=True).start()
+    assert provider.allocation is not None
+    allocation = provider.allocation
+
+    def interrupt() -> None:
+        allocation.releasing.wait(30)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    pool.close()  # the Ctrl-C lands while release() runs; close goes on to the end
+    assert allocation.released
+    assert pool.statistics().state == "closed"
