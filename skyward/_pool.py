@@ -130,6 +130,7 @@ class ComputePool(PoolCalls, PoolCollections):
         self._state: State = "new"  # guarded by the scheduler's lock
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
         self._hurry = False  # a close(wait=False) came while another close was draining
+        self._opening = 0  # workers being spawned now; a close waits for them
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
         self._shared = SharedState()  # sky.dict(...) and the rest (_collections)
         self._started_at = 0.0
@@ -268,8 +269,22 @@ class ComputePool(PoolCalls, PoolCollections):
         with self._lock:
             if self._state in ("closing", "closed"):
                 raise PoolClosed(f"pool {self.name!r} is closing")
+            # A close waits for spawns under way (see _teardown): a worker started while the
+            # pool closes is then one the close sees, and stops with the others.
+            self._opening += 1
+        try:
+            channel = self._spawn(slot)
+            with self._lock:
+                self._pending_channels.add(channel)
+        finally:
+            with self._lock:
+                self._opening -= 1
+                self._scheduler.idle.notify_all()
+        return channel
+
+    def _spawn(self, slot: Slot) -> Channel:
         transport = self._machines.spawn(slot, self.image.env, replace=self._state == "running")
-        channel = Channel(
+        return Channel(
             transport,
             node=slot.rank,
             output=self._console.output,
@@ -279,14 +294,6 @@ class ComputePool(PoolCalls, PoolCollections):
             diagnose=self._machines.loss_reason,
             on_frame=lambda ch, message, parts: route(self._shared, ch, message, parts),
         )
-        with self._lock:
-            closing = self._state in ("closing", "closed")
-            if not closing:
-                self._pending_channels.add(channel)
-        if closing:  # closed while it spawned: the teardown did not see this one
-            channel.kill("the pool is closing")
-            raise PoolClosed(f"pool {self.name!r} is closing")
-        return channel
 
     def close(self, *, wait: bool = True) -> None:
         """Stop every worker and destroy the nodes. Idempotent; returns once the pool is
@@ -333,10 +340,13 @@ class ComputePool(PoolCalls, PoolCollections):
         self._shared.close()  # waiters in shared collections get PoolClosed
         with self._lock:
             self._state = "closing"
+        self._machines.cancel(f"pool {self.name!r} was closed")  # a replacement stops
+        with self._lock:
+            while self._opening:  # bounded by the spawns' own connect and provision bounds
+                self._scheduler.idle.wait(0.5)
             queued = self._scheduler.take_all()
             channels = self._scheduler.channels() + list(self._pending_channels)
             self._pending_channels.clear()
-        self._machines.cancel(f"pool {self.name!r} was closed")
         try:
             self._recovery.timeouts.stop()
             if self._hangs is not None:
