@@ -144,6 +144,7 @@ class Channel:
     ) -> None:
         self.node = node
         self.pid: int | None = None
+        self.relay_port: int | None = None  # where peers relay broadcasts to it (Ready)
         self._transport = transport
         self._output = output
         self._on_lost = on_lost
@@ -198,6 +199,7 @@ class Channel:
         message = self._next_control(deadline, "enter its plugins")
         if not isinstance(message, proto.Ready):
             raise ChannelError(f"node {self.node}: expected Ready, got {message!r}")
+        self.relay_port = message.relay_port
         self._ready = True
 
     def _next_control(self, deadline: Deadline, doing: str) -> object:
@@ -213,19 +215,31 @@ class Channel:
 
     # ── calls ────────────────────────────────────────────────────────────────────────────
 
-    def submit(self, name: str, payload: proto.Parts, future: Future[Any]) -> bool:
+    def submit(
+        self,
+        name: str,
+        payload: proto.Parts,
+        future: Future[Any],
+        relay: proto.Relay | None = None,
+    ) -> bool:
         """Queue one call; ``future`` gets its result, its exception, or ``WorkerLost``.
 
         Returns at once. False if the link is already broken: the call was not taken, and
-        ``future`` is untouched, so the caller can send it elsewhere.
+        ``future`` is untouched, so the caller can send it elsewhere. With ``relay``, the
+        call is part of a relayed broadcast; ``payload`` is not sent if it is ``inbound``.
         """
         with self._lock:
             if self.broken:
                 return False
             call_id = next(self._ids)
             self._pending[call_id] = (name, future)
-        self._send(proto.Call(call_id, name), payload)
+        inbound = relay is not None and relay.inbound
+        self._send(proto.Call(call_id, name, relay), None if inbound else payload)
         return True
+
+    def abort_relay(self, token: bytes, node: int, reason: str) -> None:
+        """Tell the worker that node ``node`` of relay ``token`` was lost."""
+        self._send(proto.RelayAbort(token, node, reason))
 
     def request_stacks(self) -> Future[proto.StacksReport]:
         """Ask the worker for every thread's stack; answered even while calls run."""

@@ -36,19 +36,51 @@ _MAX_PARTS = 1 << 16
 
 @dataclass(frozen=True)
 class Start:
-    """Everything a worker needs before its first call; payload: the plugins, in order."""
+    """Everything a worker needs before its first call; payload: the plugins, in order.
+
+    ``relay_key``: when not empty, the worker listens for relayed payloads from its peers
+    (see ``Relay``), which must present this pool's secret first; its port is in ``Ready``.
+    """
 
     info: Any  # InstanceInfo; typed loosely so this module stays import-light
     sys_path: list[str]
     concurrency: int
+    relay_key: bytes = b""
+
+
+@dataclass(frozen=True)
+class Relay:
+    """A broadcast's payload that crosses the client's link once and is relayed between the
+    pool's nodes (``skyward._relay``).
+
+    ``token`` names the broadcast. The node whose ``Call`` frame carries the payload sends it
+    on, as it arrives, to the first of ``chain`` (rank, address, port), which sends it to
+    the next, and so on. A node with ``inbound`` gets a frame without payload: its payload
+    arrives on its relay port from the node before it.
+    """
+
+    token: bytes
+    chain: tuple[tuple[int, str, int], ...] = ()
+    inbound: bool = False
 
 
 @dataclass(frozen=True)
 class Call:
-    """Run a function; payload: ``(fn, args, kwargs)``."""
+    """Run a function; payload: ``(fn, args, kwargs)``, or none when ``relay.inbound``."""
 
     call_id: int
     name: str
+    relay: Relay | None = None
+
+
+@dataclass(frozen=True)
+class RelayAbort:
+    """A node of relay ``token`` was lost: a node whose payload has not fully arrived fails
+    its call with ``WorkerLost`` naming ``node``, instead of waiting for it forever."""
+
+    token: bytes
+    node: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -84,7 +116,10 @@ class Hello:
 
 @dataclass(frozen=True)
 class Ready:
-    """Every plugin's ``around_app`` has been entered; calls may come."""
+    """Every plugin's ``around_app`` has been entered; calls may come. ``relay_port``: where
+    peers send this worker relayed payloads (when ``Start.relay_key`` asked for it)."""
+
+    relay_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -239,12 +274,18 @@ def read_exact(readinto: Callable[[memoryview], int | None], size: int) -> bytea
 
 def read_frame(readinto: Callable[[memoryview], int | None]) -> tuple[Any, Parts]:
     """Read one frame; return the message and its payload parts (maybe empty)."""
+    message, lengths = read_message(readinto)
+    return message, [read_exact(readinto, n) for n in lengths]
+
+
+def read_message(readinto: Callable[[memoryview], int | None]) -> tuple[Any, tuple[int, ...]]:
+    """Read a frame's header and message; return the message and the lengths of its payload
+    parts, which the caller reads next (all of them, in order)."""
     (count,) = _COUNT.unpack(read_exact(readinto, _COUNT.size))
     if not 0 < count <= _MAX_PARTS:
         raise EOFError(f"corrupt frame header ({count} parts); something else wrote here")
     lengths = struct.unpack(f"!{count}Q", read_exact(readinto, 8 * count))
-    parts: Parts = [read_exact(readinto, n) for n in lengths]
-    return pickle.loads(parts[0]), parts[1:]
+    return pickle.loads(read_exact(readinto, lengths[0])), lengths[1:]
 
 
 def python_version() -> tuple[int, int, int]:

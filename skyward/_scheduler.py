@@ -28,6 +28,7 @@ from skyward._channel import Channel
 from skyward._compute import PendingCall
 from skyward._console import Route
 from skyward._errors import WorkerLost
+from skyward._fanout import Fanout
 from skyward._futures import CallFuture, fail, resolve
 from skyward._info import InstanceInfo
 from skyward.providers.base import Node
@@ -49,6 +50,7 @@ class Task:
     route: Route | None = None  # where its output goes (the Jupyter cell that submitted it)
     prefetch: bool = False  # part of a map: may wait on a worker behind another call
     siblings: Sequence[Future[Any]] = ()  # a broadcast's parts, this one's future included
+    relay: proto.Relay | None = None  # its part in a relayed broadcast, for its first send
 
 
 @dataclass(eq=False)
@@ -123,6 +125,7 @@ class Scheduler:
         self._watch = watch
         self._accepting = accepting
         self._pumping = False
+        self.fanout = Fanout()  # relayed broadcasts in flight
         # Gang broadcasts: parts sent or held and not finished, and whole broadcasts waiting
         # for them to finish (call, payload, route, futures).
         self._gang_running = 0
@@ -164,6 +167,7 @@ class Scheduler:
         wait = self._gang and not all(s.ready or s.lost is not None for s in self.slots)
         if self._gang:  # counted before any part can finish, so the count reaches 0 last
             self._gang_running += len(futures)
+        now: list[tuple[Slot, Task]] = []
         for slot, future in zip(self.slots, futures, strict=True):
             task = Task(call, payload, future, broadcast=True, route=route, siblings=futures)
             if slot.lost is not None:
@@ -171,10 +175,35 @@ class Scheduler:
             elif wait or not slot.ready:
                 slot.backlog.append(task)  # its worker (or its gang) is being replaced
             else:
+                now.append((slot, task))
+        if self.fanout.worth_it(payload, [slot.channel for slot, _ in now]):
+            self._relay(now, futures)
+        else:
+            for slot, task in now:
                 self.send(slot, task)
         if self._gang:
             for future in futures:
                 future.add_done_callback(self._gang_part_done)
+
+    def _relay(self, parts: list[tuple[Slot, Task]], futures: list[Future[Any]]) -> None:
+        """Send a broadcast's payload over the client's link once, to the first node, which
+        relays it to the others (``_fanout``); they get their calls first, without it."""
+        token = self.fanout.token()
+        (first, first_task), rest = parts[0], parts[1:]
+        receivers: list[tuple[int, str, Channel]] = []
+        for slot, task in rest:
+            task.relay = proto.Relay(token, inbound=True)
+            channel = slot.channel
+            if self.send(slot, task) and channel is not None:
+                receivers.append((slot.rank, slot.node.address, channel))
+        first_task.relay = self.fanout.chain(token, receivers)
+        root = first.channel
+        if not self.send(first, first_task) or root is None:
+            for _, _, channel in receivers:  # held for a new worker: it will not relay
+                channel.abort_relay(token, first.rank, f"node {first.rank}'s link broke")
+            return
+        channels = [root] + [channel for _, _, channel in receivers]
+        self.fanout.started(token, channels, futures, self.lock)
 
     def _gang_part_done(self, _: Future[Any]) -> None:
         with self.lock:
@@ -213,12 +242,13 @@ class Scheduler:
         while self.queue:
             fail(self.queue.popleft().future, lost)
 
-    def send(self, slot: Slot, task: Task) -> None:
-        """Hand one task to ``slot``'s worker. Lock held; never blocks (see Channel)."""
+    def send(self, slot: Slot, task: Task) -> bool:
+        """Hand one task to ``slot``'s worker; whether it took it. Lock held; never blocks
+        (see Channel)."""
         if task.future.done():
-            return  # cancelled while queued, or timed out before a retry
+            return False  # cancelled while queued, or timed out before a retry
         if not task.future.running() and not task.future.set_running_or_notify_cancel():
-            return
+            return False
         assert slot.channel is not None
         channel = slot.channel
         # The channel settles an inner future; the pool's books are updated before the
@@ -238,20 +268,22 @@ class Scheduler:
 
         # Before the worker can print anything for this call.
         self._bind_output(slot.rank, task.route)
-        if not channel.submit(task.call.name, task.payload, inner):
+        if not channel.submit(task.call.name, task.payload, inner, task.relay):
             # The worker broke a moment ago; on_broken is on its way. Take the node out of
             # rotation now and put the call back: it has not run anywhere.
             slot.ready = False
+            task.relay = None  # sent again later, it goes direct
             if task.broadcast:
                 slot.backlog.append(task)
             else:
                 self.queue.appendleft(task)
-            return
+            return False
         slot.busy += 1
         slot.running[id(task)] = (task, sent)
         inner.add_done_callback(settle)
         if task.call.timeout is not None:
             self._watch(task.future, task.call.name, task.call.timeout, channel)
+        return True
 
     def _call_done(self, slot: Slot, future: Future[Any], elapsed: float, task: Task) -> None:
         with self.lock:

@@ -17,6 +17,7 @@ their new workers the InstanceInfo their nodes already have, so they rejoin the 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from collections.abc import Callable, Sequence
 
@@ -47,6 +48,9 @@ class Startup:
         self._reporter = reporter
         self._open_channel = open_channel
         self._hooked = [p.name for p in spec.plugins if p.around_app is not None]
+        # The secret peers present on each other's relay ports (skyward._relay); one per
+        # pool, sent over each node's own link.
+        self._relay_key = secrets.token_bytes(32)
 
     def bring_up(
         self,
@@ -117,10 +121,14 @@ class Startup:
 
     def _start_message(self, slot: Slot) -> proto.Start:
         assert slot.info is not None
+        # Nodes that do not share the client's machine relay large broadcasts between
+        # them (the client's link is then the slow one); local workers never do.
+        relays = not slot.node.shares_files and self._spec.nodes > 1
         return proto.Start(
             info=slot.info,
             sys_path=client_sys_path() if slot.node.shares_files else [],
             concurrency=self._spec.concurrency,
+            relay_key=self._relay_key if relays else b"",
         )
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from skyward import _protocol as proto
 from skyward._errors import SerializationError  # stdlib-only, like _protocol
+from skyward._relay import Relays  # stdlib-only too
 
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
@@ -48,6 +49,7 @@ class _Link:
         self._in = io.BufferedReader(io.FileIO(in_fd, "rb", closefd=False), 1 << 16)
         self._out_fd = out_fd
         self._send_lock = threading.Lock()  # guards: one whole frame at a time on out_fd
+        self.relays: Relays | None = None  # set at Start when the pool relays broadcasts
 
     def send(self, message: object, payload: proto.Parts | None = None) -> None:
         parts = proto.frame(message, payload)
@@ -55,7 +57,13 @@ class _Link:
             proto.write_parts(self._out_fd, parts)
 
     def recv(self) -> tuple[Any, proto.Parts]:
-        return proto.read_frame(self._in.readinto)
+        message, lengths = proto.read_message(self._in.readinto)
+        relay = getattr(message, "relay", None)
+        if relay is not None and relay.chain and self.relays is not None:
+            # A broadcast's payload, passed on down the relay chain as it arrives (_relay).
+            parts = self.relays.forward_from(relay.token, relay.chain, lengths, self._in.readinto)
+            return message, [*parts]
+        return message, [proto.read_exact(self._in.readinto, n) for n in lengths]
 
 
 class _StdoutForwarder:
@@ -142,7 +150,14 @@ def _function(data: bytes) -> Any:
     return fn
 
 
-def _run_call(message: proto.Call, parts: proto.Parts) -> tuple[bool, proto.Parts]:
+def _run_call(
+    message: proto.Call, parts: proto.Parts, relays: Relays | None
+) -> tuple[bool, proto.Parts]:
+    if message.relay is not None and message.relay.inbound and relays is not None:
+        try:  # the payload comes from the node before this one in the relay
+            parts = [*relays.take(message.relay.token)]
+        except BaseException as exc:  # WorkerLost: a node before this one was lost
+            return False, proto.encode_error(exc)
     try:
         function, args, kwargs = proto.loads(parts)
         fn = _function(function)
@@ -237,6 +252,8 @@ class _Worker:
                     self.calls.put((message, parts))
                 elif isinstance(message, proto.StacksRequest):
                     self.link.send(_stacks(message.request_id))
+                elif isinstance(message, proto.RelayAbort) and self.link.relays is not None:
+                    self.link.relays.abort(message.token, message.node, message.reason)
                 elif isinstance(message, proto.Shutdown):
                     cancel = message.cancel
                     break
@@ -264,7 +281,7 @@ class _Worker:
         while (item := self.calls.get()) is not None:
             message, parts = item
             with self.interruptible() if main else contextlib.nullcontext():
-                ok, payload = _run_call(message, parts)
+                ok, payload = _run_call(message, parts, self.link.relays)
             del parts, item
             if not ok and self.cancelled:
                 # Interrupted by a cancelling shutdown: the client fails this call with
@@ -364,6 +381,9 @@ def main(argv: list[str] | None = None) -> None:
         if path not in sys.path:
             sys.path.append(path)
     _info._set_current(message.info)
+    if message.relay_key:
+        info = message.info
+        link.relays = Relays(info.node, message.relay_key, info.peers[info.node])
     worker = _Worker(link, stdout, message.concurrency)
     worker.start_reader()
     with ExitStack() as stack:
@@ -376,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
             stack.close()
             _exit(stdout, 1)
         del parts
-        link.send(proto.Ready())
+        link.send(proto.Ready(relay_port=link.relays.port if link.relays else None))
         worker.serve()
     with contextlib.suppress(OSError):  # the client may be gone already
         link.send(proto.Bye())

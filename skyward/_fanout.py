@@ -1,0 +1,87 @@
+"""The client's side of relayed broadcasts: when a broadcast crosses the client's link once.
+
+::
+
+    f(big) @ pool      a remote pool, >= 2 ready nodes, a payload of RELAY_MIN_BYTES or more
+                       → every node but the first gets Call(relay inbound), no payload
+                       → the first gets Call(relay chain = the others) with the payload, and
+                         forwards it as it arrives (skyward._relay, on the workers)
+    a node is lost     → the nodes after it in the chain get RelayAbort: their calls fail
+                         with WorkerLost (the broadcast fails, as when a node is lost today)
+                         instead of waiting for a payload that will not come
+
+Local pools never relay: their workers get no relay port (every node is one pipe away,
+and the client's link is not a bottleneck). Small payloads go direct: a relay adds a hop's
+latency, and the client's link only matters for large ones.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from typing import Any
+
+from skyward import _protocol as proto
+from skyward._channel import Channel
+
+# Payloads from this size are relayed: below it a broadcast costs little on any link, and
+# a relay's extra hop (a TCP connection per node) would be most of it.
+RELAY_MIN_BYTES = 1 << 20
+
+
+class Fanout:
+    """Relays in flight, by token. Called with the scheduler's lock held."""
+
+    def __init__(self, min_bytes: int = RELAY_MIN_BYTES) -> None:
+        self._min_bytes = min_bytes
+        self._active: dict[bytes, list[Channel]] = {}  # token -> channels, in chain order
+
+    def worth_it(self, payload: proto.Parts, channels: Sequence[Channel | None]) -> bool:
+        """Whether a broadcast of ``payload`` to these nodes' channels is relayed."""
+        return (
+            len(channels) >= 2
+            and all(c is not None and c.relay_port is not None for c in channels)
+            and proto.size(payload) >= self._min_bytes
+        )
+
+    @staticmethod
+    def token() -> bytes:
+        return secrets.token_bytes(16)
+
+    @staticmethod
+    def chain(token: bytes, receivers: Sequence[tuple[int, str, Channel]]) -> proto.Relay | None:
+        """The first node's relay towards ``receivers`` (rank, address, channel), in order;
+        None if no other node took its call (the first then simply gets a direct call)."""
+        if not receivers:
+            return None
+        chain = tuple((rank, address, c.relay_port or 0) for rank, address, c in receivers)
+        return proto.Relay(token, chain=chain)
+
+    def started(
+        self,
+        token: bytes,
+        channels: list[Channel],
+        futures: Sequence[Future[Any]],
+        lock: AbstractContextManager[Any],
+    ) -> None:
+        """Remember the relay until every part of the broadcast has finished."""
+        self._active[token] = channels
+        left = [len(futures)]
+
+        def done(_: Future[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    self._active.pop(token, None)
+
+        for future in futures:
+            future.add_done_callback(done)
+
+    def lost(self, channel: Channel, why: str) -> None:
+        """``channel``'s worker is gone: the nodes after it in a relay get nothing from it."""
+        for token, channels in list(self._active.items()):
+            if channel in channels:
+                for later in channels[channels.index(channel) + 1 :]:
+                    later.abort_relay(token, channel.node, why)
