@@ -3,7 +3,7 @@
 ::
 
     pool ── submit(Call + payload) ──> outbox ──> sender thread ──> transport.write ──> worker
-    reader thread <── frames ── transport.readinto  (Result → future, Log → console,
+    reader thread <── frames ── transport.readinto  (Result → done, Log → console,
                                                       Hello/Ready/StartFailed → control queue)
     stderr thread <── lines ─── transport.read_stderr (→ console, and a tail kept for
                                                        WorkerLost)
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import queue
 import select
 import signal
@@ -87,6 +88,10 @@ class Transport(Protocol):
 
 
 OutputSink = Callable[[int, str, bytes], None]  # (node, "stdout" | "stderr", data)
+# How a call ends: (error, value), called once, on the reader thread. A callback rather than
+# a Future: the pool settles its books and then the caller's own future, and a second
+# Future per call measurably lengthened a no-op's round trip.
+Done = Callable[[BaseException | None, Any], None]
 
 
 def decode_error(parts: proto.Parts) -> BaseException:
@@ -104,6 +109,13 @@ def decode_error(parts: proto.Parts) -> BaseException:
         exc = RemoteError(info.type_name, info.message, info.traceback)
     exc.__cause__ = RemoteTraceback(info.traceback)
     return exc
+
+
+def _finish(done: Done, error: BaseException | None, value: Any) -> None:
+    try:
+        done(error, value)
+    except Exception:  # a bug in the pool's books must not end the reader thread
+        logging.getLogger("skyward").exception("skyward: settling a call failed")
 
 
 def _tail_line(line: bytes) -> str:
@@ -159,7 +171,7 @@ class Channel:
         self._lock = (
             threading.Lock()
         )  # guards: _pending, _stack_requests, _ids, broken, lost, _closing
-        self._pending: dict[int, tuple[str, Future[Any]]] = {}
+        self._pending: dict[int, tuple[str, Done]] = {}
         self._stack_requests: dict[int, Future[proto.StacksReport]] = {}
         self._ids = itertools.count(1)
         self._control: queue.Queue[object] = queue.Queue()
@@ -219,20 +231,20 @@ class Channel:
         self,
         name: str,
         payload: proto.Parts,
-        future: Future[Any],
+        done: Done,
         relay: proto.Relay | None = None,
     ) -> bool:
-        """Queue one call; ``future`` gets its result, its exception, or ``WorkerLost``.
+        """Queue one call; ``done`` gets its result, its exception, or ``WorkerLost``.
 
         Returns at once. False if the link is already broken: the call was not taken, and
-        ``future`` is untouched, so the caller can send it elsewhere. With ``relay``, the
-        call is part of a relayed broadcast; ``payload`` is not sent if it is ``inbound``.
+        ``done`` will not be called, so the caller can send it elsewhere. With ``relay``,
+        the call is part of a relayed broadcast; ``payload`` is not sent if ``inbound``.
         """
         with self._lock:
             if self.broken:
                 return False
             call_id = next(self._ids)
-            self._pending[call_id] = (name, future)
+            self._pending[call_id] = (name, done)
         inbound = relay is not None and relay.inbound
         self._send(proto.Call(call_id, name, relay), None if inbound else payload)
         return True
@@ -346,25 +358,18 @@ class Channel:
                 entry = self._pending.pop(message.call_id, None)
             if entry is None:
                 return
-            future = entry[1]
             if self._on_result is not None:
                 self._on_result(self.node)
-            if message.ok:
-                try:
-                    value = proto.loads(parts)
-                except BaseException as exc:  # even SystemExit: it must not end this thread
-                    fail(
-                        future,
-                        RemoteError(
-                            type(exc).__name__,
-                            f"cannot unpickle the result of {entry[0]} on the client: {exc}",
-                            "",
-                        ),
-                    )
-                    return
-                resolve(future, value)
-            else:
-                fail(future, decode_error(parts))
+            if not message.ok:
+                _finish(entry[1], decode_error(parts), None)
+                return
+            try:
+                value = proto.loads(parts)
+            except BaseException as exc:  # even SystemExit: it must not end this thread
+                message_text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
+                _finish(entry[1], RemoteError(type(exc).__name__, message_text, ""), None)
+                return
+            _finish(entry[1], None, value)
         elif isinstance(message, proto.StartFailed):
             error = decode_error(parts)
             failure = StartError(
@@ -435,8 +440,8 @@ class Channel:
         error: BaseException = self.lost
         if closing:
             error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
-        for _, future in pending:
-            fail(future, error)
+        for _, done in pending:
+            _finish(done, error, None)
         for request in requests:
             fail(request, self.lost)
         self._control.put(self.lost)

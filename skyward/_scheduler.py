@@ -51,6 +51,7 @@ class Task:
     prefetch: bool = False  # part of a map: may wait on a worker behind another call
     siblings: Sequence[Future[Any]] = ()  # a broadcast's parts, this one's future included
     relay: proto.Relay | None = None  # its part in a relayed broadcast, for its first send
+    sent_before: bool = False  # handed to a worker once already (its future is running)
 
 
 @dataclass(eq=False)
@@ -245,30 +246,33 @@ class Scheduler:
     def send(self, slot: Slot, task: Task) -> bool:
         """Hand one task to ``slot``'s worker; whether it took it. Lock held; never blocks
         (see Channel)."""
-        if task.future.done():
-            return False  # cancelled while queued, or timed out before a retry
-        if not task.future.running() and not task.future.set_running_or_notify_cancel():
-            return False
+        if task.sent_before:
+            if task.future.done():
+                return False  # timed out or closed before this retry
+        else:
+            try:
+                if not task.future.set_running_or_notify_cancel():
+                    return False  # cancelled while queued
+            except RuntimeError:
+                return False  # settled by someone else while queued
+            task.sent_before = True
         assert slot.channel is not None
         channel = slot.channel
-        # The channel settles an inner future; the pool's books are updated before the
-        # caller's future completes, so statistics() agree with what the caller has seen.
-        # (A timeout or close fails the caller's future first; the books follow when the
-        # worker is gone.)
-        inner: Future[Any] = Future()
         sent = time.monotonic()
 
-        def settle(done: Future[Any]) -> None:
-            self._call_done(slot, done, time.monotonic() - sent, task)
-            error = done.exception()
+        def done(error: BaseException | None, value: Any) -> None:
+            # The pool's books first, so that statistics() agree with what the caller has
+            # seen. (A timeout or close fails the caller's future first; the books follow
+            # when the worker is gone.)
+            self._call_done(slot, error is None, time.monotonic() - sent, task)
             if error is not None:
                 fail(task.future, error)
             else:
-                resolve(task.future, done.result())
+                resolve(task.future, value)
 
         # Before the worker can print anything for this call.
         self._bind_output(slot.rank, task.route)
-        if not channel.submit(task.call.name, task.payload, inner, task.relay):
+        if not channel.submit(task.call.name, task.payload, done, task.relay):
             # The worker broke a moment ago; on_broken is on its way. Take the node out of
             # rotation now and put the call back: it has not run anywhere.
             slot.ready = False
@@ -280,19 +284,17 @@ class Scheduler:
             return False
         slot.busy += 1
         slot.running[id(task)] = (task, sent)
-        inner.add_done_callback(settle)
         if task.call.timeout is not None:
             self._watch(task.future, task.call.name, task.call.timeout, channel)
         return True
 
-    def _call_done(self, slot: Slot, future: Future[Any], elapsed: float, task: Task) -> None:
+    def _call_done(self, slot: Slot, ok: bool, elapsed: float, task: Task) -> None:
         with self.lock:
             slot.busy -= 1
             slot.running.pop(id(task), None)
             slot.recent = (
                 elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
             )
-            ok = not future.cancelled() and future.exception() is None
             self.counts["succeeded" if ok else "failed"] += 1
             if self._accepting():
                 self.pump()

@@ -80,6 +80,8 @@ class _StdoutForwarder:
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         self._fd = read_fd
+        self._pending = select.poll()
+        self._pending.register(read_fd, select.POLLIN)
         self._lock = threading.Lock()  # guards: reading the pipe and sending what was read
         self._libc: Any = None
         threading.Thread(target=self._run, name="skyward-stdout", daemon=True).start()
@@ -109,8 +111,11 @@ class _StdoutForwarder:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         self._flush_c_stdio()
+        # The lock first: output the forwarder thread has read must be sent before the
+        # result is. Then a poll, cheaper than a read that fails: most calls print nothing.
         with self._lock:
-            self._forward()
+            if self._pending.poll(0):
+                self._forward()
 
     def _flush_c_stdio(self) -> None:
         # printf() from C extensions is block-buffered on a pipe; flush it like Python's.
