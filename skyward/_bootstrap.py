@@ -9,12 +9,16 @@
 3. finds a Python of the client's minor version (or the one ``SSH(python=...)`` names),
    and uv (on PATH, or installed once into ``<workdir>/tools`` from the package index;
    ``python -m venv`` + pip when neither works);
-4. makes a virtual environment and installs the requirements: ``index_url`` (if set)
+4. writes the image's local wheel files, which travel inside the script, into
+   ``<workdir>/wheels/<sha256>/``, and checks that ``git`` exists if a requirement comes
+   from git;
+5. makes a virtual environment and installs the requirements: ``index_url`` (if set)
    replaces the default index everywhere, and each ``PipIndex`` serves only the packages it
    names, and those are installed (uv pins them to it; pip installs them from it first,
-   without dependencies);
-5. runs the ``setup`` commands with the image's ``env`` and the environment on ``PATH``;
-6. marks the environment complete.
+   without dependencies). Direct references (``name @ git+https://...``, wheels) come from
+   where they point, whatever index scoping says;
+6. runs the ``setup`` commands with the image's ``env`` and the environment on ``PATH``;
+7. marks the environment complete.
 
 Before each command it prints ``::skyward:: <command>``, so the client can name the command
 that failed; everything else it prints is the commands' own output.
@@ -22,15 +26,45 @@ that failed; everything else it prints is the commands' own output.
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 import json
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from skyward._image import Image, requirement_name
+from skyward._image import Image, local_wheel, requirement_name
 
 MARKER = "::skyward:: "
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """A wheel file of the client's that the script carries to the host."""
+
+    requirement: str  # as the image has it: "name[extras] @ file:///...whl; marker"
+    filename: str
+    sha256: str
+    data: bytes
+
+    @property
+    def host_dir(self) -> str:
+        """Its directory under the workdir on the host (by content: images share it)."""
+        return f"wheels/{self.sha256[:16]}"
+
+
+@functools.lru_cache(maxsize=32)
+def _read_wheel(path: Path, mtime_ns: int, size: int) -> tuple[str, bytes]:
+    data = path.read_bytes()
+    return hashlib.sha256(data).hexdigest(), data
+
+
+def _wheel(requirement: str, path: Path) -> Wheel:
+    stat = path.stat()
+    sha256, data = _read_wheel(path, stat.st_mtime_ns, stat.st_size)
+    return Wheel(requirement, path.name, sha256, data)
 
 
 @dataclass(frozen=True)
@@ -62,13 +96,26 @@ class Plan:
         return self.requirements + tuple(dict.fromkeys(p for p in named if p not in direct))
 
     @property
+    def wheels(self) -> tuple[Wheel, ...]:
+        """The local wheel files the requirements name, read (once per file version)."""
+        found = ((r, local_wheel(r)) for r in self.installs)
+        return tuple(_wheel(r, path) for r, path in found if path is not None)
+
+    @property
     def digest(self) -> str:
+        # env reaches workers when they start; it shapes the environment only through the
+        # setup commands, which see it.
+        image = self.image.model_dump(mode="json", exclude=set() if self.image.setup else {"env"})
+        if wheels := self.wheels:
+            # By content, not by where the file sits on the client: a rebuilt wheel under the
+            # same name is another environment, the same wheel moved is the same one.
+            by_content = {
+                w.requirement: f"{requirement_name(w.requirement)} @ sha256:{w.sha256}"
+                for w in wheels
+            }
+            image["pip"] = [by_content.get(r, r) for r in self.image.pip]
         fields = {
-            # env reaches workers when they start; it shapes the environment only through
-            # the setup commands, which see it.
-            "image": self.image.model_dump(
-                mode="json", exclude=set() if self.image.setup else {"env"}
-            ),
+            "image": image,
             "python_version": self.python_version,
             "python": self.python,
             "runtime": self.runtime,
@@ -103,6 +150,10 @@ def render(plan: Plan) -> str:
         "#!/bin/sh",
         f"# Skyward bootstrap for image {plan.digest}; safe to run again.",
         "set -eu",
+        # The script comes on stdin, and wheels make it long: whatever way it leaves (already
+        # installed, an error), it reads the rest, or the client's write to a closed channel
+        # would fail instead of reporting how the script ended.
+        *(["trap 'cat >/dev/null' EXIT"] if plan.wheels else []),
         f"home={shell_path(plan.workdir)}",
         f'env_dir="$home/envs/{plan.digest}"',
         'mkdir -p "$home/envs"',
@@ -172,9 +223,14 @@ def render(plan: Plan) -> str:
         "  fi",
         "  exec 8>&-",
         "fi",
+        *_git_check(plan),
+        *_write_wheels(plan),
         'rm -rf "$env_dir"',
     ]
-    requirements = " ".join(q(r) for r in plan.installs)
+    wheels = {wheel.requirement: wheel for wheel in plan.wheels}
+    requirements = " ".join(
+        _pip_wheel_argument(wheels[r]) if r in wheels else q(r) for r in plan.installs
+    )
     lines += [
         'if [ -n "$uv" ]; then',
         '  run "$uv" venv -q --python "$python" "$env_dir"',
@@ -190,7 +246,11 @@ def render(plan: Plan) -> str:
     ]
     pip = '"$env_dir/bin/pip" install -q --disable-pip-version-check'
     for index in image.pip_indexes:
-        scoped = [r for r in plan.installs if requirement_name(r) in index.packages]
+        scoped = [
+            r
+            for r in plan.installs
+            if requirement_name(r) in index.packages and not _direct_reference(r)
+        ]
         if not scoped:
             continue
         # pip cannot pin a package to an index, and with two indexes it takes the highest
@@ -248,6 +308,77 @@ def _trusted_host(url: str) -> str:
     return ""
 
 
+def _direct_reference(requirement: str) -> bool:
+    """``name @ <url>``: installed from where it points, never from an index."""
+    from packaging.requirements import Requirement
+
+    return Requirement(requirement).url is not None
+
+
+def _git_check(plan: Plan) -> list[str]:
+    from packaging.requirements import Requirement
+
+    names = [
+        requirement_name(r) for r in plan.installs if (Requirement(r).url or "").startswith("git+")
+    ]
+    if not names:
+        return []
+    # pip and uv both run the git command to fetch; say so rather than let them fail.
+    return [
+        "if ! command -v git >/dev/null 2>&1; then",
+        f'  echo "skyward: the image installs {", ".join(names)} from git, and this host has'
+        ' no git: add it to the image (apt=[\\"git\\"]) or install it" >&2',
+        "  exit 127",
+        "fi",
+    ]
+
+
+# Decodes one wheel from the script into its place; a rename, so that two bootstraps that
+# carry the same wheel (two images) never see a half-written file.
+_UNPACK_WHEEL = (
+    "import base64, os, sys; path = sys.argv[1]; part = path + str(os.getpid()); "
+    'open(part, "wb").write(base64.b64decode(sys.stdin.buffer.read())); '
+    "os.replace(part, path)"
+)
+
+
+def _write_wheels(plan: Plan) -> list[str]:
+    lines: list[str] = []
+    for wheel in plan.wheels:
+        target = f'"$home"/{wheel.host_dir}/{shlex.quote(wheel.filename)}'
+        lines += [
+            f"if [ ! -f {target} ]; then",
+            f'  mkdir -p "$home"/{wheel.host_dir}',
+            f"  step {shlex.quote(f'write {wheel.filename} ({len(wheel.data) // 1024} KiB)')}",
+            f"  \"$python\" -c {shlex.quote(_UNPACK_WHEEL)} {target} <<'SKYWARD_WHEEL'",
+            base64.encodebytes(wheel.data).decode().rstrip("\n"),
+            "SKYWARD_WHEEL",
+            "fi",
+        ]
+    return lines
+
+
+def _without_url(requirement: str) -> str:
+    """``name[extras] @ url; marker`` as ``name[extras]; marker``."""
+    from packaging.requirements import Requirement
+
+    parsed = Requirement(requirement)
+    parsed.url = None
+    return str(parsed)
+
+
+def _pip_wheel_argument(wheel: Wheel) -> str:
+    """The requirement for pip, pointing at the wheel's place on the host."""
+    from packaging.requirements import Requirement
+
+    parsed = Requirement(wheel.requirement)
+    extras = f"[{','.join(sorted(parsed.extras))}]" if parsed.extras else ""
+    marker = f"; {parsed.marker}" if parsed.marker else ""
+    head = shlex.quote(f"{parsed.name}{extras} @ file://")
+    tail = shlex.quote(f"/{wheel.host_dir}/{wheel.filename}{marker}")
+    return f'{head}"$home"{tail}'
+
+
 def _toml(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
@@ -255,12 +386,17 @@ def _toml(value: str) -> str:
 def _uv_project(plan: Plan) -> list[str]:
     """A pyproject.toml that pins each scoped package to its index (``explicit``)."""
     image = plan.image
+    wheels = {wheel.requirement: wheel for wheel in plan.wheels}
+    dependencies = [_without_url(r) if r in wheels else r for r in plan.installs]
     lines = [
         "[project]",
         'name = "skyward-image"',
         'version = "0"',
-        "dependencies = [" + ", ".join(_toml(r) for r in plan.installs) + "]",
+        "dependencies = [" + ", ".join(_toml(r) for r in dependencies) + "]",
     ]
+    # A package given by URL or wheel comes from there; an index source for it as well
+    # would be a second, conflicting source.
+    direct = {requirement_name(r) for r in plan.installs if _direct_reference(r)}
     sources: list[str] = []
     for number, index in enumerate(image.pip_indexes):
         name = f"skyward-{number}"
@@ -268,7 +404,16 @@ def _uv_project(plan: Plan) -> list[str]:
         lines.append("explicit = true")
         if index.find_links:
             lines.append('format = "flat"')
-        sources += [f'{package} = {{ index = "{name}" }}' for package in index.packages]
+        sources += [
+            f'{package} = {{ index = "{name}" }}'
+            for package in index.packages
+            if package not in direct
+        ]
+    # Relative to the project, <env>/skyward-requirements: the host's $HOME is not known here.
+    sources += [
+        f"{requirement_name(r)} = {{ path = {_toml(f'../../../{w.host_dir}/{w.filename}')} }}"
+        for r, w in wheels.items()
+    ]
     if image.index_url is not None:
         lines += [
             "[[tool.uv.index]]",

@@ -18,12 +18,14 @@ it, and whatever it returns anyway is terminated by the thread that started it.
 from __future__ import annotations
 
 import atexit
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from skyward import _profile
 from skyward._channel import Channel
 from skyward._compute import Compute, PendingCall
 from skyward._console import Console, ConsoleMode, OutputMode
@@ -430,6 +432,10 @@ class ComputePool:
             )
         # draining refuses new calls too, as Executor.shutdown does
         raise PoolClosed(f"pool {self.name!r} is {self._state}: it takes no new calls")
+
+    def profile(self, directory: str | os.PathLike[str]) -> _profile.Profile:
+        """``with pool.profile("traces/"):`` traces every node with ``jax.profiler``."""
+        return _profile.profile(self, directory)
 
 
 def _pending(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -126,6 +126,9 @@ class Recovery:
             )
             self._status(reason)
             for victim in victims:
+                # Told first, so that plugins hear of it (the jax plugin then keeps the
+                # aborting runtime's log lines off the terminal); killed at once all the same.
+                victim.interrupt()
                 victim.kill(reason)
         else:
             self._status(f"node {slot.rank}: worker lost; starting a new one")

@@ -7,8 +7,9 @@
     private dup of fd 1 <─────────────── send lock <──────────┘
           ^                                  ^
           │                                  └── stdout forwarder: fd 1 is a pipe it drains
-          └─ the protocol stream               into Log frames, so print() and C-level
-                                               writes never corrupt the protocol
+          └─ the protocol stream               into Log frames (through plugins' filters),
+                                               so print() and C-level writes never
+                                               corrupt the protocol
     fd 2 stays the transport's stderr: the client reads it directly, so the last words of a
     worker that crashes (SIGABRT from a JAX rank, a segfault) are never lost in a buffer.
 
@@ -34,6 +35,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from skyward import _protocol as proto
+from skyward import _worker_hooks as hooks
 from skyward._errors import SerializationError  # stdlib-only, like _protocol
 from skyward._relay import Relays  # stdlib-only too
 
@@ -102,6 +104,9 @@ class _StdoutForwarder:
                 return True
             if not data:
                 return False
+            data = hooks.filter_stdout(data)  # plugins' filters (the jax plugin's gloo lines)
+            if not data:
+                continue
             try:
                 self._link.send(proto.Log(data))
             except OSError:
@@ -273,6 +278,7 @@ class _Worker:
             self.stopping = True
             self.cancelled = cancel
             interrupt = cancel and self._main_busy
+        hooks.stopping(interrupt)  # before the interrupt: plugins may quiet what follows
         if cancel:
             _drop_queued(self.calls)
         for _ in range(self.concurrency):

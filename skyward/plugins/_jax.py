@@ -7,25 +7,31 @@ CPU device count, and NVIDIA's GPU performance defaults.
 
 On every worker (``around_app``): ``jax.distributed.initialize`` from ``instance_info()``,
 once, with timeouts short enough that a missing or dead rank fails the pool in seconds, and a
-bounded ``jax.distributed.shutdown`` when the worker leaves. Nothing here imports jax on the
-client.
+bounded ``jax.distributed.shutdown`` when the worker leaves. CPU collectives (gloo) listen on
+and advertise the node's pool address, not whatever its hostname resolves to. Nothing here
+imports jax on the client.
 """
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import re
 import shlex
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyward import _worker_hooks as hooks
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
 from skyward._plugin import Plugin
+from skyward.plugins._jax_output import GlooFilter, quiet_when_stopped
 
 if TYPE_CHECKING:
     from skyward._spec import PoolSpec
@@ -59,6 +65,28 @@ _TPU = re.compile(r"^(TPU|V[2-6][A-Z]*|TRILLIUM)([-:].*)?$", re.IGNORECASE)
 _NOT_JAX = re.compile(r"^(TRAINIUM|INFERENTIA|TRN|INF|GAUDI|MI\d+)", re.IGNORECASE)
 
 
+_DAY = 24 * 3600
+
+
+class _Options(BaseModel):
+    """The plugin's options, checked when it is made: a wrong type or range is a
+    ``ValidationError`` naming the option, before any pool exists."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, title="sky.plugins.jax")
+
+    version: str | None = Field(default=None, min_length=1)
+    cuda: str | int | None = None
+    index_url: str | None = Field(default=None, min_length=1)
+    find_links: bool | None = None
+    cpu_devices: int | None = Field(default=None, ge=1, le=4096)
+    gpu_defaults: bool = True
+    # jax.distributed takes whole seconds.
+    initialization_timeout: int = Field(default=45, ge=1, le=_DAY)
+    heartbeat_timeout: int = Field(default=15, ge=1, le=_DAY)
+    shutdown_timeout: int = Field(default=5, ge=1, le=_DAY)
+    verbose: bool = False
+
+
 def jax(
     *,
     version: str | None = None,
@@ -70,6 +98,7 @@ def jax(
     initialization_timeout: int = 45,
     heartbeat_timeout: int = 15,
     shutdown_timeout: int = 5,
+    verbose: bool = False,
 ) -> Plugin:
     """The jax plugin.
 
@@ -88,17 +117,25 @@ def jax(
       to ``jax.distributed.initialize``. A rank that never arrives fails the pool's start after
       about ``initialization_timeout + 5``; one that dies is detected by the others within
       ``heartbeat_timeout`` (jax's own defaults are 300 and 100).
+    - ``verbose``: show everything JAX writes. By default gloo's ``[Gloo] Rank N is
+      connected to ...`` lines are dropped, and when the pool stops ranks in the middle of a
+      call (Ctrl-C, ``close(wait=False)``), what JAX logs while it stops (the coordination
+      service's fatal errors and stack traces) goes to a file on each node instead of your
+      terminal; node 0 says so in one line.
     """
+    _Options(
+        version=version,
+        cuda=cuda,
+        index_url=index_url,
+        find_links=find_links,
+        cpu_devices=cpu_devices,
+        gpu_defaults=gpu_defaults,
+        initialization_timeout=initialization_timeout,
+        heartbeat_timeout=heartbeat_timeout,
+        shutdown_timeout=shutdown_timeout,
+        verbose=verbose,
+    )
     major = _cuda_major(cuda) if cuda is not None else None
-    if cpu_devices is not None and cpu_devices < 1:
-        raise PluginError(f"jax plugin: cpu_devices must be at least 1, not {cpu_devices}")
-    for name, value in (
-        ("initialization_timeout", initialization_timeout),
-        ("heartbeat_timeout", heartbeat_timeout),
-        ("shutdown_timeout", shutdown_timeout),
-    ):
-        if value < 1:
-            raise PluginError(f"jax plugin: {name} must be at least 1 second, not {value}")
 
     def transform(image: Image, spec: PoolSpec) -> Image:
         platform = accelerator_platform(spec.accelerator)
@@ -123,12 +160,18 @@ def jax(
 
     @contextmanager
     def around_app(info: InstanceInfo) -> Iterator[None]:
-        with distributed(
-            info,
-            initialization_timeout=initialization_timeout,
-            heartbeat_timeout=heartbeat_timeout,
-            shutdown_timeout=shutdown_timeout,
-        ):
+        with ExitStack() as stack:
+            if not verbose and info.total_nodes > 1:
+                stack.enter_context(hooks.stdout_filter(GlooFilter()))
+                stack.enter_context(quiet_when_stopped(info))
+            stack.enter_context(
+                distributed(
+                    info,
+                    initialization_timeout=initialization_timeout,
+                    heartbeat_timeout=heartbeat_timeout,
+                    shutdown_timeout=shutdown_timeout,
+                )
+            )
             yield
 
     return Plugin(name="jax", transform=transform, around_app=around_app, gang=True)
@@ -247,9 +290,97 @@ def distributed(
             f"jax plugin: node {info.node} could not {role} at {address}: {exc}"
         ) from exc
     try:
+        _cpu_collectives_on(collectives_address(info))
         yield
     finally:
         jax_module.distributed.shutdown()  # type: ignore[no-untyped-call]
+
+
+def collectives_address(info: InstanceInfo) -> str:
+    """The address this node's CPU collectives listen on and give their peers.
+
+    Left to itself, gloo resolves the host's own name and advertises that; on hosts with
+    Debian's and Ubuntu's default ``127.0.1.1 <hostname>`` line that is loopback, and every
+    other rank's connection is refused. The pool address (``peers[node]``) is what the other
+    nodes already reach this one at. When this host cannot listen on it (a name that
+    resolves to loopback here, an address behind NAT), the address this host sends from
+    towards its peers is the next best: it is local, and on the network they share.
+    """
+    spans_hosts = len(set(info.peers)) > 1
+    own = info.peers[info.node]
+    for address in _resolve(own):
+        if spans_hosts and ipaddress.ip_address(address).is_loopback:
+            continue
+        if _can_listen_on(address):
+            return address
+    others = [peer for rank, peer in enumerate(info.peers) if rank != info.node]
+    for peer in others:
+        try:
+            family = socket.AF_INET6 if ":" in peer else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((peer, info.head_port or 9))  # UDP: picks a route, sends nothing
+                return str(probe.getsockname()[0])
+        except OSError:
+            continue
+    return own  # gloo reports what it cannot do with it, at the first collective
+
+
+def _resolve(host: str) -> list[str]:
+    try:
+        found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return []
+    return list(dict.fromkeys(str(entry[4][0]) for entry in found))
+
+
+def _can_listen_on(address: str) -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+def _cpu_collectives_on(address: str) -> None:
+    """Have jax's CPU backend, made on first use, build its gloo collectives on ``address``.
+
+    jax makes them with ``make_gloo_tcp_collectives(distributed_client)`` and no hostname,
+    and offers no option or variable for one. The documented way in is a backend factory
+    (``jax.extend.backend.register_backend_factory``), allowed until the backend exists:
+    ours calls jax's own ``make_cpu_client`` (every other CPU setting stays jax's) with
+    collectives made on ``address``. A user who chose other collectives (``mpi``, none) keeps
+    them. A jax without these hooks is left as it is.
+    """
+    import jax as jax_module
+
+    try:
+        from jax._src import distributed as jax_distributed
+        from jax._src import xla_bridge
+        from jax.extend.backend import register_backend_factory
+        from jaxlib import _jax
+    except ImportError:
+        return
+    make_cpu_client = getattr(xla_bridge, "make_cpu_client", None)
+    make_collectives = getattr(_jax, "make_gloo_tcp_collectives", None)
+    if make_cpu_client is None or make_collectives is None:
+        return
+    if "collectives" not in inspect.signature(make_cpu_client).parameters:
+        return
+
+    def cpu_client() -> object:
+        client = jax_distributed.global_state.client
+        chosen = getattr(jax_module.config, "jax_cpu_collectives_implementation", "gloo")
+        if client is None or chosen != "gloo":
+            return make_cpu_client()
+        collectives = make_collectives(distributed_client=client, hostname=address)
+        return make_cpu_client(collectives=collectives)
+
+    try:
+        register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
+    except RuntimeError:
+        pass  # the CPU backend exists already: its collectives are made, nothing to change
 
 
 def _wait_for_coordinator(host: str, port: int, timeout: float) -> None:

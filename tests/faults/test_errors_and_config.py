@@ -170,3 +170,30 @@ def test_plugins_none_is_a_validation_error_naming_plugins() -> None:
 def test_an_env_value_with_a_nul_byte_is_refused_at_construction() -> None:
     with pytest.raises(pydantic.ValidationError, match="env"):
         sky.Image(env={"A": "b\x00c"})
+
+
+@settings(deadline=None)
+@given(
+    option=st.sampled_from(
+        [
+            "version",
+            "cuda",
+            "index_url",
+            "find_links",
+            "cpu_devices",
+            "gpu_defaults",
+            "initialization_timeout",
+            "heartbeat_timeout",
+            "shutdown_timeout",
+            "verbose",
+        ]
+    ),
+    value=_ANYTHING,
+)
+def test_jax_plugin_options_are_validated_with_the_option_named(option: str, value: Any) -> None:
+    try:
+        sky.plugins.jax(**{option: value})
+    except pydantic.ValidationError as error:
+        assert option in str(error)
+    except sky.PluginError as error:  # a CUDA version jax has no wheels for
+        assert option in str(error)

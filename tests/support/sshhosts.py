@@ -9,9 +9,10 @@
       └ http index :8700 (PEP 503)          own mount namespace: /home/skytest is the
                                             host's own directory; no default route
 
-N comes from the test process's PID, so two suites running at once do not collide. Hosts
-log in a user ``skytest`` whose shell is ``/bin/sh`` (root's shell start-up here runs pyenv
-and costs ~100 ms per exec). Every key is made for the run. Hosts have no route to the
+N comes from the test process's PID, so two suites running at once do not collide; a second
+set of hosts in the same process takes the next N no one uses. Hosts log in a user
+``skytest`` whose shell is ``/bin/sh`` (root's shell start-up here runs pyenv and costs
+~100 ms per exec). Every key is made for the run. Hosts have no route to the
 package index, as behind a company firewall: ``PackageIndex`` serves what they need from
 the bridge address, filled from the root namespace.
 
@@ -33,8 +34,19 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 USER = "skytest"
+
+# How a host's /etc/hosts names the hosts. "cluster": every host resolves every host's name
+# to its address, as a cluster's DNS would. "debian-default": what Debian and Ubuntu install,
+# the host's own name on 127.0.1.1 and no other host, as on most workstations and many
+# bare-metal servers (software that advertises the address its hostname resolves to, as
+# gloo did, advertises loopback there).
+EtcHosts = Literal["cluster", "debian-default"]
+
+# Subnet tags of the Hosts this process has started and not closed yet.
+_tags_in_use: set[int] = set()
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -93,23 +105,24 @@ class Hosts:
         return f"{self.subnet}.1"
 
     @classmethod
-    def start(cls, count: int) -> Hosts:
+    def start(cls, count: int, *, etc_hosts: EtcHosts = "cluster") -> Hosts:
+        """``count`` hosts named ``h0``, ``h1``, ...; ``etc_hosts`` says what their
+        ``/etc/hosts`` holds (see ``EtcHosts``)."""
         ensure_user()
         Path("/run/sshd").mkdir(exist_ok=True)
-        tag = os.getpid() % 250
+        tag = _free_tag()
+        _tags_in_use.add(tag)
         root = Path(tempfile.mkdtemp(prefix="skyward-hosts-"))
         os.chmod(root, 0o755)
         client_key = root / "client_ed25519"
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(client_key))
         hosts = cls(root, f"skybr{tag}", f"10.123.{tag}", client_key, root / "known_hosts")
-        # Every host resolves every host's name to its address, as a cluster's DNS would:
-        # gloo (JAX's CPU collectives) advertises the address its own hostname resolves to.
-        (root / "etc-hosts").write_text(
-            "127.0.0.1 localhost\n"
-            + "".join(f"{hosts.subnet}.{11 + i} h{i}\n" for i in range(count))
-        )
-        os.chmod(root / "etc-hosts", 0o644)
         try:
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(client_key))
+            for index in range(count):
+                (root / f"etc-hosts-h{index}").write_text(
+                    _etc_hosts(etc_hosts, f"h{index}", hosts.subnet, count)
+                )
+                os.chmod(root / f"etc-hosts-h{index}", 0o644)
             hosts._bridge_up()
             for index in range(count):
                 hosts._add_host(index, tag)
@@ -173,7 +186,8 @@ class Hosts:
         # each host keeps its own Skyward cache as separate machines do.
         script = (
             f"hostname {name} && mount --make-rprivate / && "
-            f"mount --bind {home} /home/{USER} && mount --bind {self.root}/etc-hosts /etc/hosts && "
+            f"mount --bind {home} /home/{USER} && "
+            f"mount --bind {self.root}/etc-hosts-{name} /etc/hosts && "
             f"exec /usr/sbin/sshd -D -e -f {config}"
         )
         log = open(directory / "sshd.log", "wb")  # noqa: SIM115 - sshd owns it until it exits
@@ -210,6 +224,7 @@ class Hosts:
             _run("ip", "link", "del", host.veth, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+        _tags_in_use.discard(int(self.subnet.rsplit(".", 1)[1]))
 
     def leftovers(self) -> list[str]:
         """What ``close()`` should have removed and did not."""
@@ -223,6 +238,30 @@ class Hosts:
         if self.root.exists():
             found.append(str(self.root))
         return found
+
+
+def _free_tag() -> int:
+    """The process's own tag (PID mod 250) first, as it always was; a second set of hosts in
+    the same process takes the next tag whose bridge does not exist (another run's, or ours)."""
+    tag = os.getpid() % 250
+    if tag not in _tags_in_use:
+        return tag
+    for step in range(1, 250):
+        candidate = (tag + step) % 250
+        if candidate not in _tags_in_use and not Path(f"/sys/class/net/skybr{candidate}").exists():
+            return candidate
+    raise RuntimeError("no free subnet tag for test hosts")
+
+
+def _etc_hosts(kind: EtcHosts, name: str, subnet: str, count: int) -> str:
+    if kind == "cluster":
+        return "127.0.0.1 localhost\n" + "".join(f"{subnet}.{11 + i} h{i}\n" for i in range(count))
+    # Debian's own file, as its installer writes it.
+    return (
+        f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n\n"
+        "::1     localhost ip6-localhost ip6-loopback\n"
+        "ff02::1 ip6-allnodes\nff02::2 ip6-allrouters\n"
+    )
 
 
 def _kill(pid: int) -> None:

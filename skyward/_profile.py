@@ -1,0 +1,132 @@
+"""``pool.profile(directory)``: a ``jax.profiler`` trace of every node, brought to the client.
+
+::
+
+    with pool.profile("traces/"):        enter: broadcast _start_trace -> each node traces into
+        train(100) @ pool                       a temporary directory of its own
+                                          exit:  broadcast _stop_trace  -> each node stops, sends
+    traces/node-0/plugins/profile/<run>/       its files back, and deletes its directory;
+        <host>.xplane.pb                          the client writes them under node-N/
+        <host>.trace.json.gz
+        perfetto_trace.json.gz
+
+Each ``node-N`` is a log directory TensorBoard's profile plugin and XProf read
+(``tensorboard --logdir traces/``); ``perfetto_trace.json.gz`` opens in ui.perfetto.dev. On
+GPU nodes the same trace holds the device's kernels (jax's profiler uses CUPTI there).
+
+The two broadcasts are ordinary calls: they queue behind calls already running, and every
+call between them is traced. The worker side runs ``_start_trace`` and ``_stop_trace`` from
+this module, which travels with skyward itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+
+class _Pool(Protocol):
+    """What a profile needs of a pool (a ``ComputePool``; no import of it, no circle)."""
+
+    def broadcast(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+
+# On a worker: where this process's trace is being written, between the two broadcasts.
+_trace_dir: str | None = None
+
+
+def _start_trace() -> str:
+    """On a worker: start ``jax.profiler`` into a new temporary directory; its hostname."""
+    global _trace_dir
+    import jax
+
+    if _trace_dir is not None:
+        raise RuntimeError("a profile is already running on this node; profiles do not nest")
+    directory = tempfile.mkdtemp(prefix="skyward-profile-")
+    try:
+        jax.profiler.start_trace(directory, create_perfetto_trace=True)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    _trace_dir = directory
+    return socket.gethostname()
+
+
+def _stop_trace() -> dict[str, bytes]:
+    """On a worker: stop the trace, and return its files by relative path (then delete them).
+
+    Nothing running (the start failed on this node) is an empty result, not an error, so
+    that the other nodes' traces still come back.
+    """
+    global _trace_dir
+    directory, _trace_dir = _trace_dir, None
+    if directory is None:
+        return {}
+    import jax
+
+    try:
+        jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
+        files: dict[str, bytes] = {}
+        for root, _, names in os.walk(directory):
+            for name in names:
+                path = os.path.join(root, name)
+                files[os.path.relpath(path, directory)] = Path(path).read_bytes()
+        return files
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class Profile:
+    """A context manager: trace every node of ``pool`` for the block, then fetch the traces.
+
+    After the block, ``files`` lists what was written on the client, by node. If the block
+    raises, the traces are still fetched when the pool can; if that fails too, the block's
+    exception is the one raised, with a note saying why the traces are missing.
+    """
+
+    def __init__(self, pool: _Pool, directory: str | os.PathLike[str]) -> None:
+        self.pool = pool
+        self.directory = Path(directory)
+        self.files: dict[int, list[Path]] = {}
+
+    def __enter__(self) -> Profile:
+        try:
+            self.pool.broadcast(_start_trace)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the nodes that did start stop again
+                self.pool.broadcast(_stop_trace)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            traces = self.pool.broadcast(_stop_trace)
+        except Exception as error:
+            if exc is None:
+                raise
+            exc.add_note(f"pool.profile: the traces could not be fetched: {error!r}")
+            return
+        for node, files in enumerate(traces):
+            written = self.files.setdefault(node, [])
+            for relative, data in sorted(files.items()):
+                path = self.directory / f"node-{node}" / relative
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+                written.append(path)
+
+
+def profile(pool: _Pool, directory: str | os.PathLike[str]) -> Profile:
+    """``with profile(pool, "traces/"):`` traces every node; see ``Profile``."""
+    return Profile(pool, directory)

@@ -1,0 +1,114 @@
+"""What the jax plugin keeps off the user's terminal, on the worker.
+
+::
+
+    fd 1 ── gloo: "[Gloo] Rank N is connected to ..." ──> GlooFilter ──> Log frames
+    fd 2 ── JAX's logs ──> the client, until the pool stops the rank mid-call:
+                           then a file on the node (quiet_when_stopped), and one line
+
+Both are off with ``sky.plugins.jax(verbose=True)``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from skyward import _worker_hooks as hooks
+from skyward._info import InstanceInfo
+
+# gloo prints one line per rank and per communicator when it connects ("[Gloo] Rank 3 is
+# connected to 7 peer ranks. Expected number of connected peer ranks is : 7") on
+# std::cout, piece by piece, from one thread per local device at once. The pieces of two
+# lines get mixed ("[Gloo] Rank 4[Gloo] Rank  is connected to 57 is connected to ..."), and
+# a flush by another thread can write part of a line, even in front of the user's own
+# output. So the filter works on pieces, not lines.
+_WORD = (
+    rb"(?:\[Gloo\] Rank | is connected to | peer ranks\. "
+    rb"|Expected number of connected peer ranks is : )"
+)
+# A line made only of pieces (and the empty lines a split message leaves after it).
+_LINE = re.compile(rb"(?m)^(?:" + _WORD + rb"|\d+)*" + _WORD + rb"(?:" + _WORD + rb"|\d+)*\n+")
+# A piece inside someone else's line, with the number it announces. "[Gloo] Rank 0 is NOT
+# connected to: [2]", gloo's line for a missing peer, is kept whole.
+_PIECE = re.compile(_WORD + rb"\d*+(?! is NOT)")
+_ANY_WORD = re.compile(_WORD)
+_ENDS_IN_PIECE = re.compile(_WORD + rb"\d*\Z")
+_LEADING_DIGITS = re.compile(rb"\A\d+")
+_LEADING_NEWLINES = re.compile(rb"\A\n+")
+
+
+class GlooFilter:
+    """A stdout filter that drops gloo's connection lines, whole or in pieces.
+
+    Pieces often come one per chunk ("[Gloo] Rank ", then "5", then " is connected to ",
+    ...), so it remembers how the last chunk ended: right after a piece, the next chunk's
+    leading digits are that piece's number and its leading newlines end that message;
+    right after a dropped line, the next chunk's leading newlines are that line's. Called
+    from the worker's one forwarder thread only.
+    """
+
+    def __init__(self) -> None:
+        self._after_piece = False
+        self._after_line = False
+
+    def __call__(self, data: bytes) -> bytes:
+        if self._after_piece:
+            data = _LEADING_DIGITS.sub(b"", data)
+        if self._after_line or self._after_piece:
+            data = _LEADING_NEWLINES.sub(b"", data)
+        if not data:
+            return data
+        if not _ANY_WORD.search(data):
+            self._after_piece = self._after_line = False  # something else: the message is over
+            return data
+        lines = list(_LINE.finditer(data))
+        self._after_line = bool(lines) and lines[-1].end() == len(data)
+        self._after_piece = bool(_ENDS_IN_PIECE.search(data))
+        return _PIECE.sub(b"", _LINE.sub(b"", data))
+
+
+def stop_log_path(info: InstanceInfo, node: int | str | None = None) -> str:
+    """Where a node's JAX log goes once the pool stops it mid-call (``node``: another's)."""
+    pool = re.sub(r"[^A-Za-z0-9_.-]", "_", info.pool or "pool")
+    rank = info.node if node is None else node
+    return os.path.join(tempfile.gettempdir(), f"skyward-jax-{pool}-node{rank}.log")
+
+
+@contextmanager
+def quiet_when_stopped(info: InstanceInfo) -> Iterator[None]:
+    """When the pool cuts a call short, send JAX's stderr to a file on this node.
+
+    Ranks stopped mid-collective leave it at different moments; the ones still inside wait
+    for the others, and jax's coordination service ends them with about 40 lines of fatal
+    errors and C++ stack traces each, which say nothing the user does not already know:
+    the pool stopped them. From that moment fd 2 is a file (``stop_log_path``) and node 0
+    says so in one line. An empty file is removed when the worker leaves normally; a rank
+    that jax aborts leaves its file behind, for whoever wants the details.
+    """
+    path = stop_log_path(info)
+    diverted = False
+
+    def divert(running: bool) -> None:
+        nonlocal diverted
+        if not running or diverted:
+            return
+        if info.node == 0:
+            os.write(
+                2,
+                f"skyward: stopping JAX in the middle of a call; what JAX logs while it "
+                f"stops goes to {stop_log_path(info, '<N>')} on node N "
+                f"(sky.plugins.jax(verbose=True) shows it here)\n".encode(),
+            )
+        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        os.dup2(log, 2)
+        os.close(log)
+        diverted = True
+
+    with hooks.on_stop(divert):
+        yield
+    if diverted and os.path.exists(path) and os.path.getsize(path) == 0:
+        os.remove(path)
