@@ -38,7 +38,6 @@ from skyward._errors import (
     ChannelError,
     PoolClosed,
     RemoteError,
-    RemoteTraceback,
     StartError,
     WorkerLost,
 )
@@ -88,27 +87,9 @@ class Transport(Protocol):
 
 
 OutputSink = Callable[[int, str, bytes], None]  # (node, "stdout" | "stderr", data)
-# How a call ends: (error, value), called once, on the reader thread. A callback rather than
-# a Future: the pool settles its books and then the caller's own future, and a second
-# Future per call measurably lengthened a no-op's round trip.
+# How a call ends: (error, value), once, on the reader thread. Not a second Future per call
+# (the pool settles its books, then the caller's future): that lengthened every round trip.
 Done = Callable[[BaseException | None, Any], None]
-
-
-def decode_error(parts: proto.Parts) -> BaseException:
-    """Rebuild a remote exception as its own type, remote traceback as ``__cause__``."""
-    info: proto.ErrorInfo = proto.loads(parts)
-    exc: BaseException | None = None
-    if info.blob is not None:
-        try:
-            exc = proto.loads([info.blob])
-        except BaseException:  # a missing module, or an unpickler that raises SystemExit
-            exc = None  # fall back to RemoteError
-    if not isinstance(exc, Exception):
-        # A remote SystemExit or KeyboardInterrupt raised here would exit the client or look
-        # like Ctrl-C to it; only ordinary exceptions come back as themselves.
-        exc = RemoteError(info.type_name, info.message, info.traceback)
-    exc.__cause__ = RemoteTraceback(info.traceback)
-    return exc
 
 
 def _finish(done: Done, error: BaseException | None, value: Any) -> None:
@@ -228,11 +209,7 @@ class Channel:
     # ── calls ────────────────────────────────────────────────────────────────────────────
 
     def submit(
-        self,
-        name: str,
-        payload: proto.Parts,
-        done: Done,
-        relay: proto.Relay | None = None,
+        self, name: str, payload: proto.Parts, done: Done, relay: proto.Relay | None = None
     ) -> bool:
         """Queue one call; ``done`` gets its result, its exception, or ``WorkerLost``.
 
@@ -366,7 +343,7 @@ class Channel:
             if self._on_result is not None:
                 self._on_result(self.node)
             if not message.ok:
-                _finish(entry[1], decode_error(parts), None)
+                _finish(entry[1], proto.decode_error(parts), None)
                 return
             try:
                 value = proto.loads(parts)
@@ -376,7 +353,7 @@ class Channel:
                 return
             _finish(entry[1], None, value)
         elif isinstance(message, proto.StartFailed):
-            error = decode_error(parts)
+            error = proto.decode_error(parts)
             failure = StartError(
                 f"node {self.node}: a plugin's around_app failed: {type(error).__name__}: {error}"
             )

@@ -10,8 +10,9 @@ are separate parts, written with ``writev`` straight from the array's memory and
 buffers that the unpickled arrays then own, so large arrays are never copied into a bigger
 bytes object. A broadcast pickles its payload once and writes the same parts to every worker.
 
-This module needs only the standard library until a payload is (de)serialized, so a worker
-can say ``Hello`` before importing anything else: a Python mismatch is reported, not a crash.
+This module needs only the standard library (and ``_errors``) until a payload is
+(de)serialized, so a worker can say ``Hello`` before importing anything else: a Python
+mismatch is reported, not a crash.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from skyward._errors import RemoteError, RemoteTraceback  # stdlib-only too
 
 Part = bytes | bytearray | memoryview
 Parts = list[Part]
@@ -235,6 +238,23 @@ def encode_error(exc: BaseException) -> Parts:
     except BaseException:
         blob = None
     return dumps(ErrorInfo(type_name, message, tb, blob))
+
+
+def decode_error(parts: Parts) -> BaseException:
+    """Rebuild a remote exception as its own type, remote traceback as ``__cause__``."""
+    info: ErrorInfo = loads(parts)
+    exc: BaseException | None = None
+    if info.blob is not None:
+        try:
+            exc = loads([info.blob])
+        except BaseException:  # a missing module, or an unpickler that raises SystemExit
+            exc = None  # fall back to RemoteError
+    if not isinstance(exc, Exception):
+        # A remote SystemExit or KeyboardInterrupt raised here would exit the client or look
+        # like Ctrl-C to it; only ordinary exceptions come back as themselves.
+        exc = RemoteError(info.type_name, info.message, info.traceback)
+    exc.__cause__ = RemoteTraceback(info.traceback)
+    return exc
 
 
 def _safely(make: Callable[[], str], fallback: str) -> str:
