@@ -134,6 +134,7 @@ class Channel:
         on_lost: Callable[[Channel, WorkerLost], None] | None = None,
         on_broken: Callable[[Channel], None] | None = None,
         on_result: Callable[[int], None] | None = None,
+        on_relay_failed: Callable[[proto.RelayFailed], None] | None = None,
     ) -> None:
         self.node = node
         self.pid: int | None = None
@@ -143,6 +144,7 @@ class Channel:
         self._on_lost = on_lost
         self._on_broken = on_broken
         self._on_result = on_result  # before a result is handed over: flush partial output
+        self._on_relay_failed = on_relay_failed
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
         self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
@@ -229,6 +231,10 @@ class Channel:
     def abort_relay(self, token: bytes, node: int, reason: str) -> None:
         """Tell the worker that node ``node`` of relay ``token`` was lost."""
         self._send(proto.RelayAbort(token, node, reason))
+
+    def deliver_relay(self, token: bytes, payload: proto.Parts) -> None:
+        """Send the worker the payload of relay ``token`` directly."""
+        self._send(proto.RelayPayload(token), payload)
 
     def request_stacks(self) -> Future[proto.StacksReport]:
         """Ask the worker for every thread's stack; answered even while calls run."""
@@ -364,6 +370,9 @@ class Channel:
                 request = self._stack_requests.pop(message.request_id, None)
             if request is not None:
                 resolve(request, message)
+        elif isinstance(message, proto.RelayFailed):
+            if self._on_relay_failed is not None:
+                self._on_relay_failed(message)
         elif isinstance(message, proto.Bye):
             pass
         else:

@@ -9,6 +9,9 @@
     a node is lost     → the nodes after it in the chain get RelayAbort: their calls fail
                          with WorkerLost (the broadcast fails, as when a node is lost today)
                          instead of waiting for a payload that will not come
+    a node cannot      → RelayFailed from the node before it: the client sends that node and
+    be reached           the ones after it the payload itself (RelayPayload), and the pool
+                         stops relaying: its nodes cannot all reach each other
 
 Local pools never relay: their workers get no relay port (every node is one pipe away,
 and the client's link is not a bottleneck). Small payloads go direct: a relay adds a hop's
@@ -36,12 +39,15 @@ class Fanout:
 
     def __init__(self, min_bytes: int = RELAY_MIN_BYTES) -> None:
         self._min_bytes = min_bytes
-        self._active: dict[bytes, list[Channel]] = {}  # token -> channels, in chain order
+        # token -> the channels, in chain order, and the payload (kept for RelayFailed)
+        self._active: dict[bytes, tuple[list[Channel], proto.Parts]] = {}
+        self.unreachable = ""  # why the nodes cannot all reach each other, once seen
 
     def worth_it(self, payload: proto.Parts, channels: Sequence[Channel | None]) -> bool:
         """Whether a broadcast of ``payload`` to these nodes' channels is relayed."""
         return (
-            len(channels) >= 2
+            not self.unreachable
+            and len(channels) >= 2
             and all(c is not None and c.relay_port is not None for c in channels)
             and proto.size(payload) >= self._min_bytes
         )
@@ -63,11 +69,12 @@ class Fanout:
         self,
         token: bytes,
         channels: list[Channel],
+        payload: proto.Parts,
         futures: Sequence[Future[Any]],
         lock: AbstractContextManager[Any],
     ) -> None:
         """Remember the relay until every part of the broadcast has finished."""
-        self._active[token] = channels
+        self._active[token] = (channels, payload)
         left = [len(futures)]
 
         def done(_: Future[Any]) -> None:
@@ -81,7 +88,17 @@ class Fanout:
 
     def lost(self, channel: Channel, why: str) -> None:
         """``channel``'s worker is gone: the nodes after it in a relay get nothing from it."""
-        for token, channels in list(self._active.items()):
+        for token, (channels, _) in list(self._active.items()):
             if channel in channels:
                 for later in channels[channels.index(channel) + 1 :]:
                     later.abort_relay(token, channel.node, why)
+
+    def failed(self, report: proto.RelayFailed) -> None:
+        """A node could not reach the next one's relay port: send the payload directly to
+        that node and the ones after it, and relay nothing more in this pool."""
+        self.unreachable = self.unreachable or report.reason
+        channels, payload = self._active.get(report.token, ([], []))
+        nodes = [c.node for c in channels]
+        if report.node in nodes:
+            for channel in channels[nodes.index(report.node) :]:
+                channel.deliver_relay(report.token, payload)

@@ -254,6 +254,7 @@ class ComputePool:
             on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
             on_broken=lambda ch: self._recovery.on_broken(slot, ch),
             on_result=self._console.flush,
+            on_relay_failed=self._scheduler.relay_failed,
         )
         with self._lock:
             closing = self._state in ("closing", "closed")

@@ -77,6 +77,14 @@ class Call:
 
 
 @dataclass(frozen=True)
+class RelayPayload:
+    """The payload of relay ``token``, sent by the client itself (payload: its parts): the
+    node before this one could not reach it (``RelayFailed``)."""
+
+    token: bytes
+
+
+@dataclass(frozen=True)
 class RelayAbort:
     """A node of relay ``token`` was lost: a node whose payload has not fully arrived fails
     its call with ``WorkerLost`` naming ``node``, instead of waiting for it forever."""
@@ -149,6 +157,16 @@ class StacksReport:
     request_id: int
     threads: tuple[tuple[str, tuple[Frame, ...]], ...]
     cpu_seconds: float
+
+
+@dataclass(frozen=True)
+class RelayFailed:
+    """This node could not reach node ``node``'s relay port for relay ``token``: the client
+    sends that node, and the ones after it, the payload itself (``RelayPayload``)."""
+
+    token: bytes
+    node: int
+    reason: str
 
 
 @dataclass(frozen=True)

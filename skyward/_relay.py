@@ -21,7 +21,9 @@ of ``!q`` length + data; a negative length is followed by a pickled ``WorkerLost
 a node before the sender was lost, and the sender passes that on before it stops. A node
 whose upstream stops mid-payload (the connection ends early), or that the client tells a
 node before it was lost (``RelayAbort``), fails its call with ``WorkerLost`` naming the
-lost node. Standard library only: the worker imports it.
+lost node. A node that cannot reach the next one says so to the client (``RelayFailed``),
+which sends the payload itself to the rest of the chain (``RelayPayload``). Standard
+library only (and ``_protocol``, ``_errors``): the worker imports it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from skyward._errors import WorkerLost
+from skyward._protocol import RelayFailed
 
 # Bytes read at a time; each read is published to the forwarder at once.
 _CHUNK = 1 << 20
@@ -96,6 +99,23 @@ class Payload:
             self.complete = True
             self._cond.notify_all()
 
+    def complete_with(self, parts: list[Any]) -> None:
+        """These parts are the payload (from the client, when the relay could not reach
+        this node), unless it already arrived; a relayed stream still coming is ended."""
+        with self._cond:
+            if self.complete:
+                return
+            self.started = self.complete = True
+            self.error = None
+            self.parts = parts
+            source, self._source = self._source, None
+            self._cond.notify_all()
+        if source is not None:
+            try:
+                source.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def fail(self, error: BaseException) -> None:
         """Unless it is complete: waiters get ``error``, and a read in progress ends."""
         with self._cond:
@@ -141,9 +161,12 @@ class Payload:
 class Relays:
     """This worker's relay port and the payloads relayed to it, by token. Thread-safe."""
 
-    def __init__(self, node: int, key: bytes, address: str) -> None:
+    def __init__(
+        self, node: int, key: bytes, address: str, report: Callable[[object], None]
+    ) -> None:
         self._node = node
         self._key = key
+        self._report = report  # a message to the client, over this node's own link
         self._lock = threading.Lock()  # guards: _payloads, _aborted
         self._payloads: dict[bytes, Payload] = {}
         self._aborted: collections.OrderedDict[bytes, WorkerLost] = collections.OrderedDict()
@@ -185,6 +208,11 @@ class Relays:
         finally:
             with self._lock:
                 self._payloads.pop(token, None)
+
+    def deliver(self, token: bytes, parts: list[Any]) -> None:
+        """The payload of ``token`` as the client sent it, the relay having failed to
+        reach this node."""
+        self._payload(token).complete_with(parts)
 
     def abort(self, token: bytes, node: int, reason: str) -> None:
         error = WorkerLost(
@@ -266,12 +294,19 @@ class Relays:
         header = pickle.dumps((token, payload.lengths, chain[1:], self._node), protocol=5)
         try:
             out = socket.create_connection((address, port), timeout=_HANDSHAKE_TIMEOUT)
-        except OSError:
-            return  # the next node reports this one lost, or the client aborts it
+            out.settimeout(_SEND_TIMEOUT)
+            out.sendall(self._key + _HEADER.pack(len(header)) + header)
+        except OSError as exc:
+            # The nodes cannot reach each other there (a firewall, an address the pool's
+            # machines do not route): the client sends the rest of the chain the payload.
+            reason = f"node {self._node} cannot reach {address}:{port}: {exc}"
+            try:
+                self._report(RelayFailed(token, chain[0][0], reason))
+            except OSError:
+                pass  # the client is gone
+            return
         with out:
             try:
-                out.settimeout(_SEND_TIMEOUT)
-                out.sendall(self._key + _HEADER.pack(len(header)) + header)
                 sent = 0
                 while sent < payload.total:
                     received = payload.progress(sent)

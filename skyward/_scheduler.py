@@ -15,6 +15,7 @@ slots too (a worker ready, lost, replaced). Nothing here blocks while holding it
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -204,7 +205,19 @@ class Scheduler:
                 channel.abort_relay(token, first.rank, f"node {first.rank}'s link broke")
             return
         channels = [root] + [channel for _, _, channel in receivers]
-        self.fanout.started(token, channels, futures, self.lock)
+        self.fanout.started(token, channels, first_task.payload, futures, self.lock)
+
+    def relay_failed(self, report: proto.RelayFailed) -> None:
+        """A node could not reach the next one in a relay (``Fanout.failed``)."""
+        with self.lock:
+            if not self.fanout.unreachable:
+                logging.getLogger("skyward").warning(
+                    "skyward: pool %s relays no more broadcasts between its nodes, they "
+                    "cannot all reach each other (%s); each node gets them from this machine",
+                    self._name,
+                    report.reason,
+                )
+            self.fanout.failed(report)
 
     def _gang_part_done(self, _: Future[Any]) -> None:
         with self.lock:

@@ -264,6 +264,8 @@ class _Worker:
                     self.link.send(_stacks(message.request_id))
                 elif isinstance(message, proto.RelayAbort) and self.link.relays is not None:
                     self.link.relays.abort(message.token, message.node, message.reason)
+                elif isinstance(message, proto.RelayPayload) and self.link.relays is not None:
+                    self.link.relays.deliver(message.token, parts)
                 elif isinstance(message, proto.Shutdown):
                     cancel = message.cancel
                     break
@@ -394,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     _info._set_current(message.info)
     if message.relay_key:
         info = message.info
-        link.relays = Relays(info.node, message.relay_key, info.peers[info.node])
+        link.relays = Relays(info.node, message.relay_key, info.peers[info.node], link.send)
     worker = _Worker(link, stdout, message.concurrency)
     worker.start_reader()
     with ExitStack() as stack:

@@ -150,3 +150,28 @@ def lose_a_node_mid_relay(pool: sky.ComputePool, ssh_hosts: Hosts, victim: int) 
         time.sleep(0.1)
     text, blob = payload(4 * 2**20)
     assert [r[:2] for r in digests(text, blob) @ pool] == [expected(text, blob)] * 4
+
+
+@pytest.mark.timeout(120)
+def test_nodes_that_cannot_reach_each_other_get_the_payload_from_the_client(
+    ssh_hosts: Hosts, package_index: PackageIndex
+) -> None:
+    # Host 1 has no route to host 2 (a firewall between nodes, a peer address they do not
+    # route): the relay stops there, and the client sends nodes 2 and 3 the payload itself.
+    h1, h2 = ssh_hosts.hosts[1], ssh_hosts.hosts[2]
+    route = ["ip", "netns", "exec", h1.netns, "ip", "route"]
+    subprocess.run([*route, "add", "unreachable", f"{h2.address}/32"], check=True)
+    try:
+        with every_host(ssh_hosts, package_index) as pool:
+            text, blob = payload(8 * 2**20)
+            before = sent_by_client(ssh_hosts)
+            assert [r[:2] for r in digests(text, blob) @ pool] == [expected(text, blob)] * 4
+            # Once to node 0 (which relayed it to node 1), then to nodes 2 and 3.
+            assert 2.5 * 8 * 2**20 < sent_by_client(ssh_hosts) - before < 3.5 * 8 * 2**20
+            # The pool relays no more: the next large broadcast goes to every node direct.
+            text, blob = payload(4 * 2**20)
+            before = sent_by_client(ssh_hosts)
+            assert [r[:2] for r in digests(text, blob) @ pool] == [expected(text, blob)] * 4
+            assert sent_by_client(ssh_hosts) - before >= 4 * 4 * 2**20
+    finally:
+        subprocess.run([*route, "del", "unreachable", f"{h2.address}/32"], check=True)
