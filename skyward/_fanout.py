@@ -21,6 +21,7 @@ latency, and the client's link only matters for large ones.
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -28,6 +29,7 @@ from typing import Any
 
 from skyward import _protocol as proto
 from skyward._channel import Channel
+from skyward._futures import LOSS_GRACE
 
 # Payloads from this size are relayed: below it a broadcast costs little on any link, and
 # a relay's extra hop (a TCP connection per node) would be most of it.
@@ -35,9 +37,10 @@ RELAY_MIN_BYTES = 1 << 20
 
 
 class Fanout:
-    """Relays in flight, by token. Called with the scheduler's lock held."""
+    """Relays in flight, by token. Called with the scheduler's lock (``lock``) held."""
 
-    def __init__(self, min_bytes: int = RELAY_MIN_BYTES) -> None:
+    def __init__(self, lock: AbstractContextManager[Any], min_bytes: int = RELAY_MIN_BYTES) -> None:
+        self._lock = lock
         self._min_bytes = min_bytes
         # token -> the channels, in chain order, and the payload (kept for RelayFailed)
         self._active: dict[bytes, tuple[list[Channel], proto.Parts]] = {}
@@ -66,19 +69,14 @@ class Fanout:
         return proto.Relay(token, chain=chain)
 
     def started(
-        self,
-        token: bytes,
-        channels: list[Channel],
-        payload: proto.Parts,
-        futures: Sequence[Future[Any]],
-        lock: AbstractContextManager[Any],
+        self, token: bytes, channels: list[Channel], payload: proto.Parts, futures: list[Any]
     ) -> None:
         """Remember the relay until every part of the broadcast has finished."""
         self._active[token] = (channels, payload)
         left = [len(futures)]
 
         def done(_: Future[Any]) -> None:
-            with lock:
+            with self._lock:
                 left[0] -= 1
                 if left[0] == 0:
                     self._active.pop(token, None)
@@ -94,11 +92,32 @@ class Fanout:
                     later.abort_relay(token, channel.node, why)
 
     def failed(self, report: proto.RelayFailed) -> None:
-        """A node could not reach the next one's relay port: send the payload directly to
-        that node and the ones after it, and relay nothing more in this pool."""
-        self.unreachable = self.unreachable or report.reason
+        """A node could not relay to the next one: send the payload directly to that node
+        and the ones after it. If it could not reach it at all, relay nothing more in this
+        pool (its nodes cannot all reach each other). If the connection broke mid-way, the
+        next node most likely died, and its own link says so in a moment (then its loss
+        fails the broadcast, and sending it the payload over the client's link would only
+        hold up what comes next): wait that moment first."""
+        if not report.connected:
+            self.unreachable = self.unreachable or report.reason
+            self._deliver(report)
+            return
+        timer = threading.Timer(LOSS_GRACE, self._deliver_locked, (report,))
+        timer.daemon = True
+        timer.start()
+
+    def _deliver_locked(self, report: proto.RelayFailed) -> None:
+        with self._lock:
+            self._deliver(report)
+
+    def _deliver(self, report: proto.RelayFailed) -> None:
         channels, payload = self._active.get(report.token, ([], []))
         nodes = [c.node for c in channels]
-        if report.node in nodes:
-            for channel in channels[nodes.index(report.node) :]:
+        if report.node not in nodes:
+            return  # the broadcast has finished
+        rest = channels[nodes.index(report.node) :]
+        if rest[0].broken:
+            return  # lost: the nodes after it were told (lost()), and the broadcast fails
+        for channel in rest:
+            if not channel.broken:
                 channel.deliver_relay(report.token, payload)

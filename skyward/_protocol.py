@@ -161,12 +161,14 @@ class StacksReport:
 
 @dataclass(frozen=True)
 class RelayFailed:
-    """This node could not reach node ``node``'s relay port for relay ``token``: the client
-    sends that node, and the ones after it, the payload itself (``RelayPayload``)."""
+    """This node could not relay ``token``'s payload to node ``node``: the client sends that
+    node, and the ones after it, the payload itself (``RelayPayload``). ``connected``: the
+    connection was made and broke mid-way (else the node could not be reached at all)."""
 
     token: bytes
     node: int
     reason: str
+    connected: bool = False
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ _MAX_HEADER = 1 << 20
 # nothing for _SEND_TIMEOUT is gone (its own loss reaches the client over its link).
 _HANDSHAKE_TIMEOUT = 10.0
 _SEND_TIMEOUT = 60.0
-_ABORTED_KEPT = 256  # tokens aborted before their payload was asked for, remembered
+_TOKENS_KEPT = 256  # tokens aborted before their payload was asked for, or taken, remembered
 
 Chain = tuple[tuple[int, str, int], ...]  # (rank, address, port) of the nodes still to reach
 
@@ -107,7 +107,10 @@ class Payload:
                 return
             self.started = self.complete = True
             self.error = None
+            # The same bytes: a forwarder of this node sends the rest from these.
             self.parts = parts
+            self.lengths = tuple(memoryview(part).nbytes for part in parts)
+            self.total = self.received = sum(self.lengths)
             source, self._source = self._source, None
             self._cond.notify_all()
         if source is not None:
@@ -170,6 +173,8 @@ class Relays:
         self._lock = threading.Lock()  # guards: _payloads, _aborted
         self._payloads: dict[bytes, Payload] = {}
         self._aborted: collections.OrderedDict[bytes, WorkerLost] = collections.OrderedDict()
+        # Tokens whose payload a call has taken: a late RelayPayload for one is dropped.
+        self._taken: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             # Only where peers reach this node, when that is an address of this machine.
@@ -208,6 +213,7 @@ class Relays:
         finally:
             with self._lock:
                 self._payloads.pop(token, None)
+                _remember(self._taken, token, None)
 
     def deliver(self, token: bytes, parts: list[Any]) -> None:
         """The payload of ``token`` as the client sent it, the relay having failed to
@@ -223,14 +229,17 @@ class Relays:
         with self._lock:
             payload = self._payloads.get(token)
             if payload is None:  # its Call or its connection has not come yet
-                self._aborted[token] = error
-                while len(self._aborted) > _ABORTED_KEPT:
-                    self._aborted.popitem(last=False)
+                if token not in self._taken:
+                    _remember(self._aborted, token, error)
                 return
         payload.fail(error)
 
     def _payload(self, token: bytes) -> Payload:
         with self._lock:
+            if token in self._taken:  # its call has run: a late delivery goes nowhere
+                gone = Payload()
+                gone.fail(EOFError("this payload's call has run"))
+                return gone
             payload = self._payloads.get(token)
             if payload is None:
                 payload = self._payloads[token] = Payload()
@@ -300,10 +309,7 @@ class Relays:
             # The nodes cannot reach each other there (a firewall, an address the pool's
             # machines do not route): the client sends the rest of the chain the payload.
             reason = f"node {self._node} cannot reach {address}:{port}: {exc}"
-            try:
-                self._report(RelayFailed(token, chain[0][0], reason))
-            except OSError:
-                pass  # the client is gone
+            self._failed(RelayFailed(token, chain[0][0], reason))
             return
         with out:
             try:
@@ -314,8 +320,12 @@ class Relays:
                         out.sendall(_CHUNK_HEAD.pack(view.nbytes))
                         out.sendall(view)
                     sent = received
-            except OSError:
-                return  # the next node is gone: the client hears of it over its own link
+            except OSError as exc:
+                # The next node is gone (the client hears of that over its own link) or the
+                # network between stalled: the client sends the rest of the chain the payload.
+                reason = f"node {self._node} to {address}:{port}: broke after {sent} bytes: {exc}"
+                self._failed(RelayFailed(token, chain[0][0], reason, connected=True))
+                return
             except BaseException as exc:  # this node's own payload failed: say why, downstream
                 lost = (
                     exc
@@ -331,6 +341,12 @@ class Relays:
                     out.sendall(_CHUNK_HEAD.pack(-len(blob)) + blob)
                 except OSError:
                     pass
+
+    def _failed(self, report: RelayFailed) -> None:
+        try:
+            self._report(report)
+        except OSError:
+            pass  # the client is gone
 
 
 def _chunks(connection: socket.socket) -> Callable[[memoryview], int]:
@@ -350,6 +366,12 @@ def _chunks(connection: socket.socket) -> Callable[[memoryview], int]:
         return n
 
     return readinto
+
+
+def _remember(tokens: collections.OrderedDict[bytes, Any], token: bytes, value: Any) -> None:
+    tokens[token] = value
+    while len(tokens) > _TOKENS_KEPT:
+        tokens.popitem(last=False)
 
 
 def _recv_exact(connection: socket.socket, size: int) -> bytes:

@@ -127,7 +127,7 @@ class Scheduler:
         self._watch = watch
         self._accepting = accepting
         self._pumping = False
-        self.fanout = Fanout()  # relayed broadcasts in flight
+        self.fanout = Fanout(self.lock)  # relayed broadcasts in flight
         # Gang broadcasts: parts sent or held and not finished, and whole broadcasts waiting
         # for them to finish (call, payload, route, futures).
         self._gang_running = 0
@@ -205,12 +205,12 @@ class Scheduler:
                 channel.abort_relay(token, first.rank, f"node {first.rank}'s link broke")
             return
         channels = [root] + [channel for _, _, channel in receivers]
-        self.fanout.started(token, channels, first_task.payload, futures, self.lock)
+        self.fanout.started(token, channels, first_task.payload, futures)
 
     def relay_failed(self, report: proto.RelayFailed) -> None:
         """A node could not reach the next one in a relay (``Fanout.failed``)."""
         with self.lock:
-            if not self.fanout.unreachable:
+            if not self.fanout.unreachable and not report.connected:
                 logging.getLogger("skyward").warning(
                     "skyward: pool %s relays no more broadcasts between its nodes, they "
                     "cannot all reach each other (%s); each node gets them from this machine",
