@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 
 # public name -> the private module that defines it
 _EXPORTS: dict[str, str] = {
+    "AWS": "skyward.providers.aws",
     "Allocation": "skyward.providers.base",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
@@ -55,18 +56,30 @@ _EXPORTS: dict[str, str] = {
     "Stacks": "skyward._stacks",
     "StartError": "skyward._errors",
     "VersionMismatch": "skyward._errors",
+    "Worker": "skyward._spec",
     "WorkerLost": "skyward._errors",
+    "barrier": "skyward._collections",
     "compute": "skyward._compute",
-    "gather": "skyward._multihost",
+    "counter": "skyward._collections",
+    "dict": "skyward._collections",
+    "gather": "skyward._compute",
     "instance_info": "skyward._info",
+    "is_head": "skyward._output",
+    "lock": "skyward._collections",
+    "queue": "skyward._collections",
+    "set": "skyward._collections",
     "shard": "skyward._multihost",
+    "silent": "skyward._output",
+    "stderr": "skyward._output",
+    "stdout": "skyward._output",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__", "plugins"])
 
 if TYPE_CHECKING:
     from skyward import plugins
-    from skyward._compute import CallGroup, Compute, PendingCall, compute
+    from skyward._collections import barrier, counter, dict, lock, queue, set
+    from skyward._compute import CallGroup, Compute, PendingCall, compute, gather
     from skyward._errors import (
         BootstrapError,
         ChannelError,
@@ -86,12 +99,14 @@ if TYPE_CHECKING:
     )
     from skyward._image import Image, PipIndex
     from skyward._info import InstanceInfo, instance_info
-    from skyward._multihost import gather, shard
+    from skyward._multihost import shard
+    from skyward._output import is_head, silent, stderr, stdout
     from skyward._plugin import Plugin
     from skyward._pool import ComputePool
     from skyward._scheduler import PoolStatistics
-    from skyward._spec import PoolSpec
+    from skyward._spec import PoolSpec, Worker
     from skyward._stacks import Stacks
+    from skyward.providers.aws import AWS
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local
     from skyward.providers.ssh import SSH

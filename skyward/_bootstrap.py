@@ -105,7 +105,8 @@ class Plan:
     def digest(self) -> str:
         # env reaches workers when they start; it shapes the environment only through the
         # setup commands, which see it.
-        image = self.image.model_dump(mode="json", exclude=set() if self.image.setup else {"env"})
+        env = set() if self.image.setup else {"env"}
+        image = self.image.model_dump(mode="json", exclude=_NOT_IN_ENVIRONMENT | env)
         if wheels := self.wheels:
             # By content, not by where the file sits on the client: a rebuilt wheel under the
             # same name is another environment, the same wheel moved is the same one.
@@ -128,6 +129,10 @@ class Plan:
     def env_dir(self) -> str:
         return f"{self.workdir}/envs/{self.digest}"
 
+
+# Image fields that do not shape the environment the script makes: uploaded apart (includes),
+# or only bounding the run (bootstrap_timeout).
+_NOT_IN_ENVIRONMENT = {"includes", "excludes", "skyward_source", "bootstrap_timeout"}
 
 # Bumped whenever the script's shape changes, so hosts do not trust environments that an
 # older script made.

@@ -27,11 +27,10 @@ import itertools
 import logging
 import queue
 import select
-import signal
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skyward import _protocol as proto
 from skyward._errors import (
@@ -40,8 +39,13 @@ from skyward._errors import (
     RemoteError,
     StartError,
     WorkerLost,
+    describe_status,
 )
 from skyward._futures import Deadline, delivering, fail, resolve
+from skyward._relay import Relay, RelayFailed
+
+if TYPE_CHECKING:  # a streaming call's state; its frames come back through on_frame
+    from skyward._stream import Streams
 
 _STDERR_TAIL_LINES = 40
 _STDERR_LINE_BYTES = 2048  # of each line in the tail, its end is kept
@@ -104,17 +108,6 @@ def _tail_line(line: bytes) -> str:
     return text if len(line) <= _STDERR_LINE_BYTES else "…" + text
 
 
-def describe_status(status: int | None) -> str:
-    if status is None:
-        return "an unknown status (still running, or not reported)"
-    if status < 0:
-        try:
-            return f"signal {signal.Signals(-status).name}"
-        except ValueError:
-            return f"signal {-status}"
-    return f"exit code {status}"
-
-
 class Channel:
     """One worker link. ``submit`` and ``send_*`` are thread-safe.
 
@@ -133,8 +126,9 @@ class Channel:
         output: OutputSink,
         on_lost: Callable[[Channel, WorkerLost], None] | None = None,
         on_broken: Callable[[Channel], None] | None = None,
+        on_frame: Callable[[Channel, Any, proto.Parts], None] = lambda *_: None,
         on_result: Callable[[int], None] | None = None,
-        on_relay_failed: Callable[[proto.RelayFailed], None] | None = None,
+        diagnose: Callable[[int], str | None] | None = None,
     ) -> None:
         self.node = node
         self.pid: int | None = None
@@ -143,17 +137,17 @@ class Channel:
         self._output = output
         self._on_lost = on_lost
         self._on_broken = on_broken
+        self._on_frame = on_frame  # Shared, Yield, Want, RelayFailed: for the pool
         self._on_result = on_result  # before a result is handed over: flush partial output
-        self._on_relay_failed = on_relay_failed
+        self._diagnose = diagnose  # why a node's link dropped, if its provider can tell
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
         self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
         self._write_lock = threading.Lock()  # guards: writing to the transport
         self._queued_lock = threading.Lock()  # guards: _queued
         self._queued = 0  # frames put in the outbox and not yet written
-        self._lock = (
-            threading.Lock()
-        )  # guards: _pending, _stack_requests, _ids, broken, lost, _closing
+        # guards: _pending, _stack_requests, _ids, broken, lost, _closing
+        self._lock = threading.Lock()
         self._pending: dict[int, tuple[str, Done]] = {}
         self._stack_requests: dict[int, Future[proto.StacksReport]] = {}
         self._ids = itertools.count(1)
@@ -211,7 +205,12 @@ class Channel:
     # ── calls ────────────────────────────────────────────────────────────────────────────
 
     def submit(
-        self, name: str, payload: proto.Parts, done: Done, relay: proto.Relay | None = None
+        self,
+        name: str,
+        payload: proto.Parts,
+        done: Done,
+        streams: Streams | None = None,
+        relay: Relay | None = None,
     ) -> bool:
         """Queue one call; ``done`` gets its result, its exception, or ``WorkerLost``.
 
@@ -224,17 +223,17 @@ class Channel:
                 return False
             call_id = next(self._ids)
             self._pending[call_id] = (name, done)
-        inbound = relay is not None and relay.inbound
-        self._send(proto.Call(call_id, name, relay), None if inbound else payload)
+        if streams is not None:
+            message = streams.call(self, call_id)
+        else:
+            message = proto.Call(call_id, name, relay=relay)
+            payload = [] if relay is not None and relay.inbound else payload
+        self._send(message, payload)
         return True
 
-    def abort_relay(self, token: bytes, node: int, reason: str) -> None:
-        """Tell the worker that node ``node`` of relay ``token`` was lost."""
-        self._send(proto.RelayAbort(token, node, reason))
-
-    def deliver_relay(self, token: bytes, payload: proto.Parts) -> None:
-        """Send the worker the payload of relay ``token`` directly."""
-        self._send(proto.RelayPayload(token), payload)
+    def send(self, message: object, payload: proto.Parts | None = None) -> None:
+        """Send one frame to the worker (a reply); never waits on a slow worker."""
+        self._send(message, payload)
 
     def request_stacks(self) -> Future[proto.StacksReport]:
         """Ask the worker for every thread's stack; answered even while calls run."""
@@ -341,6 +340,8 @@ class Channel:
     def _dispatch(self, message: object, parts: proto.Parts) -> None:
         if isinstance(message, proto.Log):
             self._output(self.node, "stdout", message.data)
+        elif isinstance(message, proto.Shared | proto.Yield | proto.Want | RelayFailed):
+            self._on_frame(self, message, parts)
         elif isinstance(message, proto.Result):
             with self._lock:
                 entry = self._pending.pop(message.call_id, None)
@@ -354,8 +355,8 @@ class Channel:
             try:
                 value = proto.loads(parts)
             except BaseException as exc:  # even SystemExit: it must not end this thread
-                message_text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
-                _finish(entry[1], RemoteError(type(exc).__name__, message_text, ""), None)
+                text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
+                _finish(entry[1], RemoteError(type(exc).__name__, text, ""), None)
                 return
             _finish(entry[1], None, value)
         elif isinstance(message, proto.StartFailed):
@@ -370,9 +371,6 @@ class Channel:
                 request = self._stack_requests.pop(message.request_id, None)
             if request is not None:
                 resolve(request, message)
-        elif isinstance(message, proto.RelayFailed):
-            if self._on_relay_failed is not None:
-                self._on_relay_failed(message)
         elif isinstance(message, proto.Bye):
             pass
         else:
@@ -405,6 +403,9 @@ class Channel:
         self._transport.kill()
         self._stderr_thread.join(_EXIT_STATUS_TIMEOUT)
         tail = "\n".join(self._stderr_tail)
+        link = self._transport.link_lost()
+        # A dropped link: the provider may know why (a reclaimed spot VM); asked unlocked.
+        why = self._diagnose(self.node) if link is not None and self._diagnose else None
         with self._lock:
             pending = list(self._pending.values())
             self._pending.clear()
@@ -413,11 +414,12 @@ class Channel:
             closing = self._closing
             running = ", ".join(name for name, _ in pending) or "no calls"
             doing = f"running {running}" if self._ready else "starting (before Ready)"
-            link = self._transport.link_lost()
             if link is not None:
                 message = (
                     f"node {self.node}: {link}; lost the worker (pid {self.pid}) while {doing}"
                 )
+                if why:
+                    message += f"; {why}"
             else:
                 message = (
                     f"node {self.node}: the worker (pid {self.pid}) ended with "

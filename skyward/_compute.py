@@ -7,6 +7,8 @@
     f(x) @ pool          -> [value, ...]       every node, by rank
     f(x) > pool          -> Future             one node, don't wait
     (f(x) & g(y)) >> pool -> (fx, gy)          several calls in parallel
+    gather(*calls) >> pool -> (fx, ...)        the same, for any number of calls
+    gather(*calls, stream=True) >> pool        an iterator of their values as they finish
 
 The operators only hand the call to the pool (``ComputePool.run`` and friends); all
 scheduling lives there. ``f.local(x)`` runs ``f`` in this process, unchanged.
@@ -14,10 +16,11 @@ scheduling lives there. ``f.local(x)`` runs ``f`` in this process, unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -57,6 +60,7 @@ class ComputePool(Protocol):
     def _run_call(self, call: PendingCall[R]) -> Future[R]: ...
     def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]: ...
     def _run_group(self, calls: tuple[PendingCall[Any], ...]) -> Future[tuple[Any, ...]]: ...
+    def _run_calls(self, calls: Sequence[PendingCall[Any]]) -> list[Future[Any]]: ...
 
 
 class Compute(Generic[P, R]):
@@ -117,14 +121,20 @@ class PendingCall(Generic[R]):
         if not self.name:
             object.__setattr__(self, "name", _name(self.fn))
 
+    def with_timeout(self, timeout: float) -> PendingCall[R]:
+        """This call with its own ``timeout`` (see ``compute``), as skyward 0.5 spelled it."""
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        return dataclasses.replace(self, timeout=timeout)
+
     def __rshift__(self, pool: ComputePool) -> R:
-        return pool._run_call(self).result()
+        return _pool(pool, ">>")._run_call(self).result()
 
     def __matmul__(self, pool: ComputePool) -> list[R]:
-        return pool._broadcast_call(self).result()
+        return _pool(pool, "@")._broadcast_call(self).result()
 
     def __gt__(self, pool: ComputePool) -> Future[R]:
-        return pool._run_call(self)
+        return _pool(pool, ">")._run_call(self)
 
     def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
         return CallGroup((self,)) & other
@@ -175,22 +185,100 @@ class PendingCall(Generic[R]):
 
 @dataclass(frozen=True, eq=False)
 class CallGroup:
-    """Calls to run in parallel: ``(a() & b()) >> pool`` returns ``(a_value, b_value)``."""
+    """Calls to run in parallel: ``(a() & b()) >> pool`` returns ``(a_value, b_value)``.
+
+    ``stream`` (from ``gather``): ``group >> pool`` returns an iterator that yields each
+    value as soon as it and, when ``ordered``, every call before it, has finished.
+    """
 
     calls: tuple[PendingCall[Any], ...]
+    stream: bool = False
+    ordered: bool = True
 
     def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
         if isinstance(other, CallGroup):
-            return CallGroup(self.calls + other.calls)
+            return CallGroup(self.calls + other.calls, self.stream, self.ordered)
         if isinstance(other, PendingCall):
-            return CallGroup((*self.calls, other))
+            return CallGroup((*self.calls, other), self.stream, self.ordered)
         return NotImplemented
 
-    def __rshift__(self, pool: ComputePool) -> tuple[Any, ...]:
-        return (self > pool).result()
+    def __rshift__(self, pool: ComputePool) -> Any:
+        target = _pool(pool, ">>")
+        if self.stream:
+            # Every call is queued now; the iterator only waits for them.
+            return _as_they_finish(target._run_calls(self.calls), ordered=self.ordered)
+        return target._run_group(self.calls).result()
 
     def __gt__(self, pool: ComputePool) -> Future[tuple[Any, ...]]:
-        return pool._run_group(self.calls)
+        target = _pool(pool, ">")
+        if self.stream:
+            raise TypeError("gather(..., stream=True) yields values: iterate `group >> pool`")
+        return target._run_group(self.calls)
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def __iter__(self) -> Iterator[PendingCall[Any]]:
+        return iter(self.calls)
+
+
+def gather(*calls: PendingCall[Any], stream: bool = False, ordered: bool = True) -> CallGroup:
+    """Group pending calls to run in parallel, like ``&`` for any number of them.
+
+    ``gather(*calls) >> pool`` returns their values as a tuple, in the order given.
+    ``stream=True``: ``>> pool`` returns an iterator of the values as the calls finish, in
+    the order given (``ordered=True``: a value waits for the ones before it) or in the order
+    they finish (``ordered=False``). A failed call raises where its value would have been
+    yielded; leaving the loop early cancels the calls that have not started.
+    """
+    for call in calls:
+        if not isinstance(call, PendingCall):
+            raise TypeError(
+                f"sky.gather groups pending calls such as f(x), not a {type(call).__name__}; "
+                f"the jax all-gather that sky.gather(tree) used to be is "
+                f"sky.plugins.jax_gather(tree)"
+            )
+    return CallGroup(tuple(calls), stream=stream, ordered=ordered)
+
+
+def _as_they_finish(futures: list[Future[Any]], *, ordered: bool) -> Iterator[Any]:
+    try:
+        for future in futures if ordered else as_completed(futures):
+            yield future.result()
+    finally:
+        # The loop ended early (break, an error): calls still queued need not run.
+        for future in futures:
+            future.cancel()
+
+
+def pending_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn(*args, **kwargs)`` as a pending call, for the pool's methods (``pool.run(fn)``)."""
+    if isinstance(fn, Compute):
+        return PendingCall(fn.fn, args, kwargs, timeout=fn.timeout)
+    if not callable(fn):
+        raise TypeError(f"expected a function, not {type(fn).__name__}")
+    return PendingCall(fn, args, kwargs)
+
+
+def _pool(target: object, operator: str) -> ComputePool:
+    """``target`` if it is a pool; else a TypeError that says what the right side must be.
+
+    Without it, ``f(x) >> None`` fails with an AttributeError about a private method.
+    """
+    if hasattr(target, "_run_call") and hasattr(target, "_broadcast_call"):
+        return target  # type: ignore[return-value]
+    if inspect.ismodule(target):
+        what = f"the module {target.__name__!r}"
+    else:
+        what = "None" if target is None else f"a {type(target).__name__}"
+    hint = ""
+    if inspect.ismodule(target) and target.__name__ == "skyward":
+        # skyward 0.5 sent `>> sky` to the pool of the enclosing `with` block.
+        hint = " (skyward 0.5's `>> sky`, 'the active pool', is spelled with the pool itself)"
+    raise TypeError(
+        f"the right side of `{operator}` must be a sky.ComputePool, as in "
+        f"`with sky.ComputePool() as pool: f(x) {operator} pool`; got {what}{hint}"
+    )
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -171,3 +171,17 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f"\n\nRemote traceback:\n{self.traceback}"
+
+
+def describe_status(status: int | None) -> str:
+    """A worker's exit status in words, for ``WorkerLost`` (negative: killed by a signal)."""
+    import signal
+
+    if status is None:
+        return "an unknown status (still running, or not reported)"
+    if status < 0:
+        try:
+            return f"signal {signal.Signals(-status).name}"
+        except ValueError:
+            return f"signal {-status}"
+    return f"exit code {status}"

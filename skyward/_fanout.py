@@ -30,6 +30,7 @@ from typing import Any
 from skyward import _protocol as proto
 from skyward._channel import Channel
 from skyward._futures import LOSS_GRACE
+from skyward._relay import Relay, RelayAbort, RelayFailed, RelayPayload
 
 # Payloads from this size are relayed: below it a broadcast costs little on any link, and
 # a relay's extra hop (a TCP connection per node) would be most of it.
@@ -60,13 +61,13 @@ class Fanout:
         return secrets.token_bytes(16)
 
     @staticmethod
-    def chain(token: bytes, receivers: Sequence[tuple[int, str, Channel]]) -> proto.Relay | None:
+    def chain(token: bytes, receivers: Sequence[tuple[int, str, Channel]]) -> Relay | None:
         """The first node's relay towards ``receivers`` (rank, address, channel), in order;
         None if no other node took its call (the first then simply gets a direct call)."""
         if not receivers:
             return None
         chain = tuple((rank, address, c.relay_port or 0) for rank, address, c in receivers)
-        return proto.Relay(token, chain=chain)
+        return Relay(token, chain=chain)
 
     def started(
         self, token: bytes, channels: list[Channel], payload: proto.Parts, futures: list[Any]
@@ -89,9 +90,9 @@ class Fanout:
         for token, (channels, _) in list(self._active.items()):
             if channel in channels:
                 for later in channels[channels.index(channel) + 1 :]:
-                    later.abort_relay(token, channel.node, why)
+                    later.send(RelayAbort(token, channel.node, why))
 
-    def failed(self, report: proto.RelayFailed) -> None:
+    def failed(self, report: RelayFailed) -> None:
         """A node could not relay to the next one: send the payload directly to that node
         and the ones after it. If it could not reach it at all, relay nothing more in this
         pool (its nodes cannot all reach each other). If the connection broke mid-way, the
@@ -106,11 +107,11 @@ class Fanout:
         timer.daemon = True
         timer.start()
 
-    def _deliver_locked(self, report: proto.RelayFailed) -> None:
+    def _deliver_locked(self, report: RelayFailed) -> None:
         with self._lock:
             self._deliver(report)
 
-    def _deliver(self, report: proto.RelayFailed) -> None:
+    def _deliver(self, report: RelayFailed) -> None:
         channels, payload = self._active.get(report.token, ([], []))
         nodes = [c.node for c in channels]
         if report.node not in nodes:
@@ -120,4 +121,4 @@ class Fanout:
             return  # lost: the nodes after it were told (lost()), and the broadcast fails
         for channel in rest:
             if not channel.broken:
-                channel.deliver_relay(report.token, payload)
+                channel.send(RelayPayload(report.token), payload)

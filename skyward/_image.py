@@ -12,9 +12,13 @@ file to the hosts.
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
+import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -112,9 +116,19 @@ class Image(BaseModel):
       ``pip_indexes`` adds indexes scoped to named packages.
     - ``apt``: Debian/Ubuntu packages; ``setup``: shell commands run after installs.
     - ``env``: environment variables every worker process starts with.
+    - ``includes``: local directories or ``.py`` files (relative to the current directory,
+      made absolute here) that workers can import: ``includes=["lib"]`` makes ``import lib``
+      work on every worker. Remote nodes get a copy, without what ``excludes`` (glob
+      patterns on names, such as ``"__pycache__"`` or ``"*.pyc"``) matches.
+    - ``skyward_source``: where a worker's skyward comes from. Only ``"auto"`` and
+      ``"local"``, which mean the same: the client's own package, uploaded to remote nodes,
+      so both ends run the same code.
+    - ``bootstrap_timeout``: seconds the image's bootstrap script may run on a remote node
+      (``None``: bounded only by the pool's ``provision_timeout``).
 
     The local provider uses the client's own interpreter: it applies ``env``, checks ``pip``
-    against what is installed, and ignores ``python``, ``apt``, ``setup`` and the indexes.
+    against what is installed, puts ``includes`` on the workers' path, and ignores
+    ``python``, ``apt``, ``setup``, the indexes and ``bootstrap_timeout``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
@@ -126,6 +140,56 @@ class Image(BaseModel):
     apt: tuple[str, ...] = ()
     env: Mapping[str, str] = Field(default_factory=dict)
     setup: tuple[str, ...] = ()
+    includes: tuple[str, ...] = ()
+    excludes: tuple[str, ...] = ()
+    skyward_source: Literal["auto", "local"] = "auto"
+    bootstrap_timeout: float | None = Field(default=None, gt=0)
+
+    @field_validator("skyward_source", mode="before")
+    @classmethod
+    def _source(cls, source: object) -> object:
+        if source in ("pypi", "github"):
+            raise ValueError(
+                f"skyward_source={source!r} is not offered: workers always run the client's "
+                f"own skyward, uploaded to remote nodes, so both ends run the same code (the "
+                f"'skyward' on PyPI is another project). Use 'auto' (the default) or 'local'"
+            )
+        return source
+
+    @field_validator("includes")
+    @classmethod
+    def _includes(cls, includes: tuple[str, ...]) -> tuple[str, ...]:
+        found = []
+        for path in includes:
+            absolute = os.path.abspath(os.path.expanduser(path))
+            if not os.path.exists(absolute):
+                raise ValueError(f"includes: {path!r} does not exist (looked at {absolute})")
+            if os.path.isfile(absolute) and not absolute.endswith(".py"):
+                raise ValueError(f"includes: {path!r} is a file but not a .py module")
+            found.append(absolute)
+        return tuple(found)
+
+    def include_roots(self) -> list[str]:
+        """The directories that hold ``includes``, for ``sys.path`` on the client's machine."""
+        return sorted({os.path.dirname(path) for path in self.includes})
+
+    def included_files(self) -> Iterator[tuple[str, str]]:
+        """Every file ``includes`` ships, as (local path, path under the include root),
+        without what ``excludes`` matches, in a stable order."""
+        for path in sorted(self.includes):
+            root = os.path.dirname(path)
+            if os.path.isfile(path):
+                yield path, os.path.relpath(path, root)
+                continue
+            for directory, folders, files in os.walk(path):
+                folders[:] = sorted(f for f in folders if not self._excluded(f))
+                for name in sorted(files):
+                    if not self._excluded(name):
+                        full = os.path.join(directory, name)
+                        yield full, os.path.relpath(full, root)
+
+    def _excluded(self, name: str) -> bool:
+        return any(fnmatch.fnmatch(name, pattern) for pattern in self.excludes)
 
     @field_validator("python")
     @classmethod
@@ -167,3 +231,22 @@ class Image(BaseModel):
     def with_env(self, env: Mapping[str, str]) -> Image:
         """A new image with ``env`` merged in; its values replace ones already set."""
         return self.model_validate({**self.model_dump(), "env": {**self.env, **env}})
+
+
+def _replaceable(model: type[BaseModel]) -> None:
+    """Let ``dataclasses.replace(image, pip=...)`` make a new image, validated like any.
+
+    skyward 0.5's ``Image`` was a dataclass, and its plugin docs write transforms that way.
+    ``replace`` needs only each field's name; marked as ordinary fields (dataclasses' own
+    marker, stable since 3.7), ``fields()`` and ``asdict()`` work too.
+    """
+    fields = {}
+    for name in model.model_fields:
+        field = dataclasses.field()
+        field.name = name
+        field._field_type = getattr(dataclasses, "_FIELD", None)
+        fields[name] = field
+    model.__dataclass_fields__ = fields
+
+
+_replaceable(Image)

@@ -22,7 +22,12 @@ class InstanceInfo(BaseModel):
     - ``peers``: every node's address, by rank (``peers[0] == head_addr``).
     - ``accelerators``: accelerator devices on this node (0 on CPU-only nodes);
       ``accelerator``: their kind, as the pool asked for it (``"A100"``), or ``None``.
-    - ``pool``, ``provider``: the pool's name and the provider's kind (``"local"``).
+    - ``total_accelerators``: accelerator devices on every node together.
+    - ``pool``, ``provider``: the pool's name and the provider's kind (``"local"``);
+      ``job_id``: this pool's run, unique (a restarted worker keeps it).
+    - ``worker`` / ``workers_per_node``: skyward 0.5's workers within a node (a node's GPU
+      split by MIG); here always ``0`` / ``1``, since each node runs one worker process
+      (``concurrency`` threads or processes inside it).
     """
 
     # defer_build: a worker only unpickles these and never validates one, so it need not
@@ -36,18 +41,33 @@ class InstanceInfo(BaseModel):
     head_port: int = Field(ge=0, le=65535)
     peers: tuple[str, ...]
     accelerators: int = Field(default=0, ge=0)
+    total_accelerators: int = Field(default=-1, ge=-1)  # -1: accelerators x total_nodes
     accelerator: str | None = None
     pool: str | None = None
+    job_id: str = ""
     provider: str = "local"
     hostname: str
+    worker: int = Field(default=0, ge=0)
+    workers_per_node: int = Field(default=1, ge=1)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def is_head(self) -> bool:
         return self.node == 0
 
+    @property
+    def global_worker_index(self) -> int:
+        """This worker's index over the whole pool (skyward 0.5); here equal to ``node``."""
+        return self.node * self.workers_per_node + self.worker
+
+    @property
+    def total_workers(self) -> int:
+        return self.total_nodes * self.workers_per_node
+
     @model_validator(mode="after")
     def _consistent(self) -> InstanceInfo:
+        if self.total_accelerators == -1:  # not given: every node like this one
+            object.__setattr__(self, "total_accelerators", self.accelerators * self.total_nodes)
         if self.node >= self.total_nodes:
             raise ValueError(f"node {self.node} is out of range for {self.total_nodes} nodes")
         if len(self.peers) != self.total_nodes:
@@ -73,6 +93,7 @@ def instance_info() -> InstanceInfo:
         head_port=0,
         peers=("127.0.0.1",),
         pool=None,
+        job_id="local",
         provider="local",
         hostname=socket.gethostname(),
     )

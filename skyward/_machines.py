@@ -123,6 +123,17 @@ class Machines:
             with self._lock:
                 self._replacing.discard(deadline)
 
+    def loss_reason(self, rank: int) -> str | None:
+        """Why node ``rank``'s machine is gone, if the provider can tell."""
+        with self._lock:
+            allocation = self._allocation
+        if allocation is None:
+            return None
+        try:
+            return allocation.loss_reason(rank)
+        except Exception:  # a detail of a message, never a second failure
+            return None
+
     def cancel(self, reason: str) -> None:
         """Stop a provision under way (its deadline's flag); harmless otherwise."""
         with self._lock:

@@ -1,11 +1,16 @@
-"""``Plugin``: a name and two optional hooks, composed in list order.
+"""``Plugin``: a name and three optional hooks, composed in list order.
 
 ``transform(image, spec) -> image`` runs on the client when the pool is built, first plugin
 first; it may raise ``PluginError`` (the keras plugin does when jax is missing before it).
 ``around_app(info) -> context manager`` runs on every worker: entered in list order before the
 first call, exited in reverse at shutdown, like nested ``with`` blocks (first = outermost).
+``decorate(fn) -> fn`` wraps the function of every call on the worker, at each call; the
+first plugin's decorator is outermost, as if stacked above the others.
 Hooks travel to workers with cloudpickle, so a plugin must pickle; the pool checks that when
 it is built.
+
+skyward 0.5 built plugins with ``Plugin.create(name).with_image_transform(...)
+.with_decorator(...).with_around_app(...)``; those builders are here too.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from skyward._info import InstanceInfo
 # imports this module.
 Transform = Callable[[Image, Any], Image]
 AroundApp = Callable[[InstanceInfo], AbstractContextManager[Any]]
+Decorate = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 class Plugin(BaseModel):
@@ -36,9 +42,32 @@ class Plugin(BaseModel):
     name: str = Field(min_length=1)
     transform: Callable[..., Image] | None = None
     around_app: Callable[..., AbstractContextManager[Any]] | None = None
+    decorate: Callable[..., Callable[..., Any]] | None = None
     # True when around_app ties every node into one runtime that cannot take a new member
     # (jax.distributed): when one worker is lost, the pool restarts all of them together.
     gang: bool = False
+
+    @classmethod
+    def create(cls, name: str) -> Plugin:
+        """A plugin with no hooks yet; add them with the ``with_*`` methods."""
+        return cls(name=name)
+
+    def with_image_transform(self, transform: Transform) -> Plugin:
+        return self.model_copy(update={"transform": transform})
+
+    def with_decorator(self, decorate: Decorate) -> Plugin:
+        return self.model_copy(update={"decorate": decorate})
+
+    def with_around_app(self, around_app: AroundApp) -> Plugin:
+        return self.model_copy(update={"around_app": around_app})
+
+
+def decorated(fn: Callable[..., Any], plugins: Sequence[Plugin]) -> Callable[..., Any]:
+    """``fn`` wrapped by every plugin's ``decorate``, the first plugin's outermost."""
+    for plugin in reversed(plugins):
+        if plugin.decorate is not None:
+            fn = plugin.decorate(fn)
+    return fn
 
 
 def enter_around_app(stack: ExitStack, plugins: Sequence[Plugin], info: InstanceInfo) -> None:

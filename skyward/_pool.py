@@ -20,27 +20,31 @@ from __future__ import annotations
 import atexit
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+import weakref
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from skyward import _profile
+from skyward import _protocol as proto
 from skyward._channel import Channel
-from skyward._compute import Compute, PendingCall
+from skyward._collections import PoolCollections, register, unregister
 from skyward._console import Console, ConsoleMode, OutputMode
 from skyward._errors import PoolClosed
-from skyward._futures import CallFuture, Deadline, fail, gather
+from skyward._futures import Deadline, fail
 from skyward._hangs import HangWatch
 from skyward._image import Image
 from skyward._machines import Machines
-from skyward._modules import ship_client_modules
 from skyward._plugin import Plugin
+from skyward._pool_calls import PoolCalls
 from skyward._recovery import Recovery
-from skyward._scheduler import PoolStatistics, Scheduler, Slot, Task
-from skyward._spec import PoolSpec, apply_transforms, pickle_plugins
+from skyward._relay import RelayFailed
+from skyward._scheduler import PoolStatistics, Scheduler, Slot
+from skyward._shared_state import SharedState
+from skyward._spec import AllocationStrategy, PoolSpec, Worker, apply_transforms, pickle_plugins
 from skyward._stacks import Stacks, collect
 from skyward._startup import Startup
+from skyward._stream import Streams, route
 from skyward.providers.base import Allocation, Provider
 
 R = TypeVar("R")
@@ -49,7 +53,7 @@ State = Literal["new", "starting", "running", "draining", "closing", "closed"]
 _ACTIVE = ("running", "draining")
 
 
-class ComputePool:
+class ComputePool(PoolCalls, PoolCollections):
     """A pool of nodes running Skyward workers. Use it as a context manager::
 
         with sky.ComputePool(nodes=4) as pool:
@@ -72,11 +76,15 @@ class ComputePool:
         self,
         provider: Provider | None = None,
         *,
-        nodes: int = 1,
+        nodes: int | tuple[int, int] = 1,
         accelerator: str | None = None,
+        vcpus: float | None = None,
+        memory_gb: float | None = None,
+        allocation: AllocationStrategy | None = None,
         image: Image | None = None,
         plugins: Sequence[Plugin] = (),
-        concurrency: int = 1,
+        concurrency: int | None = None,
+        worker: Worker | None = None,
         name: str | None = None,
         provision_timeout: float = 1800.0,
         start_timeout: float = 120.0,
@@ -92,10 +100,14 @@ class ComputePool:
             "provider": Local() if provider is None else provider,
             "nodes": nodes,
             "accelerator": accelerator,
+            "vcpus": vcpus,
+            "memory_gb": memory_gb,
+            "allocation": allocation,
             "image": Image() if image is None else image,
             # A list is taken as a tuple; anything else is left to the validator to name.
             "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,
             "concurrency": concurrency,
+            "worker": worker,
             "provision_timeout": provision_timeout,
             "start_timeout": start_timeout,
             "shutdown_timeout": shutdown_timeout,
@@ -120,6 +132,8 @@ class ComputePool:
         self._state: State = "new"  # guarded by the scheduler's lock
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
         self._hurry = False  # a close(wait=False) came while another close was draining
+        self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
+        self._shared = SharedState()  # sky.dict(...) and the rest (_collections)
         self._started_at = 0.0
         self._scheduler = Scheduler(
             name=spec.name,
@@ -138,7 +152,11 @@ class ComputePool:
             closing=lambda: self._state in ("closing", "closed"),
         )
         self._startup = Startup(
-            spec, plugins=self._plugin_payload, reporter=self._console, open_channel=self._open
+            spec,
+            image=self.image,
+            plugins=self._plugin_payload,
+            reporter=self._console,
+            open_channel=self._open,
         )
         self._recovery = Recovery(
             self._scheduler,
@@ -195,6 +213,11 @@ class ComputePool:
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
         )
+        if spec.min_nodes is not None and spec.min_nodes < spec.nodes:
+            self._console.status(
+                f"nodes=({spec.min_nodes}, {spec.nodes}): pools do not autoscale; "
+                f"this one runs {spec.nodes} nodes throughout"
+            )
         try:
             allocation = self._machines.provision(spec.request(self.image), spec.nodes)
             self._start_workers(allocation)
@@ -212,6 +235,7 @@ class ComputePool:
                 self._console.end()  # stops a live display, which has a thread of its own
                 raise PoolClosed(f"pool {self.name!r} was closed while it started")
             self._state = "running"
+            register(self._request)  # sky.dict(...) in this process means this pool's
             if self._hangs is not None:
                 self._hangs.start()
             # A worker that died between Ready and now was not replaced (the pool was not
@@ -252,9 +276,10 @@ class ComputePool:
             node=slot.rank,
             output=self._console.output,
             on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
-            on_broken=lambda ch: self._recovery.on_broken(slot, ch),
+            on_broken=lambda ch: self._broken(slot, ch),
             on_result=self._console.flush,
-            on_relay_failed=self._scheduler.relay_failed,
+            diagnose=self._machines.loss_reason,
+            on_frame=self._frame,
         )
         with self._lock:
             closing = self._state in ("closing", "closed")
@@ -288,6 +313,11 @@ class ComputePool:
                 return
             drain = wait and self._state == "running"
             self._state = "draining" if drain else "closing"
+        # A stream waits on its reader, who may be the caller of close: end them all, or a
+        # waiting close would never see their workers go idle.
+        closed = PoolClosed(f"pool {self.name!r} was closed while this stream was open")
+        for streams in list(self._streams):
+            streams.abandon(closed)
         cancel = True
         try:
             if drain:
@@ -295,7 +325,22 @@ class ComputePool:
         finally:
             self._teardown(cancel=cancel)
 
+    def _frame(self, channel: Channel, message: Any, parts: proto.Parts) -> None:
+        """A frame the pool answers: a relay's failure (the scheduler's), or a streaming
+        call's or a shared collection's (``_stream.route``)."""
+        if isinstance(message, RelayFailed):
+            self._scheduler.relay_failed(message)
+        else:
+            route(self._shared, channel, message, parts)
+
+    def _broken(self, slot: Slot, channel: Channel) -> None:
+        # Before its calls fail: nothing a caller does next may go to the dead worker.
+        self._shared.forget(channel, f"node {slot.rank}'s worker was lost")
+        self._recovery.on_broken(slot, channel)
+
     def _teardown(self, *, cancel: bool) -> None:
+        unregister(self._request)
+        self._shared.close()  # waiters in shared collections get PoolClosed
         with self._lock:
             self._state = "closing"
             queued = self._scheduler.take_all()
@@ -334,36 +379,7 @@ class ComputePool:
             self._console.status(f"closing pool {self.name} at interpreter exit")
         self.close(wait=False)
 
-    # ── calls ────────────────────────────────────────────────────────────────────────────
-
-    def run(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
-        """Run ``fn(*args, **kwargs)`` on the least busy node and return its value."""
-        result: R = self._run_call(_pending(fn, args, kwargs)).result()
-        return result
-
-    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
-        """Like ``run`` but returns a ``concurrent.futures.Future`` at once."""
-        return self._run_call(_pending(fn, args, kwargs))
-
-    def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]:
-        """Run ``fn(*args, **kwargs)`` on every node; results by node rank."""
-        result: list[R] = self._broadcast_call(_pending(fn, args, kwargs)).result()
-        return result
-
-    def map(self, fn: Callable[..., R], iterable: Iterable[Any], /) -> list[R]:
-        """``[fn(x) for x in iterable]`` spread over the nodes; results in input order.
-
-        The first failure (in input order) is raised and calls still in the pool's queue
-        are cancelled; the few a node with short calls was handed ahead (see
-        ``prefetch_depth``) may still run, and their results are dropped.
-        """
-        calls = [_pending(fn, (item,), {}) for item in iterable]
-        futures = self._run_calls(calls, same_function=True, prefetch=True)
-        try:
-            return [future.result() for future in futures]
-        finally:
-            for future in futures:
-                future.cancel()
+    # ── calls: the rest is in _pool_calls (run, submit, broadcast, map) ─────────────────
 
     def statistics(self) -> PoolStatistics:
         with self._lock:
@@ -378,70 +394,6 @@ class ComputePool:
             channels = {s.rank: s.channel for s in self._scheduler.slots}
         return collect(channels, timeout)
 
-    def _run_call(self, call: PendingCall[R]) -> Future[R]:
-        return self._run_calls([call])[0]
-
-    def _run_calls(
-        self,
-        calls: Sequence[PendingCall[Any]],
-        *,
-        same_function: bool = False,
-        prefetch: bool = False,
-    ) -> list[Future[Any]]:
-        """Queue calls for the least busy nodes; all are pickled before any is queued.
-
-        ``prefetch`` (a map: the caller waits for the lot, and the first failure fails it)
-        lets a node whose recent calls were short hold a few calls more than
-        ``concurrency``, so its worker finds the next call waiting instead of idling for a
-        round trip.
-        """
-        self._before_pickling()
-        function = calls[0].serialize_function() if same_function and calls else None
-        route = self._console.route()
-        tasks = [
-            Task(call, call.serialize(function), CallFuture(), route=route, prefetch=prefetch)
-            for call in calls
-        ]
-        with self._lock:  # once for the lot: reader threads want this lock too
-            self._check_running()
-            self._scheduler.submit(tasks)
-        return [task.future for task in tasks]
-
-    def _run_group(self, calls: Sequence[PendingCall[Any]]) -> Future[tuple[Any, ...]]:
-        return gather(self._run_calls(calls), tuple)
-
-    def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
-        self._before_pickling()
-        payload = call.serialize()  # once, for every node
-        route = self._console.route()
-        with self._lock:
-            self._check_running()
-            futures = self._scheduler.broadcast(call, payload, route)
-        return gather(futures, list)
-
-    def _before_pickling(self) -> None:
-        if self._remote:
-            ship_client_modules()
-
-    def _check_running(self) -> None:
-        if self._state == "running":
-            return
-        if self._state in ("new", "starting"):
-            raise PoolClosed(
-                f"pool {self.name!r} is not started: use `with sky.ComputePool(...) as pool:` "
-                f"or `pool.start()` before sending calls"
-            )
-        # draining refuses new calls too, as Executor.shutdown does
-        raise PoolClosed(f"pool {self.name!r} is {self._state}: it takes no new calls")
-
     def profile(self, directory: str | os.PathLike[str]) -> _profile.Profile:
         """``with pool.profile("traces/"):`` traces every node with ``jax.profiler``."""
         return _profile.profile(self, directory)
-
-
-def _pending(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if isinstance(fn, Compute):
-        return PendingCall(fn.fn, args, kwargs, timeout=fn.timeout)
-    if not callable(fn):
-        raise TypeError(f"expected a function, not {type(fn).__name__}")
-    return PendingCall(fn, args, kwargs)

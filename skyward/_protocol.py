@@ -23,15 +23,23 @@ import struct
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyward._errors import RemoteError, RemoteTraceback  # stdlib-only too
+
+if TYPE_CHECKING:
+    from skyward._relay import Relay  # its messages live with it
 
 Part = bytes | bytearray | memoryview
 Parts = list[Part]
 
 _COUNT = struct.Struct("!I")
 _MAX_PARTS = 1 << 16
+
+# Values (or elements) one side of a streaming call may send beyond what the other side has
+# taken. A count, not bytes: a stream's values tend to be alike, and "8 arrays in flight" is
+# a bound a user can see coming.
+STREAM_WINDOW = 8
 
 
 # ── messages, client → worker ────────────────────────────────────────────────────────────
@@ -42,56 +50,79 @@ class Start:
     """Everything a worker needs before its first call; payload: the plugins, in order.
 
     ``relay_key``: when not empty, the worker listens for relayed payloads from its peers
-    (see ``Relay``), which must present this pool's secret first; its port is in ``Ready``.
+    (``skyward._relay``), which present this pool's secret first; its port is in ``Ready``.
     """
 
     info: Any  # InstanceInfo; typed loosely so this module stays import-light
     sys_path: list[str]
     concurrency: int
+    executor: str = "thread"  # or "process": calls run in child processes (_worker_procs)
     relay_key: bytes = b""
 
 
 @dataclass(frozen=True)
-class Relay:
-    """A broadcast's payload that crosses the client's link once and is relayed between the
-    pool's nodes (``skyward._relay``).
-
-    ``token`` names the broadcast. The node whose ``Call`` frame carries the payload sends it
-    on, as it arrives, to the first of ``chain`` (rank, address, port), which sends it to
-    the next, and so on. A node with ``inbound`` gets a frame without payload: its payload
-    arrives on its relay port from the node before it.
-    """
-
-    token: bytes
-    chain: tuple[tuple[int, str, int], ...] = ()
-    inbound: bool = False
-
-
-@dataclass(frozen=True)
 class Call:
-    """Run a function; payload: ``(fn, args, kwargs)``, or none when ``relay.inbound``."""
+    """Run a function; payload: ``(fn, args, kwargs)``, or none when ``relay.inbound``.
+
+    ``window`` > 0: the function is a generator; send its values as ``Yield`` frames, at
+    most ``window`` ahead of what the client has taken (``More`` grants more). ``inputs``:
+    how many arguments are ``InputStream`` placeholders, fed by ``Item`` frames on demand.
+    """
 
     call_id: int
     name: str
-    relay: Relay | None = None
+    window: int = 0
+    inputs: int = 0
+    relay: Relay | None = None  # part of a relayed broadcast (skyward._relay)
 
 
 @dataclass(frozen=True)
-class RelayPayload:
-    """The payload of relay ``token``, sent by the client itself (payload: its parts): the
-    node before this one could not reach it (``RelayFailed``)."""
+class More:
+    """The client took ``count`` values of a streaming call: the worker may send as many."""
 
-    token: bytes
+    call_id: int
+    count: int
 
 
 @dataclass(frozen=True)
-class RelayAbort:
-    """A node of relay ``token`` was lost: a node whose payload has not fully arrived fails
-    its call with ``WorkerLost`` naming ``node``, instead of waiting for it forever."""
+class Cancel:
+    """The client stopped reading a streaming call: close the generator, end the call."""
 
-    token: bytes
-    node: int
-    reason: str
+    call_id: int
+
+
+@dataclass(frozen=True)
+class Item:
+    """The next element of a streamed argument; payload: the element."""
+
+    call_id: int
+    arg: int
+
+
+@dataclass(frozen=True)
+class ItemsEnd:
+    """A streamed argument has no more elements; if not ``ok``, payload: the encoded error
+    its iterator raised on the client, raised where the function iterates it."""
+
+    call_id: int
+    arg: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class SharedReply:
+    """The answer to ``Shared``; payload: the value if ``ok``, else the encoded error."""
+
+    request_id: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class InputStream:
+    """Stands in, inside a call's arguments, for an iterator the client streams: the
+    worker puts an iterator over ``Item`` frames in its place."""
+
+    arg: int
 
 
 @dataclass(frozen=True)
@@ -160,15 +191,30 @@ class StacksReport:
 
 
 @dataclass(frozen=True)
-class RelayFailed:
-    """This node could not relay ``token``'s payload to node ``node``: the client sends that
-    node, and the ones after it, the payload itself (``RelayPayload``). ``connected``: the
-    connection was made and broke mid-way (else the node could not be reached at all)."""
+class Shared:
+    """An operation on a distributed collection (``_collections``); payload: its arguments.
+    The client answers with ``SharedReply``, at once or when the operation can proceed."""
 
-    token: bytes
-    node: int
-    reason: str
-    connected: bool = False
+    request_id: int
+    kind: str  # "dict", "set", "counter", "queue", "barrier", "lock"
+    name: str
+    op: str
+
+
+@dataclass(frozen=True)
+class Yield:
+    """One value of a streaming call, in order; payload: the value. ``Result`` ends it."""
+
+    call_id: int
+
+
+@dataclass(frozen=True)
+class Want:
+    """The function may take ``count`` more elements of streamed argument ``arg``."""
+
+    call_id: int
+    arg: int
+    count: int
 
 
 @dataclass(frozen=True)

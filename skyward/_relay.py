@@ -35,10 +35,10 @@ import socket
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from skyward._errors import WorkerLost
-from skyward._protocol import RelayFailed
 
 # Bytes read at a time; each read is published to the forwarder at once.
 _CHUNK = 1 << 20
@@ -52,6 +52,55 @@ _SEND_TIMEOUT = 60.0
 _TOKENS_KEPT = 256  # tokens aborted before their payload was asked for, or taken, remembered
 
 Chain = tuple[tuple[int, str, int], ...]  # (rank, address, port) of the nodes still to reach
+
+
+# ── messages (the frames' control parts, with _protocol's) ─────────────────────────────
+
+
+@dataclass(frozen=True)
+class Relay:
+    """A broadcast's payload that crosses the client's link once and is relayed between the
+    pool's nodes (``skyward._relay``).
+
+    ``token`` names the broadcast. The node whose ``Call`` frame carries the payload sends it
+    on, as it arrives, to the first of ``chain`` (rank, address, port), which sends it to
+    the next, and so on. A node with ``inbound`` gets a frame without payload: its payload
+    arrives on its relay port from the node before it.
+    """
+
+    token: bytes
+    chain: tuple[tuple[int, str, int], ...] = ()
+    inbound: bool = False
+
+
+@dataclass(frozen=True)
+class RelayPayload:
+    """The payload of relay ``token``, sent by the client itself (payload: its parts): the
+    node before this one could not reach it (``RelayFailed``)."""
+
+    token: bytes
+
+
+@dataclass(frozen=True)
+class RelayAbort:
+    """A node of relay ``token`` was lost: a node whose payload has not fully arrived fails
+    its call with ``WorkerLost`` naming ``node``, instead of waiting for it forever."""
+
+    token: bytes
+    node: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RelayFailed:
+    """This node could not relay ``token``'s payload to node ``node``: the client sends that
+    node, and the ones after it, the payload itself (``RelayPayload``). ``connected``: the
+    connection was made and broke mid-way (else the node could not be reached at all)."""
+
+    token: bytes
+    node: int
+    reason: str
+    connected: bool = False
 
 
 class Payload:

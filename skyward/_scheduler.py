@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSet, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +32,8 @@ from skyward._errors import WorkerLost
 from skyward._fanout import Fanout
 from skyward._futures import CallFuture, fail, resolve
 from skyward._info import InstanceInfo
+from skyward._relay import Relay, RelayAbort, RelayFailed
+from skyward._stream import ResultStream, Streams, prepare
 from skyward.providers.base import Node
 
 # A map may queue calls beyond a node's slots when its recent calls were short, so that its
@@ -51,7 +53,8 @@ class Task:
     route: Route | None = None  # where its output goes (the Jupyter cell that submitted it)
     prefetch: bool = False  # part of a map: may wait on a worker behind another call
     siblings: Sequence[Future[Any]] = ()  # a broadcast's parts, this one's future included
-    relay: proto.Relay | None = None  # its part in a relayed broadcast, for its first send
+    streams: Streams | None = None  # a streaming call's state (_stream)
+    relay: Relay | None = None  # its part in a relayed broadcast, for its first send
     sent_before: bool = False  # handed to a worker once already (its future is running)
 
 
@@ -86,6 +89,31 @@ class PoolStatistics:
     failed: int
     workers_replaced: int
     uptime: float
+
+
+def tasks_for(
+    calls: Sequence[PendingCall[Any]],
+    function: bytes | None,
+    route: Route | None,
+    prefetch: bool,
+    streams: MutableSet[Streams],
+) -> tuple[list[Task], list[Future[Any]]]:
+    """Pickled tasks for ``calls``, and the futures their callers get: the task's own, or,
+    for a generator function, one already holding its values' ``ResultStream``. Streaming
+    calls' states are added to ``streams`` (the pool ends them when it closes)."""
+    tasks, futures = [], []
+    for call in calls:
+        done: Future[Any] = CallFuture()
+        sent, state = prepare(call, done)  # a generator, or iterator arguments
+        payload = sent.serialize(function)
+        tasks.append(Task(sent, payload, done, route=route, prefetch=prefetch, streams=state))
+        futures.append(done)
+        if state is not None:
+            streams.add(state)
+            if state.window:
+                futures[-1] = CallFuture()
+                futures[-1].set_result(ResultStream(state, call.name))
+    return tasks, futures
 
 
 def prefetch_depth(recent: float) -> int:
@@ -194,7 +222,7 @@ class Scheduler:
         (first, first_task), rest = parts[0], parts[1:]
         receivers: list[tuple[int, str, Channel]] = []
         for slot, task in rest:
-            task.relay = proto.Relay(token, inbound=True)
+            task.relay = Relay(token, inbound=True)
             channel = slot.channel
             if self.send(slot, task) and channel is not None:
                 receivers.append((slot.rank, slot.node.address, channel))
@@ -202,12 +230,12 @@ class Scheduler:
         root = first.channel
         if not self.send(first, first_task) or root is None:
             for _, _, channel in receivers:  # held for a new worker: it will not relay
-                channel.abort_relay(token, first.rank, f"node {first.rank}'s link broke")
+                channel.send(RelayAbort(token, first.rank, f"node {first.rank}'s link broke"))
             return
         channels = [root] + [channel for _, _, channel in receivers]
         self.fanout.started(token, channels, first_task.payload, futures)
 
-    def relay_failed(self, report: proto.RelayFailed) -> None:
+    def relay_failed(self, report: RelayFailed) -> None:
         """A node could not reach the next one in a relay (``Fanout.failed``)."""
         with self.lock:
             if not self.fanout.unreachable and not report.connected:
@@ -285,7 +313,7 @@ class Scheduler:
 
         # Before the worker can print anything for this call.
         self._bind_output(slot.rank, task.route)
-        if not channel.submit(task.call.name, task.payload, done, task.relay):
+        if not channel.submit(task.call.name, task.payload, done, task.streams, task.relay):
             # The worker broke a moment ago; on_broken is on its way. Take the node out of
             # rotation now and put the call back: it has not run anywhere.
             slot.ready = False

@@ -25,6 +25,7 @@ from skyward import _protocol as proto
 from skyward._channel import Channel
 from skyward._errors import VersionMismatch
 from skyward._futures import Deadline, parallel
+from skyward._image import Image
 from skyward._info import InstanceInfo
 from skyward._phases import Reporter
 from skyward._scheduler import Slot
@@ -39,15 +40,19 @@ class Startup:
         self,
         spec: PoolSpec,
         *,
+        image: Image,
         plugins: proto.Parts,
         reporter: Reporter,
         open_channel: Callable[[Slot], Channel],
     ) -> None:
         self._spec = spec
+        self._image = image  # after the plugins' transforms
         self._plugins = plugins
         self._reporter = reporter
         self._open_channel = open_channel
         self._hooked = [p.name for p in spec.plugins if p.around_app is not None]
+        # One per pool: workers started again after a loss keep it.
+        self._job_id = f"{spec.name}-{secrets.token_hex(4)}"
         # The secret peers present on each other's relay ports (skyward._relay); one per
         # pool, sent over each node's own link.
         self._relay_key = secrets.token_bytes(32)
@@ -103,6 +108,7 @@ class Startup:
         spec = self._spec
         head_port = hellos[0][1].head_port or 0
         addresses = tuple(slot.node.address for slot in slots)
+        total_accelerators = sum(slot.node.accelerators for slot in slots)
         return [
             InstanceInfo(
                 node=slot.rank,
@@ -111,8 +117,10 @@ class Startup:
                 head_port=head_port,
                 peers=addresses,
                 accelerators=slot.node.accelerators,
+                total_accelerators=total_accelerators,
                 accelerator=spec.accelerator,
                 pool=spec.name,
+                job_id=self._job_id,
                 provider=spec.provider_kind,
                 hostname=message.hostname,
             )
@@ -126,8 +134,11 @@ class Startup:
         relays = not slot.node.shares_files and self._spec.nodes > 1
         return proto.Start(
             info=slot.info,
-            sys_path=client_sys_path() if slot.node.shares_files else [],
+            sys_path=(
+                client_sys_path() + self._image.include_roots() if slot.node.shares_files else []
+            ),
             concurrency=self._spec.concurrency,
+            executor=self._spec.executor,
             relay_key=self._relay_key if relays else b"",
         )
 

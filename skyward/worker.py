@@ -32,12 +32,16 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skyward import _protocol as proto
 from skyward import _worker_hooks as hooks
-from skyward._errors import SerializationError  # stdlib-only, like _protocol
-from skyward._relay import Relays  # stdlib-only too
+from skyward._collections import LinkRequester, use_link
+from skyward._relay import RelayAbort, RelayPayload, Relays
+from skyward._worker_io import CallIO, decorating, route, run_call
+
+if TYPE_CHECKING:
+    from skyward._worker_procs import Processes
 
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
@@ -137,70 +141,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-# Functions by their pickled bytes: ``map`` sends the same bytes with every item, and a
-# function defined in ``__main__`` travels by value, which costs more to unpickle than a no-op
-# costs to run. Equal bytes mean an equal function, globals it captured included; a function
-# whose captured globals changed on the client pickles differently and is a new entry.
-_FUNCTIONS: dict[bytes, Any] = {}
-_FUNCTIONS_MAX = 64
-_FUNCTION_CACHE_BYTES = 1 << 16  # larger ones (big closures) are not worth keeping
-_FUNCTIONS_LOCK = threading.Lock()  # guards: inserting into and evicting from _FUNCTIONS
-
-
-def _function(data: bytes) -> Any:
-    if len(data) > _FUNCTION_CACHE_BYTES:
-        return proto.loads([data])  # not cached, so not worth hashing either
-    fn = _FUNCTIONS.get(data)
-    if fn is None:
-        fn = proto.loads([data])
-        with _FUNCTIONS_LOCK:
-            if len(_FUNCTIONS) >= _FUNCTIONS_MAX:
-                del _FUNCTIONS[next(iter(_FUNCTIONS))]  # the oldest
-            _FUNCTIONS[data] = fn
-    return fn
-
-
-def _run_call(
-    message: proto.Call, parts: proto.Parts, relays: Relays | None
-) -> tuple[bool, proto.Parts]:
-    if message.relay is not None and message.relay.inbound and relays is not None:
-        try:  # the payload comes from the node before this one in the relay
-            parts = [*relays.take(message.relay.token)]
-        except BaseException as exc:  # WorkerLost: a node before this one was lost
-            return False, proto.encode_error(exc)
-    try:
-        function, args, kwargs = proto.loads(parts)
-        fn = _function(function)
-    except BaseException as exc:
-        # Not the function's own error: say so, or it reads as one (a ValueError from a
-        # class's __setstate__, a module the worker lacks).
-        error = SerializationError(
-            f"the function or arguments of {message.name} could not be rebuilt on the "
-            f"worker: {type(exc).__name__}: {_describe(exc)}"
-        )
-        error.__cause__ = exc
-        return False, proto.encode_error(error)
-    try:
-        value = fn(*args, **kwargs)
-    except BaseException as exc:
-        return False, proto.encode_error(exc)
-    try:
-        return True, proto.dumps(value)
-    except Exception as exc:
-        error = SerializationError(
-            f"the return value of {message.name} ({type(value).__name__}) cannot be pickled: "
-            f"{type(exc).__name__}: {exc}"
-        )
-        return False, proto.encode_error(error)
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except BaseException:
-        return "<str() raised>"
-
-
 class _Worker:
     """Runs calls from a queue on ``concurrency`` threads, the main thread first.
 
@@ -212,11 +152,17 @@ class _Worker:
         self.link = link
         self.stdout = stdout
         self.concurrency = concurrency
+        self.processes: Processes | None = None  # executor="process": where calls run
+        self.shared = LinkRequester(link.send)  # sky.dict(...) and the rest, via the pool
+        use_link(self.shared)
         self.calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # guards: stopping, cancelled, _main_busy
+        self._lock = threading.Lock()  # guards: the fields below
         self.stopping = False
         self.cancelled = False
         self._main_busy = False
+        self._io: dict[int, CallIO] = {}  # streaming calls, by id, until their Result
+        self._last_call = 0  # the highest call id received
+        self._early_cancels: set[int] = set()  # Cancel frames that overtook their Call
 
     def start_reader(self) -> None:
         threading.Thread(target=self._read, name="skyward-reader", daemon=True).start()
@@ -259,17 +205,26 @@ class _Worker:
             while True:
                 message, parts = self.link.recv()
                 if isinstance(message, proto.Call):
+                    self._register(message)
                     self.calls.put((message, parts))
+                elif isinstance(message, proto.Cancel) and message.call_id > self._last_call:
+                    # The client may cancel a streaming call it is still sending.
+                    self._early_cancels.add(message.call_id)
+                elif route(self._io, message, parts):
+                    pass
+                elif isinstance(message, RelayAbort) and self.link.relays is not None:
+                    self.link.relays.abort(message.token, message.node, message.reason)
+                elif isinstance(message, RelayPayload) and self.link.relays is not None:
+                    self.link.relays.deliver(message.token, parts)
+                elif isinstance(message, proto.SharedReply):
+                    self.shared.deliver(message, parts)
                 elif isinstance(message, proto.StacksRequest):
                     self.link.send(_stacks(message.request_id))
-                elif isinstance(message, proto.RelayAbort) and self.link.relays is not None:
-                    self.link.relays.abort(message.token, message.node, message.reason)
-                elif isinstance(message, proto.RelayPayload) and self.link.relays is not None:
-                    self.link.relays.deliver(message.token, parts)
                 elif isinstance(message, proto.Shutdown):
                     cancel = message.cancel
                     break
         except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
+            self.shared.fail_all("the pool's client is gone")
             # The client is gone; nobody will read results. Leave, but bounded, and take
             # what the calls started along (see _exit).
             _orphaned.set()
@@ -280,6 +235,9 @@ class _Worker:
             self.stopping = True
             self.cancelled = cancel
             interrupt = cancel and self._main_busy
+            streaming = list(self._io.values()) if cancel else []
+        for call in streaming:  # wake calls waiting for the client's credit or elements
+            call.cancel()
         hooks.stopping(interrupt)  # before the interrupt: plugins may quiet what follows
         if cancel:
             _drop_queued(self.calls)
@@ -290,11 +248,27 @@ class _Worker:
             # thread from a blocking call such as sleep() or a socket read.
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
+    def _register(self, message: proto.Call) -> None:
+        """Give a streaming call its IO before any of its frames can arrive (reader)."""
+        self._last_call = max(self._last_call, message.call_id)
+        if not (message.window or message.inputs):
+            return
+        call = CallIO(self.link.send, message)
+        with self._lock:
+            self._io[message.call_id] = call
+        if message.call_id in self._early_cancels:
+            self._early_cancels.discard(message.call_id)
+            call.cancel()
+
     def _execute(self, main: bool = False) -> None:
         while (item := self.calls.get()) is not None:
             message, parts = item
+            with self._lock:
+                call = self._io.get(message.call_id)
             with self.interruptible() if main else contextlib.nullcontext():
-                ok, payload = _run_call(message, parts, self.link.relays)
+                ok, payload = self._run(message, parts, call)
+            with self._lock:
+                self._io.pop(message.call_id, None)
             del parts, item
             if not ok and self.cancelled:
                 # Interrupted by a cancelling shutdown: the client fails this call with
@@ -307,9 +281,28 @@ class _Worker:
                 return
             del payload  # not kept alive while the next call waits or runs
 
+    def _run(
+        self, message: proto.Call, parts: proto.Parts, call: CallIO | None
+    ) -> tuple[bool, proto.Parts]:
+        relay, relays = message.relay, self.link.relays
+        if relay is not None and relay.inbound and relays is not None:
+            try:  # the payload comes from the node before this one in the relay
+                parts = [*relays.take(relay.token)]
+            except BaseException as exc:  # WorkerLost: a node before this one was lost
+                return False, proto.encode_error(exc)
+        if self.processes is not None and call is None:
+            return self.processes.run(message, parts)
+        return run_call(message, parts, call, self.stdout.drain)
+
 
 # Threads of the worker's own machinery, left out of stack reports: never where user code is.
-_OWN_THREADS = ("skyward-reader", "skyward-stdout")
+_OWN_THREADS = (
+    "skyward-reader",
+    "skyward-stdout",
+    "skyward-relay",
+    "skyward-relay-in",
+    "skyward-relay-out",
+)
 
 
 def _stacks(request_id: int) -> proto.StacksReport:
@@ -398,11 +391,17 @@ def main(argv: list[str] | None = None) -> None:
         info = message.info
         link.relays = Relays(info.node, message.relay_key, info.peers[info.node], link.send)
     worker = _Worker(link, stdout, message.concurrency)
+    if message.executor == "process":
+        from skyward._worker_procs import Processes
+
+        worker.processes = Processes(message.concurrency, message.info, message.sys_path, parts)
     worker.start_reader()
     with ExitStack() as stack:
         try:
+            plugins = proto.loads(parts)
+            decorating.extend(p for p in plugins if p.decorate is not None)
             with worker.interruptible():
-                enter_around_app(stack, proto.loads(parts), message.info)
+                enter_around_app(stack, plugins, message.info)
         except BaseException as exc:
             stdout.drain()
             link.send(proto.StartFailed(), proto.encode_error(exc))
@@ -411,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
         del parts
         link.send(proto.Ready(relay_port=link.relays.port if link.relays else None))
         worker.serve()
+        if worker.processes is not None:
+            worker.processes.close(kill=worker.cancelled)
     with contextlib.suppress(OSError):  # the client may be gone already
         link.send(proto.Bye())
     _exit(stdout, 0)

@@ -17,9 +17,11 @@ from typing import Any
 
 import psutil
 import pytest
+from support.moto import MotoServer
 from support.pools import PoolFactory, pool_factory
 from support.processes import describe, our_namespaces, worker_processes
 from support.sshhosts import Hosts, PackageIndex
+from support.standin import StandInCloud
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -190,3 +192,35 @@ def tmp_path(_shared_tmp: Path, request: pytest.FixtureRequest) -> Path:
     path = Path(tempfile.mkdtemp(prefix=request.node.name[:40] + "-", dir=_shared_tmp))
     path.chmod(0o777)
     return path
+
+
+# ── the moto server (EC2 and SSM) ───────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    server = MotoServer()
+    try:
+        yield server
+    finally:
+        server.close()
+    assert server.process.poll() is not None, "moto_server is still running"
+
+
+@pytest.fixture
+def moto(moto_server: MotoServer) -> MotoServer:
+    """The moto server, empty but for an AMI published under ``support.moto.AMI_PARAMETER``."""
+    moto_server.reset()
+    moto_server.seed_ami()
+    return moto_server
+
+
+@pytest.fixture
+def standin_cloud(moto: MotoServer, ssh_hosts: Hosts) -> Iterator[StandInCloud]:
+    """moto with stand-in VMs for the instances it runs in ``standin_cloud.subnet``."""
+    cloud = StandInCloud(moto, ssh_hosts)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"

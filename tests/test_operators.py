@@ -162,3 +162,136 @@ def test_map_queues_ahead_only_on_nodes_whose_recent_calls_were_short() -> None:
     assert _prefetch_depth(0.05) == 0  # long calls: a queued one could wait long
     assert _prefetch_depth(0.004) == 2  # the last queued waits about 10 ms at most
     assert _prefetch_depth(0.00001) == _PREFETCH_MAX
+
+
+# ── the right side of an operator ────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("right", [sky, None, 3, "pool"], ids=["module", "None", "int", "str"])
+@pytest.mark.parametrize("operator", [">>", "@", ">"])
+def test_an_operator_with_no_pool_on_the_right_says_what_the_right_side_must_be(
+    right: object, operator: str
+) -> None:
+    call = square(2)
+    send = {
+        ">>": lambda: call >> right,  # type: ignore[operator]
+        "@": lambda: call @ right,  # type: ignore[operator]
+        ">": lambda: call > right,  # type: ignore[operator]
+    }[operator]
+    with pytest.raises(TypeError, match=rf"right side of `{operator}` must be a sky.ComputePool"):
+        send()
+
+
+def test_a_group_with_no_pool_on_the_right_says_what_the_right_side_must_be() -> None:
+    with pytest.raises(TypeError, match=r"must be a sky\.ComputePool.*got None"):
+        (square(1) & square(2)) >> None  # type: ignore[operator]
+    with pytest.raises(TypeError, match=r"skyward 0\.5's `>> sky`"):
+        _ = (square(1) & square(2)) > sky  # type: ignore[operator]
+
+
+# ── sky.gather: the parallel-execution guide of skyward 0.5 ──────────────────────────────
+
+
+@sky.compute
+def process_chunk(data: list[int]) -> int:
+    return sum(data)
+
+
+@sky.compute
+def multiply(x: int, y: int) -> int:
+    return x * y
+
+
+@sky.compute
+def factorial(n: int) -> int:
+    result = 1
+    for i in range(1, n + 1):
+        result *= i
+    return result
+
+
+@sky.compute
+def wait_for(path: str, value: int) -> int:
+    """Returns ``value`` once ``path`` exists: the test decides the order calls finish in."""
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return value
+
+
+def test_gather_runs_a_dynamic_number_of_calls_and_returns_a_tuple(pool: sky.ComputePool) -> None:
+    chunks = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert sky.gather(*[process_chunk(c) for c in chunks]) >> pool == (6, 15, 24)
+    assert sky.gather() >> pool == ()
+
+
+def test_gather_and_ampersand_make_the_same_group(pool: sky.ComputePool) -> None:
+    a, b = (multiply(2, 3) & multiply(4, 5)) >> pool
+    assert (a, b) == (6, 20)
+    s, p, f = (process_chunk([1, 2, 3]) & multiply(10, 20) & factorial(5)) >> pool
+    assert (s, p, f) == (6, 200, 120)
+    group = sky.gather(multiply(1, 2), factorial(3))
+    assert isinstance(group, sky.CallGroup) and len(group) == 2
+    assert (group & multiply(3, 3)) >> pool == (2, 6, 9)
+
+
+def test_gather_stream_yields_every_value(pool: sky.ComputePool) -> None:
+    tasks = [process_chunk([i] * 1000) for i in range(5)]
+    stream = sky.gather(*tasks, stream=True) >> pool
+    assert not isinstance(stream, tuple)
+    assert list(stream) == [0, 1000, 2000, 3000, 4000]
+
+
+def test_gather_stream_unordered_yields_in_completion_order(
+    pool: sky.ComputePool, tmp_path: object
+) -> None:
+    gates = [os.path.join(str(tmp_path), f"gate{i}") for i in range(3)]
+    stream = sky.gather(*(wait_for(g, i) for i, g in enumerate(gates)), stream=True, ordered=False)
+    values = iter(stream >> pool)
+    seen = []
+    for i in (2, 0, 1):  # open the gates in this order; each value comes as its gate opens
+        open(gates[i], "w").close()
+        seen.append(next(values))
+    assert seen == [2, 0, 1]
+
+
+def test_gather_stream_ordered_keeps_submission_order(
+    pool: sky.ComputePool, tmp_path: object
+) -> None:
+    gates = [os.path.join(str(tmp_path), f"gate{i}") for i in range(3)]
+    values = sky.gather(*(wait_for(g, i) for i, g in enumerate(gates)), stream=True) >> pool
+    for gate in reversed(gates):  # finish last-first; values still come first-first
+        open(gate, "w").close()
+    assert list(values) == [0, 1, 2]
+
+
+def test_a_failed_call_raises_where_its_value_would_be_yielded(pool: sky.ComputePool) -> None:
+    values = sky.gather(factorial(3), multiply("x", 1.5), factorial(4), stream=True) >> pool
+    assert next(values) == 6
+    with pytest.raises(TypeError, match="can't multiply"):
+        next(values)
+
+
+def test_gather_refuses_what_is_not_a_pending_call_and_names_the_jax_helper() -> None:
+    with pytest.raises(TypeError, match=r"sky\.plugins\.jax_gather"):
+        sky.gather([1, 2, 3])  # type: ignore[arg-type]
+
+
+def test_a_streaming_gather_is_iterated_not_submitted(pool: sky.ComputePool) -> None:
+    with pytest.raises(TypeError, match="iterate"):
+        _ = sky.gather(factorial(2), stream=True) > pool
+
+
+@pytest.mark.timeout(60)
+def test_with_timeout_gives_one_call_its_own_timeout() -> None:
+    import time
+
+    call = square(3).with_timeout(0.5)
+    assert call.timeout == 0.5 and square(3).timeout is None
+    with sky.ComputePool(quiet=True) as pool:
+        with pytest.raises(TimeoutError):
+            sky.compute(time.sleep)(30).with_timeout(0.5) >> pool
+        assert call >> pool == 9
+    with pytest.raises(ValueError, match="positive"):
+        square(1).with_timeout(0)

@@ -209,7 +209,7 @@ def toy() -> dict[str, object]:
         "dtype": str(result.dtype),
         "devices": (jax.local_device_count(), jax.device_count(), jax.process_count()),
         "rows": sorted(row for s in array.addressable_shards for row in s.data[:, 0].tolist()),
-        "gathered": sky.gather(array).tolist(),
+        "gathered": sky.plugins.jax_gather(array).tolist(),
         "mine": sky.shard(list(range(10))),
     }
 
@@ -230,7 +230,7 @@ def test_the_multicontroller_toy_gives_jaxs_documented_result(jax_pool: sky.Comp
         # node i holds rows [8i..8i+3] and [8i+4..8i+7]: two devices, one row of 8 each
         assert out["rows"] == [8 * node, 8 * node + 4]
         assert out["gathered"] == np.arange(32).reshape((4, 8)).tolist()
-    assert [out["mine"] for out in results] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert [out["mine"] for out in results] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
 
 
 @pytest.mark.timeout(120)

@@ -8,6 +8,7 @@ import sys
 import skyward as sky
 
 EXPECTED = [
+    "AWS",
     "Allocation",
     "BootstrapError",
     "CallGroup",
@@ -38,13 +39,24 @@ EXPECTED = [
     "Stacks",
     "StartError",
     "VersionMismatch",
+    "Worker",
     "WorkerLost",
     "__version__",
+    "barrier",
     "compute",
+    "counter",
+    "dict",
     "gather",
     "instance_info",
+    "is_head",
+    "lock",
     "plugins",
+    "queue",
+    "set",
     "shard",
+    "silent",
+    "stderr",
+    "stdout",
 ]
 
 

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from skyward import _protocol as proto
 from skyward._errors import WorkerLost
-from skyward._relay import Chain, Relays
+from skyward._relay import Chain, RelayFailed, Relays
 
 KEY = os.urandom(32)
 
@@ -112,7 +111,7 @@ def test_the_clients_copy_completes_a_payload_the_relay_could_not_bring(nodes: A
             break
         threading.Event().wait(0.05)
     [report] = reports[0]
-    assert isinstance(report, proto.RelayFailed) and report.node == 1 and not report.connected
+    assert isinstance(report, RelayFailed) and report.node == 1 and not report.connected
     relays[1].deliver(token, [bytearray(p) for p in parts])  # what the client then sends
     waiting["thread"].join(10)
     assert [bytes(p) for p in waiting["parts"]] == parts

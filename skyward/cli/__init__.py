@@ -4,10 +4,12 @@
 
     skyward --version
     skyward doctor            what this machine has for Skyward, and how to fix what it lacks
+    skyward ls                what Skyward created and is still there, by its tags
+    skyward down --pool NAME  remove it (or --all; --yes to skip the question)
 
 Each command lives in a module of this package and is added to ``main`` below, so the cloud
 providers' commands (``skyward ls``, ``skyward down``: find and remove what a crashed pool
-left behind, by its tags) join the same way: a module with a ``click.Command``, one
+left behind, by its tags) joined the same way: a module with a ``click.Command``, one
 ``main.add_command`` line. Commands import providers and SDKs inside their bodies, so
 ``skyward --help`` stays fast and works with no extra installed.
 """
@@ -18,6 +20,7 @@ import click
 
 import skyward
 from skyward.cli.doctor import doctor
+from skyward.cli.leftovers import down, ls
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,3 +30,5 @@ def main() -> None:
 
 
 main.add_command(doctor)
+main.add_command(ls)
+main.add_command(down)

@@ -1,8 +1,10 @@
-"""Built-in plugins: ``sky.plugins.jax(...)`` and ``sky.plugins.keras(...)``.
+"""Built-in plugins, ``sky.plugins.jax(...)`` and ``sky.plugins.keras(...)``, and what
+plugin code imports from here: ``Plugin`` (``from skyward.plugins import Plugin``, as in
+skyward 0.5) and ``jax_gather``, the all-gather for multi-controller jax programs.
 
-Each is a function that returns a ``sky.Plugin``. The modules are ``_jax`` and ``_keras`` so
-that the functions never collide with submodules of the same name; they load on first use,
-and only the plugins' hooks import jax or keras, on the workers.
+Each plugin is a function that returns a ``sky.Plugin``. The modules are ``_jax`` and
+``_keras`` so that the functions never collide with submodules of the same name; they load
+on first use, and only the plugins' hooks import jax or keras, on the workers.
 """
 
 from __future__ import annotations
@@ -10,17 +12,27 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["jax", "keras"]
+__all__ = ["Plugin", "jax", "jax_gather", "keras"]
+
+# name -> the module that defines it
+_MODULES = {
+    "Plugin": "skyward._plugin",
+    "jax": "skyward.plugins._jax",
+    "jax_gather": "skyward._multihost",
+    "keras": "skyward.plugins._keras",
+}
 
 if TYPE_CHECKING:
+    from skyward._multihost import jax_gather
+    from skyward._plugin import Plugin
     from skyward.plugins._jax import jax
     from skyward.plugins._keras import keras
 
 
 def __getattr__(name: str) -> Any:
-    if name not in __all__:
+    if name not in _MODULES:
         raise AttributeError(f"module 'skyward.plugins' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"skyward.plugins._{name}"), name)
+    value = getattr(importlib.import_module(_MODULES[name]), name)
     globals()[name] = value
     return value
 

@@ -32,7 +32,13 @@ from skyward._extras import require
 from skyward._futures import Deadline, parallel
 from skyward._phases import Reporter
 from skyward._ssh import Connection, HostKeyPolicy, Target, parse_public_key
-from skyward.providers._prepare import bootstrap, count_gpus, runtime_requirements, upload_package
+from skyward.providers._prepare import (
+    bootstrap,
+    count_gpus,
+    runtime_requirements,
+    upload_includes,
+    upload_package,
+)
 from skyward.providers._ssh_transport import SSHTransport
 from skyward.providers.base import ProvisionRequest
 
@@ -123,6 +129,9 @@ def open_hosts(
             reporter.phase(rank, "bootstrapping", f"image {plan.digest}")
             bootstrap(connection, plan, lambda line: reporter.log(rank, line))
             package = upload_package(connection, plan, lambda line: reporter.log(rank, line))
+            included = upload_includes(
+                connection, plan, request.image, lambda line: reporter.log(rank, line)
+            )
             accelerators = count_gpus(connection)
         except BaseException:
             connection.close()
@@ -134,6 +143,7 @@ def open_hosts(
             plan=plan,
             package=package,
             accelerators=accelerators,
+            included=included,
         )
         with lock:
             made.append(node)
@@ -200,6 +210,7 @@ class HostNode:
         plan: Plan,
         package: str,
         accelerators: int,
+        included: str | None = None,
     ) -> None:
         self._access = access
         self.connection = connection
@@ -207,6 +218,8 @@ class HostNode:
         self.accelerators = accelerators
         self._plan = plan
         self._package = package
+        # The workers import skyward from the package, then the image's includes.
+        self._python_path = ":".join(shell_path(p) for p in (package, included) if p)
         self._lock = threading.Lock()  # guards: connection, _transports, _closed
         self._transports: list[SSHTransport] = []
         self._closed = False
@@ -214,7 +227,7 @@ class HostNode:
     def spawn_worker(self, rank: int, env: Mapping[str, str]) -> SSHTransport:
         assignments = " ".join(
             [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
-            + [f"PYTHONPATH={shell_path(self._package)}"]
+            + [f"PYTHONPATH={self._python_path}"]
         )
         # sshd makes the shell a session and process-group leader, so the PID it prints
         # names the group that kill() ends. The line carries a fresh nonce: a login shell

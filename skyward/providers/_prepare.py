@@ -10,6 +10,7 @@ import io
 import secrets
 import shlex
 import threading
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import Any
 
 from skyward._bootstrap import MARKER, Plan, render, shell_path
 from skyward._errors import BootstrapError
+from skyward._image import Image
 from skyward._ssh import Connection
 
 _LOG_TAIL_LINES = 30
+_TIMED_OUT = 124  # coreutils' timeout: the command ran past its bound
 
 
 def runtime_requirements() -> tuple[str, ...]:
@@ -33,7 +36,8 @@ def runtime_requirements() -> tuple[str, ...]:
 
 
 def bootstrap(connection: Connection, plan: Plan, on_line: Any) -> None:
-    """Run the image's script on the host, streaming its output; ``BootstrapError`` if it fails."""
+    """Run the image's script on the host, streaming its output; ``BootstrapError`` if it
+    fails or outlasts the image's ``bootstrap_timeout``."""
     tail: list[str] = []
     command: list[str] = []
 
@@ -45,7 +49,27 @@ def bootstrap(connection: Connection, plan: Plan, on_line: Any) -> None:
         on_line(text)
 
     # On stdin: no limit on the script's length, and no quoting through the login shell.
-    status, _ = connection.run("sh -s", stdin=render(plan).encode(), on_line=line)
+    bound = plan.image.bootstrap_timeout
+    shell = "sh -s"
+    if bound is not None:
+        # coreutils' timeout ends the script's whole process group, then kills it 5 s later;
+        # a host without it (not a Linux distribution) runs the script unbounded.
+        shell = (
+            f"if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {bound:g} sh -s; "
+            f"else exec sh -s; fi"
+        )
+    started = time.monotonic()
+    status, _ = connection.run(shell, stdin=render(plan).encode(), on_line=line)
+    if bound is not None and status == _TIMED_OUT and time.monotonic() - started >= bound:
+        running = command[0] if command else "the bootstrap script"
+        raise BootstrapError(
+            f"{connection.target}: the bootstrap did not finish within the image's "
+            f"bootstrap_timeout ({bound:g} s); `{running}` was running\n"
+            f"--- last lines of its output ---\n" + "\n".join(tail),
+            command=running,
+            exit_status=None,
+            log_tail="\n".join(tail),
+        )
     if status != 0:
         failed = command[0] if command else "the bootstrap script"
         log = "\n".join(tail)
@@ -93,25 +117,54 @@ def package_archive() -> tuple[str, bytes]:
 def upload_package(connection: Connection, plan: Plan, on_line: Callable[[str], None]) -> str:
     """Put this skyward on the host, unless the same one is there; returns its directory."""
     digest, data = package_archive()
+    return _upload(connection, plan, "pkg", digest, data, "this skyward", on_line)
+
+
+def upload_includes(
+    connection: Connection, plan: Plan, image: Image, on_line: Callable[[str], None]
+) -> str | None:
+    """Put the image's ``includes`` on the host, unless the same files are there; returns
+    the directory to put on the workers' path (None: nothing to include)."""
+    if not image.includes:
+        return None
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for local, name in image.included_files():
+            archive.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), Path(local).read_bytes())
+    data = buffer.getvalue()
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    return _upload(connection, plan, "inc", digest, data, "the image's includes", on_line)
+
+
+def _upload(
+    connection: Connection,
+    plan: Plan,
+    kind: str,
+    digest: str,
+    data: bytes,
+    what: str,
+    on_line: Callable[[str], None],
+) -> str:
+    """Unzip ``data`` into ``workdir/kind/digest`` unless it is there; returns that."""
     home = shell_path(plan.workdir)
-    directory = f"{plan.workdir}/pkg/{digest}"
+    directory = f"{plan.workdir}/{kind}/{digest}"
     status, output = connection.run(
-        f"mkdir -p {home}/pkg && if [ -d {home}/pkg/{digest} ]; then echo present; fi"
+        f"mkdir -p {home}/{kind} && if [ -d {home}/{kind}/{digest} ]; then echo present; fi"
     )
     if status != 0:
-        raise BootstrapError(f"{connection.target}: cannot create {plan.workdir}/pkg: {output}")
+        raise BootstrapError(f"{connection.target}: cannot create {plan.workdir}/{kind}: {output}")
     if "present" not in output:
-        on_line(f"skyward: uploading this skyward ({len(data) // 1024} KiB) to {directory}")
-        # A name of its own: another client may be uploading the same package right now.
+        on_line(f"skyward: uploading {what} ({len(data) // 1024} KiB) to {directory}")
+        # A name of its own: another client may be uploading the same archive right now.
         upload = f"{digest}.{secrets.token_hex(4)}"
-        connection.upload(data, f"{_sftp_path(plan.workdir)}/pkg/{upload}.zip")
+        connection.upload(data, f"{_sftp_path(plan.workdir)}/{kind}/{upload}.zip")
         status, output = connection.run(
             f"{shell_path(plan.env_dir)}/bin/python -c {shlex.quote(_UNPACK)} "
-            f"{home}/pkg/{upload}.zip {home}/pkg/{upload}.tmp {home}/pkg/{digest}"
+            f"{home}/{kind}/{upload}.zip {home}/{kind}/{upload}.tmp {home}/{kind}/{digest}"
         )
         if status != 0:
             raise BootstrapError(
-                f"{connection.target}: cannot unpack skyward into {plan.workdir}/pkg: {output}"
+                f"{connection.target}: cannot unpack {what} into {plan.workdir}/{kind}: {output}"
             )
     return directory
 

@@ -83,6 +83,24 @@ class ProvisionRequest:
     image: Image
     tags: Mapping[str, str]
     deadline: Deadline = field(compare=False)
+    # Per node, at least (None: any). A provider that picks machines picks ones this large;
+    # one that runs on machines that exist checks them or says in its docs that it cannot.
+    vcpus: float | None = None
+    memory_gb: float | None = None
+    # "spot", "on-demand", "spot-if-available" or "cheapest"; None: the provider's default.
+    # A provider with no spot machines refuses "spot" in check().
+    allocation: str | None = None
+
+
+def refuse_spot(request: ProvisionRequest, why: str) -> None:
+    """``ValueError`` for ``allocation="spot"`` from a provider with no spot machines; the
+    other strategies mean the machines it has."""
+    if request.allocation == "spot":
+        raise ValueError(
+            f"allocation='spot' cannot be honoured: {why}, and none of it is spot capacity. "
+            f"Leave allocation out, or use 'on-demand' or 'spot-if-available', which run on "
+            f"the machines there are"
+        )
 
 
 @runtime_checkable
@@ -145,6 +163,12 @@ class Allocation:
         Only when ``can_replace``; the pool calls it when it cannot start a worker on the
         old node any more."""
         raise NotImplementedError(f"{type(self).__name__} cannot replace a machine")
+
+    def loss_reason(self, rank: int) -> str | None:
+        """Why node ``rank``'s machine is gone (``"reclaimed by AWS (spot interruption)"``),
+        when the provider can tell; ``None`` otherwise. Asked when a node's link drops, and
+        added to the ``WorkerLost`` its calls get."""
+        return None
 
     def release(self) -> None:
         """Delete the pool-wide resources, after every node is closed. Default: none."""

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from skyward import _protocol as proto
 from skyward._errors import BootstrapError, ProvisionError
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 
 if TYPE_CHECKING:
     from skyward._phases import Reporter
@@ -56,16 +56,30 @@ class Local(BaseModel):
         return self.python or sys.executable
 
     def check(self, request: ProvisionRequest) -> None:
-        """An accelerator is refused: the local pool's workers are processes on this
-        machine's CPUs, and a pool that said "A100" here would install or expect GPU
-        packages and report devices that are not there. (What the interpreter lacks is
-        found by ``provision``.)"""
+        """Refuse what this machine cannot be. An accelerator: the local pool's workers are
+        processes on this machine's CPUs, and a pool that said "A100" here would install or
+        expect GPU packages and report devices that are not there. A spot machine, or one
+        with fewer cores or less memory than each node asks for (the nodes share them).
+        (What the interpreter lacks is found by ``provision``.)"""
         if request.accelerator is not None:
             raise ValueError(
                 f"the local pool has no {request.accelerator}: its nodes are processes on "
                 f"this machine's CPUs. Leave accelerator=None to try the code here (the jax "
                 f"plugin then uses CPU jax; cpu_devices= gives each node several devices), "
                 f"and give the accelerator to a provider that has it, such as sky.AWS()."
+            )
+        refuse_spot(request, "the local provider runs on this machine")
+        cores = os.cpu_count() or 1
+        if request.vcpus is not None and request.vcpus > cores:
+            raise ValueError(
+                f"vcpus={request.vcpus:g} per node, but this machine has {cores} CPU(s), "
+                f"which the local pool's nodes share"
+            )
+        memory = _memory_gb()
+        if request.memory_gb is not None and memory and request.memory_gb > memory:
+            raise ValueError(
+                f"memory_gb={request.memory_gb:g} per node, but this machine has "
+                f"{memory:.1f} GB, which the local pool's nodes share"
             )
 
     def inventory(self) -> Inventory | None:
@@ -209,6 +223,13 @@ class PipeTransport:
                 stream.close()
             except OSError:
                 pass
+
+
+def _memory_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return None  # not a POSIX system that says; nothing to check against
 
 
 # Linux's default pipe holds 64 KiB, so a 100 MB argument takes ~1,500 writer/reader

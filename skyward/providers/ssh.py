@@ -16,7 +16,7 @@ from skyward._extras import check
 from skyward._phases import Reporter
 from skyward._ssh import Target
 from skyward.providers._hosts import Access, HostTarget, open_hosts
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 
 
 class SSH(BaseModel):
@@ -63,9 +63,17 @@ class SSH(BaseModel):
     @field_validator("key")
     @classmethod
     def _key(cls, key: Path | None) -> Path | None:
-        if key is not None and not key.expanduser().is_file():
+        if key is None:
+            return None
+        path = _expand(key)
+        if not path.is_file():
             raise ValueError(f"no private key file at {key}")
-        return None if key is None else key.expanduser()
+        return path
+
+    @field_validator("known_hosts")
+    @classmethod
+    def _known_hosts(cls, known_hosts: Path | None) -> Path | None:
+        return None if known_hosts is None else _expand(known_hosts)
 
     @field_validator("workdir")
     @classmethod
@@ -101,8 +109,11 @@ class SSH(BaseModel):
         )
 
     def check(self, request: ProvisionRequest) -> None:
-        """Called when the pool is built, before anything is touched."""
+        """Called when the pool is built, before anything is touched. The hosts are what
+        they are: ``vcpus`` and ``memory_gb`` are not checked, and ``allocation="spot"`` is
+        refused."""
         check("paramiko", feature="sky.SSH")
+        refuse_spot(request, "SSH runs on hosts you already have")
         if request.nodes > len(self.hosts):
             raise ValueError(
                 f"the pool asks for {request.nodes} nodes but SSH has {len(self.hosts)} "
@@ -124,3 +135,11 @@ class SSH(BaseModel):
 
     def inventory(self) -> Inventory | None:
         return None  # it creates nothing
+
+
+def _expand(path: Path) -> Path:
+    """``~`` and ``~user`` expanded; a user that does not exist is a ``ValueError``."""
+    try:
+        return path.expanduser()
+    except RuntimeError as exc:  # "~nobody-here/..."
+        raise ValueError(f"cannot expand {str(path)!r}: {exc}") from exc

@@ -197,3 +197,11 @@ def test_jax_plugin_options_are_validated_with_the_option_named(option: str, val
         assert option in str(error)
     except sky.PluginError as error:  # a CUDA version jax has no wheels for
         assert option in str(error)
+
+
+def test_a_key_path_under_an_unknown_users_home_is_a_validation_error() -> None:
+    # Found by the fuzz test above: Path("~0").expanduser() raises RuntimeError.
+    with pytest.raises(pydantic.ValidationError, match="key"):
+        sky.SSH(hosts=["h1"], key="~0")  # type: ignore[arg-type]
+    with pytest.raises(pydantic.ValidationError, match="known_hosts"):
+        sky.SSH(hosts=["h1"], known_hosts="~nobody-here/known_hosts")  # type: ignore[arg-type]

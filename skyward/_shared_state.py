@@ -1,0 +1,252 @@
+"""The state behind ``sky.dict``, ``sky.set``, ``sky.counter``, ``sky.queue``,
+``sky.barrier`` and ``sky.lock``: it lives in the client, in the pool, and nowhere else.
+
+::
+
+    worker: sky.counter("steps").increment()
+        ── Shared(id, "counter", "steps", "increment") + args ──>  channel reader thread
+                                                                    SharedState.handle
+        <── SharedReply(id, ok) + value ──────────────────────────  reply(...), now or later
+
+Every request is handled at once on the reader thread that received it, under one lock,
+so each operation is atomic and every node sees one order. Requests that wait (a lock held
+by another node, an empty queue, a barrier not yet full) leave a waiter, and are answered by
+whichever request or timer lets them go. Owners are the workers' channels (and ``"client"``
+for the pool's own process): when a worker is lost, ``forget`` releases its locks, drops
+what it waited for, and breaks the barriers others wait at (they could wait forever). When
+the pool closes, every waiter gets ``PoolClosed``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from skyward._errors import PoolClosed
+
+Reply = Callable[[bool, Any], None]  # (ok, value or exception)
+
+
+@dataclass(eq=False)
+class _Barrier:
+    parties: int
+    waiting: list[tuple[object, Reply]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Lock:
+    holder: tuple[object, str] | None = None  # (owner, the proxy's token)
+    waiting: collections.deque[tuple[object, str, Reply]] = field(default_factory=collections.deque)
+
+
+class SharedState:
+    """Thread-safe: every channel's reader thread and the pool's timers call it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards: everything below
+        self._dicts: dict[str, dict[Any, Any]] = collections.defaultdict(dict)
+        self._sets: dict[str, set[Any]] = collections.defaultdict(set)
+        self._counters: dict[str, int] = collections.defaultdict(int)
+        self._queues: dict[str, collections.deque[Any]] = collections.defaultdict(collections.deque)
+        # a queue's waiting getters, oldest first: (owner, reply, its timer)
+        self._getters: dict[str, collections.deque[list[Any]]] = collections.defaultdict(
+            collections.deque
+        )
+        self._barriers: dict[str, _Barrier] = {}
+        self._locks: dict[str, _Lock] = collections.defaultdict(_Lock)
+        self._closed = False
+
+    def handle(
+        self, owner: object, kind: str, name: str, op: str, args: tuple[Any, ...], reply: Reply
+    ) -> None:
+        """Do one operation; ``reply`` is called exactly once, now or when it can be."""
+        method = getattr(self, f"_{kind}_{op}", None)
+        if method is None:
+            reply(False, ValueError(f"sky.{kind} has no operation {op!r}"))
+            return
+        with self._lock:
+            if self._closed:
+                outcome: tuple[bool, Any] | None = (False, PoolClosed("the pool is closed"))
+            else:
+                try:
+                    outcome = method(owner, name, reply, *args)
+                except Exception as exc:  # a KeyError, a wrong argument: the caller's error
+                    outcome = (False, exc)
+        if outcome is not None:  # None: a waiter will be answered later
+            reply(*outcome)
+
+    # ── dict, set, counter ───────────────────────────────────────────────────────────────
+
+    def _dict_get(self, owner: object, name: str, reply: Reply, key: Any) -> tuple[bool, Any]:
+        data = self._dicts[name]
+        return (True, data[key]) if key in data else (False, KeyError(key))
+
+    def _dict_set(self, owner: object, name: str, reply: Reply, key: Any, value: Any) -> Any:
+        self._dicts[name][key] = value
+        return True, None
+
+    def _dict_delete(self, owner: object, name: str, reply: Reply, key: Any) -> Any:
+        del self._dicts[name][key]
+        return True, None
+
+    def _dict_contains(self, owner: object, name: str, reply: Reply, key: Any) -> Any:
+        return True, key in self._dicts[name]
+
+    def _dict_update(self, owner: object, name: str, reply: Reply, items: Any) -> Any:
+        self._dicts[name].update(items)
+        return True, None
+
+    def _dict_pop(self, owner: object, name: str, reply: Reply, key: Any, default: Any) -> Any:
+        return True, self._dicts[name].pop(key, default)
+
+    def _dict_snapshot(self, owner: object, name: str, reply: Reply) -> Any:
+        return True, dict(self._dicts[name])
+
+    def _set_add(self, owner: object, name: str, reply: Reply, value: Any) -> Any:
+        self._sets[name].add(value)
+        return True, None
+
+    def _set_discard(self, owner: object, name: str, reply: Reply, value: Any) -> Any:
+        self._sets[name].discard(value)
+        return True, None
+
+    def _set_contains(self, owner: object, name: str, reply: Reply, value: Any) -> Any:
+        return True, value in self._sets[name]
+
+    def _set_len(self, owner: object, name: str, reply: Reply) -> Any:
+        return True, len(self._sets[name])
+
+    def _counter_add(self, owner: object, name: str, reply: Reply, amount: int) -> Any:
+        self._counters[name] += amount
+        return True, self._counters[name]
+
+    def _counter_reset(self, owner: object, name: str, reply: Reply, value: int) -> Any:
+        self._counters[name] = value
+        return True, value
+
+    # ── queue ────────────────────────────────────────────────────────────────────────────
+
+    def _queue_put(self, owner: object, name: str, reply: Reply, value: Any) -> Any:
+        getters = self._getters[name]
+        if getters:  # the oldest waiting getter takes it directly
+            _, waiter, timer = getters.popleft()
+            if timer is not None:
+                timer.cancel()
+            waiter(True, value)
+        else:
+            self._queues[name].append(value)
+        return True, None
+
+    def _queue_get(
+        self, owner: object, name: str, reply: Reply, timeout: float | None
+    ) -> tuple[bool, Any] | None:
+        if self._queues[name]:
+            return True, self._queues[name].popleft()
+        if timeout is not None and timeout <= 0:
+            return True, None
+        entry: list[Any] = [owner, reply, None]
+        if timeout is not None:
+            entry[2] = timer = threading.Timer(timeout, self._give_up, (name, entry))
+            timer.daemon = True
+            timer.start()
+        self._getters[name].append(entry)
+        return None
+
+    def _give_up(self, name: str, entry: list[Any]) -> None:
+        with self._lock:
+            try:
+                self._getters[name].remove(entry)
+            except ValueError:
+                return  # a put took it first
+        entry[1](True, None)  # skyward 0.5: None when the timeout passes
+
+    def _queue_len(self, owner: object, name: str, reply: Reply) -> Any:
+        return True, len(self._queues[name])
+
+    # ── barrier, lock ────────────────────────────────────────────────────────────────────
+
+    def _barrier_wait(self, owner: object, name: str, reply: Reply, parties: int) -> Any:
+        barrier = self._barriers.setdefault(name, _Barrier(parties))
+        if barrier.parties != parties:
+            return False, ValueError(
+                f"barrier {name!r} has {barrier.parties} parties, not {parties}"
+            )
+        barrier.waiting.append((owner, reply))
+        if len(barrier.waiting) < parties:
+            return None
+        released, barrier.waiting = barrier.waiting, []  # and the next round begins
+        for _, waiter in released[:-1]:
+            waiter(True, None)
+        return True, None
+
+    def _barrier_reset(self, owner: object, name: str, reply: Reply) -> Any:
+        barrier = self._barriers.get(name)
+        if barrier is not None:
+            self._break(barrier, f"barrier {name!r} was reset while they waited")
+        return True, None
+
+    def _lock_acquire(self, owner: object, name: str, reply: Reply, token: str) -> Any:
+        lock = self._locks[name]
+        if lock.holder is None:
+            lock.holder = (owner, token)
+            return True, True
+        if lock.holder == (owner, token):
+            return False, RuntimeError(f"lock {name!r} is already held by this proxy")
+        lock.waiting.append((owner, token, reply))
+        return None
+
+    def _lock_release(self, owner: object, name: str, reply: Reply, token: str) -> Any:
+        lock = self._locks[name]
+        if lock.holder != (owner, token):
+            return False, RuntimeError(f"release of lock {name!r}, which this proxy does not hold")
+        self._hand_over(lock)
+        return True, None
+
+    def _hand_over(self, lock: _Lock) -> None:
+        lock.holder = None
+        if lock.waiting:
+            owner, token, waiter = lock.waiting.popleft()
+            lock.holder = (owner, token)
+            waiter(True, True)
+
+    def _break(self, barrier: _Barrier, why: str) -> None:
+        waiting, barrier.waiting = barrier.waiting, []
+        for _, waiter in waiting:
+            waiter(False, threading.BrokenBarrierError(why))
+
+    # ── lost workers, the pool closing ───────────────────────────────────────────────────
+
+    def forget(self, owner: object, why: str) -> None:
+        """A worker is lost: release its locks, drop its waiters, break barriers with
+        waiters (whoever they wait for may have been it)."""
+        with self._lock:
+            for lock in self._locks.values():
+                lock.waiting = collections.deque(w for w in lock.waiting if w[0] != owner)
+                if lock.holder is not None and lock.holder[0] == owner:
+                    self._hand_over(lock)
+            for getters in self._getters.values():
+                for entry in [e for e in getters if e[0] == owner]:
+                    getters.remove(entry)
+                    if entry[2] is not None:
+                        entry[2].cancel()
+            for name, barrier in self._barriers.items():
+                barrier.waiting = [w for w in barrier.waiting if w[0] != owner]
+                if barrier.waiting:
+                    self._break(barrier, f"barrier {name!r} lost a participant: {why}")
+
+    def close(self) -> None:
+        """The pool is closing: every waiter gets ``PoolClosed``; later requests too."""
+        with self._lock:
+            self._closed = True
+            waiters = [w[2] for lock in self._locks.values() for w in lock.waiting]
+            waiters += [w for b in self._barriers.values() for _, w in b.waiting]
+            for getters in self._getters.values():
+                for entry in getters:
+                    if entry[2] is not None:
+                        entry[2].cancel()
+                    waiters.append(entry[1])
+        for waiter in waiters:
+            waiter(False, PoolClosed("the pool was closed while this waited"))

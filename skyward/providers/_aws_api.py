@@ -1,0 +1,213 @@
+"""The boto3 boundary: clients, and every SDK error translated into one that says what to do.
+
+Every EC2 and SSM call of the AWS provider goes through ``Api.call``, so no botocore error
+crosses into skyward untranslated: missing or expired credentials, a missing IAM permission
+(named as the IAM action), no capacity for a type in a zone (with the zones that offer it),
+a vCPU quota (named, with its code in Service Quotas), an unknown AMI.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from skyward._errors import ProvisionError
+from skyward._extras import require
+
+if TYPE_CHECKING:
+    from mypy_boto3_ec2 import EC2Client
+    from mypy_boto3_ssm import SSMClient
+
+POLICY_HINT = "the minimal IAM policy is in docs/providers.md (AWS)"
+
+# vCPU quotas by instance family, as Service Quotas names them: (name, code).
+_ON_DEMAND_QUOTAS = {
+    "p": ("Running On-Demand P instances", "L-417A185B"),
+    "g": ("Running On-Demand G and VT instances", "L-DB2E81BA"),
+    "standard": ("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", "L-1216C47A"),
+}
+_SPOT_QUOTAS = {
+    "p": ("All P Spot Instance Requests", "L-7212CCBC"),
+    "g": ("All G and VT Spot Instance Requests", "L-3819A6DF"),
+    "standard": ("All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests", "L-34B43A08"),
+}
+_CREDENTIALS = {
+    "AuthFailure",
+    "InvalidClientTokenId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "RequestExpired",
+    "UnrecognizedClientException",
+}
+_DENIED = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "UnauthorizedAccess"}
+
+
+@dataclass(frozen=True)
+class Api:
+    """EC2 and SSM clients of one region. ``call`` translates errors; nothing else here does
+    I/O. Thread-safe (boto3 clients are)."""
+
+    ec2: EC2Client
+    ssm: SSMClient
+    region: str
+
+    @staticmethod
+    def session(*, region: str | None, profile: str | None) -> Any:
+        """A boto3 session with a region; reads only the environment and ~/.aws."""
+        boto3 = require("boto3", feature="sky.AWS")
+        try:
+            session = boto3.session.Session(profile_name=profile, region_name=region)
+        except Exception as exc:
+            raise translate(exc, "opening an AWS session", region or "") from exc
+        if not session.region_name:
+            raise ProvisionError(
+                "no AWS region: pass sky.AWS(region='us-east-1'), set AWS_DEFAULT_REGION, or "
+                "set a region in ~/.aws/config"
+            )
+        return session
+
+    @classmethod
+    def connect(cls, *, region: str | None, profile: str | None, endpoint_url: str | None) -> Api:
+        from botocore.config import Config
+
+        session = cls.session(region=region, profile=profile)
+        name = str(session.region_name)
+        config = Config(
+            retries={"mode": "standard", "max_attempts": 5},
+            connect_timeout=10,
+            read_timeout=60,
+        )
+        ec2 = session.client("ec2", endpoint_url=endpoint_url, config=config)
+        ssm = session.client("ssm", endpoint_url=endpoint_url, config=config)
+        return cls(ec2=ec2, ssm=ssm, region=name)
+
+    def call(self, operation: Callable[..., Any], doing: str, /, **kwargs: Any) -> Any:
+        """``operation(**kwargs)``; any SDK error becomes a ``ProvisionError`` about
+        ``doing`` (``"launching 4 p4d.24xlarge instances"``)."""
+        try:
+            return operation(**kwargs)
+        except Exception as exc:
+            if _is_sdk_error(exc):
+                raise translate(exc, doing, self.region, kwargs) from exc
+            raise
+
+    def zones_offering(self, instance_type: str) -> list[str]:
+        """The zones of this region that offer ``instance_type`` (empty if unknown)."""
+        try:
+            answer = self.ec2.describe_instance_type_offerings(
+                LocationType="availability-zone",
+                Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+            )
+        except Exception as exc:
+            if _is_sdk_error(exc):
+                return []  # only a hint for a message; its absence must not hide the error
+            raise
+        return sorted(o["Location"] for o in answer["InstanceTypeOfferings"])
+
+
+def error_code(exc: BaseException | None) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _is_sdk_error(exc: BaseException) -> bool:
+    module = type(exc).__module__
+    return module.startswith(("botocore", "boto3"))
+
+
+def translate(
+    exc: BaseException, doing: str, region: str, request: dict[str, Any] | None = None
+) -> ProvisionError:
+    """A ``ProvisionError`` that says what went wrong in ``doing`` and what to do about it."""
+    name = type(exc).__name__
+    code = error_code(exc)
+    message = str(getattr(exc, "response", {}).get("Error", {}).get("Message", "") or exc)
+    request = request or {}
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return ProvisionError(
+            f"{doing}: no AWS credentials found. Run `aws configure` (or `aws sso login`), set "
+            f"AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or pass "
+            f"sky.AWS(profile='...')"
+        )
+    if name == "ProfileNotFound":
+        return ProvisionError(f"{doing}: {exc}; check sky.AWS(profile=...) and ~/.aws/config")
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
+        return ProvisionError(f"{doing}: cannot reach AWS ({exc}); check the network or proxy")
+    if code in _CREDENTIALS:
+        return ProvisionError(
+            f"{doing}: AWS refused the credentials ({code}: {message}). They may have "
+            f"expired: renew them (`aws sso login`, new keys) and try again"
+        )
+    if code in _DENIED:
+        action = iam_action(exc)
+        return ProvisionError(
+            f"{doing}: your AWS identity is not allowed to call {action} in {region} "
+            f"({code}). Add {action} to its IAM policy; {POLICY_HINT}"
+        )
+    if code == "InsufficientInstanceCapacity":
+        kind, zone = request.get("InstanceType", "?"), _zone(request, message)
+        return ProvisionError(
+            f"{doing}: AWS has no capacity for {kind} in {zone or region} right now "
+            f"({message}). Try again later, another zone (subnet_id=...), another region, "
+            f"spot={not _spot(request)}, or another accelerator"
+        )
+    if code == "Unsupported" and "InstanceType" in request:
+        return ProvisionError(
+            f"{doing}: {request['InstanceType']} is not offered where it was asked for "
+            f"({message}); choose another subnet_id (zone) or region"
+        )
+    if code in ("VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"):
+        kind = str(request.get("InstanceType", ""))
+        quota, quota_code = quota_for(kind, spot=_spot(request) or code.startswith("MaxSpot"))
+        return ProvisionError(
+            f"{doing}: your vCPU quota '{quota}' ({quota_code}) in {region} is too small: "
+            f"{message} Ask for more in the Service Quotas console (EC2, {quota_code}), or "
+            f"ask for fewer or smaller nodes"
+        )
+    if code.startswith("InvalidAMIID"):
+        return ProvisionError(
+            f"{doing}: unknown AMI in {region} ({code}: {message}); AMIs are per region: "
+            f"check sky.AWS(ami=...) or ami_parameter=..."
+        )
+    if code == "ParameterNotFound":
+        return ProvisionError(
+            f"{doing}: the SSM parameter {request.get('Name', '')!r} does not exist in "
+            f"{region}; check sky.AWS(ami_parameter=...) or pass ami='ami-...'"
+        )
+    if code:
+        return ProvisionError(f"{doing}: AWS said {code}: {message}")
+    return ProvisionError(f"{doing}: {name}: {exc}")
+
+
+def iam_action(exc: BaseException) -> str:
+    """``ec2:RunInstances`` from the refused call, or from AWS's message when it names one."""
+    message = str(getattr(exc, "response", {}).get("Error", {}).get("Message", ""))
+    named = re.search(r"\b(?:perform|to perform):?\s*([a-z0-9-]+:[A-Za-z0-9]+)", message)
+    if named:
+        return named.group(1)
+    operation = getattr(exc, "operation_name", "") or "?"
+    service = "ssm" if operation in ("GetParameter", "GetParameters") else "ec2"
+    return f"{service}:{operation}"
+
+
+def quota_for(instance_type: str, *, spot: bool) -> tuple[str, str]:
+    family = instance_type[:1].lower()
+    bucket = family if family in ("p", "g") else "standard"
+    return (_SPOT_QUOTAS if spot else _ON_DEMAND_QUOTAS)[bucket]
+
+
+def _spot(request: dict[str, Any]) -> bool:
+    return bool(request.get("InstanceMarketOptions", {}).get("MarketType") == "spot")
+
+
+def _zone(request: dict[str, Any], message: str) -> str:
+    placement = request.get("Placement", {}).get("AvailabilityZone")
+    if placement:
+        return str(placement)
+    found = re.search(r"\b([a-z]{2}-[a-z]+-\d[a-z])\b", message)
+    return found.group(1) if found else ""

@@ -1,0 +1,264 @@
+"""What the clouds share: the user data (checked against cloud-init's own schema), the host
+key, the idle watchdog (run for real, in a sandbox that cannot stop this machine), the
+client's address, and "create, then open, or destroy"."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from cryptography.hazmat.primitives import serialization
+from support import cloudinit
+from support.sandbox import Sandbox
+
+from skyward._errors import ProvisionError
+from skyward.providers import _cloud as cloud
+from skyward.providers.base import Allocation, Resource
+
+_CLIENT_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAbc me@x"
+
+
+@pytest.fixture(scope="module")
+def user_data() -> tuple[str, cloud.HostKey]:
+    key = cloud.HostKey.generate()
+    text = cloud.user_data(host_key=key, authorized_key=_CLIENT_KEY, idle_timeout=90)
+    return text, key
+
+
+def test_user_data_is_cloud_config_that_cloud_inits_schema_accepts(
+    user_data: tuple[str, cloud.HostKey],
+) -> None:
+    text, _ = user_data
+    assert text.startswith("#cloud-config\n")
+    document = yaml.safe_load(text)
+    schema = cloudinit.schema()
+    errors = [e.message for e in jsonschema.Draft4Validator(schema).iter_errors(document)]
+    assert errors == []
+    assert set(document) <= cloudinit.known_keys(schema)
+
+
+def test_user_data_gives_the_vm_our_host_key_and_only_it(
+    user_data: tuple[str, cloud.HostKey],
+) -> None:
+    text, key = user_data
+    document = yaml.safe_load(text)
+    assert document["ssh_deletekeys"] is True
+    assert document["ssh_keys"] == {"ed25519_private": key.private, "ed25519_public": key.public}
+    assert document["ssh_authorized_keys"] == [_CLIENT_KEY]
+
+
+def test_the_host_key_pair_matches() -> None:
+    key = cloud.HostKey.generate()
+    private = serialization.load_ssh_private_key(key.private.encode(), password=None)
+    derived = private.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    assert derived.decode() == key.public
+    assert key.public.startswith("ssh-ed25519 ")
+    assert cloud.HostKey.generate().public != key.public
+
+
+def test_user_data_writes_and_starts_the_watchdog_with_the_idle_timeout(
+    user_data: tuple[str, cloud.HostKey],
+) -> None:
+    document = yaml.safe_load(user_data[0])
+    files = {f["path"]: f for f in document["write_files"]}
+    assert files[cloud.WATCHDOG_PATH]["content"] == cloud.watchdog_script()
+    assert files[cloud.WATCHDOG_PATH]["permissions"] == "0755"
+    assert "ClientAliveInterval" in files[cloud.SSHD_DROPIN_PATH]["content"]
+    started = [" ".join(c) for c in document["runcmd"] if cloud.WATCHDOG_PATH in " ".join(c)]
+    assert len(started) == 1
+    assert f"{cloud.WATCHDOG_PATH} 90 22 10 90 " in started[0]  # first client: same bound
+
+
+# ── the watchdog itself, in a sandbox ──────────────────────────────────────────────────
+
+
+def _watchdog_box(
+    directory: Path, port: int, idle: int = 1, first: int | None = None
+) -> tuple[Sandbox, Path]:
+    """The watchdog in a sandbox, with `sleep` counting its rounds in ``counter``."""
+    tools = directory / "bin"
+    tools.mkdir(parents=True)
+    counter = directory / "rounds"
+    (tools / "sleep").write_text(f'#!/bin/sh\necho . >> {counter}\nexec /bin/sleep "$@"\n')
+    (tools / "logger").write_text("#!/bin/sh\nexit 0\n")  # keep the host's syslog out of it
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    script = directory / "watchdog"
+    script.write_text(cloud.watchdog_script())
+    bounds = f"{idle} {port} 1" + ("" if first is None else f" {first}")
+    main = f"PATH={tools}:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\nsh {script} {bounds}\n"
+    return Sandbox(directory / "box", main), counter
+
+
+def _rounds(counter: Path) -> int:
+    return len(counter.read_text()) if counter.exists() else 0
+
+
+@pytest.mark.timeout(60)
+def test_watchdog_powers_off_when_no_client_is_connected(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        sandbox, _ = _watchdog_box(tmp_path, listener.getsockname()[1])
+        try:
+            assert sandbox.wait(30) == 0
+            assert sandbox.power_state() == "poweroff"
+        finally:
+            sandbox.stop()
+
+
+@pytest.mark.timeout(90)
+def test_watchdog_never_stops_a_machine_whose_client_is_attached(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        sandbox, counter = _watchdog_box(tmp_path, listener.getsockname()[1], idle=1)
+        try:
+            # Five rounds of one second each: well past the idle bound, still running.
+            end = time.monotonic() + 40
+            while _rounds(counter) < 5 and sandbox.alive and time.monotonic() < end:
+                time.sleep(0.1)
+            assert sandbox.alive, sandbox.power_state()
+            assert _rounds(counter) >= 5
+            client.close()
+            accepted.close()
+            assert sandbox.wait(30) == 0
+            assert sandbox.power_state() == "poweroff"
+        finally:
+            client.close()
+            accepted.close()
+            sandbox.stop()
+
+
+@pytest.mark.timeout(90)
+def test_watchdog_waits_longer_for_the_first_client_then_keeps_the_idle_bound(
+    tmp_path: Path,
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        sandbox, counter = _watchdog_box(tmp_path, port, idle=1, first=600)
+        try:
+            # Five rounds without any client: past the idle bound, within the first one.
+            end = time.monotonic() + 40
+            while _rounds(counter) < 5 and sandbox.alive and time.monotonic() < end:
+                time.sleep(0.1)
+            assert sandbox.alive, sandbox.power_state()
+            client = socket.create_connection(listener.getsockname())
+            accepted, _ = listener.accept()
+            seen = _rounds(counter)
+            while _rounds(counter) < seen + 2 and time.monotonic() < end:
+                time.sleep(0.1)  # the watchdog has seen the client
+            client.close()
+            accepted.close()
+            assert sandbox.wait(30) == 0  # now the idle bound (1 s) applies
+            assert sandbox.power_state() == "poweroff"
+        finally:
+            sandbox.stop()
+
+
+# ── the client's address ───────────────────────────────────────────────────────────────
+
+
+@pytest.fixture
+def address_server() -> Iterator[tuple[str, list[bytes]]]:
+    """A local stand-in for checkip: answers with what the test puts in the list."""
+    answers: list[bytes] = [b"10.123.7.9\n"]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(answers[0])
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", answers
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_auto_cidr_is_the_address_the_lookup_sees(
+    address_server: tuple[str, list[bytes]],
+) -> None:
+    url, answers = address_server
+    assert cloud.client_cidr("auto", lookup_url=url) == "10.123.7.9/32"
+    answers[0] = b"2001:db8::7"
+    assert cloud.client_cidr("auto", lookup_url=url) == "2001:db8::7/128"
+
+
+def test_a_given_cidr_is_normalised_and_needs_no_lookup() -> None:
+    assert cloud.client_cidr("203.0.113.7/24", lookup_url="http://127.0.0.1:9/") == (
+        "203.0.113.0/24"
+    )
+
+
+def test_a_lookup_that_fails_says_to_pass_ssh_cidr(address_server: tuple[str, list[bytes]]) -> None:
+    url, answers = address_server
+    answers[0] = b"<html>captive portal</html>"
+    with pytest.raises(ProvisionError, match="ssh_cidr="):
+        cloud.client_cidr("auto", lookup_url=url)
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(ProvisionError, match="ssh_cidr="):
+        cloud.client_cidr("auto", lookup_url=f"http://127.0.0.1:{port}/", timeout=5)
+
+
+# ── create, then open, or destroy ──────────────────────────────────────────────────────
+
+
+class _Recording(Allocation):
+    def __init__(self, fail_release: bool = False) -> None:
+        super().__init__([])
+        self.released = 0
+        self.fail_release = fail_release
+
+    def release(self) -> None:
+        self.released += 1
+        if self.fail_release:
+            raise ProvisionError("security group sg-1 is still in use")
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError, ProvisionError])
+def test_a_failed_build_destroys_what_it_recorded_and_reraises(error: type[BaseException]) -> None:
+    allocation = _Recording()
+
+    def build(made: _Recording) -> None:
+        made.resources.append(Resource("key pair", "skyward-p"))
+        raise error("stop")
+
+    with pytest.raises(error):
+        cloud.open_or_destroy(allocation, build)
+    assert allocation.released == 1
+    assert allocation.terminated
+
+
+def test_a_failed_cleanup_is_told_with_the_original_error() -> None:
+    allocation = _Recording(fail_release=True)
+
+    def build(made: _Recording) -> None:
+        raise RuntimeError("capacity")
+
+    with pytest.raises(RuntimeError) as caught:
+        cloud.open_or_destroy(allocation, build)
+    assert any("sg-1 is still in use" in note for note in caught.value.__notes__)
+
+
+def test_a_successful_build_keeps_everything() -> None:
+    allocation = _Recording()
+    assert cloud.open_or_destroy(allocation, lambda made: None) is allocation
+    assert allocation.released == 0

@@ -1,0 +1,169 @@
+"""``InstanceInfo`` and ``Image`` fields that skyward 0.5's docs and examples use:
+``total_accelerators``, ``job_id``, the worker fields; ``includes``, ``excludes``,
+``skyward_source``, ``bootstrap_timeout``."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pydantic
+import pytest
+from support.pools import ssh_provider
+from support.sshhosts import Hosts, PackageIndex
+
+import skyward as sky
+
+
+@sky.compute
+def get_cluster_info() -> dict[str, object]:
+    """skyward 0.5's cluster-coordination example, as written there."""
+    pool = sky.instance_info()
+    return {
+        "node": pool.node,
+        "total_nodes": pool.total_nodes,
+        "is_head": pool.is_head,
+        "accelerators": pool.accelerators,
+        "total_accelerators": pool.total_accelerators,
+        "head_addr": pool.head_addr,
+        "head_port": pool.head_port,
+        "job_id": pool.job_id,
+    }
+
+
+@pytest.mark.timeout(120)
+def test_the_cluster_coordination_example_reads_every_field() -> None:
+    with sky.ComputePool(nodes=3, quiet=True) as pool:
+        infos = get_cluster_info() @ pool
+        job_ids = {info["job_id"] for info in infos}
+        assert [info["node"] for info in infos] == [0, 1, 2]
+        assert [info["is_head"] for info in infos] == [True, False, False]
+        assert {info["total_accelerators"] for info in infos} == {0}  # CPU-only local nodes
+        assert len(job_ids) == 1 and str(next(iter(job_ids))).startswith(pool.name)
+
+        with pytest.raises(sky.WorkerLost):  # a replaced worker keeps the pool's job_id
+            pool.run(os._exit, 1)
+        deadline = time.monotonic() + 30
+        while pool.statistics().workers_replaced < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {info["job_id"] for info in get_cluster_info() @ pool} == job_ids
+
+    with sky.ComputePool(nodes=1, quiet=True) as other:
+        assert (get_cluster_info() >> other)["job_id"] not in job_ids
+
+
+def test_worker_fields_describe_one_worker_per_node() -> None:
+    info = sky.InstanceInfo(
+        node=2,
+        total_nodes=4,
+        head_addr="10.0.0.1",
+        head_port=1,
+        peers=("a", "b", "c", "d"),
+        accelerators=8,
+        hostname="h",
+    )
+    assert (info.worker, info.workers_per_node) == (0, 1)
+    assert (info.global_worker_index, info.total_workers) == (2, 4)
+    assert info.total_accelerators == 32  # not given: every node like this one
+    assert info.model_copy(update={"total_accelerators": 9}).total_accelerators == 9
+
+
+def test_outside_a_worker_the_job_is_local() -> None:
+    assert sky.instance_info().job_id == "local"
+
+
+# ── Image ────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project directory like skyward 0.5's simple-cluster example: ``lib/`` beside the
+    script, and a loose module."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "__init__.py").write_text("from lib.transform import double\n")
+    (tmp_path / "lib" / "transform.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "lib" / "secret.txt").write_text("do not ship\n")
+    (tmp_path / "lib" / "__pycache__").mkdir()
+    (tmp_path / "helpers.py").write_text("GREETING = 'hi'\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def use_includes() -> tuple[int, str, bool]:
+    import helpers  # type: ignore[import-not-found]
+    import lib  # type: ignore[import-not-found]
+
+    shipped = os.path.dirname(lib.__file__)
+    return lib.double(21), helpers.GREETING, os.path.exists(os.path.join(shipped, "secret.txt"))
+
+
+def test_includes_are_made_absolute_and_must_exist(project: Path) -> None:
+    image = sky.Image(includes=["lib", "helpers.py"], excludes=["*.txt"])
+    assert image.includes == (str(project / "lib"), str(project / "helpers.py"))
+    assert image.include_roots() == [str(project)]
+    shipped = [name for _, name in image.included_files()]
+    assert shipped == ["helpers.py", "lib/__init__.py", "lib/transform.py"]
+    with pytest.raises(pydantic.ValidationError, match="does not exist"):
+        sky.Image(includes=["nowhere"])
+
+
+@pytest.mark.timeout(60)
+def test_includes_are_importable_on_local_workers(project: Path, tmp_path: Path) -> None:
+    image = sky.Image(includes=["lib", "helpers.py"])
+    os.chdir(tmp_path.parent)  # the pool is used from elsewhere: the paths still hold
+    with sky.ComputePool(image=image, quiet=True) as pool:
+        assert pool.run(use_includes)[:2] == (42, "hi")
+
+
+def test_skyward_source_other_than_the_clients_own_is_refused() -> None:
+    assert sky.Image(skyward_source="local").skyward_source == "local"
+    with pytest.raises(pydantic.ValidationError, match="another project"):
+        sky.Image(skyward_source="pypi")  # type: ignore[arg-type]
+
+
+def test_bootstrap_timeout_is_validated() -> None:
+    assert sky.Image(bootstrap_timeout=600).bootstrap_timeout == 600
+    with pytest.raises(pydantic.ValidationError):
+        sky.Image(bootstrap_timeout=0)
+
+
+def test_new_image_fields_leave_the_bootstrap_digest_alone(project: Path) -> None:
+    from skyward._bootstrap import Plan
+
+    def digest(image: sky.Image) -> str:
+        return Plan(image, "3.11", None, "~/.cache/skyward", ()).digest
+
+    plain = sky.Image(pip=["numpy"])
+    assert digest(plain) == digest(
+        plain.model_copy(update={"includes": ("/x",), "bootstrap_timeout": 5.0})
+    )
+
+
+@pytest.mark.timeout(180)
+def test_includes_are_shipped_to_ssh_hosts_without_the_excluded(
+    project: Path, ssh_hosts: Hosts, package_index: PackageIndex
+) -> None:
+    image = sky.Image(
+        includes=["lib", "helpers.py"], excludes=["*.txt"], index_url=package_index.url
+    )
+    provider = ssh_provider(ssh_hosts, ssh_hosts.hosts[0].target)
+    with sky.ComputePool(provider=provider, image=image, quiet=True) as pool:
+        assert pool.run(use_includes) == (42, "hi", False)
+
+
+@pytest.mark.timeout(120)  # well before the setup command's own end
+def test_a_bootstrap_past_bootstrap_timeout_is_a_bootstrap_error(
+    ssh_hosts: Hosts, package_index: PackageIndex
+) -> None:
+    image = sky.Image(
+        setup=["echo warming the cache", "sleep 1000"],
+        bootstrap_timeout=5,
+        index_url=package_index.url,
+    )
+    provider = ssh_provider(ssh_hosts, ssh_hosts.hosts[0].target)
+    with pytest.raises(sky.BootstrapError, match=r"bootstrap_timeout \(5 s\)") as caught:
+        with sky.ComputePool(provider=provider, image=image, quiet=True):
+            pass
+    assert caught.value.command  # whichever step was running when the bound passed
+    assert caught.value.exit_status is None
