@@ -219,7 +219,7 @@ class Relays:
         self._node = node
         self._key = key
         self._report = report  # a message to the client, over this node's own link
-        self._lock = threading.Lock()  # guards: _payloads, _aborted
+        self._lock = threading.Lock()  # guards: _payloads, _aborted, _taken
         self._payloads: dict[bytes, Payload] = {}
         self._aborted: collections.OrderedDict[bytes, WorkerLost] = collections.OrderedDict()
         # Tokens whose payload a call has taken: a late RelayPayload for one is dropped.
