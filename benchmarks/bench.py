@@ -13,8 +13,10 @@ only meaningful within one run.
 Scenarios (2 nodes or workers unless named):
 
 - ``round trip``: one no-op call at a time, warm (``f() >> pool``, ``ray.get(f.remote())``,
-  ``client.submit(f).result()``, ``executor.submit(f).result()``) and the floor: a raw pipe
-  to a process that unpickles a small message and pickles it back.
+  ``client.submit(f).result()``, ``executor.submit(f).result()``) and two floors: a
+  Python pipe echo (a subprocess reading 4-byte-length frames of a small pickled message
+  and writing them back, both sides Python, buffered) and a raw pipe (unbuffered ``os.read``
+  and ``os.write``) to a process that unpickles a small message and pickles it back.
 - ``map``: 10,000 no-op tasks, and 10,000 tasks of 1 ms of CPU work, each peer's way of
   mapping a function over a list.
 - ``broadcast``: a 100 MB numpy array to every node (``f(a) @ pool``), against two raw pipes
@@ -26,6 +28,9 @@ Scenarios (2 nodes or workers unless named):
 - ``ssh``: a 1-node SSH pool to an OpenSSH server in a network namespace made for the run
   (root and openssh-server needed; ``tests/support/sshhosts.py``), against the ``ssh`` client on the
   same link: no-op round trip, and MB/s for a large argument.
+- ``uplink``: a 100 MB broadcast to SSH pools of 2 and 4 hosts (root, openssh-server and
+  ``tc``), with the client's side of the bridge shaped to 200 Mbit/s and the hosts free to
+  talk to each other at full speed, against the physical floor (the payload ÷ the rate).
 
 Processes we start are stopped by PID or by their own shutdown calls, in ``finally`` blocks.
 """
@@ -197,6 +202,12 @@ def markdown(report: Report, machine: dict[str, Any], targets: list[dict[str, An
     return "\n".join(lines) + "\n"
 
 
+def _floor_tool(report: Report, nodes: int) -> str:
+    scenario = report.scenarios.get(f"uplink{nodes}")
+    names = scenario.tools if scenario else {}
+    return next((name for name in names if name.startswith("physical floor")), "")
+
+
 def evaluate_targets(report: Report) -> list[dict[str, Any]]:
     """The issue's targets, as ratios of medians from this run."""
 
@@ -206,6 +217,11 @@ def evaluate_targets(report: Report) -> list[dict[str, Any]]:
 
     rows: list[tuple[str, float | None, float]] = [
         ("no-op round trip ≤ 0.25x Ray's", ratio("roundtrip", "skyward >>", "ray"), 0.25),
+        (
+            "no-op round trip ≤ 3x the Python pipe echo",
+            ratio("roundtrip", "skyward >>", "Python pipe echo (floor)"),
+            3.0,
+        ),
         (
             "no-op round trip ≤ 3x the raw pipe floor",
             ratio("roundtrip", "skyward >>", "raw pipe echo (floor)"),
@@ -238,6 +254,14 @@ def evaluate_targets(report: Report) -> list[dict[str, Any]]:
             1.0,
         )
     )
+    for nodes in (2, 4):
+        rows.append(
+            (
+                f"slow uplink: a broadcast to {nodes} hosts within 1.3x of the physical floor",
+                ratio(f"uplink{nodes}", f"skyward @ ({nodes} hosts)", _floor_tool(report, nodes)),
+                1.3,
+            )
+        )
     out = [
         {
             "name": name,
@@ -283,6 +307,49 @@ while True:
     out = pickle.dumps(msg, protocol=5)
     w.write(struct.pack("!Q", len(out)) + out)
 """
+
+
+# The Python floor (issue 15): the same echo written as ordinary Python would write it, both
+# ends through buffered file objects, 4-byte lengths: what any Python process pair talking
+# over a pipe pays for one small message each way, with no thread, no future, no framing of
+# our own. The raw floor above skips the buffered layers and the flush.
+_PY_ECHO = r"""
+import pickle, struct, sys
+r, w = sys.stdin.buffer, sys.stdout.buffer
+while True:
+    head = r.read(4)
+    if len(head) < 4:
+        break
+    (n,) = struct.unpack("!I", head)
+    msg = pickle.loads(r.read(n))
+    out = pickle.dumps(msg, protocol=5)
+    w.write(struct.pack("!I", len(out)) + out)
+    w.flush()
+"""
+
+
+class PythonPipe:
+    """The Python pipe echo: a subprocess reading 4-byte-length frames of a small pickled
+    message and writing them back; both sides Python, buffered."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _PY_ECHO], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert self.process.stdin and self.process.stdout
+        self._w, self._r = self.process.stdin, self.process.stdout
+
+    def echo(self, message: object) -> object:
+        data = pickle.dumps(message, protocol=5)
+        self._w.write(struct.pack("!I", len(data)) + data)
+        self._w.flush()
+        (n,) = struct.unpack("!I", self._r.read(4))
+        return pickle.loads(self._r.read(n))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        self.process.wait()
 
 
 class RawPipe:
@@ -339,6 +406,7 @@ class Peers:
 
     pool: Any
     pipes: list[RawPipe]
+    python_pipe: PythonPipe
     executor: ProcessPoolExecutor | None = None
     ray: Any = None
     ray_fns: dict[str, Any] = field(default_factory=dict)
@@ -397,7 +465,9 @@ def open_peers(args: argparse.Namespace) -> Iterator[Peers]:
         pipes = [RawPipe() for _ in range(NODES)]
         for pipe in pipes:
             stack.callback(pipe.close)
-        peers = Peers(pool=pool, pipes=pipes)
+        python_pipe = PythonPipe()
+        stack.callback(python_pipe.close)
+        peers = Peers(pool=pool, pipes=pipes, python_pipe=python_pipe)
         import multiprocessing
 
         # spawn: forking a process that already runs Ray's and Dask's threads is unsafe.
@@ -430,9 +500,10 @@ def roundtrip(report: Report, peers: Peers, calls: int, rounds: int) -> None:
         "No-op round trip, sequential, warm (per call)",
         f"{rounds} rounds x {calls} calls per tool, tools interleaved round by round.",
     )
-    pool, pipe = peers.pool, peers.pipes[0]
+    pool, pipe, python_pipe = peers.pool, peers.pipes[0], peers.python_pipe
     tools: list[tuple[str, Callable[[], Any]]] = [
         ("skyward >>", lambda: sky_noop() >> pool),
+        ("Python pipe echo (floor)", lambda: python_pipe.echo(("noop", (), {}))),
         ("raw pipe echo (floor)", lambda: pipe.echo(("noop", (), {}))),
     ]
     if peers.executor is not None:
@@ -716,8 +787,8 @@ class OpenSSH:
             process.wait()
 
 
-def _ssh_fixtures(stack: ExitStack) -> tuple[Any, Any]:
-    """One OpenSSH host in a network namespace, and the package index its workers use.
+def _ssh_fixtures(stack: ExitStack, count: int = 1) -> tuple[Any, Any]:
+    """OpenSSH hosts in network namespaces, and the package index their workers use.
 
     The test suite's own fixtures (``tests/support/sshhosts.py``): sshd as user ``skytest`` in a
     namespace on a bridge, keys made for the run, everything stopped by PID and removed.
@@ -732,7 +803,7 @@ def _ssh_fixtures(stack: ExitStack) -> tuple[Any, Any]:
     if f"skyward-{tag}-h0" in taken.split():
         # Another run with the same tag (a test suite) owns these names; do not clobber it.
         raise RuntimeError(f"namespace skyward-{tag}-h0 exists already; run again")
-    hosts = Hosts.start(1)
+    hosts = Hosts.start(count)
     stack.callback(hosts.close)
     index = PackageIndex(hosts.root / "index", hosts.bridge_address)
     stack.callback(index.close)
@@ -818,6 +889,120 @@ def ssh_scenarios(report: Report, args: argparse.Namespace) -> None:
                 bulk.series(name, per=data.nbytes / 1e6).samples.append(call())
 
 
+# ── a slow uplink ────────────────────────────────────────────────────────────────────────
+
+
+@contextlib.contextmanager
+def shaped(device: str, mbit: int) -> Iterator[None]:
+    """What the root namespace sends out of ``device`` (the test bridge: the client's side
+    of every host's link) is held to ``mbit`` Mbit/s; traffic between the hosts, which the
+    bridge forwards without it, is not. Removed on every path."""
+    subprocess.run(
+        [
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            device,
+            "root",
+            "tbf",
+            "rate",
+            f"{mbit}mbit",
+            "burst",
+            "256kb",
+            "latency",
+            "50ms",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", device, "root"], capture_output=True)
+
+
+def uplink_scenarios(report: Report, args: argparse.Namespace) -> None:
+    """A large broadcast from a client behind a slow uplink (issue 15).
+
+    SSH pools of 2 and 4 hosts in network namespaces; the bridge's root-namespace side is
+    shaped to ``--uplink-mbit`` (a laptop's or an office's uplink), the hosts talk to each
+    other at full speed, as a cloud's machines do. ``f(a) @ pool`` with an ``a`` of
+    ``--uplink-megabytes`` MB, against the physical floor (the payload crossing the shaped
+    link once: its size over the rate) and the ``ssh`` client pushing the same bytes to one
+    host over the same link (one crossing, measured).
+    """
+    mbit = args.uplink_mbit
+    data = np.random.default_rng(2).random(args.uplink_megabytes * 10**6 // 8)
+    floor = data.nbytes * 8 / (mbit * 1e6)
+    scenarios = {
+        n: report.scenario(
+            f"uplink{n}",
+            f"Slow uplink: a {args.uplink_megabytes} MB broadcast to {n} SSH hosts",
+            f"The client's side of the test bridge shaped to {mbit} Mbit/s (`tc ... tbf rate "
+            f"{mbit}mbit burst 256kb latency 50ms`), the hosts unshaped between them. Floor: "
+            f"the payload crossing the shaped link once, {data.nbytes / 1e6:.0f} MB ÷ "
+            f"{mbit} Mbit/s; the `ssh` row pushes the same bytes to one host over the same "
+            f"link (`cat > /dev/null`, AES-128-GCM).",
+        )
+        for n in (2, 4)
+    }
+    if (
+        sys.platform != "linux"
+        or os.geteuid() != 0
+        or not Path("/usr/sbin/sshd").exists()
+        or not Path("/usr/sbin/tc").exists()
+    ):
+        reason = "needs Linux, root (network namespaces, tc) and openssh-server"
+        for scenario in scenarios.values():
+            scenario.skipped = reason
+        print(f"uplink: skipped: {reason}")
+        return
+    with ExitStack() as stack:
+        t0 = time.perf_counter()
+        hosts, index = _ssh_fixtures(stack, 4)
+        image = sky.Image(pip=[f"numpy=={np.__version__}"], index_url=index.url)
+        pools = {}
+        for n in (4, 2):  # the 4-host pool bootstraps every host; the 2-host one reuses two
+            targets = [h.target for h in hosts.hosts[:n]]
+            provider = sky.SSH(hosts=targets, key=hosts.client_key, known_hosts=hosts.known_hosts)
+            pools[n] = stack.enter_context(
+                sky.ComputePool(provider=provider, nodes=n, image=image, quiet=True)
+            )
+        for n, pool in pools.items():  # warm, unshaped: the function, numpy, connections
+            assert (sky_nbytes(data[:1000]) @ pool) == [8000] * n
+        print(f"uplink pools open in {time.perf_counter() - t0:.1f} s", flush=True)
+        one = OpenSSH(hosts, hosts.hosts[0], "aes128-gcm@openssh.com")
+        view = memoryview(data).cast("B")
+
+        def ours(pool: Any, n: int) -> float:
+            t = time.perf_counter()
+            assert (sky_nbytes(data) @ pool) == [data.nbytes] * n
+            return time.perf_counter() - t
+
+        stack.enter_context(shaped(hosts.bridge, mbit))
+        tools: list[tuple[int, str, Callable[[], float]]] = []
+        for n, pool in pools.items():
+            scenario = scenarios[n]
+            scenario.series(f"skyward @ ({n} hosts)", per=data.nbytes / 1e6)
+            floor_row = scenario.series(
+                f"physical floor ({mbit} Mbit/s, once)", per=data.nbytes / 1e6
+            )
+            floor_row.samples.append(floor)
+            scenario.series("ssh to one host (one crossing)", per=data.nbytes / 1e6)
+            tools.append((n, f"skyward @ ({n} hosts)", lambda p=pool, k=n: ours(p, k)))  # type: ignore[misc]
+            tools.append((n, "ssh to one host (one crossing)", lambda: one.push(view)))
+        for scenario in scenarios.values():
+            scenario.rate_unit = "MB/s"
+        for order in _rotations(tools, args.repeat):
+            for n, name, call in order:
+                scenarios[n].series(name).samples.append(call())
+                print(
+                    f"uplink {n} hosts, {name}: {scenarios[n].series(name).samples[-1]:.2f} s",
+                    flush=True,
+                )
+
+
 # ── main ─────────────────────────────────────────────────────────────────────────────────
 
 
@@ -851,7 +1036,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--only",
         nargs="*",
         default=[],
-        choices=["roundtrip", "map", "broadcast", "start", "ssh"],
+        choices=["roundtrip", "map", "broadcast", "start", "ssh", "uplink"],
         help="run only these scenarios",
     )
     parser.add_argument(
@@ -867,6 +1052,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=HERE / "results",
         help="directory for the JSON and Markdown files",
     )
+    parser.add_argument(
+        "--uplink-mbit", type=int, default=200, help="the slow uplink's rate, Mbit/s"
+    )
     args = parser.parse_args(argv)
     q = args.quick
     args.calls = 60 if q else 300
@@ -875,13 +1063,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.repeat = 2 if q else 3
     args.megabytes = 100
     args.ssh_megabytes = 20 if q else 100
+    args.uplink_megabytes = 20 if q else 100
     args.sizes = [2] if q else [2, 4]
     return args
 
 
 def main(argv: list[str] | None = None) -> Report:
     args = parse_args(argv)
-    only = set(args.only) or {"roundtrip", "map", "broadcast", "start", "ssh"}
+    only = set(args.only) or {"roundtrip", "map", "broadcast", "start", "ssh", "uplink"}
     report = Report()
     began = time.perf_counter()
     if only & {"roundtrip", "map", "broadcast"}:
@@ -901,6 +1090,8 @@ def main(argv: list[str] | None = None) -> Report:
         print("start done", flush=True)
     if "ssh" in only:
         ssh_scenarios(report, args)
+    if "uplink" in only:
+        uplink_scenarios(report, args)
     info = machine()
     targets = evaluate_targets(report)
     table = markdown(report, info, targets)

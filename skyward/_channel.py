@@ -3,7 +3,7 @@
 ::
 
     pool ── submit(Call + payload) ──> outbox ──> sender thread ──> transport.write ──> worker
-    reader thread <── frames ── transport.readinto  (Result → future, Log → console,
+    reader thread <── frames ── transport.readinto  (Result → done, Log → console,
                                                       Hello/Ready/StartFailed → control queue)
     stderr thread <── lines ─── transport.read_stderr (→ console, and a tail kept for
                                                        WorkerLost)
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import queue
 import select
 import threading
@@ -36,12 +37,12 @@ from skyward._errors import (
     ChannelError,
     PoolClosed,
     RemoteError,
-    RemoteTraceback,
     StartError,
     WorkerLost,
     describe_status,
 )
 from skyward._futures import Deadline, delivering, fail, resolve
+from skyward._relay import Relay, RelayFailed
 
 if TYPE_CHECKING:  # a streaming call's state; its frames come back through on_frame
     from skyward._stream import Streams
@@ -90,23 +91,16 @@ class Transport(Protocol):
 
 
 OutputSink = Callable[[int, str, bytes], None]  # (node, "stdout" | "stderr", data)
+# How a call ends: (error, value), once, on the reader thread. Not a second Future per call
+# (the pool settles its books, then the caller's future): that lengthened every round trip.
+Done = Callable[[BaseException | None, Any], None]
 
 
-def decode_error(parts: proto.Parts) -> BaseException:
-    """Rebuild a remote exception as its own type, remote traceback as ``__cause__``."""
-    info: proto.ErrorInfo = proto.loads(parts)
-    exc: BaseException | None = None
-    if info.blob is not None:
-        try:
-            exc = proto.loads([info.blob])
-        except BaseException:  # a missing module, or an unpickler that raises SystemExit
-            exc = None  # fall back to RemoteError
-    if not isinstance(exc, Exception):
-        # A remote SystemExit or KeyboardInterrupt raised here would exit the client or look
-        # like Ctrl-C to it; only ordinary exceptions come back as themselves.
-        exc = RemoteError(info.type_name, info.message, info.traceback)
-    exc.__cause__ = RemoteTraceback(info.traceback)
-    return exc
+def _finish(done: Done, error: BaseException | None, value: Any) -> None:
+    try:
+        done(error, value)
+    except Exception:  # a bug in the pool's books must not end the reader thread
+        logging.getLogger("skyward").exception("skyward: settling a call failed")
 
 
 def _tail_line(line: bytes) -> str:
@@ -138,11 +132,12 @@ class Channel:
     ) -> None:
         self.node = node
         self.pid: int | None = None
+        self.relay_port: int | None = None  # where peers relay broadcasts to it (Ready)
         self._transport = transport
         self._output = output
         self._on_lost = on_lost
         self._on_broken = on_broken
-        self._on_frame = on_frame  # Shared, Yield, Want: for the pool (_stream.route)
+        self._on_frame = on_frame  # Shared, Yield, Want, RelayFailed: for the pool
         self._on_result = on_result  # before a result is handed over: flush partial output
         self._diagnose = diagnose  # why a node's link dropped, if its provider can tell
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
@@ -153,7 +148,7 @@ class Channel:
         self._queued = 0  # frames put in the outbox and not yet written
         # guards: _pending, _stack_requests, _ids, broken, lost, _closing
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[str, Future[Any]]] = {}
+        self._pending: dict[int, tuple[str, Done]] = {}
         self._stack_requests: dict[int, Future[proto.StacksReport]] = {}
         self._ids = itertools.count(1)
         self._control: queue.Queue[object] = queue.Queue()
@@ -193,6 +188,7 @@ class Channel:
         message = self._next_control(deadline, "enter its plugins")
         if not isinstance(message, proto.Ready):
             raise ChannelError(f"node {self.node}: expected Ready, got {message!r}")
+        self.relay_port = message.relay_port
         self._ready = True
 
     def _next_control(self, deadline: Deadline, doing: str) -> object:
@@ -212,20 +208,26 @@ class Channel:
         self,
         name: str,
         payload: proto.Parts,
-        future: Future[Any],
+        done: Done,
         streams: Streams | None = None,
+        relay: Relay | None = None,
     ) -> bool:
-        """Queue one call; ``future`` gets its result, its exception, or ``WorkerLost``.
+        """Queue one call; ``done`` gets its result, its exception, or ``WorkerLost``.
 
         Returns at once. False if the link is already broken: the call was not taken, and
-        ``future`` is untouched, so the caller can send it elsewhere.
+        ``done`` will not be called, so the caller can send it elsewhere. With ``relay``,
+        the call is part of a relayed broadcast; ``payload`` is not sent if ``inbound``.
         """
         with self._lock:
             if self.broken:
                 return False
             call_id = next(self._ids)
-            self._pending[call_id] = (name, future)
-        message = proto.Call(call_id, name) if streams is None else streams.call(self, call_id)
+            self._pending[call_id] = (name, done)
+        if streams is not None:
+            message = streams.call(self, call_id)
+        else:
+            message = proto.Call(call_id, name, relay=relay)
+            payload = [] if relay is not None and relay.inbound else payload
         self._send(message, payload)
         return True
 
@@ -338,34 +340,27 @@ class Channel:
     def _dispatch(self, message: object, parts: proto.Parts) -> None:
         if isinstance(message, proto.Log):
             self._output(self.node, "stdout", message.data)
-        elif isinstance(message, proto.Shared | proto.Yield | proto.Want):
+        elif isinstance(message, proto.Shared | proto.Yield | proto.Want | RelayFailed):
             self._on_frame(self, message, parts)
         elif isinstance(message, proto.Result):
             with self._lock:
                 entry = self._pending.pop(message.call_id, None)
             if entry is None:
                 return
-            future = entry[1]
             if self._on_result is not None:
                 self._on_result(self.node)
-            if message.ok:
-                try:
-                    value = proto.loads(parts)
-                except BaseException as exc:  # even SystemExit: it must not end this thread
-                    fail(
-                        future,
-                        RemoteError(
-                            type(exc).__name__,
-                            f"cannot unpickle the result of {entry[0]} on the client: {exc}",
-                            "",
-                        ),
-                    )
-                    return
-                resolve(future, value)
-            else:
-                fail(future, decode_error(parts))
+            if not message.ok:
+                _finish(entry[1], proto.decode_error(parts), None)
+                return
+            try:
+                value = proto.loads(parts)
+            except BaseException as exc:  # even SystemExit: it must not end this thread
+                text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
+                _finish(entry[1], RemoteError(type(exc).__name__, text, ""), None)
+                return
+            _finish(entry[1], None, value)
         elif isinstance(message, proto.StartFailed):
-            error = decode_error(parts)
+            error = proto.decode_error(parts)
             failure = StartError(
                 f"node {self.node}: a plugin's around_app failed: {type(error).__name__}: {error}"
             )
@@ -438,8 +433,8 @@ class Channel:
         error: BaseException = self.lost
         if closing:
             error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
-        for _, future in pending:
-            fail(future, error)
+        for _, done in pending:
+            _finish(done, error, None)
         for request in requests:
             fail(request, self.lost)
         self._control.put(self.lost)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward import _protocol as proto
 from skyward._errors import SerializationError
+from skyward._pickling import dumps_function
 
 # The longest timeout accepted: a week. Longer ones overflow the standard library's waits
 # (threading.TIMEOUT_MAX), and a call that may run for more than a week needs none.
@@ -155,10 +156,9 @@ class PendingCall(Generic[R]):
             ) from exc
 
     def serialize_function(self) -> bytes:
-        import cloudpickle
-
         try:
-            return bytes(cloudpickle.dumps(self.fn, protocol=5))
+            # Made once and reused while it would come out the same (see _pickling).
+            return dumps_function(self.fn)
         except Exception as exc:
             raise SerializationError(
                 f"the function {self.name} cannot be pickled ({type(exc).__name__}: {exc}). "

@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from skyward import _profile
+from skyward import _protocol as proto
 from skyward._channel import Channel
 from skyward._collections import PoolCollections, register, unregister
 from skyward._console import Console, ConsoleMode, OutputMode
@@ -37,6 +38,7 @@ from skyward._machines import Machines
 from skyward._plugin import Plugin
 from skyward._pool_calls import PoolCalls
 from skyward._recovery import Recovery
+from skyward._relay import RelayFailed
 from skyward._scheduler import PoolStatistics, Scheduler, Slot
 from skyward._shared_state import SharedState
 from skyward._spec import AllocationStrategy, PoolSpec, Worker, apply_transforms, pickle_plugins
@@ -292,7 +294,7 @@ class ComputePool(PoolCalls, PoolCollections):
             on_broken=lambda ch: self._broken(slot, ch),
             on_result=self._console.flush,
             diagnose=self._machines.loss_reason,
-            on_frame=lambda ch, message, parts: route(self._shared, ch, message, parts),
+            on_frame=self._frame,
         )
 
     def close(self, *, wait: bool = True) -> None:
@@ -329,6 +331,14 @@ class ComputePool(PoolCalls, PoolCollections):
                 cancel = not self._scheduler.wait_idle(lambda: self._hurry)
         finally:
             self._teardown(cancel=cancel)
+
+    def _frame(self, channel: Channel, message: Any, parts: proto.Parts) -> None:
+        """A frame the pool answers: a relay's failure (the scheduler's), or a streaming
+        call's or a shared collection's (``_stream.route``)."""
+        if isinstance(message, RelayFailed):
+            self._scheduler.relay_failed(message)
+        else:
+            route(self._shared, channel, message, parts)
 
     def _broken(self, slot: Slot, channel: Channel) -> None:
         # Before its calls fail: nothing a caller does next may go to the dead worker.

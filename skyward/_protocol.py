@@ -10,8 +10,9 @@ are separate parts, written with ``writev`` straight from the array's memory and
 buffers that the unpickled arrays then own, so large arrays are never copied into a bigger
 bytes object. A broadcast pickles its payload once and writes the same parts to every worker.
 
-This module needs only the standard library until a payload is (de)serialized, so a worker
-can say ``Hello`` before importing anything else: a Python mismatch is reported, not a crash.
+This module needs only the standard library (and ``_errors``) until a payload is
+(de)serialized, so a worker can say ``Hello`` before importing anything else: a Python
+mismatch is reported, not a crash.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ import struct
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from skyward._errors import RemoteError, RemoteTraceback  # stdlib-only too
+
+if TYPE_CHECKING:
+    from skyward._relay import Relay  # its messages live with it
 
 Part = bytes | bytearray | memoryview
 Parts = list[Part]
@@ -41,17 +47,22 @@ STREAM_WINDOW = 8
 
 @dataclass(frozen=True)
 class Start:
-    """Everything a worker needs before its first call; payload: the plugins, in order."""
+    """Everything a worker needs before its first call; payload: the plugins, in order.
+
+    ``relay_key``: when not empty, the worker listens for relayed payloads from its peers
+    (``skyward._relay``), which present this pool's secret first; its port is in ``Ready``.
+    """
 
     info: Any  # InstanceInfo; typed loosely so this module stays import-light
     sys_path: list[str]
     concurrency: int
     executor: str = "thread"  # or "process": calls run in child processes (_worker_procs)
+    relay_key: bytes = b""
 
 
 @dataclass(frozen=True)
 class Call:
-    """Run a function; payload: ``(fn, args, kwargs)``.
+    """Run a function; payload: ``(fn, args, kwargs)``, or none when ``relay.inbound``.
 
     ``window`` > 0: the function is a generator; send its values as ``Yield`` frames, at
     most ``window`` ahead of what the client has taken (``More`` grants more). ``inputs``:
@@ -62,6 +73,7 @@ class Call:
     name: str
     window: int = 0
     inputs: int = 0
+    relay: Relay | None = None  # part of a relayed broadcast (skyward._relay)
 
 
 @dataclass(frozen=True)
@@ -146,7 +158,10 @@ class Hello:
 
 @dataclass(frozen=True)
 class Ready:
-    """Every plugin's ``around_app`` has been entered; calls may come."""
+    """Every plugin's ``around_app`` has been entered; calls may come. ``relay_port``: where
+    peers send this worker relayed payloads (when ``Start.relay_key`` asked for it)."""
+
+    relay_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -217,13 +232,32 @@ class Bye:
 # ── payloads ─────────────────────────────────────────────────────────────────────────────
 
 
+# Values the standard library pickles exactly as cloudpickle does, and several times
+# faster (no pickler object to build): a no-op's None, a call's empty arguments.
+_PLAIN = frozenset({type(None), bool, int, float, str, bytes})
+
+
 def dumps(obj: object) -> Parts:
     """Pickle ``obj`` with cloudpickle protocol 5, large buffers out of band."""
+    if type(obj) in _PLAIN or (type(obj) is tuple and all(map(_plain, obj))):
+        return [pickle.dumps(obj, protocol=5)]
     import cloudpickle
 
     buffers: list[pickle.PickleBuffer] = []
     main = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     return [main, *(b.raw() for b in buffers)]
+
+
+def _plain(obj: object) -> bool:
+    """A plain value, or an empty or plain-valued tuple or dict (a call's arguments)."""
+    kind = type(obj)
+    if kind in _PLAIN:
+        return True
+    if kind is tuple:
+        return all(type(item) in _PLAIN for item in obj)  # type: ignore[attr-defined]
+    if kind is dict:
+        return all(type(v) in _PLAIN and type(k) is str for k, v in obj.items())  # type: ignore[attr-defined]
+    return False
 
 
 def loads(parts: Sequence[Part]) -> Any:
@@ -272,6 +306,23 @@ def encode_error(exc: BaseException) -> Parts:
     return dumps(ErrorInfo(type_name, message, tb, blob))
 
 
+def decode_error(parts: Parts) -> BaseException:
+    """Rebuild a remote exception as its own type, remote traceback as ``__cause__``."""
+    info: ErrorInfo = loads(parts)
+    exc: BaseException | None = None
+    if info.blob is not None:
+        try:
+            exc = loads([info.blob])
+        except BaseException:  # a missing module, or an unpickler that raises SystemExit
+            exc = None  # fall back to RemoteError
+    if not isinstance(exc, Exception):
+        # A remote SystemExit or KeyboardInterrupt raised here would exit the client or look
+        # like Ctrl-C to it; only ordinary exceptions come back as themselves.
+        exc = RemoteError(info.type_name, info.message, info.traceback)
+    exc.__cause__ = RemoteTraceback(info.traceback)
+    return exc
+
+
 def _safely(make: Callable[[], str], fallback: str) -> str:
     try:
         return make()
@@ -300,12 +351,26 @@ def size(parts: Sequence[Part]) -> int:
     return sum(map(_nbytes, parts))
 
 
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
 def write_parts(fd: int, parts: Sequence[Part]) -> None:
     """Write every part to ``fd`` with as few syscalls as the kernel allows."""
+    if len(parts) <= _IOV_MAX:
+        # Mostly one writev takes it all (a small frame always does, into a pipe with room).
+        written = os.writev(fd, parts)
+        if written == size(parts):
+            return
+    else:
+        written = 0
     views = [memoryview(p).cast("B") for p in parts if _nbytes(p)]
-    iov_max = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+    while views and written >= views[0].nbytes:
+        written -= views[0].nbytes
+        views.pop(0)
+    if written:
+        views[0] = views[0][written:]
     while views:
-        written = os.writev(fd, views[:iov_max])
+        written = os.writev(fd, views[:_IOV_MAX])
         while views and written >= views[0].nbytes:
             written -= views[0].nbytes
             views.pop(0)
@@ -316,8 +381,13 @@ def write_parts(fd: int, parts: Sequence[Part]) -> None:
 def read_exact(readinto: Callable[[memoryview], int | None], size: int) -> bytearray:
     """Read exactly ``size`` bytes; ``EOFError`` if the stream ends first."""
     buf = bytearray(size)
+    got = readinto(buf)  # type: ignore[arg-type]  # mostly all of it, at once
+    if got == size:
+        return buf
+    got = got or 0
+    if not got and size:
+        raise EOFError(f"stream ended after 0 of {size} bytes")
     view = memoryview(buf)
-    got = 0
     while got < size:
         n = readinto(view[got:])
         if not n:
@@ -328,12 +398,18 @@ def read_exact(readinto: Callable[[memoryview], int | None], size: int) -> bytea
 
 def read_frame(readinto: Callable[[memoryview], int | None]) -> tuple[Any, Parts]:
     """Read one frame; return the message and its payload parts (maybe empty)."""
+    message, lengths = read_message(readinto)
+    return message, [read_exact(readinto, n) for n in lengths]
+
+
+def read_message(readinto: Callable[[memoryview], int | None]) -> tuple[Any, tuple[int, ...]]:
+    """Read a frame's header and message; return the message and the lengths of its payload
+    parts, which the caller reads next (all of them, in order)."""
     (count,) = _COUNT.unpack(read_exact(readinto, _COUNT.size))
     if not 0 < count <= _MAX_PARTS:
         raise EOFError(f"corrupt frame header ({count} parts); something else wrote here")
     lengths = struct.unpack(f"!{count}Q", read_exact(readinto, 8 * count))
-    parts: Parts = [read_exact(readinto, n) for n in lengths]
-    return pickle.loads(parts[0]), parts[1:]
+    return pickle.loads(read_exact(readinto, lengths[0])), lengths[1:]
 
 
 def python_version() -> tuple[int, int, int]:

@@ -93,6 +93,7 @@ class Recovery:
             if slot.channel is channel:
                 for other in scheduler.slots if self._gang else [slot]:
                     other.ready = False
+            scheduler.fanout.lost(channel, f"node {slot.rank}'s worker ended")
 
     def on_lost(self, slot: Slot, channel: Channel, error: WorkerLost) -> None:
         """A worker ended on its own, or was killed after a timeout: replace it.

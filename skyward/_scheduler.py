@@ -15,6 +15,7 @@ slots too (a worker ready, lost, replaced). Nothing here blocks while holding it
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -28,8 +29,10 @@ from skyward._channel import Channel
 from skyward._compute import PendingCall
 from skyward._console import Route
 from skyward._errors import WorkerLost
+from skyward._fanout import Fanout
 from skyward._futures import CallFuture, fail, resolve
 from skyward._info import InstanceInfo
+from skyward._relay import Relay, RelayAbort, RelayFailed
 from skyward._stream import ResultStream, Streams, prepare
 from skyward.providers.base import Node
 
@@ -51,6 +54,8 @@ class Task:
     prefetch: bool = False  # part of a map: may wait on a worker behind another call
     siblings: Sequence[Future[Any]] = ()  # a broadcast's parts, this one's future included
     streams: Streams | None = None  # a streaming call's state (_stream)
+    relay: Relay | None = None  # its part in a relayed broadcast, for its first send
+    sent_before: bool = False  # handed to a worker once already (its future is running)
 
 
 @dataclass(eq=False)
@@ -150,6 +155,7 @@ class Scheduler:
         self._watch = watch
         self._accepting = accepting
         self._pumping = False
+        self.fanout = Fanout(self.lock)  # relayed broadcasts in flight
         # Gang broadcasts: parts sent or held and not finished, and whole broadcasts waiting
         # for them to finish (call, payload, route, futures).
         self._gang_running = 0
@@ -191,6 +197,7 @@ class Scheduler:
         wait = self._gang and not all(s.ready or s.lost is not None for s in self.slots)
         if self._gang:  # counted before any part can finish, so the count reaches 0 last
             self._gang_running += len(futures)
+        now: list[tuple[Slot, Task]] = []
         for slot, future in zip(self.slots, futures, strict=True):
             task = Task(call, payload, future, broadcast=True, route=route, siblings=futures)
             if slot.lost is not None:
@@ -198,10 +205,47 @@ class Scheduler:
             elif wait or not slot.ready:
                 slot.backlog.append(task)  # its worker (or its gang) is being replaced
             else:
+                now.append((slot, task))
+        if self.fanout.worth_it(payload, [slot.channel for slot, _ in now]):
+            self._relay(now, futures)
+        else:
+            for slot, task in now:
                 self.send(slot, task)
         if self._gang:
             for future in futures:
                 future.add_done_callback(self._gang_part_done)
+
+    def _relay(self, parts: list[tuple[Slot, Task]], futures: list[Future[Any]]) -> None:
+        """Send a broadcast's payload over the client's link once, to the first node, which
+        relays it to the others (``_fanout``); they get their calls first, without it."""
+        token = self.fanout.token()
+        (first, first_task), rest = parts[0], parts[1:]
+        receivers: list[tuple[int, str, Channel]] = []
+        for slot, task in rest:
+            task.relay = Relay(token, inbound=True)
+            channel = slot.channel
+            if self.send(slot, task) and channel is not None:
+                receivers.append((slot.rank, slot.node.address, channel))
+        first_task.relay = self.fanout.chain(token, receivers)
+        root = first.channel
+        if not self.send(first, first_task) or root is None:
+            for _, _, channel in receivers:  # held for a new worker: it will not relay
+                channel.send(RelayAbort(token, first.rank, f"node {first.rank}'s link broke"))
+            return
+        channels = [root] + [channel for _, _, channel in receivers]
+        self.fanout.started(token, channels, first_task.payload, futures)
+
+    def relay_failed(self, report: RelayFailed) -> None:
+        """A node could not reach the next one in a relay (``Fanout.failed``)."""
+        with self.lock:
+            if not self.fanout.unreachable and not report.connected:
+                logging.getLogger("skyward").warning(
+                    "skyward: pool %s relays no more broadcasts between its nodes, they "
+                    "cannot all reach each other (%s); each node gets them from this machine",
+                    self._name,
+                    report.reason,
+                )
+            self.fanout.failed(report)
 
     def _gang_part_done(self, _: Future[Any]) -> None:
         with self.lock:
@@ -240,54 +284,58 @@ class Scheduler:
         while self.queue:
             fail(self.queue.popleft().future, lost)
 
-    def send(self, slot: Slot, task: Task) -> None:
-        """Hand one task to ``slot``'s worker. Lock held; never blocks (see Channel)."""
-        if task.future.done():
-            return  # cancelled while queued, or timed out before a retry
-        if not task.future.running() and not task.future.set_running_or_notify_cancel():
-            return
+    def send(self, slot: Slot, task: Task) -> bool:
+        """Hand one task to ``slot``'s worker; whether it took it. Lock held; never blocks
+        (see Channel)."""
+        if task.sent_before:
+            if task.future.done():
+                return False  # timed out or closed before this retry
+        else:
+            try:
+                if not task.future.set_running_or_notify_cancel():
+                    return False  # cancelled while queued
+            except RuntimeError:
+                return False  # settled by someone else while queued
+            task.sent_before = True
         assert slot.channel is not None
         channel = slot.channel
-        # The channel settles an inner future; the pool's books are updated before the
-        # caller's future completes, so statistics() agree with what the caller has seen.
-        # (A timeout or close fails the caller's future first; the books follow when the
-        # worker is gone.)
-        inner: Future[Any] = Future()
         sent = time.monotonic()
 
-        def settle(done: Future[Any]) -> None:
-            self._call_done(slot, done, time.monotonic() - sent, task)
-            error = done.exception()
+        def done(error: BaseException | None, value: Any) -> None:
+            # The pool's books first, so that statistics() agree with what the caller has
+            # seen. (A timeout or close fails the caller's future first; the books follow
+            # when the worker is gone.)
+            self._call_done(slot, error is None, time.monotonic() - sent, task)
             if error is not None:
                 fail(task.future, error)
             else:
-                resolve(task.future, done.result())
+                resolve(task.future, value)
 
         # Before the worker can print anything for this call.
         self._bind_output(slot.rank, task.route)
-        if not channel.submit(task.call.name, task.payload, inner, task.streams):
+        if not channel.submit(task.call.name, task.payload, done, task.streams, task.relay):
             # The worker broke a moment ago; on_broken is on its way. Take the node out of
             # rotation now and put the call back: it has not run anywhere.
             slot.ready = False
+            task.relay = None  # sent again later, it goes direct
             if task.broadcast:
                 slot.backlog.append(task)
             else:
                 self.queue.appendleft(task)
-            return
+            return False
         slot.busy += 1
         slot.running[id(task)] = (task, sent)
-        inner.add_done_callback(settle)
         if task.call.timeout is not None:
             self._watch(task.future, task.call.name, task.call.timeout, channel)
+        return True
 
-    def _call_done(self, slot: Slot, future: Future[Any], elapsed: float, task: Task) -> None:
+    def _call_done(self, slot: Slot, ok: bool, elapsed: float, task: Task) -> None:
         with self.lock:
             slot.busy -= 1
             slot.running.pop(id(task), None)
             slot.recent = (
                 elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
             )
-            ok = not future.cancelled() and future.exception() is None
             self.counts["succeeded" if ok else "failed"] += 1
             if self._accepting():
                 self.pump()

@@ -53,6 +53,9 @@ class Startup:
         self._hooked = [p.name for p in spec.plugins if p.around_app is not None]
         # One per pool: workers started again after a loss keep it.
         self._job_id = f"{spec.name}-{secrets.token_hex(4)}"
+        # The secret peers present on each other's relay ports (skyward._relay); one per
+        # pool, sent over each node's own link.
+        self._relay_key = secrets.token_bytes(32)
 
     def bring_up(
         self,
@@ -126,6 +129,9 @@ class Startup:
 
     def _start_message(self, slot: Slot) -> proto.Start:
         assert slot.info is not None
+        # Nodes that do not share the client's machine relay large broadcasts between
+        # them (the client's link is then the slow one); local workers never do.
+        relays = not slot.node.shares_files and self._spec.nodes > 1
         return proto.Start(
             info=slot.info,
             sys_path=(
@@ -133,6 +139,7 @@ class Startup:
             ),
             concurrency=self._spec.concurrency,
             executor=self._spec.executor,
+            relay_key=self._relay_key if relays else b"",
         )
 
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from skyward import _protocol as proto
 from skyward import _worker_hooks as hooks
 from skyward._collections import LinkRequester, use_link
+from skyward._relay import RelayAbort, RelayPayload, Relays
 from skyward._worker_io import CallIO, decorating, route, run_call
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class _Link:
         self._in = io.BufferedReader(io.FileIO(in_fd, "rb", closefd=False), 1 << 16)
         self._out_fd = out_fd
         self._send_lock = threading.Lock()  # guards: one whole frame at a time on out_fd
+        self.relays: Relays | None = None  # set at Start when the pool relays broadcasts
 
     def send(self, message: object, payload: proto.Parts | None = None) -> None:
         parts = proto.frame(message, payload)
@@ -61,7 +63,13 @@ class _Link:
             proto.write_parts(self._out_fd, parts)
 
     def recv(self) -> tuple[Any, proto.Parts]:
-        return proto.read_frame(self._in.readinto)
+        message, lengths = proto.read_message(self._in.readinto)
+        relay = getattr(message, "relay", None)
+        if relay is not None and relay.chain and self.relays is not None:
+            # A broadcast's payload, passed on down the relay chain as it arrives (_relay).
+            parts = self.relays.forward_from(relay.token, relay.chain, lengths, self._in.readinto)
+            return message, [*parts]
+        return message, [proto.read_exact(self._in.readinto, n) for n in lengths]
 
 
 class _StdoutForwarder:
@@ -78,6 +86,8 @@ class _StdoutForwarder:
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         self._fd = read_fd
+        self._pending = select.poll()
+        self._pending.register(read_fd, select.POLLIN)
         self._lock = threading.Lock()  # guards: reading the pipe and sending what was read
         self._libc: Any = None
         threading.Thread(target=self._run, name="skyward-stdout", daemon=True).start()
@@ -110,8 +120,11 @@ class _StdoutForwarder:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         self._flush_c_stdio()
+        # The lock first: output the forwarder thread has read must be sent before the
+        # result is. Then a poll, cheaper than a read that fails: most calls print nothing.
         with self._lock:
-            self._forward()
+            if self._pending.poll(0):
+                self._forward()
 
     def _flush_c_stdio(self) -> None:
         # printf() from C extensions is block-buffered on a pipe; flush it like Python's.
@@ -199,6 +212,10 @@ class _Worker:
                     self._early_cancels.add(message.call_id)
                 elif route(self._io, message, parts):
                     pass
+                elif isinstance(message, RelayAbort) and self.link.relays is not None:
+                    self.link.relays.abort(message.token, message.node, message.reason)
+                elif isinstance(message, RelayPayload) and self.link.relays is not None:
+                    self.link.relays.deliver(message.token, parts)
                 elif isinstance(message, proto.SharedReply):
                     self.shared.deliver(message, parts)
                 elif isinstance(message, proto.StacksRequest):
@@ -249,10 +266,7 @@ class _Worker:
             with self._lock:
                 call = self._io.get(message.call_id)
             with self.interruptible() if main else contextlib.nullcontext():
-                if self.processes is not None and call is None:
-                    ok, payload = self.processes.run(message, parts)
-                else:
-                    ok, payload = run_call(message, parts, call, self.stdout.drain)
+                ok, payload = self._run(message, parts, call)
             with self._lock:
                 self._io.pop(message.call_id, None)
             del parts, item
@@ -267,9 +281,28 @@ class _Worker:
                 return
             del payload  # not kept alive while the next call waits or runs
 
+    def _run(
+        self, message: proto.Call, parts: proto.Parts, call: CallIO | None
+    ) -> tuple[bool, proto.Parts]:
+        relay, relays = message.relay, self.link.relays
+        if relay is not None and relay.inbound and relays is not None:
+            try:  # the payload comes from the node before this one in the relay
+                parts = [*relays.take(relay.token)]
+            except BaseException as exc:  # WorkerLost: a node before this one was lost
+                return False, proto.encode_error(exc)
+        if self.processes is not None and call is None:
+            return self.processes.run(message, parts)
+        return run_call(message, parts, call, self.stdout.drain)
+
 
 # Threads of the worker's own machinery, left out of stack reports: never where user code is.
-_OWN_THREADS = ("skyward-reader", "skyward-stdout")
+_OWN_THREADS = (
+    "skyward-reader",
+    "skyward-stdout",
+    "skyward-relay",
+    "skyward-relay-in",
+    "skyward-relay-out",
+)
 
 
 def _stacks(request_id: int) -> proto.StacksReport:
@@ -354,6 +387,9 @@ def main(argv: list[str] | None = None) -> None:
         if path not in sys.path:
             sys.path.append(path)
     _info._set_current(message.info)
+    if message.relay_key:
+        info = message.info
+        link.relays = Relays(info.node, message.relay_key, info.peers[info.node], link.send)
     worker = _Worker(link, stdout, message.concurrency)
     if message.executor == "process":
         from skyward._worker_procs import Processes
@@ -372,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
             stack.close()
             _exit(stdout, 1)
         del parts
-        link.send(proto.Ready())
+        link.send(proto.Ready(relay_port=link.relays.port if link.relays else None))
         worker.serve()
         if worker.processes is not None:
             worker.processes.close(kill=worker.cancelled)

@@ -171,6 +171,9 @@ class PipeTransport:
         self._stderr = process.stderr
         for stream in (process.stdin, process.stdout):
             _widen_pipe(stream.fileno())
+        # Asked before every small frame a caller writes itself: made once.
+        self._writable = select.poll()
+        self._writable.register(process.stdin.fileno(), select.POLLOUT)
 
     def write(self, parts: Sequence[proto.Part]) -> None:
         try:
@@ -194,14 +197,10 @@ class PipeTransport:
         # on Linux) goes in whole, at once. A stopped worker's full pipe does not.
         # poll, not select: select refuses descriptors past 1023, and a client with many open
         # files must not take that for "writable" and block the pool's lock on a full pipe.
-        try:
-            fd = self._stdin.fileno()
-        except ValueError:
+        if self._stdin.closed:
             return True  # closed: write() raises at once, which is what the caller handles
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
         try:
-            events = poller.poll(0)
+            events = self._writable.poll(0)
         except OSError:
             return False  # unknown: let the sender thread write it
         return any(mask & (select.POLLOUT | select.POLLERR | select.POLLHUP) for _, mask in events)
