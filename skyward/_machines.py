@@ -183,10 +183,13 @@ class Machines:
             finally:
                 done.set()
 
-        threading.Thread(target=run, name="skyward-terminate").start()
-        interrupted = False
+        thread = threading.Thread(target=run, name="skyward-terminate")
+        interrupted = started = False
         while not done.is_set():
             try:
+                if not started:  # inside the try: start() waits, and a Ctrl-C may land there
+                    started = True
+                    thread.start()
                 done.wait(0.2)
             except KeyboardInterrupt:
                 if interrupted:

@@ -436,6 +436,7 @@ def test_one_ctrl_c_during_teardown_does_not_stop_the_deletion() -> None:
 
     def interrupt() -> None:
         allocation.releasing.wait(30)
+        time.sleep(0.3)  # while the close waits for the deletion
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
