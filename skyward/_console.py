@@ -133,9 +133,14 @@ class Console:
         """Write out every line still missing its newline: of ``node`` (a call of its has
         returned), or of every node (the workers have ended)."""
         with self._lock:
+            if node is not None:  # after every result: two lookups, no sort
+                for stream in ("stdout", "stderr"):
+                    buffer = self._partial.get((node, stream))
+                    if buffer is not None and buffer.has_text:
+                        self._write(node, stream, buffer.take())
+                return
             for (rank, stream), buffer in sorted(self._partial.items()):
-                if node is None or rank == node:
-                    self._write(rank, stream, buffer.take())
+                self._write(rank, stream, buffer.take())
 
     def _write(self, node: int, stream: str, lines: list[bytes]) -> None:
         """Lock held."""
@@ -205,6 +210,10 @@ class LineBuffer:
                 rest = whole_line[cut:]
                 self._chunks, self._size = ([rest], len(rest)) if rest else ([], 0)
         return lines
+
+    @property
+    def has_text(self) -> bool:
+        return bool(self._chunks)
 
     def take(self) -> list[bytes]:
         """What is left, as a line of its own (empty if nothing is)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from support.aws import standin_provider
-from support.pools import ssh_provider
+from support.pools import ssh_provider, start_in_thread
 from support.processes import worker_processes
 from support.providers import Preemptible, Slow, TestHosts
 from support.reporter import Recorder
@@ -174,16 +174,7 @@ def test_closing_while_the_provider_provisions_terminates_what_it_returns(
 ) -> None:
     slow = Slow(sky.Local(), delay=1.5, honour_cancel=honour_cancel)
     pool = sky.ComputePool(provider=slow, nodes=2, quiet=True)
-    errors: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            pool.start()
-        except BaseException as exc:
-            errors.append(exc)
-
-    starter = threading.Thread(target=start)
-    starter.start()
+    starter, errors = start_in_thread(pool)
     assert slow.started.wait(10)
     pool.close()
     # close() returns only once nothing the provider made is left.

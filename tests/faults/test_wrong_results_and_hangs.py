@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
+from support.pools import start_in_thread
 
 import skyward as sky
 from skyward.providers.local import PipeTransport
@@ -192,16 +193,7 @@ def test_a_close_during_a_plugins_start_is_pool_closed() -> None:
         yield
 
     pool = sky.ComputePool(plugins=[sky.Plugin(name="slow", around_app=slow_start)], quiet=True)
-    errors: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            pool.start()
-        except BaseException as exc:
-            errors.append(exc)
-
-    starter = threading.Thread(target=start)
-    starter.start()
+    starter, errors = start_in_thread(pool)
     deadline = time.monotonic() + 30
     while not pool._pending_channels and time.monotonic() < deadline:
         time.sleep(0.02)

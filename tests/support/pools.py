@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,3 +37,19 @@ def pool_factory(kind: str, request: pytest.FixtureRequest) -> PoolFactory:
         )
 
     return make
+
+
+def start_in_thread(pool: sky.ComputePool) -> tuple[threading.Thread, list[BaseException]]:
+    """``pool.start()`` on a thread of its own (a test closes the pool meanwhile); what it
+    raised is collected in the list."""
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            pool.start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    return starter, errors
