@@ -353,8 +353,13 @@ class LinkRequester:
     """A worker's requests to its pool, over its link; ``deliver`` takes the replies (on
     the worker's reader thread). Thread-safe."""
 
-    def __init__(self, send: Callable[[object, proto.Parts | None], None]) -> None:
+    def __init__(
+        self,
+        send: Callable[[object, proto.Parts | None], None],
+        wake: Callable[[], None] = lambda: None,
+    ) -> None:
         self._send = send
+        self._wake = wake  # have a thread read the reply (the worker's main may be busy)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards: _waiting
         self._waiting: builtins.dict[int, Future[tuple[bool, proto.Parts]]] = {}
@@ -364,6 +369,7 @@ class LinkRequester:
         done: Future[tuple[bool, proto.Parts]] = Future()
         with self._lock:
             self._waiting[request_id] = done
+        self._wake()
         self._send(proto.Shared(request_id, kind, name, op), proto.dumps(args))
         ok, parts = done.result()
         if not ok:

@@ -2,14 +2,17 @@
 
 ::
 
-    fd 0 (pipe/SSH) ──> reader thread ──> call queue ──> executor threads (main thread first)
-                                                              │ result frames
-    private dup of fd 1 <─────────────── send lock <──────────┘
+    fd 0 (pipe/SSH) ──> main thread, idle: reads its next call itself ──┐ runs it
+                    └─> reader thread, while a call runs: the frames    │ result frames
+                        that call waits for, Shutdown, stack requests   │
+    private dup of fd 1 <─────────────── send lock <───────────────────┘
           ^                                  ^
           │                                  └── stdout forwarder: fd 1 is a pipe it drains
           └─ the protocol stream               into Log frames (through plugins' filters),
                                                so print() and C-level writes never
                                                corrupt the protocol
+    With concurrency > 1, the reader thread reads everything and queues calls for the
+    executor threads (the main thread first).
     fd 2 stays the transport's stderr: the client reads it directly, so the last words of a
     worker that crashes (SIGABRT from a JAX rank, a segfault) are never lost in a buffer.
 
@@ -25,7 +28,6 @@ import contextlib
 import io
 import os
 import queue
-import select
 import signal
 import socket
 import sys
@@ -39,6 +41,7 @@ from skyward import _worker_hooks as hooks
 from skyward._collections import LinkRequester, use_link
 from skyward._relay import RelayAbort, RelayPayload, Relays
 from skyward._worker_io import CallIO, decorating, route, run_call
+from skyward._worker_link import Link, StdoutForwarder
 
 if TYPE_CHECKING:
     from skyward._worker_procs import Processes
@@ -46,93 +49,8 @@ if TYPE_CHECKING:
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
 _orphaned = threading.Event()  # the client went away without a Shutdown
-
-
-class _Link:
-    """The worker's end of the protocol. ``send`` is thread-safe."""
-
-    def __init__(self, in_fd: int, out_fd: int) -> None:
-        self._in = io.BufferedReader(io.FileIO(in_fd, "rb", closefd=False), 1 << 16)
-        self._out_fd = out_fd
-        self._send_lock = threading.Lock()  # guards: one whole frame at a time on out_fd
-        self.relays: Relays | None = None  # set at Start when the pool relays broadcasts
-
-    def send(self, message: object, payload: proto.Parts | None = None) -> None:
-        parts = proto.frame(message, payload)
-        with self._send_lock:
-            proto.write_parts(self._out_fd, parts)
-
-    def recv(self) -> tuple[Any, proto.Parts]:
-        message, lengths = proto.read_message(self._in.readinto)
-        relay = getattr(message, "relay", None)
-        if relay is not None and relay.chain and self.relays is not None:
-            # A broadcast's payload, passed on down the relay chain as it arrives (_relay).
-            parts = self.relays.forward_from(relay.token, relay.chain, lengths, self._in.readinto)
-            return message, [*parts]
-        return message, [proto.read_exact(self._in.readinto, n) for n in lengths]
-
-
-class _StdoutForwarder:
-    """Moves what fd 1 receives into ``Log`` frames, and can drain it on demand.
-
-    ``drain`` runs before every result is sent, so a call's output reaches the client
-    before its return value does.
-    """
-
-    def __init__(self, link: _Link) -> None:
-        self._link = link
-        read_fd, write_fd = os.pipe()
-        os.dup2(write_fd, 1)
-        os.close(write_fd)
-        os.set_blocking(read_fd, False)
-        self._fd = read_fd
-        self._pending = select.poll()
-        self._pending.register(read_fd, select.POLLIN)
-        self._lock = threading.Lock()  # guards: reading the pipe and sending what was read
-        self._libc: Any = None
-        threading.Thread(target=self._run, name="skyward-stdout", daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            select.select([self._fd], [], [])
-            with self._lock:
-                if not self._forward():
-                    return
-
-    def _forward(self) -> bool:
-        """Send everything buffered in the pipe now; False once the pipe or link is closed."""
-        while True:
-            try:
-                data = os.read(self._fd, 1 << 16)
-            except BlockingIOError:
-                return True
-            if not data:
-                return False
-            data = hooks.filter_stdout(data)  # plugins' filters (the jax plugin's gloo lines)
-            if not data:
-                continue
-            try:
-                self._link.send(proto.Log(data))
-            except OSError:
-                return False  # the client is gone; the output has nowhere to go
-
-    def drain(self) -> None:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-        self._flush_c_stdio()
-        # The lock first: output the forwarder thread has read must be sent before the
-        # result is. Then a poll, cheaper than a read that fails: most calls print nothing.
-        with self._lock:
-            if self._pending.poll(0):
-                self._forward()
-
-    def _flush_c_stdio(self) -> None:
-        # printf() from C extensions is block-buffered on a pipe; flush it like Python's.
-        if self._libc is None:
-            import ctypes
-
-            self._libc = ctypes.CDLL(None)
-        self._libc.fflush(None)
+# How often a parked reader thread looks whether the main thread's call runs long.
+_CHECK = 0.1
 
 
 def _free_port() -> int:
@@ -142,24 +60,36 @@ def _free_port() -> int:
 
 
 class _Worker:
-    """Runs calls from a queue on ``concurrency`` threads, the main thread first.
+    """Runs calls on ``concurrency`` threads, the main thread first.
 
-    Only the main thread's work can be interrupted (by SIGINT), so a
-    cancelling shutdown stops a running call or a slow ``around_app`` entry there.
+    Threads take turns reading the link (``link.baton``). With one thread for calls (the
+    default), the main thread reads its next call itself whenever it is idle, so a call and
+    its result cross no thread on the way; the reader thread reads only while a call runs
+    (a cancelling ``Shutdown``, a stack request, a shared collection's reply, a stream's
+    elements). With more threads, the reader thread reads everything and queues the calls.
+
+    Only the main thread's work can be interrupted (by SIGINT), so a cancelling shutdown
+    stops a running call or a slow ``around_app`` entry there.
     """
 
-    def __init__(self, link: _Link, stdout: _StdoutForwarder, concurrency: int) -> None:
+    def __init__(self, link: Link, stdout: StdoutForwarder, concurrency: int) -> None:
         self.link = link
         self.stdout = stdout
         self.concurrency = concurrency
         self.processes: Processes | None = None  # executor="process": where calls run
-        self.shared = LinkRequester(link.send)  # sky.dict(...) and the rest, via the pool
+        # sky.dict(...) and the rest, via the pool
+        self.shared = LinkRequester(link.send, self.wake_reader)
         use_link(self.shared)
         self.calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards: the fields below
+        self._turn = threading.Condition(self._lock)  # notified when the reader is wanted
         self.stopping = False
         self.cancelled = False
         self._main_busy = False
+        self._main_reads = False  # the main thread reads (or is about to): the reader waits
+        self._reader_wanted = concurrency > 1  # the reader thread reads whenever it can
+        self._started = 0  # calls the main thread read itself
+        self._ended = False  # Shutdown or EOF was read; set with the baton held
         self._io: dict[int, CallIO] = {}  # streaming calls, by id, until their Result
         self._last_call = 0  # the highest call id received
         self._early_cancels: set[int] = set()  # Cancel frames that overtook their Call
@@ -200,29 +130,60 @@ class _Worker:
         # are daemon threads and end with the process.
 
     def _read(self) -> None:
-        cancel = True
-        try:
+        """The reader thread: reads while the main thread runs a call that needs it (see
+        ``wake_reader``), or has run one for ``_CHECK`` seconds, or always when calls run
+        on other threads. Parked, it wakes every ``_CHECK`` seconds to look: notifying it
+        at every call would cost each round trip a wake-up and a turn at the GIL."""
+        while True:
+            with self._turn:
+                while not self._reader_wanted:
+                    started, busy = self._started, not self._main_reads
+                    self._turn.wait(_CHECK)
+                    if busy and not self._main_reads and self._started == started:
+                        break  # one call has run all this time: a Shutdown may come for it
             while True:
-                message, parts = self.link.recv()
-                if isinstance(message, proto.Call):
-                    self._register(message)
-                    self.calls.put((message, parts))
-                elif isinstance(message, proto.Cancel) and message.call_id > self._last_call:
-                    # The client may cancel a streaming call it is still sending.
-                    self._early_cancels.add(message.call_id)
-                elif route(self._io, message, parts):
-                    pass
-                elif isinstance(message, RelayAbort) and self.link.relays is not None:
-                    self.link.relays.abort(message.token, message.node, message.reason)
-                elif isinstance(message, RelayPayload) and self.link.relays is not None:
-                    self.link.relays.deliver(message.token, parts)
-                elif isinstance(message, proto.SharedReply):
-                    self.shared.deliver(message, parts)
-                elif isinstance(message, proto.StacksRequest):
-                    self.link.send(_stacks(message.request_id))
-                elif isinstance(message, proto.Shutdown):
-                    cancel = message.cancel
-                    break
+                self.link.inbox.ready(_CHECK)  # without the baton: the main thread may take it
+                with self.link.baton:
+                    if self._ended:
+                        return
+                    if self._main_reads:
+                        break
+                    if self.link.inbox.ready():
+                        self._read_one()
+
+    def wake_reader(self) -> None:
+        """A call on the main thread waits for a frame (a shared collection's reply, a
+        stream's elements, a relayed payload): have the reader thread read for it now."""
+        with self._turn:
+            if not self._reader_wanted:
+                self._reader_wanted = True
+                self._turn.notify()
+
+    def _next(self, main: bool) -> tuple[proto.Call, proto.Parts] | None:
+        """The next call to run, or None: stop."""
+        if not main or self.concurrency > 1 or self.processes is not None:
+            return self.calls.get()
+        with contextlib.suppress(queue.Empty):
+            return self.calls.get_nowait()  # the reader thread read it while a call ran
+        with self._turn:
+            self._main_reads = True
+            self._reader_wanted = False
+        try:
+            with self.link.baton:
+                while not self._ended:
+                    with contextlib.suppress(queue.Empty):
+                        return self.calls.get_nowait()
+                    self._read_one()
+        finally:
+            with self._turn:
+                self._main_reads = False
+                self._started += 1
+        return self.calls.get()  # the Nones _stop queued
+
+    def _read_one(self) -> None:
+        """Read and handle one frame. Baton held."""
+        try:
+            self._handle(*self.link.recv())
         except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
             self.shared.fail_all("the pool's client is gone")
             # The client is gone; nobody will read results. Leave, but bounded, and take
@@ -231,6 +192,31 @@ class _Worker:
             orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, _exit_orphaned)
             orphan.daemon = True
             orphan.start()
+            self._stop(cancel=True)
+
+    def _handle(self, message: object, parts: proto.Parts) -> None:
+        if isinstance(message, proto.Call):
+            self._register(message)
+            self.calls.put((message, parts))
+        elif isinstance(message, proto.Cancel) and message.call_id > self._last_call:
+            # The client may cancel a streaming call it is still sending.
+            self._early_cancels.add(message.call_id)
+        elif route(self._io, message, parts):
+            pass
+        elif isinstance(message, RelayAbort) and self.link.relays is not None:
+            self.link.relays.abort(message.token, message.node, message.reason)
+        elif isinstance(message, RelayPayload) and self.link.relays is not None:
+            self.link.relays.deliver(message.token, parts)
+        elif isinstance(message, proto.SharedReply):
+            self.shared.deliver(message, parts)
+        elif isinstance(message, proto.StacksRequest):
+            self.link.send(_stacks(message.request_id))
+        elif isinstance(message, proto.Shutdown):
+            self._stop(message.cancel)
+
+    def _stop(self, cancel: bool) -> None:
+        """Shutdown or EOF: no more frames will be read. Baton held."""
+        self._ended = True
         with self._lock:
             self.stopping = True
             self.cancelled = cancel
@@ -261,10 +247,12 @@ class _Worker:
             call.cancel()
 
     def _execute(self, main: bool = False) -> None:
-        while (item := self.calls.get()) is not None:
+        while (item := self._next(main)) is not None:
             message, parts = item
             with self._lock:
                 call = self._io.get(message.call_id)
+            if call is not None or message.relay is not None:
+                self.wake_reader()  # it waits for frames: credit, elements, a payload
             with self.interruptible() if main else contextlib.nullcontext():
                 ok, payload = self._run(message, parts, call)
             with self._lock:
@@ -352,11 +340,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     # Keep the protocol on private fds, then give user code harmless fd 0 and 1.
-    link = _Link(os.dup(0), os.dup(1))
+    link = Link(os.dup(0), os.dup(1))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    stdout = _StdoutForwarder(link)
+    stdout = StdoutForwarder(link)
     sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
     sys.stdout = io.TextIOWrapper(
         io.FileIO(1, "wb", closefd=False),
@@ -395,6 +383,7 @@ def main(argv: list[str] | None = None) -> None:
         from skyward._worker_procs import Processes
 
         worker.processes = Processes(message.concurrency, message.info, message.sys_path, parts)
+        worker.wake_reader()  # the main thread only waits for the processes' results
     worker.start_reader()
     with ExitStack() as stack:
         try:
@@ -417,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     _exit(stdout, 0)
 
 
-def _exit(stdout: _StdoutForwarder, code: int) -> None:
+def _exit(stdout: StdoutForwarder, code: int) -> None:
     stdout.drain()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
