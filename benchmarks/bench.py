@@ -228,6 +228,16 @@ def evaluate_targets(report: Report) -> list[dict[str, Any]]:
             3.0,
         ),
         (
+            "no-op round trip ≤ 3x the Python pipe echo, both on one core",
+            ratio("roundtrip_placed", "skyward >> (one core)", "Python pipe echo (one core)"),
+            3.0,
+        ),
+        (
+            "no-op round trip ≤ 3x the Python pipe echo, on two cores",
+            ratio("roundtrip_placed", "skyward >> (two cores)", "Python pipe echo (two cores)"),
+            3.0,
+        ),
+        (
             "10,000 no-op tasks at least as fast as ProcessPoolExecutor (time ratio ≤ 1)",
             ratio("map_noop", "skyward pool.map", "ProcessPoolExecutor.map"),
             1.0,
@@ -528,6 +538,57 @@ def roundtrip(report: Report, peers: Peers, calls: int, rounds: int) -> None:
                 t0 = clock()
                 call()
                 samples.append(clock() - t0)
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (a process's affinity call moves one thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def placed_roundtrip(report: Report, calls: int, rounds: int) -> None:
+    """The round trip again, with the kernel's placement taken out of it: this process on
+    CPU 0, and the echo's process and a 1-node pool's worker on CPU 0 too (one core) or on
+    CPU 1 (two cores). On a VM, a process woken on the other core costs tens of µs, and
+    unpinned the kernel sometimes runs the echo's two processes on one core and sometimes
+    not: the plain round trip's floor swings between about 9 and 60 µs with it."""
+    cpus = sorted(os.sched_getaffinity(0))
+    scenario = report.scenario(
+        "roundtrip_placed",
+        "No-op round trip, pinned: both processes on one core, and on two",
+        f"{rounds} rounds x {calls} calls per tool, tools interleaved round by round; this "
+        "process on CPU 0, the other process (the echo, the pool's one worker) on CPU 0 or 1.",
+    )
+    if len(cpus) < 2:
+        scenario.skipped = "needs 2 CPUs"
+        return
+    first, second = cpus[0], cpus[1]
+    with ExitStack() as stack:
+        stack.callback(_pin, os.getpid(), set(cpus))
+        _pin(os.getpid(), {first})
+        pool = stack.enter_context(sky.ComputePool(nodes=1, quiet=True, name="bench-placed"))
+        worker = pool.run(os.getpid)
+        echo = PythonPipe()
+        stack.callback(echo.close)
+        tools: list[tuple[str, int, Callable[[], Any]]] = []
+        for where, cpu in (("one core", first), ("two cores", second)):
+            tools.append((f"skyward >> ({where})", cpu, lambda: sky_noop() >> pool))
+            tools.append((f"Python pipe echo ({where})", cpu, lambda: echo.echo(("noop", (), {}))))
+        for name, _, _ in tools:
+            scenario.series(name)
+        clock = time.perf_counter
+        for order in _rotations(tools, rounds):
+            for name, cpu, call in order:
+                _pin(worker, {cpu})
+                _pin(echo.process.pid, {cpu})
+                for _ in range(20):
+                    call()
+                samples = scenario.series(name).samples
+                for _ in range(calls):
+                    t0 = clock()
+                    call()
+                    samples.append(clock() - t0)
 
 
 def _map_tools(peers: Peers, fn: Callable[[Any], Any], tasks: int) -> list[Tool]:
@@ -1078,6 +1139,7 @@ def main(argv: list[str] | None = None) -> Report:
             print(f"peers open in {time.perf_counter() - began:.1f} s", flush=True)
             if "roundtrip" in only:
                 roundtrip(report, peers, args.calls, args.rounds)
+                placed_roundtrip(report, args.calls, args.rounds)
                 print("round trip done", flush=True)
             if "map" in only:
                 throughput(report, peers, args.tasks, args.repeat)

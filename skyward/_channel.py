@@ -28,9 +28,9 @@ import logging
 import queue
 import select
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from skyward import _protocol as proto
 from skyward._errors import (
@@ -43,6 +43,8 @@ from skyward._errors import (
 )
 from skyward._futures import Deadline, delivering, fail, resolve
 from skyward._relay import Relay, RelayFailed
+from skyward._transport import Transport
+from skyward._turns import Turns
 
 if TYPE_CHECKING:  # a streaming call's state; its frames come back through on_frame
     from skyward._stream import Streams
@@ -57,37 +59,6 @@ _INLINE_BYTES = select.PIPE_BUF
 # After EOF on the protocol stream: how long to wait for the process's exit status and the
 # rest of its stderr before reporting the loss. Both normally arrive within milliseconds.
 _EXIT_STATUS_TIMEOUT = 2.0
-
-
-class Transport(Protocol):
-    """Byte streams to one worker process, called by the channel's threads, and by a
-    caller's thread for a small frame when ``can_write_now`` says it will not block."""
-
-    def write(self, parts: Sequence[proto.Part]) -> None: ...
-    def readinto(self, buffer: memoryview) -> int | None: ...
-    def read_stderr(self) -> bytes:
-        """The next chunk of the worker's stderr; ``b""`` at end of stream."""
-        ...
-
-    def wait(self, timeout: float) -> int | None:
-        """The exit status (negative: killed by that signal), or None if still running."""
-        ...
-
-    def kill(self) -> None:
-        """Kill the worker and anything it started; harmless once they are gone."""
-        ...
-
-    def can_write_now(self, nbytes: int) -> bool:
-        """Whether ``write`` of ``nbytes`` (≤ 4 KiB) would return without waiting. The
-        caller's own thread writes small frames only then: it may hold the pool's lock."""
-        ...
-
-    def link_lost(self) -> str | None:
-        """Why the stream ended if the link to the worker broke rather than the worker ending
-        (a dropped SSH connection), else None."""
-        ...
-
-    def close(self) -> None: ...
 
 
 OutputSink = Callable[[int, str, bytes], None]  # (node, "stdout" | "stderr", data)
@@ -158,6 +129,18 @@ class Channel:
         self._ready = False  # set once the worker said Ready; only for messages
         self.broken = False
         self.lost: WorkerLost | None = None
+        self._turns: Turns | None = None  # callers read their own results (see _turns)
+        try:
+            transport.ready(0)
+            self._turns = Turns(
+                ready=transport.ready,
+                read=lambda: proto.read_frame(transport.readinto),
+                dispatch=self._dispatch,
+                in_flight=lambda: bool(self._pending),
+                torn=lambda: self.kill("the client was interrupted while reading its frame"),
+            )
+        except NotImplementedError:
+            pass
         self._stderr_thread = threading.Thread(
             target=self._read_stderr, name=f"skyward-stderr-{node}", daemon=True
         )
@@ -211,12 +194,14 @@ class Channel:
         done: Done,
         streams: Streams | None = None,
         relay: Relay | None = None,
+        waited: bool = False,
     ) -> bool:
         """Queue one call; ``done`` gets its result, its exception, or ``WorkerLost``.
 
         Returns at once. False if the link is already broken: the call was not taken, and
         ``done`` will not be called, so the caller can send it elsewhere. With ``relay``,
         the call is part of a relayed broadcast; ``payload`` is not sent if ``inbound``.
+        ``waited``: the caller will wait for it with ``wait_for`` (the reader may sleep on).
         """
         with self._lock:
             if self.broken:
@@ -228,8 +213,17 @@ class Channel:
         else:
             message = proto.Call(call_id, name, relay=relay)
             payload = [] if relay is not None and relay.inbound else payload
+        if self._turns is not None:
+            self._turns.sent(waited)
         self._send(message, payload)
         return True
+
+    def wait_for(self, future: Future[Any], timeout: float | None) -> float | None:
+        """Read this link until ``future`` (a call sent here) is settled, the link ends, or
+        ``timeout`` passes; the time left of ``timeout``. See ``_turns``."""
+        if self._turns is None:
+            return timeout
+        return self._turns.wait_for(future, timeout)
 
     def send(self, message: object, payload: proto.Parts | None = None) -> None:
         """Send one frame to the worker (a reply); never waits on a slow worker."""
@@ -323,6 +317,8 @@ class Channel:
     def _read(self) -> None:
         delivering.active = True  # done-callbacks run here: see CallFuture
         try:
+            if self._turns is not None:
+                self._turns.run_reader()
             while True:
                 message, parts = proto.read_frame(self._transport.readinto)
                 self._dispatch(message, parts)

@@ -57,7 +57,7 @@ class ComputePool(Protocol):
     """What the operators need of a pool (``skyward._pool.ComputePool`` is the one); named
     here so that this module does not import the pool, which imports it."""
 
-    def _run_call(self, call: PendingCall[R]) -> Future[R]: ...
+    def _run_call(self, call: PendingCall[R], *, waited: bool = False) -> Future[R]: ...
     def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]: ...
     def _run_group(self, calls: tuple[PendingCall[Any], ...]) -> Future[tuple[Any, ...]]: ...
     def _run_calls(self, calls: Sequence[PendingCall[Any]]) -> list[Future[Any]]: ...
@@ -128,7 +128,7 @@ class PendingCall(Generic[R]):
         return dataclasses.replace(self, timeout=timeout)
 
     def __rshift__(self, pool: ComputePool) -> R:
-        return _pool(pool, ">>")._run_call(self).result()
+        return _pool(pool, ">>")._run_call(self, waited=True).result()
 
     def __matmul__(self, pool: ComputePool) -> list[R]:
         return _pool(pool, "@")._broadcast_call(self).result()

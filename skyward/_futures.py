@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from skyward._errors import PoolClosed, ProvisionError, WorkerLost
 
@@ -33,13 +33,25 @@ _POLL = 0.05
 delivering = threading.local()
 
 
+class Link(Protocol):
+    def wait_for(self, future: Future[Any], timeout: float | None) -> float | None: ...
+
+
 class CallFuture(Future[T]):
     """The ``concurrent.futures.Future`` a call hands out. Waiting for an unfinished one on
     the thread that delivers results (inside a done-callback) raises at once instead of
-    deadlocking."""
+    deadlocking. A call whose caller waits for it at once (``>>``, ``run``) has its ``link``
+    set when it is sent: waiting, the caller reads its result off that link itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.link: Link | None = None
 
     def result(self, timeout: float | None = None) -> T:
         _refuse_reentrant_wait(self)
+        link = self.link
+        if link is not None and not self.done():
+            timeout = link.wait_for(self, timeout)
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:

@@ -19,8 +19,8 @@ from skyward._phases import Reporter
 from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
 
 if TYPE_CHECKING:
-    from skyward._channel import Transport
     from skyward._scheduler import Slot
+    from skyward._transport import Transport
 
 # How long a close waits, past the provision deadline, for a provider that is still
 # provisioning to notice it was cancelled and destroy what it made.

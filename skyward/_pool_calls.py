@@ -41,7 +41,7 @@ class PoolCalls:
 
     def run(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
         """Run ``fn(*args, **kwargs)`` on the least busy node and return its value."""
-        result: R = self._run_call(pending_call(fn, args, kwargs)).result()
+        result: R = self._run_call(pending_call(fn, args, kwargs), waited=True).result()
         return result
 
     def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
@@ -68,8 +68,9 @@ class PoolCalls:
             for future in futures:
                 future.cancel()
 
-    def _run_call(self, call: PendingCall[R]) -> Future[R]:
-        return self._run_calls([call])[0]
+    def _run_call(self, call: PendingCall[R], *, waited: bool = False) -> Future[R]:
+        """``waited``: the caller waits for the result at once, reading it itself."""
+        return self._run_calls([call], waited=waited)[0]
 
     def _run_calls(
         self,
@@ -77,6 +78,7 @@ class PoolCalls:
         *,
         same_function: bool = False,
         prefetch: bool = False,
+        waited: bool = False,
     ) -> list[Future[Any]]:
         """Queue calls for the least busy nodes; all are pickled before any is queued.
 
@@ -88,7 +90,7 @@ class PoolCalls:
         self._before_pickling()
         function = calls[0].serialize_function() if same_function and calls else None
         route = self._console.route()
-        tasks, futures = tasks_for(calls, function, route, prefetch, self._streams)
+        tasks, futures = tasks_for(calls, function, route, prefetch, self._streams, waited)
         with self._lock:  # once for the lot: reader threads want this lock too
             self._check_running()
             self._scheduler.submit(tasks)

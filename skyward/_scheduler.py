@@ -56,6 +56,7 @@ class Task:
     streams: Streams | None = None  # a streaming call's state (_stream)
     relay: Relay | None = None  # its part in a relayed broadcast, for its first send
     sent_before: bool = False  # handed to a worker once already (its future is running)
+    waited: bool = False  # its caller waits for it at once, reading its link (CallFuture)
 
 
 @dataclass(eq=False)
@@ -97,6 +98,7 @@ def tasks_for(
     route: Route | None,
     prefetch: bool,
     streams: MutableSet[Streams],
+    waited: bool = False,
 ) -> tuple[list[Task], list[Future[Any]]]:
     """Pickled tasks for ``calls``, and the futures their callers get: the task's own, or,
     for a generator function, one already holding its values' ``ResultStream``. Streaming
@@ -106,7 +108,11 @@ def tasks_for(
         done: Future[Any] = CallFuture()
         sent, state = prepare(call, done)  # a generator, or iterator arguments
         payload = sent.serialize(function)
-        tasks.append(Task(sent, payload, done, route=route, prefetch=prefetch, streams=state))
+        waits = waited and state is None
+        task = Task(
+            sent, payload, done, route=route, prefetch=prefetch, streams=state, waited=waits
+        )
+        tasks.append(task)
         futures.append(done)
         if state is not None:
             streams.add(state)
@@ -313,7 +319,9 @@ class Scheduler:
 
         # Before the worker can print anything for this call.
         self._bind_output(slot.rank, task.route)
-        if not channel.submit(task.call.name, task.payload, done, task.streams, task.relay):
+        if not channel.submit(
+            task.call.name, task.payload, done, task.streams, task.relay, task.waited
+        ):
             # The worker broke a moment ago; on_broken is on its way. Take the node out of
             # rotation now and put the call back: it has not run anywhere.
             slot.ready = False
@@ -323,6 +331,8 @@ class Scheduler:
             else:
                 self.queue.appendleft(task)
             return False
+        if task.waited and isinstance(task.future, CallFuture):
+            task.future.link = channel
         slot.busy += 1
         slot.running[id(task)] = (task, sent)
         if task.call.timeout is not None:

@@ -87,6 +87,11 @@ class SSHTransport:
     def readinto(self, buffer: memoryview) -> int | None:
         return self._stdout.readinto(buffer)
 
+    def ready(self, timeout: float | None) -> bool:
+        # paramiko's own thread reads the socket and wakes the reader: a caller reading
+        # its own result would save no hand-off, so the channel's reader thread reads all.
+        raise NotImplementedError
+
     def read_stderr(self) -> bytes:
         while True:
             data: bytes = self._channel.recv_stderr(1 << 16)

@@ -9,7 +9,6 @@ is a ``BootstrapError`` that says how to install it.
 from __future__ import annotations
 
 import fcntl
-import io
 import json
 import os
 import select
@@ -20,12 +19,13 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
 from skyward import _protocol as proto
 from skyward._errors import BootstrapError, ProvisionError
+from skyward._inbox import Inbox
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 
 if TYPE_CHECKING:
@@ -165,9 +165,10 @@ class PipeTransport:
         self.process = process
         self._stdin = process.stdin
         # Buffered: a frame is several small reads (count, lengths, parts); large parts
-        # still go straight into their destination buffer.
-        raw = cast(io.RawIOBase, process.stdout)  # bufsize=0 made it a raw FileIO
-        self._stdout = io.BufferedReader(raw, 1 << 16)
+        # still go straight into their destination buffer. An Inbox can also say whether a
+        # read would wait, so a caller may read its own result (see _turns).
+        self._stdout = process.stdout
+        self._inbox = Inbox(process.stdout.fileno())
         self._stderr = process.stderr
         for stream in (process.stdin, process.stdout):
             _widen_pipe(stream.fileno())
@@ -183,7 +184,10 @@ class PipeTransport:
         proto.write_parts(fd, parts)
 
     def readinto(self, buffer: memoryview) -> int | None:
-        return self._stdout.readinto(buffer)
+        return self._inbox.readinto(buffer)
+
+    def ready(self, timeout: float | None) -> bool:
+        return self._inbox.ready(timeout)
 
     def read_stderr(self) -> bytes:
         data = os.read(self._stderr.fileno(), 1 << 16)
