@@ -1,0 +1,136 @@
+"""Callers that read their own results (``_turns``), and workers whose main thread reads its
+own calls: what users rely on stays true when the thread that reads is not the one it was."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+
+import skyward as sky
+from skyward import _protocol as proto
+from skyward._inbox import Inbox
+from skyward._turns import Turns
+
+
+def _square(x: int) -> int:
+    time.sleep(0.001 * (x % 3))
+    return x * x
+
+
+def _say(x: int) -> int:
+    print(f"line {x}")
+    return x
+
+
+def test_callers_on_many_threads_and_futures_nobody_waits_for_all_get_their_results() -> None:
+    settled: list[int] = []
+    with sky.ComputePool(nodes=1, concurrency=4, quiet=True) as pool:
+        square = sky.compute(_square)
+        later = [square(i) > pool for i in range(100, 110)]  # read by someone else
+        for future in later:
+            future.add_done_callback(lambda f: settled.append(f.result()))
+        with ThreadPoolExecutor(8) as threads:
+            got = list(threads.map(lambda i: square(i) >> pool, range(200)))
+        assert got == [i * i for i in range(200)]
+        assert [f.result(timeout=10) for f in later] == [i * i for i in range(100, 110)]
+    assert sorted(settled) == [i * i for i in range(100, 110)]
+
+
+def test_a_calls_output_still_arrives_before_its_result(capfd: pytest.CaptureFixture[str]) -> None:
+    with sky.ComputePool(nodes=1, quiet=True) as pool:
+        say = sky.compute(_say)
+        for i in range(50):
+            assert say(i) >> pool == i
+            assert f"line {i}" in capfd.readouterr().out
+
+
+def _sleep(seconds: float) -> str:
+    time.sleep(seconds)
+    return "done"
+
+
+def test_a_leading_caller_sees_its_call_time_out() -> None:
+    with sky.ComputePool(nodes=1, quiet=True) as pool:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError):
+            sky.compute(timeout=0.5)(_sleep)(30) >> pool
+        assert time.monotonic() - began < 10
+        assert sky.compute(_sleep)(0) >> pool == "done"
+
+
+def test_ctrl_c_while_a_caller_waits_leaves_the_pool_working() -> None:
+    with sky.ComputePool(nodes=1, quiet=True) as pool:
+        main = threading.main_thread().ident or 0
+        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            sky.compute(_sleep)(1.5) >> pool
+        # The interrupt landed while the caller waited for data, not inside a frame: the
+        # worker finishes its call and serves the next one; nothing was replaced.
+        assert sky.compute(_sleep)(0) >> pool == "done"
+        assert pool.statistics().workers_replaced == 0
+
+
+def _ends() -> None:
+    os._exit(3)
+
+
+def test_a_worker_lost_while_its_caller_reads_fails_the_call() -> None:
+    with sky.ComputePool(nodes=1, quiet=True) as pool:
+        with pytest.raises(sky.WorkerLost, match="exit code 3"):
+            sky.compute(_ends)() >> pool
+        assert sky.compute(_sleep)(0) >> pool == "done"
+
+
+def _pipe_turns(read_frame: object = None) -> tuple[Turns, int, list[object], list[str]]:
+    r, w = os.pipe()
+    inbox = Inbox(r)
+    seen: list[object] = []
+    torn: list[str] = []
+    turns = Turns(
+        ready=inbox.ready,
+        read=read_frame or (lambda: proto.read_frame(inbox.readinto)),  # type: ignore[arg-type,return-value]
+        dispatch=lambda message, parts: seen.append(message),
+        in_flight=lambda: False,
+        torn=lambda: torn.append("torn"),
+    )
+    return turns, w, seen, torn
+
+
+def test_a_leader_dispatches_every_frame_in_order_until_its_own() -> None:
+    turns, w, seen, _ = _pipe_turns()
+    future: Future[str] = Future()
+    for i in range(3):
+        proto.write_parts(w, proto.frame(proto.Log(f"{i}".encode())))
+
+    def settle() -> None:
+        time.sleep(0.2)
+        future.set_result("ok")
+        proto.write_parts(w, proto.frame(proto.Bye()))
+
+    threading.Thread(target=settle).start()
+    assert turns.wait_for(future, 5) is not None
+    assert future.result() == "ok"
+    assert [m.data for m in seen if isinstance(m, proto.Log)] == [b"0", b"1", b"2"]
+    os.close(w)
+
+
+def test_an_interrupt_inside_a_frame_tears_the_link_and_goes_on() -> None:
+    def interrupted() -> tuple[object, list[object]]:
+        raise KeyboardInterrupt
+
+    turns, w, _, torn = _pipe_turns(interrupted)
+    os.write(w, b"x")  # something to read
+    with pytest.raises(KeyboardInterrupt):
+        turns.wait_for(Future(), 5)
+    assert torn == ["torn"]
+    assert turns.settled()
+    began = time.monotonic()
+    turns.wait_for(Future(), 5)  # the link is over: nobody reads it again
+    assert time.monotonic() - began < 1
+    os.close(w)
