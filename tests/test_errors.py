@@ -239,8 +239,9 @@ def drop_link_on_node_1() -> None:
         return
     import gc
 
-    # the worker runs as __main__, so its classes are not skyward.worker's
-    link = next(o for o in gc.get_objects() if type(o).__name__ == "_Link")
+    from skyward._worker_link import Link
+
+    link = next(o for o in gc.get_objects() if isinstance(o, Link))
     os.close(link._out_fd)
     os.kill(os.getpid(), signal.SIGSTOP)
 
