@@ -166,6 +166,6 @@ class Turns:
                 self._ended = how
             self._turn.notify_all()
 
-    def settled(self) -> bool:
+    def ended(self) -> bool:
         """Whether the stream has ended (its frames are all read)."""
         return self._ended is not None

@@ -137,6 +137,8 @@ class _Worker:
         while True:
             with self._turn:
                 while not self._reader_wanted:
+                    if self._ended:
+                        return  # the main thread read the Shutdown (or EOF)
                     started, busy = self._started, not self._main_reads
                     self._turn.wait(_CHECK)
                     if busy and not self._main_reads and self._started == started:
