@@ -340,6 +340,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m skyward.worker")
     parser.add_argument("--node", type=int, required=True)
     args = parser.parse_args(argv)
+    # A cancelling shutdown interrupts the running call with SIGINT. A client started in the
+    # background (`nohup ... &`, a scheduler's job) ignores SIGINT, and we inherited that:
+    # the call would run on, and teardown be skipped when the close kills us at its bound.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     # Keep the protocol on private fds, then give user code harmless fd 0 and 1.
     link = Link(os.dup(0), os.dup(1))

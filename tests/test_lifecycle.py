@@ -247,6 +247,49 @@ def test_a_cancelling_close_with_concurrency_still_runs_teardown(
 
 
 @pytest.mark.timeout(60)
+def test_a_cancelling_close_runs_teardown_for_a_client_that_ignores_sigint(
+    tmp_path: Path,
+) -> None:
+    # What a client started with `nohup ... &` (or by a job scheduler) looks like: SIGINT
+    # ignored, which its workers inherit unless they undo it.
+    log = tmp_path / "events"
+    script = textwrap.dedent(
+        f"""
+        import contextlib, time
+        import skyward as sky
+
+        @contextlib.contextmanager
+        def around(info):
+            with open({str(log)!r}, "a") as f:
+                f.write("p enter 0\\n")
+            try:
+                yield
+            finally:
+                with open({str(log)!r}, "a") as f:
+                    f.write("p exit 0\\n")
+
+        pool = sky.ComputePool(nodes=1, plugins=[sky.Plugin(name="p", around_app=around)],
+                               shutdown_timeout=30, quiet=True).start()
+        future = pool.submit(time.sleep, 60)
+        time.sleep(0.5)
+        pool.close(wait=False)
+        print(type(future.exception(timeout=20)).__name__)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert result.stdout.split() == ["PoolClosed"]
+    # "p exit": the call was interrupted and the worker left its contexts, not killed at 30 s
+    assert events(log) == ["p enter", "p exit"]
+
+
+@pytest.mark.timeout(60)
 def test_closing_refuses_new_calls_while_it_waits_for_submitted_ones(
     make_pool: PoolFactory,
 ) -> None:
