@@ -5,6 +5,7 @@
     pool ── submit(Call + payload) ──> outbox ──> sender thread ──> transport.write ──> worker
     reader thread <── frames ── transport.readinto  (Result → done, Log → console,
                                                       Hello/Ready/StartFailed → control queue)
+      (or the caller waiting for its own call, which reads every frame meanwhile: _turns)
     stderr thread <── lines ─── transport.read_stderr (→ console, and a tail kept for
                                                        WorkerLost)
 
@@ -318,10 +319,11 @@ class Channel:
         delivering.active = True  # done-callbacks run here: see CallFuture
         try:
             if self._turns is not None:
-                self._turns.run_reader()
-            while True:
-                message, parts = proto.read_frame(self._transport.readinto)
-                self._dispatch(message, parts)
+                self._turns.run_reader()  # raises when the stream ends, as read_frame does
+            else:
+                while True:
+                    message, parts = proto.read_frame(self._transport.readinto)
+                    self._dispatch(message, parts)
         except (EOFError, OSError, ValueError):
             pass
         except Exception as exc:  # a frame we cannot decode: the link is unusable
