@@ -32,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "ChannelError": "skyward._errors",
     "CollectiveHang": "skyward._errors",
     "Compute": "skyward._compute",
-    "ComputePool": "skyward._pool",
+    "ComputePool": "skyward.pool",
     "HostKeyError": "skyward._errors",
     "Image": "skyward._image",
     "InstanceInfo": "skyward._info",
@@ -43,8 +43,8 @@ _EXPORTS: dict[str, str] = {
     "Plugin": "skyward._plugin",
     "PluginError": "skyward._errors",
     "PoolClosed": "skyward._errors",
-    "PoolSpec": "skyward._spec",
-    "PoolStatistics": "skyward._scheduler",
+    "PoolSpec": "skyward.pool.spec",
+    "PoolStatistics": "skyward.pool.scheduler",
     "Provider": "skyward.providers.base",
     "ProvisionError": "skyward._errors",
     "ProvisionRequest": "skyward.providers.base",
@@ -53,21 +53,21 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
-    "Stacks": "skyward._stacks",
+    "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
     "VersionMismatch": "skyward._errors",
-    "Worker": "skyward._spec",
+    "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
-    "barrier": "skyward._collections",
+    "barrier": "skyward.collections.proxies",
     "compute": "skyward._compute",
-    "counter": "skyward._collections",
-    "dict": "skyward._collections",
+    "counter": "skyward.collections.proxies",
+    "dict": "skyward.collections.proxies",
     "gather": "skyward._compute",
     "instance_info": "skyward._info",
     "is_head": "skyward._output",
-    "lock": "skyward._collections",
-    "queue": "skyward._collections",
-    "set": "skyward._collections",
+    "lock": "skyward.collections.proxies",
+    "queue": "skyward.collections.proxies",
+    "set": "skyward.collections.proxies",
     "shard": "skyward._multihost",
     "silent": "skyward._output",
     "stderr": "skyward._output",
@@ -78,7 +78,6 @@ __all__ = sorted([*_EXPORTS, "__version__", "plugins"])
 
 if TYPE_CHECKING:
     from skyward import plugins
-    from skyward._collections import barrier, counter, dict, lock, queue, set
     from skyward._compute import CallGroup, Compute, PendingCall, compute, gather
     from skyward._errors import (
         BootstrapError,
@@ -102,10 +101,11 @@ if TYPE_CHECKING:
     from skyward._multihost import shard
     from skyward._output import is_head, silent, stderr, stdout
     from skyward._plugin import Plugin
-    from skyward._pool import ComputePool
-    from skyward._scheduler import PoolStatistics
-    from skyward._spec import PoolSpec, Worker
-    from skyward._stacks import Stacks
+    from skyward.collections.proxies import barrier, counter, dict, lock, queue, set
+    from skyward.pool import ComputePool
+    from skyward.pool.scheduler import PoolStatistics
+    from skyward.pool.spec import PoolSpec, Worker
+    from skyward.pool.stacks import Stacks
     from skyward.providers.aws import AWS
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local

@@ -26,9 +26,9 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from skyward import _protocol as proto
 from skyward._errors import SerializationError
-from skyward._pickling import dumps_function
+from skyward.link import protocol as proto
+from skyward.link.pickling import dumps_function
 
 # The longest timeout accepted: a week. Longer ones overflow the standard library's waits
 # (threading.TIMEOUT_MAX), and a call that may run for more than a week needs none.
@@ -54,7 +54,7 @@ class _Options(BaseModel):
 
 
 class ComputePool(Protocol):
-    """What the operators need of a pool (``skyward._pool.ComputePool`` is the one); named
+    """What the operators need of a pool (``skyward.pool.ComputePool`` is the one); named
     here so that this module does not import the pool, which imports it."""
 
     def _run_call(self, call: PendingCall[R], *, waited: bool = False) -> Future[R]: ...

@@ -25,11 +25,11 @@ from support.reporter import Recorder
 
 import skyward as sky
 from skyward._errors import MissingDependency, ProvisionError
-from skyward.providers import _catalog as catalog
-from skyward.providers._aws_allocation import AWSAllocation
-from skyward.providers._aws_api import Api, translate
-from skyward.providers._aws_resources import describe_reason
-from skyward.providers._cloud import WATCHDOG_PATH
+from skyward.providers import catalog
+from skyward.providers.aws.allocation import AWSAllocation
+from skyward.providers.aws.api import Api, translate
+from skyward.providers.aws.resources import describe_reason
+from skyward.providers.cloud import WATCHDOG_PATH
 
 pytestmark = pytest.mark.timeout(120)
 

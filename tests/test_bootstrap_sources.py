@@ -24,8 +24,8 @@ from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex, build_wheel
 
 import skyward as sky
-from skyward._bootstrap import Plan, render
-from skyward._spec import PoolSpec
+from skyward.pool.spec import PoolSpec
+from skyward.providers.ssh.bootstrap import Plan, render
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"

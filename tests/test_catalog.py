@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from skyward.providers import _catalog as catalog
+from skyward.providers import catalog
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from support import cloudinit
 from support.sandbox import Sandbox
 
 from skyward._errors import ProvisionError
-from skyward.providers import _cloud as cloud
+from skyward.providers import cloud
 from skyward.providers.base import Allocation, Resource
 
 _CLIENT_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAbc me@x"

@@ -239,7 +239,7 @@ def drop_link_on_node_1() -> None:
         return
     import gc
 
-    from skyward._worker_link import Link
+    from skyward.worker.link import Link
 
     link = next(o for o in gc.get_objects() if isinstance(o, Link))
     os.close(link._out_fd)
@@ -256,7 +256,7 @@ def test_a_gang_broadcast_runs_on_one_generation_of_workers(
     # the pool's books are the same over SSH, and the fd trick needs the local launch.)
     # The window is how long the client waits for a stopped worker's exit status; widened
     # from 2 s so that a loaded machine still sends the broadcast inside it.
-    monkeypatch.setattr("skyward._channel._EXIT_STATUS_TIMEOUT", 6.0)
+    monkeypatch.setattr("skyward.link.channel._EXIT_STATUS_TIMEOUT", 6.0)
     plugins = [sky.Plugin(name="tied", gang=True)]
     with sky.ComputePool(nodes=3, plugins=plugins, console="off") as pool:
         before = pool.broadcast(pid)

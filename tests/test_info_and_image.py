@@ -129,7 +129,7 @@ def test_bootstrap_timeout_is_validated() -> None:
 
 
 def test_new_image_fields_leave_the_bootstrap_digest_alone(project: Path) -> None:
-    from skyward._bootstrap import Plan
+    from skyward.providers.ssh.bootstrap import Plan
 
     def digest(image: sky.Image) -> str:
         return Plan(image, "3.11", None, "~/.cache/skyward", ()).digest

@@ -155,8 +155,8 @@ def test_large_numpy_arguments_and_results_round_trip(pool: sky.ComputePool) -> 
 
 
 def test_map_queues_ahead_only_on_nodes_whose_recent_calls_were_short() -> None:
-    from skyward._scheduler import PREFETCH_MAX as _PREFETCH_MAX
-    from skyward._scheduler import prefetch_depth as _prefetch_depth
+    from skyward.pool.scheduler import PREFETCH_MAX as _PREFETCH_MAX
+    from skyward.pool.scheduler import prefetch_depth as _prefetch_depth
 
     assert _prefetch_depth(float("inf")) == 0  # a new worker: nothing known yet
     assert _prefetch_depth(0.05) == 0  # long calls: a queued one could wait long

@@ -12,7 +12,7 @@ from typing import Any
 import cloudpickle
 
 import skyward as sky
-from skyward._pickling import dumps_function
+from skyward.link.pickling import dumps_function
 
 
 def script(source: str, **names: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import skyward as sky
-from skyward import _protocol as proto
+from skyward.link import protocol as proto
 
 
 def _roundtrip(message: object, payload: proto.Parts | None) -> tuple[object, proto.Parts]:

@@ -27,7 +27,7 @@ from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
-from skyward._spec import PoolSpec
+from skyward.pool.spec import PoolSpec
 from skyward.providers.base import TAG_CREATED, TAG_OWNER, TAG_POOL, Allocation
 
 Build = Callable[[], Any]
@@ -150,8 +150,8 @@ def test_a_machine_presenting_another_host_key_is_refused(ssh_hosts: Hosts) -> N
 
     class Impostor(TestHosts):
         def provision(self, request: Any, reporter: Any) -> Allocation:
-            from skyward._ssh import Target
-            from skyward.providers._hosts import Access, HostTarget, open_hosts
+            from skyward.providers.ssh.connection import Target
+            from skyward.providers.ssh.hosts import Access, HostTarget, open_hosts
 
             target = HostTarget(
                 Target(self.hosts.hosts[0].address, 22, "skytest"),

@@ -27,7 +27,7 @@ from support.processes import shared_pool
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
-from skyward._fanout import RELAY_MIN_BYTES
+from skyward.pool.scheduler import RELAY_MIN_BYTES
 
 
 @sky.compute

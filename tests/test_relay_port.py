@@ -1,5 +1,5 @@
 """The worker's relay port on its own: real sockets on loopback, several nodes' ``Relays``
-in this process, each as a worker holds it (``skyward._relay``)."""
+in this process, each as a worker holds it (``skyward.worker.relay``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from skyward._errors import WorkerLost
-from skyward._relay import Chain, RelayFailed, Relays
+from skyward.link.protocol import RelayFailed
+from skyward.worker.relay import Chain, Relays
 
 KEY = os.urandom(32)
 

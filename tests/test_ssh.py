@@ -23,8 +23,8 @@ from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex, build_wheel
 
 import skyward as sky
-from skyward._bootstrap import Plan, render
-from skyward._spec import PoolSpec
+from skyward.pool.spec import PoolSpec
+from skyward.providers.ssh.bootstrap import Plan, render
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 
@@ -426,7 +426,7 @@ def test_a_pool_key_is_private_works_and_is_deleted(
     ssh_hosts: Hosts, package_index: PackageIndex
 ) -> None:
     """The key cloud providers will put on the machines they create."""
-    from skyward._ssh import PoolKey
+    from skyward.providers.ssh.connection import PoolKey
 
     key = PoolKey()
     host = ssh_hosts.hosts[2]

@@ -15,7 +15,7 @@ from support.pools import PoolFactory
 from support.processes import shared_pool
 
 import skyward as sky
-from skyward._protocol import STREAM_WINDOW
+from skyward.link.protocol import STREAM_WINDOW
 
 
 @sky.compute

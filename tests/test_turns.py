@@ -12,9 +12,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 
 import skyward as sky
-from skyward import _protocol as proto
-from skyward._inbox import Inbox
-from skyward._turns import Turns
+from skyward.link import protocol as proto
+from skyward.link.turns import Inbox, Turns
 
 
 def _square(x: int) -> int:

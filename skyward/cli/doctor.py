@@ -167,7 +167,7 @@ def check_ssh_agent(env: Mapping[str, str]) -> Check:
 
 
 def check_ssh_keys(env: Mapping[str, str], home: Path) -> Check:
-    from skyward._ssh import default_key_files
+    from skyward.providers.ssh.connection import default_key_files
 
     keys = default_key_files(home)
     known = home / ".ssh" / "known_hosts"

@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from skyward import _worker_hooks as hooks
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
 from skyward._plugin import Plugin
 from skyward.plugins._jax_output import GlooFilter, quiet_when_stopped
+from skyward.worker import hooks
 
 if TYPE_CHECKING:
-    from skyward._spec import PoolSpec
+    from skyward.pool.spec import PoolSpec
 
 Platform = Literal["cpu", "cuda", "tpu"]
 

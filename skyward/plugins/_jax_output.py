@@ -17,8 +17,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from skyward import _worker_hooks as hooks
 from skyward._info import InstanceInfo
+from skyward.worker import hooks
 
 # gloo prints one line per rank and per communicator when it connects ("[Gloo] Rank 3 is
 # connected to 7 peer ranks. Expected number of connected peer ranks is : 7") on

@@ -24,7 +24,7 @@ from skyward._info import InstanceInfo
 from skyward._plugin import Plugin
 
 if TYPE_CHECKING:
-    from skyward._spec import PoolSpec
+    from skyward.pool.spec import PoolSpec
 
 Backend = Literal["jax", "torch", "tensorflow", "numpy"]
 _BACKENDS = ("jax", "torch", "tensorflow", "numpy")

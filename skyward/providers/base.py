@@ -46,7 +46,7 @@ from skyward._image import Image
 from skyward._phases import Reporter
 
 if TYPE_CHECKING:
-    from skyward._transport import Transport
+    from skyward.link.channel import Transport
 
 # The tags every created resource carries (AWS tags, GCP labels, Azure tags).
 TAG_POOL = "skyward-pool"

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from skyward import _protocol as proto
 from skyward._errors import BootstrapError, ProvisionError
-from skyward._inbox import Inbox
+from skyward.link import protocol as proto
+from skyward.link.turns import Inbox
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 
 if TYPE_CHECKING:

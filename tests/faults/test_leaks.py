@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import skyward as sky
-from skyward._console import LineBuffer
+from skyward.console import LineBuffer
 
 
 class _Big:

@@ -21,10 +21,10 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
-from skyward._ssh import Target
-from skyward.providers._hosts import Access, HostTarget, open_hosts
 from skyward.providers.base import Allocation, Inventory, Node, Provider, ProvisionRequest
 from skyward.providers.local import LocalNode
+from skyward.providers.ssh.connection import Target
+from skyward.providers.ssh.hosts import Access, HostTarget, open_hosts
 from support.sshhosts import Hosts
 
 

@@ -1,0 +1,484 @@
+"""``Channel``: the client's end of one worker link.
+
+::
+
+    pool ── submit(Call + payload) ──> outbox ──> sender thread ──> transport.write ──> worker
+    reader thread <── frames ── transport.readinto  (Result → done, Log → console,
+                                                      Hello/Ready/StartFailed → control queue)
+      (or the caller waiting for its own call, which reads every frame meanwhile: _turns)
+    stderr thread <── lines ─── transport.read_stderr (→ console, and a tail kept for
+                                                       WorkerLost)
+
+The transport is whatever byte streams reach a ``python -m skyward.worker``: a subprocess's
+pipes (local) or an SSH exec channel. Callers (holding the pool's lock, or about to be
+interrupted by Ctrl-C) must not wait on a slow worker nor leave half a frame on the wire, so
+the sender thread writes; except that a frame of at most ``PIPE_BUF`` bytes, which a pipe
+takes whole or not at all, is written by the caller itself when nothing is queued before it
+and nobody else is writing, and the transport says the write cannot wait (the pipe has a
+free page, the SSH window has room): a worker that stopped reading never blocks a caller.
+That saves a thread switch on every small call, a good part of a no-op's round trip. When
+the protocol stream ends, every call in flight fails with ``WorkerLost`` naming the node,
+the exit status (or the dropped link) and the last lines of stderr.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue
+import select
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Protocol
+
+from skyward._errors import (
+    ChannelError,
+    PoolClosed,
+    RemoteError,
+    StartError,
+    WorkerLost,
+    describe_status,
+)
+from skyward._futures import Deadline, delivering, fail, resolve
+from skyward.link import protocol as proto
+from skyward.link.protocol import Relay, RelayFailed
+from skyward.link.turns import Turns
+
+if TYPE_CHECKING:  # a streaming call's state; its frames come back through on_frame
+    from skyward.pool.streams import Streams
+
+_STDERR_TAIL_LINES = 40
+_STDERR_LINE_BYTES = 2048  # of each line in the tail, its end is kept
+# At most this many parts (frames are a header and one to a few parts) per write.
+_BATCH_PARTS = 256
+# Frames up to this size may be written by the caller (see the module docstring): pipes
+# write them atomically, and they fit in one SSH packet.
+_INLINE_BYTES = select.PIPE_BUF
+# After EOF on the protocol stream: how long to wait for the process's exit status and the
+# rest of its stderr before reporting the loss. Both normally arrive within milliseconds.
+_EXIT_STATUS_TIMEOUT = 2.0
+
+
+OutputSink = Callable[[int, str, bytes], None]  # (node, "stdout" | "stderr", data)
+# How a call ends: (error, value), once, on the reader thread. Not a second Future per call
+# (the pool settles its books, then the caller's future): that lengthened every round trip.
+Done = Callable[[BaseException | None, Any], None]
+
+
+# ----------------------------------------------------------------------------------------------
+# ``Transport``: the byte streams a channel (``_channel``) has to one worker process.
+
+
+class Transport(Protocol):
+    """Byte streams to one worker process, called by the channel's threads, and by a
+    caller's thread for a small frame when ``can_write_now`` says it will not block."""
+
+    def write(self, parts: Sequence[proto.Part]) -> None: ...
+    def readinto(self, buffer: memoryview) -> int | None: ...
+    def read_stderr(self) -> bytes:
+        """The next chunk of the worker's stderr; ``b""`` at end of stream."""
+        ...
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status (negative: killed by that signal), or None if still running."""
+        ...
+
+    def kill(self) -> None:
+        """Kill the worker and anything it started; harmless once they are gone."""
+        ...
+
+    def ready(self, timeout: float | None) -> bool:
+        """Whether ``readinto`` would return without waiting (data, or the end of the
+        stream), waiting up to ``timeout`` seconds (None: until it would). A transport
+        that cannot tell raises ``NotImplementedError``: its channel's reader thread then
+        reads every frame (see ``_turns``)."""
+        ...
+
+    def can_write_now(self, nbytes: int) -> bool:
+        """Whether ``write`` of ``nbytes`` (≤ 4 KiB) would return without waiting. The
+        caller's own thread writes small frames only then: it may hold the pool's lock."""
+        ...
+
+    def link_lost(self) -> str | None:
+        """Why the stream ended if the link to the worker broke rather than the worker ending
+        (a dropped SSH connection), else None."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _finish(done: Done, error: BaseException | None, value: Any) -> None:
+    try:
+        done(error, value)
+    except Exception:  # a bug in the pool's books must not end the reader thread
+        logging.getLogger("skyward").exception("skyward: settling a call failed")
+
+
+def _tail_line(line: bytes) -> str:
+    text = line[-_STDERR_LINE_BYTES:].decode("utf-8", "backslashreplace")
+    return text if len(line) <= _STDERR_LINE_BYTES else "…" + text
+
+
+class Channel:
+    """One worker link. ``submit`` and ``send_*`` are thread-safe.
+
+    States: handshaking (Hello, then Start, then Ready) → serving → broken → lost. The
+    moment the protocol stream ends, ``broken`` is set and ``on_broken`` is called, so the
+    pool stops choosing this worker; then, once the exit status and last stderr lines are in,
+    ``lost`` is set, every call in flight fails with it, and ``on_lost`` is called. Both
+    hooks run once, on the reader thread.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        node: int,
+        output: OutputSink,
+        on_lost: Callable[[Channel, WorkerLost], None] | None = None,
+        on_broken: Callable[[Channel], None] | None = None,
+        on_frame: Callable[[Channel, Any, proto.Parts], None] = lambda *_: None,
+        on_result: Callable[[int], None] | None = None,
+        diagnose: Callable[[int], str | None] | None = None,
+    ) -> None:
+        self.node = node
+        self.pid: int | None = None
+        self.relay_port: int | None = None  # where peers relay broadcasts to it (Ready)
+        self._transport = transport
+        self._output = output
+        self._on_lost = on_lost
+        self._on_broken = on_broken
+        self._on_frame = on_frame  # Shared, Yield, Want, RelayFailed: for the pool
+        self._on_result = on_result  # before a result is handed over: flush partial output
+        self._diagnose = diagnose  # why a node's link dropped, if its provider can tell
+        # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
+        # caller's own objects, referenced, not copied.
+        self._outbox: queue.SimpleQueue[proto.Parts | None] = queue.SimpleQueue()
+        self._write_lock = threading.Lock()  # guards: writing to the transport
+        self._queued_lock = threading.Lock()  # guards: _queued
+        self._queued = 0  # frames put in the outbox and not yet written
+        # guards: _pending, _stack_requests, _ids, broken, lost, _closing
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[str, Done]] = {}
+        self._stack_requests: dict[int, Future[proto.StacksReport]] = {}
+        self._ids = itertools.count(1)
+        self._control: queue.Queue[object] = queue.Queue()
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
+        self._closing = False
+        self._kill_reason = ""
+        self._ready = False  # set once the worker said Ready; only for messages
+        self.broken = False
+        self.lost: WorkerLost | None = None
+        self._turns: Turns | None = None  # callers read their own results (see _turns)
+        try:
+            transport.ready(0)
+            self._turns = Turns(
+                ready=transport.ready,
+                read=lambda: proto.read_frame(transport.readinto),
+                dispatch=self._dispatch,
+                in_flight=lambda: bool(self._pending),
+                torn=lambda: self.kill("the client was interrupted while reading its frame"),
+            )
+        except NotImplementedError:
+            pass
+        self._stderr_thread = threading.Thread(
+            target=self._read_stderr, name=f"skyward-stderr-{node}", daemon=True
+        )
+        self._reader_thread = threading.Thread(
+            target=self._read, name=f"skyward-reader-{node}", daemon=True
+        )
+        self._sender_thread = threading.Thread(
+            target=self._write, name=f"skyward-sender-{node}", daemon=True
+        )
+        self._stderr_thread.start()
+        self._reader_thread.start()
+        self._sender_thread.start()
+
+    # ── handshake ────────────────────────────────────────────────────────────────────────
+
+    def wait_hello(self, deadline: Deadline) -> proto.Hello:
+        message = self._next_control(deadline, "say hello")
+        if not isinstance(message, proto.Hello):
+            raise ChannelError(f"node {self.node}: expected Hello, got {message!r}")
+        self.pid = message.pid
+        return message
+
+    def send_start(self, message: proto.Start, plugins: proto.Parts) -> None:
+        self._send(message, plugins)
+
+    def wait_ready(self, deadline: Deadline) -> None:
+        """Wait for ``Ready``; ``StartError`` if a plugin's ``around_app`` raised."""
+        message = self._next_control(deadline, "enter its plugins")
+        if not isinstance(message, proto.Ready):
+            raise ChannelError(f"node {self.node}: expected Ready, got {message!r}")
+        self.relay_port = message.relay_port
+        self._ready = True
+
+    def _next_control(self, deadline: Deadline, doing: str) -> object:
+        try:
+            message = self._control.get(timeout=deadline.remaining())
+        except queue.Empty:
+            raise TimeoutError(
+                f"node {self.node}: the worker did not {doing} within {deadline.what}"
+            ) from None
+        if isinstance(message, BaseException):
+            raise message
+        return message
+
+    # ── calls ────────────────────────────────────────────────────────────────────────────
+
+    def submit(
+        self,
+        name: str,
+        payload: proto.Parts,
+        done: Done,
+        streams: Streams | None = None,
+        relay: Relay | None = None,
+        waited: bool = False,
+    ) -> bool:
+        """Queue one call; ``done`` gets its result, its exception, or ``WorkerLost``.
+
+        Returns at once. False if the link is already broken: the call was not taken, and
+        ``done`` will not be called, so the caller can send it elsewhere. With ``relay``,
+        the call is part of a relayed broadcast; ``payload`` is not sent if ``inbound``.
+        ``waited``: the caller will wait for it with ``wait_for`` (the reader may sleep on).
+        """
+        with self._lock:
+            if self.broken:
+                return False
+            call_id = next(self._ids)
+            self._pending[call_id] = (name, done)
+        if streams is not None:
+            message = streams.call(self, call_id)
+        else:
+            message = proto.Call(call_id, name, relay=relay)
+            payload = [] if relay is not None and relay.inbound else payload
+        if self._turns is not None:
+            self._turns.sent(waited)
+        self._send(message, payload)
+        return True
+
+    def wait_for(self, future: Future[Any], timeout: float | None) -> float | None:
+        """Read this link until ``future`` (a call sent here) is settled, the link ends, or
+        ``timeout`` passes; the time left of ``timeout``. See ``_turns``."""
+        if self._turns is None:
+            return timeout
+        return self._turns.wait_for(future, timeout)
+
+    def send(self, message: object, payload: proto.Parts | None = None) -> None:
+        """Send one frame to the worker (a reply); never waits on a slow worker."""
+        self._send(message, payload)
+
+    def request_stacks(self) -> Future[proto.StacksReport]:
+        """Ask the worker for every thread's stack; answered even while calls run."""
+        future: Future[proto.StacksReport] = Future()
+        with self._lock:
+            if self.lost is not None or self.broken:
+                fail(future, self.lost or ChannelError(f"node {self.node}: the link is broken"))
+                return future
+            request_id = next(self._ids)
+            self._stack_requests[request_id] = future
+        self._send(proto.StacksRequest(request_id))
+        return future
+
+    def shutdown(self, *, cancel: bool) -> None:
+        """Ask the worker to exit; returns at once. See ``proto.Shutdown`` for ``cancel``."""
+        with self._lock:
+            self._closing = True
+        self._send(proto.Shutdown(cancel=cancel))
+
+    def interrupt(self) -> None:
+        """Tell the worker it is being stopped (a cancelling ``Shutdown``), without this
+        channel counting as closed by the pool: its calls still fail with ``WorkerLost``."""
+        self._send(proto.Shutdown(cancel=True))
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait for the worker to exit and the reader to finish; True if it did in time."""
+        self._reader_thread.join(timeout)
+        return not self._reader_thread.is_alive()
+
+    def kill(self, reason: str) -> None:
+        """Kill the worker; ``reason`` goes into the ``WorkerLost`` of its calls."""
+        with self._lock:
+            self._kill_reason = self._kill_reason or reason
+        self._transport.kill()
+
+    def _send(self, message: object, payload: proto.Parts | None = None) -> None:
+        parts = proto.frame(message, payload)
+        size = proto.size(parts)
+        # Cheap checks first: while the sender is busy the frame is queued without a select.
+        if size <= _INLINE_BYTES and self._queued == 0 and self._write_lock.acquire(blocking=False):
+            try:
+                # Nothing queued may be overtaken: frames keep the order they were sent in.
+                if self._queued == 0 and self._transport.can_write_now(size):
+                    try:
+                        self._transport.write(parts)
+                    except (OSError, ValueError):
+                        pass  # the worker is gone; the reader thread sees EOF and reports it
+                    return
+            finally:
+                self._write_lock.release()
+        with self._queued_lock:
+            self._queued += 1
+        self._outbox.put(parts)
+
+    def _write(self) -> None:
+        while (parts := self._outbox.get()) is not None:
+            # Frames queued meanwhile (a map's calls, a burst of submits) go out with this
+            # one in a single write: one system call, one SSH packet, instead of one each.
+            stop = False
+            frames = 1
+            while len(parts) < _BATCH_PARTS:
+                try:
+                    more = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                parts.extend(more)  # a fresh list from proto.frame, held by nobody else
+                frames += 1
+            with self._write_lock:
+                try:
+                    self._transport.write(parts)
+                except (OSError, ValueError):
+                    # The worker is gone; the reader thread sees EOF and reports it. Stop
+                    # writing, and let queued frames go: nobody will read them.
+                    return
+                finally:
+                    with self._queued_lock:
+                        self._queued -= frames
+            del parts
+            if stop:
+                return
+
+    # ── reader threads ───────────────────────────────────────────────────────────────────
+
+    def _read(self) -> None:
+        delivering.active = True  # done-callbacks run here: see CallFuture
+        try:
+            if self._turns is not None:
+                self._turns.run_reader()  # raises when the stream ends, as read_frame does
+            else:
+                while True:
+                    message, parts = proto.read_frame(self._transport.readinto)
+                    self._dispatch(message, parts)
+        except (EOFError, OSError, ValueError):
+            pass
+        except Exception as exc:  # a frame we cannot decode: the link is unusable
+            self._output(self.node, "stderr", f"skyward: bad frame: {exc!r}\n".encode())
+            self._transport.kill()
+        with self._lock:
+            self.broken = True
+        if self._on_broken is not None:
+            self._on_broken(self)
+        self._lose()
+
+    def _dispatch(self, message: object, parts: proto.Parts) -> None:
+        if isinstance(message, proto.Log):
+            self._output(self.node, "stdout", message.data)
+        elif isinstance(message, proto.Shared | proto.Yield | proto.Want | RelayFailed):
+            self._on_frame(self, message, parts)
+        elif isinstance(message, proto.Result):
+            with self._lock:
+                entry = self._pending.pop(message.call_id, None)
+            if entry is None:
+                return
+            if self._on_result is not None:
+                self._on_result(self.node)
+            if not message.ok:
+                _finish(entry[1], proto.decode_error(parts), None)
+                return
+            try:
+                value = proto.loads(parts)
+            except BaseException as exc:  # even SystemExit: it must not end this thread
+                text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
+                _finish(entry[1], RemoteError(type(exc).__name__, text, ""), None)
+                return
+            _finish(entry[1], None, value)
+        elif isinstance(message, proto.StartFailed):
+            error = proto.decode_error(parts)
+            failure = StartError(
+                f"node {self.node}: a plugin's around_app failed: {type(error).__name__}: {error}"
+            )
+            failure.__cause__ = error
+            self._control.put(failure)
+        elif isinstance(message, proto.StacksReport):
+            with self._lock:
+                request = self._stack_requests.pop(message.request_id, None)
+            if request is not None:
+                resolve(request, message)
+        elif isinstance(message, proto.Bye):
+            pass
+        else:
+            self._control.put(message)
+
+    def _read_stderr(self) -> None:
+        partial = b""
+        while True:
+            try:
+                data = self._transport.read_stderr()
+            except OSError:
+                data = b""
+            if not data:
+                break
+            self._output(self.node, "stderr", data)
+            # Only the end of a long line is kept (a progress bar without newlines, a huge
+            # dump): the tail is for WorkerLost, whose message must stay readable, and its
+            # last line (the fatal error) must survive whatever came before it.
+            lines = (partial + data).split(b"\n")
+            partial = lines.pop()[-_STDERR_LINE_BYTES:]
+            for line in lines[-_STDERR_TAIL_LINES:]:
+                self._stderr_tail.append(_tail_line(line))
+        if partial:
+            self._stderr_tail.append(_tail_line(partial))
+
+    def _lose(self) -> None:
+        status = self._transport.wait(_EXIT_STATUS_TIMEOUT)
+        # Whatever the worker started and left behind dies with it (and stops holding its
+        # stderr open, so the last lines arrive now).
+        self._transport.kill()
+        self._stderr_thread.join(_EXIT_STATUS_TIMEOUT)
+        tail = "\n".join(self._stderr_tail)
+        link = self._transport.link_lost()
+        # A dropped link: the provider may know why (a reclaimed spot VM); asked unlocked.
+        why = self._diagnose(self.node) if link is not None and self._diagnose else None
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+            requests = list(self._stack_requests.values())
+            self._stack_requests.clear()
+            closing = self._closing
+            running = ", ".join(name for name, _ in pending) or "no calls"
+            doing = f"running {running}" if self._ready else "starting (before Ready)"
+            if link is not None:
+                message = (
+                    f"node {self.node}: {link}; lost the worker (pid {self.pid}) while {doing}"
+                )
+                if why:
+                    message += f"; {why}"
+            else:
+                message = (
+                    f"node {self.node}: the worker (pid {self.pid}) ended with "
+                    f"{describe_status(status)} while {doing}"
+                )
+            if self._kill_reason:
+                message += f"; it was killed because {self._kill_reason}"
+            if tail:
+                message += f"\n--- last lines of its stderr ---\n{tail}"
+            self.lost = WorkerLost(message, node=self.node, exit_status=status, stderr_tail=tail)
+        error: BaseException = self.lost
+        if closing:
+            error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
+        for _, done in pending:
+            _finish(done, error, None)
+        for request in requests:
+            fail(request, self.lost)
+        self._control.put(self.lost)
+        self._outbox.put(None)
+        self._sender_thread.join(_EXIT_STATUS_TIMEOUT)
+        self._transport.close()
+        if self._on_lost is not None and not closing:
+            self._on_lost(self, self.lost)

@@ -1,0 +1,244 @@
+"""A function's pickle, made once and reused while it would come out the same.
+
+cloudpickle pickles a function defined in a script or a notebook by value: its code, the
+globals it uses, its defaults and closure. That costs ten to thirty microseconds even for a
+no-op, which is most of a warm round trip, and ``f(x) >> pool`` in a loop pays it every
+time. So the bytes are kept, per function object, with the objects the pickle was made from
+(every global it reads, closure cell, default, attribute, recursively through the helper
+functions it calls that travel by value too), and reused while each of those is still the
+*same object*, the modules registered for pickling by value are the same, and no module was
+imported since.
+
+Only functions whose pickle cannot change without one of those identities changing are
+kept: everything they reach must be immutable (numbers, strings, bytes, tuples and
+frozensets of those), importable by name (modules, classes and functions of installed or
+imported modules), or such a function itself. A function that reads a list, a dict, an
+object or a class defined in ``__main__`` (which can be changed in place, unseen by any
+identity) is pickled afresh for every call, as before. So what a worker sees never differs
+from what pickling at that moment would have sent.
+"""
+
+from __future__ import annotations
+
+import functools
+import site
+import sys
+import sysconfig
+import threading
+import types
+import weakref
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+# Pickles larger than this are not kept: they hold big constants, and pickling them
+# dominates less (the worker's cache of unpickled functions has the same bound).
+_MAX_BYTES = 1 << 16
+# How deep the check follows tuples and helper functions before it gives up (no caching).
+_MAX_DEPTH = 8
+_ATOMS = frozenset({int, float, complex, str, bytes, bool, type(None), type(...), range})
+
+_lock = threading.Lock()  # guards: _cache, _names
+# function -> (by-value registry, len(sys.modules), objects it was made from, the bytes)
+_cache: weakref.WeakKeyDictionary[
+    Callable[..., Any], tuple[frozenset[str], int, list[object], bytes]
+] = weakref.WeakKeyDictionary()
+# The global names each code object reads, by id (hashing a code object hashes its whole
+# bytecode), with the code object itself, which also keeps its id from being reused.
+_names: dict[int, tuple[types.CodeType, tuple[str, ...]]] = {}
+
+
+def dumps_function(fn: Callable[..., Any]) -> bytes:
+    """``cloudpickle.dumps(fn, protocol=5)``, from the cache when it would be the same."""
+    import cloudpickle
+
+    registry = frozenset(cloudpickle.list_registry_pickle_by_value())
+    modules = len(sys.modules)
+    made_from = _identities(fn, registry) if isinstance(fn, types.FunctionType) else None
+    if made_from is not None:
+        with _lock:
+            entry = _cache.get(fn)
+        if (
+            entry is not None
+            and entry[0] == registry
+            and entry[1] == modules
+            and len(entry[2]) == len(made_from)
+            and all(a is b for a, b in zip(entry[2], made_from, strict=True))
+        ):
+            return entry[3]
+    data = bytes(cloudpickle.dumps(fn, protocol=5))
+    if made_from is not None and len(data) <= _MAX_BYTES:
+        with _lock:
+            _cache[fn] = (registry, modules, made_from, data)
+    return data
+
+
+def _identities(fn: types.FunctionType, registry: frozenset[str]) -> list[object] | None:
+    """The objects ``fn``'s pickle is made from, or None if it could change without one of
+    them changing (something mutable is reachable)."""
+    out: list[object] = []
+    return out if _function(fn, registry, out, set(), 0) else None
+
+
+def _function(
+    fn: types.FunctionType, registry: frozenset[str], out: list[object], seen: set[int], depth: int
+) -> bool:
+    if id(fn) in seen:
+        return True  # recursion, or a helper reached twice: recorded already
+    seen.add(id(fn))
+    out.append(fn)
+    if _by_reference(fn, registry):
+        return True  # pickled as "module.name": nothing of it travels
+    if depth > _MAX_DEPTH:
+        return False
+    code = fn.__code__
+    # What cloudpickle's _function_getstate puts in the pickle, besides the code.
+    out += [code, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__]
+    values: list[object] = [fn.__defaults__]
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:
+            values.append(None)  # an empty cell (a name assigned later)
+    namespace = fn.__globals__
+    named = [(name, namespace[name]) for name in _global_names(code) if name in namespace]
+    for mapping in (fn.__kwdefaults__, fn.__dict__, fn.__annotations__):
+        if mapping:
+            named += mapping.items()
+    for name, value in named:
+        out.append(name)
+        values.append(value)
+    return all(_frozen(value, registry, out, seen, depth + 1) for value in values)
+
+
+def _frozen(
+    value: object, registry: frozenset[str], out: list[object], seen: set[int], depth: int
+) -> bool:
+    """Whether ``value`` pickles the same as long as it is the same object; records it."""
+    kind = type(value)
+    if kind in _ATOMS:
+        out.append(value)
+        return True
+    if depth > _MAX_DEPTH:
+        return False
+    if kind is tuple or kind is frozenset:
+        out.append(value)
+        return all(_frozen(item, registry, out, seen, depth + 1) for item in value)  # type: ignore[attr-defined]
+    if kind is types.FunctionType:
+        return _function(value, registry, out, seen, depth + 1)  # type: ignore[arg-type]
+    if kind is types.ModuleType:
+        out.append(value)
+        name = value.__name__  # type: ignore[attr-defined]
+        return name in sys.modules and not _registered(name, registry)
+    if isinstance(value, type) or kind is types.BuiltinFunctionType:
+        out.append(value)
+        return _by_reference(value, registry)
+    return False
+
+
+def _by_reference(obj: Any, registry: frozenset[str]) -> bool:
+    """cloudpickle's rule: a function or class its module holds under its name, in a module
+    that is imported here and not registered for pickling by value, travels as a name."""
+    module_name = getattr(obj, "__module__", None)
+    if not module_name or module_name == "__main__" or _registered(module_name, registry):
+        return False
+    target: Any = sys.modules.get(module_name)
+    for part in getattr(obj, "__qualname__", "<locals>").split("."):
+        if target is None or part == "<locals>":
+            return False
+        target = getattr(target, part, None)
+    return target is obj
+
+
+def _registered(module_name: str, registry: frozenset[str]) -> bool:
+    if not registry:
+        return False
+    parts = module_name.split(".")
+    return any(".".join(parts[:i]) in registry for i in range(1, len(parts) + 1))
+
+
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """Names ``code`` (and code nested in it) may read as globals: a superset (attribute
+    names are in ``co_names`` too), which only makes the check stricter."""
+    entry = _names.get(id(code))
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    found: dict[str, None] = {}
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        found.update(dict.fromkeys(current.co_names))
+        stack += [c for c in current.co_consts if isinstance(c, types.CodeType)]
+    names = tuple(found)
+    with _lock:
+        if len(_names) > 4096:  # code objects of functions long redefined
+            _names.clear()
+        _names[id(code)] = (code, names)
+    return names
+
+
+# ----------------------------------------------------------------------------------------------
+# Which of the client's modules a remote worker cannot import, and so gets by value.
+#
+# cloudpickle pickles a function by reference (module and name) when its module is
+# importable, so a function from the user's own ``helpers.py`` arrives on a remote worker as
+# "import helpers", which fails there. Workers can import the standard library, what the image
+# installs, and skyward; any other module the client has imported, from a file outside the
+# interpreter's own directories (the script's neighbours, a notebook's helpers, a package
+# installed in editable mode), is registered with ``cloudpickle.register_pickle_by_value``
+# before a call to a remote pool is pickled. Local workers see the client's files, so local
+# pools never need this.
+
+_lock = threading.Lock()  # guards: _seen, _looked_at
+_seen = 0  # len(sys.modules) at the last scan: new imports are what needs a look
+_looked_at: set[str] = set()  # names already classified; a module's file does not move
+
+
+@functools.cache
+def _system_roots() -> tuple[str, ...]:
+    roots: set[str] = set()
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            path = sysconfig.get_path(key, vars={"base": prefix, "platbase": prefix})
+            if path:
+                roots.add(str(Path(path).resolve()))
+    for path in [*site.getsitepackages(), site.getusersitepackages()]:
+        roots.add(str(Path(path).resolve()))
+    return tuple(sorted(roots))
+
+
+def client_only_modules(names: Iterable[str] | None = None) -> list[str]:
+    """Top-level modules imported here (of ``names``, default all) whose files are not
+    where installed code lives."""
+    roots = _system_roots()
+    found = []
+    for name in list(sys.modules) if names is None else names:
+        module = sys.modules.get(name)
+        if "." in name or name in ("__main__", "skyward") or module is None:
+            continue
+        file = getattr(module, "__file__", None)
+        if not file:
+            continue  # built in, frozen, or a namespace package
+        path = str(Path(file).resolve())
+        if not path.startswith(roots):
+            found.append(name)
+    return found
+
+
+def ship_client_modules() -> None:
+    """Register every client-only module for pickling by value; cheap when none is new.
+
+    Runs before every call to a remote pool is pickled: a glance at ``len(sys.modules)``
+    when nothing was imported, and only the new names when something was.
+    """
+    global _seen
+    with _lock:
+        if len(sys.modules) == _seen:
+            return
+        _seen = len(sys.modules)
+        new = [name for name in list(sys.modules) if name not in _looked_at]
+        _looked_at.update(new)
+        import cloudpickle
+
+        for name in client_only_modules(new):
+            cloudpickle.register_pickle_by_value(sys.modules[name])

@@ -1,0 +1,209 @@
+"""The pool's machines: asked of the provider once, terminated on every path.
+
+A close can come from another thread at any moment of a start, including while the provider
+is still creating machines. The rule that keeps anything from leaking: the close cancels the
+provision's deadline and waits for it to end; whoever holds the allocation last (the
+starting thread, if the close came first) terminates it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from skyward._errors import PoolClosed, ProvisionError, SkywardError
+from skyward._futures import Deadline
+from skyward._phases import Reporter
+from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
+
+if TYPE_CHECKING:
+    from skyward.link.channel import Transport
+    from skyward.pool.scheduler import Slot
+
+# How long a close waits, past the provision deadline, for a provider that is still
+# provisioning to notice it was cancelled and destroy what it made.
+_PROVISION_GRACE = 120.0
+_log = logging.getLogger("skyward")
+
+
+class Machines:
+    """One pool's allocation. ``closing()`` answers, under the pool's lock, whether the pool
+    is closing; ``lock`` is that lock. Thread-safe."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        *,
+        pool: str,
+        reporter: Reporter,
+        lock: threading.RLock,
+        closing: Callable[[], bool],
+    ) -> None:
+        self._provider = provider
+        self._pool = pool
+        self._reporter = reporter
+        self._lock = lock
+        self._closing = closing
+        self._request: ProvisionRequest | None = None  # guarded by lock
+        self._allocation: Allocation | None = None  # guarded by lock
+        self._provisioned = threading.Event()  # provision() has returned or raised
+        self._replacing: set[Deadline] = set()  # guarded by lock: replacements under way
+
+    def provision(self, request: ProvisionRequest, nodes: int) -> Allocation:
+        """Ask the provider for ``nodes`` machines. Anything but a ``SkywardError`` that
+        escapes the provider becomes a ``ProvisionError`` (its cause kept); a pool closed
+        meanwhile gets ``PoolClosed``, and what the provider made anyway is terminated."""
+        kind = self._provider.kind
+        with self._lock:
+            self._request = request
+        try:
+            try:
+                allocation = self._provider.provision(request, self._reporter)
+            except SkywardError:
+                raise
+            except TimeoutError as exc:
+                raise ProvisionError(
+                    f"{kind}: the machines were not ready within {request.deadline.what}: "
+                    f"{exc}. Raise provision_timeout if they need longer."
+                ) from exc
+            except Exception as exc:
+                raise ProvisionError(
+                    f"provider {kind} failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            with self._lock:
+                closed = self._closing()
+                if not closed:
+                    self._allocation = allocation
+            if closed:  # closed by another thread while the provider worked
+                allocation.terminate()
+                raise PoolClosed(f"pool {self._pool!r} was closed while it started")
+        finally:
+            self._provisioned.set()
+        if len(allocation.nodes) != nodes:
+            raise ProvisionError(
+                f"provider {kind} returned {len(allocation.nodes)} nodes, not {nodes}"
+            )
+        return allocation
+
+    def spawn(self, slot: Slot, env: Mapping[str, str], *, replace: bool) -> Transport:
+        """A worker on ``slot``'s node; with ``replace``, on a new machine in its place if
+        that node's machine is gone and the provider can make another."""
+        try:
+            return slot.node.spawn_worker(slot.rank, env)
+        except ProvisionError as error:
+            with self._lock:
+                allocation = self._allocation
+            if not replace or allocation is None or not allocation.can_replace:
+                raise
+            self._reporter.status(f"node {slot.rank}: its machine is lost ({error}); replacing it")
+        node = self.replace(slot.rank)
+        with self._lock:
+            slot.node = node
+            if slot.info is not None:  # its new worker is told its new address
+                peers = list(slot.info.peers)
+                peers[slot.rank] = node.address
+                update = {"peers": tuple(peers), "head_addr": peers[0]}
+                slot.info = slot.info.model_copy(update=update)
+        return node.spawn_worker(slot.rank, env)
+
+    def replace(self, rank: int) -> Node:
+        """A new machine for node ``rank``, whose machine was lost; bounded by a fresh
+        ``provision_timeout``, and cancelled by a close like the first provision."""
+        with self._lock:
+            allocation, request = self._allocation, self._request
+        assert allocation is not None and request is not None
+        deadline = Deadline(request.deadline.seconds, request.deadline.what)
+        with self._lock:
+            self._replacing.add(deadline)
+        try:
+            return allocation.replace(rank, self._reporter, deadline)
+        finally:
+            with self._lock:
+                self._replacing.discard(deadline)
+
+    def loss_reason(self, rank: int) -> str | None:
+        """Why node ``rank``'s machine is gone, if the provider can tell."""
+        with self._lock:
+            allocation = self._allocation
+        if allocation is None:
+            return None
+        try:
+            return allocation.loss_reason(rank)
+        except Exception:  # a detail of a message, never a second failure
+            return None
+
+    def cancel(self, reason: str) -> None:
+        """Stop a provision under way (its deadline's flag); harmless otherwise."""
+        with self._lock:
+            request = self._request
+            replacing = list(self._replacing)
+        if request is not None:
+            request.deadline.cancel(reason)
+        for deadline in replacing:
+            deadline.cancel(reason)
+
+    def terminate(self) -> None:
+        """Destroy what the provider made, once it has stopped making it. Idempotent."""
+        with self._lock:
+            request = self._request
+        if request is not None and not self._provisioned.is_set():
+            # The starting thread terminates whatever the cancelled provider still returns;
+            # wait for that, so that a close returns with nothing left behind.
+            self._reporter.status("waiting for the provider to stop and clean up")
+            bound = request.deadline.remaining() + _PROVISION_GRACE
+            if not self._provisioned.wait(bound):
+                _log.warning(
+                    "pool %s: the provider is still provisioning after %.0f s; what it makes "
+                    "is terminated when it returns. `skyward ls` lists leftovers.",
+                    self._pool,
+                    bound,
+                )
+        with self._lock:
+            allocation = self._allocation
+        if allocation is not None:
+            self._shielded(allocation)
+
+    def _shielded(self, allocation: Allocation) -> None:
+        """``allocation.terminate()`` on a thread of its own, so that one Ctrl-C (often
+        pressed again while a cloud takes a minute to delete things) does not stop it
+        half-way: the first is noted and the wait goes on; a second leaves, and says what
+        may be left."""
+        errors: list[BaseException] = []
+        # An Event, not Thread.join: on Python 3.11 a join interrupted by Ctrl-C marks the
+        # thread as stopped while it still runs.
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                allocation.terminate()
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=run, name="skyward-terminate")
+        interrupted = started = False
+        while not done.is_set():
+            try:
+                if not started:  # inside the try: start() waits, and a Ctrl-C may land there
+                    started = True
+                    thread.start()
+                done.wait(0.2)
+            except KeyboardInterrupt:
+                if interrupted:
+                    _log.warning(
+                        "pool %s: left while its machines were being destroyed; "
+                        "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
+                        self._pool,
+                        self._pool,
+                    )
+                    raise
+                interrupted = True
+                self._reporter.status(
+                    f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
+                    f"now (then `skyward down --pool {self._pool}`)"
+                )
+        if errors:
+            raise errors[0]

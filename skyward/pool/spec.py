@@ -1,0 +1,202 @@
+"""``PoolSpec``: a pool's validated configuration, and what is derived from it before
+anything starts: the plugins checked and pickled, their transforms applied, and the narrow
+``ProvisionRequest`` a provider receives.
+
+Everything here runs in ``ComputePool.__init__``, so a wrong value is an error before any
+machine is touched.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from skyward._errors import PluginError
+from skyward._futures import Deadline
+from skyward._image import Image
+from skyward._plugin import Plugin
+from skyward.console import ConsoleMode, OutputMode
+from skyward.link import protocol as proto
+from skyward.providers.base import Provider, ProvisionRequest, identity_tags
+
+# Bounds for the durations users give: enough for any real start, and small enough that the
+# standard library's timeouts (threading's TIMEOUT_MAX) never overflow.
+_MAX_SECONDS = 7 * 24 * 3600.0
+
+# skyward 0.5's names: "spot-if-available" falls back to on-demand machines when no spot
+# ones are to be had; "cheapest" takes whichever costs less.
+AllocationStrategy = Literal["spot", "on-demand", "spot-if-available", "cheapest"]
+
+
+class Worker(BaseModel):
+    """How each node runs calls: ``concurrency`` at once, and where.
+
+    ``executor="thread"`` (``"auto"`` means the same): on threads of the node's worker
+    process, sharing its memory and its GIL; right for I/O, and for numpy, jax or torch
+    code, which releases the GIL. ``executor="process"``: each call in one of
+    ``concurrency`` child processes of the worker, so pure-Python CPU-bound calls use as
+    many cores; arguments and results are copied across once more, plugins' ``around_app``
+    contexts are not entered in the children (their ``decorate`` hooks are), and streaming
+    calls still run on the worker's threads.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    executor: Literal["auto", "thread", "process"] = "auto"
+
+
+class PoolSpec(BaseModel):
+    """A pool's validated configuration; plugins' ``transform`` hooks receive it.
+
+    ``provision_timeout`` bounds making the machines ready to run workers (creating,
+    booting, connecting, bootstrapping); ``start_timeout`` bounds the workers, once the
+    machines exist, from spawn to ``Ready`` (their plugins' ``around_app`` included).
+    ``hang_timeout``, in a gang pool (jax), is how long ranks may stay blocked in a collective
+    that the other ranks have left before the call fails with ``CollectiveHang`` (``None``:
+    never).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    provider: Any
+    nodes: int = Field(default=1, ge=1, le=4096)
+    # nodes=(min, max) in skyward 0.5 asked for autoscaling; this pool runs max nodes.
+    min_nodes: int | None = Field(default=None, ge=1)
+    vcpus: float | None = Field(default=None, gt=0)
+    memory_gb: float | None = Field(default=None, gt=0)
+    allocation: AllocationStrategy | None = None
+    accelerator: str | None = Field(default=None, min_length=1)
+    image: Image = Field(default_factory=Image)
+    plugins: tuple[Plugin, ...] = ()
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    executor: Literal["thread", "process"] = "thread"
+    name: str = Field(default_factory=lambda: f"pool-{secrets.token_hex(3)}", min_length=1)
+    provision_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
+    start_timeout: float = Field(default=120.0, gt=0, le=_MAX_SECONDS)
+    shutdown_timeout: float = Field(default=10.0, gt=0, le=_MAX_SECONDS)
+    hang_timeout: float | None = Field(default=60.0, gt=0, le=_MAX_SECONDS)
+    console: ConsoleMode = "auto"
+    output: OutputMode = "all"
+    quiet: bool = False  # the older spelling of console="off"; kept working
+
+    @model_validator(mode="before")
+    @classmethod
+    def _worker(cls, options: Any) -> Any:
+        """``worker=sky.Worker(...)`` (skyward 0.5) sets ``concurrency`` and ``executor``."""
+        if not isinstance(options, dict):
+            return options
+        worker = options.get("worker")
+        options = {k: v for k, v in options.items() if k != "worker"}
+        if options.get("concurrency", 0) is None:
+            del options["concurrency"]  # neither given: the default
+        if worker is None:
+            return options
+        if not isinstance(worker, Worker):
+            raise ValueError(f"worker must be a sky.Worker, not {type(worker).__name__}")
+        given = options.get("concurrency")
+        if given is not None and given != worker.concurrency:
+            raise ValueError(
+                f"concurrency={given} contradicts worker=Worker(concurrency="
+                f"{worker.concurrency}); give one of them"
+            )
+        executor = "process" if worker.executor == "process" else "thread"
+        return {**options, "concurrency": worker.concurrency, "executor": executor}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_range(cls, options: Any) -> Any:
+        nodes = options.get("nodes") if isinstance(options, dict) else None
+        if isinstance(nodes, tuple | list):
+            if len(nodes) != 2 or not all(isinstance(n, int) for n in nodes):
+                raise ValueError(f"nodes must be a count or (min, max), not {nodes!r}")
+            low, high = nodes
+            if not 1 <= low <= high:
+                raise ValueError(f"nodes=(min, max) needs 1 <= min <= max, not {nodes!r}")
+            options = {**options, "nodes": high, "min_nodes": low}
+        return options
+
+    @model_validator(mode="after")
+    def _quiet_means_console_off(self) -> PoolSpec:
+        if self.quiet and self.console not in ("auto", "off"):
+            raise ValueError(f"quiet=True means console='off'; it contradicts {self.console=}")
+        return self
+
+    @field_validator("provider")
+    @classmethod
+    def _provider(cls, provider: Any) -> Any:
+        if not isinstance(provider, Provider):
+            raise ValueError(
+                f"expected a provider such as sky.Local(), not {type(provider).__name__}"
+            )
+        return provider
+
+    @field_validator("plugins")
+    @classmethod
+    def _unique(cls, plugins: tuple[Plugin, ...]) -> tuple[Plugin, ...]:
+        names = [p.name for p in plugins]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"plugin {name!r} is listed more than once")
+        return plugins
+
+    @property
+    def provider_kind(self) -> str:
+        return str(self.provider.kind)
+
+    @property
+    def gang(self) -> list[str]:
+        """Plugins that tie every node into one runtime (jax), when there are several nodes:
+        a worker lost is every worker lost, and a broadcast runs on one generation."""
+        return [p.name for p in self.plugins if p.gang] if self.nodes > 1 else []
+
+    def request(self, image: Image) -> ProvisionRequest:
+        """What the provider is asked for, with a fresh ``provision_timeout`` deadline."""
+        return ProvisionRequest(
+            pool=self.name,
+            nodes=self.nodes,
+            accelerator=self.accelerator,
+            image=image,
+            tags=identity_tags(self.name),
+            vcpus=self.vcpus,
+            memory_gb=self.memory_gb,
+            allocation=self.allocation,
+            deadline=Deadline(
+                self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
+            ),
+        )
+
+
+def apply_transforms(image: Image, spec: PoolSpec) -> Image:
+    """Run every plugin's ``transform`` in list order; wrap foreign failures in PluginError."""
+    for plugin in spec.plugins:
+        if plugin.transform is None:
+            continue
+        try:
+            result = plugin.transform(image, spec)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"plugin {plugin.name!r}: transform failed: {exc}") from exc
+        if not isinstance(result, Image):
+            raise PluginError(
+                f"plugin {plugin.name!r}: transform must return an Image, "
+                f"not {type(result).__name__}"
+            )
+        image = result
+    return image
+
+
+def pickle_plugins(plugins: tuple[Plugin, ...]) -> proto.Parts:
+    """The plugins as the workers receive them; ``PluginError`` names one that cannot go."""
+    for plugin in plugins:
+        try:
+            proto.dumps(plugin)
+        except Exception as exc:
+            raise PluginError(
+                f"plugin {plugin.name!r} cannot be pickled, so it cannot reach the workers: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    return proto.dumps(list(plugins))

@@ -1,0 +1,106 @@
+"""Where every node is right now: Python stacks from every worker, labelled by node.
+
+The worker answers a ``StacksRequest`` from its reader thread, so a node that is busy, or
+stuck in a collective, still answers. ``Stacks`` is what ``pool.stacks()`` returns; the
+hang watch (``recovery``) uses the same reports, trimmed to the user's frames down to the
+call into jax.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from skyward._errors import SkywardError
+from skyward.link import protocol as proto
+from skyward.link.channel import Channel
+
+# Frames of Skyward's worker and of the machinery that runs threads are not the user's.
+_WORKER = ("/skyward/worker/__main__.py",)
+_THREADING = ("/threading.py", "/queue.py")
+_FRAMEWORKS = ("/jax/", "/jaxlib/")
+
+
+class Stacks(Mapping[int, str]):
+    """Every node's stacks, by rank: ``print(pool.stacks())``, or ``stacks[1]``."""
+
+    def __init__(self, by_node: Mapping[int, str]) -> None:
+        self._by_node = dict(by_node)
+
+    def __getitem__(self, node: int) -> str:
+        return self._by_node[node]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._by_node))
+
+    def __len__(self) -> int:
+        return len(self._by_node)
+
+    def __str__(self) -> str:
+        return "\n".join(f"── node {node} ──\n{self._by_node[node]}" for node in self)
+
+    def __repr__(self) -> str:  # a notebook cell shows this
+        return str(self)
+
+
+def collect(channels: Mapping[int, Channel | None], timeout: float) -> Stacks:
+    """Ask every channel at once, wait ``timeout`` at most for all of them."""
+    requests = {rank: c.request_stacks() for rank, c in channels.items() if c is not None}
+    end = time.monotonic() + timeout
+    texts = {}
+    for rank in channels:
+        request = requests.get(rank)
+        if request is None:
+            texts[rank] = "no worker (a new one is starting)"
+            continue
+        try:
+            texts[rank] = describe(request.result(max(0.0, end - time.monotonic())))
+        except FutureTimeout:
+            texts[rank] = f"did not answer within {timeout:g} s"
+        except SkywardError as error:
+            texts[rank] = f"no answer: {error}"
+    return Stacks(texts)
+
+
+def describe(report: proto.StacksReport, *, to_framework: bool = False) -> str:
+    """The report's threads that run user code, as tracebacks read (outermost first).
+
+    ``to_framework`` cuts each stack after its first frame inside jax: where the user's code
+    called in, not jax's internals.
+    """
+    blocks = []
+    for name, frames in report.threads:
+        mine = user_frames(frames, to_framework=to_framework)
+        if mine:
+            lines = [
+                f"  File {file!r}, line {line}, in {func}" + (f"\n    {text}" if text else "")
+                for file, line, func, text in mine
+            ]
+            blocks.append(f"Thread {name}:\n" + "\n".join(lines))
+    return "\n".join(blocks) if blocks else "idle (no call running)"
+
+
+def user_frames(frames: Sequence[proto.Frame], *, to_framework: bool = False) -> list[proto.Frame]:
+    """The user's part of a stack: below the worker's last frame (where it called the user's
+    function), or below a thread's start-up; none for a thread that only waits for work."""
+    ours = [i for i, frame in enumerate(frames) if frame[0].endswith(_WORKER)]
+    kept = list(frames[ours[-1] + 1 :] if ours else frames)
+    while kept and kept[0][0].endswith(_THREADING):
+        kept.pop(0)
+    if all(frame[0].endswith(_THREADING) for frame in kept):
+        return []  # an idle thread, waiting on the worker's queue
+    if to_framework:
+        inside = next((i for i, f in enumerate(kept) if in_framework(f)), None)
+        if inside is not None:
+            kept = kept[: inside + 1]
+    return kept
+
+
+def in_framework(frame: proto.Frame) -> bool:
+    return any(part in frame[0] for part in _FRAMEWORKS)
+
+
+def in_framework_call(report: proto.StacksReport) -> bool:
+    """Whether some thread is inside jax (where a collective waits), not in plain Python."""
+    return any(any(in_framework(f) for f in user_frames(frames)) for _, frames in report.threads)

@@ -1,0 +1,319 @@
+"""The EC2 resources of one pool, made and unmade: key pair, security group, instances.
+
+::
+
+    import_key_pair     the pool key's public half, tagged
+    create_group        SSH from one CIDR only; everything from members of the same group
+    launch              one run_instances for every node: all or nothing, tagged, IMDSv2,
+                        shutdown = terminate, root volume deleted with the instance
+    wait_running        bounded by the pool's deadline; a node that dies on the way fails it
+    delete              instances first (and wait), then groups (retried while in use), then
+                        key pairs; returns what is still there
+
+Waits poll with ``Deadline.sleep``, never boto3's waiters, whose sleeps a closing pool could
+not cut short.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from skyward._errors import ProvisionError
+from skyward._futures import Deadline
+from skyward.providers.aws.api import Api, error_code
+
+POLL = 2.0  # seconds between describe calls while waiting on EC2
+_LIVE = ["pending", "running", "shutting-down", "stopping", "stopped"]
+
+
+def aws_tags(tags: Mapping[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+
+def tag_specs(tags: Mapping[str, str], *kinds: str) -> list[dict[str, Any]]:
+    return [{"ResourceType": kind, "Tags": aws_tags(tags)} for kind in kinds]
+
+
+def resource_name(pool: str) -> str:
+    """A name for the pool's key pair and group: unique, in the characters AWS accepts."""
+    return f"skyward-{re.sub(r'[^A-Za-z0-9._-]', '-', pool)[:80]}-{secrets.token_hex(3)}"
+
+
+def import_key_pair(api: Api, name: str, public_key: str, tags: Mapping[str, str]) -> None:
+    api.call(
+        api.ec2.import_key_pair,
+        f"importing key pair {name}",
+        KeyName=name,
+        PublicKeyMaterial=public_key.encode(),
+        TagSpecifications=tag_specs(tags, "key-pair"),
+    )
+
+
+def create_group(api: Api, name: str, vpc_id: str, tags: Mapping[str, str], on_created: Any) -> str:
+    """The pool's security group; ``on_created(group_id)`` is called as soon as it exists,
+    before its rules, so a failure while adding them still deletes it."""
+    group = api.call(
+        api.ec2.create_security_group,
+        f"creating security group {name}",
+        GroupName=name,
+        Description="Skyward pool: SSH from the client only; all traffic within the pool",
+        VpcId=vpc_id,
+        TagSpecifications=tag_specs(tags, "security-group"),
+    )["GroupId"]
+    on_created(group)
+    return str(group)
+
+
+def allow(api: Api, group: str, ssh_cidrs: Sequence[str], tags: Mapping[str, str]) -> None:
+    v4 = [{"CidrIp": c, "Description": "Skyward client"} for c in ssh_cidrs if ":" not in c]
+    v6 = [{"CidrIpv6": c, "Description": "Skyward client"} for c in ssh_cidrs if ":" in c]
+    api.call(
+        api.ec2.authorize_security_group_ingress,
+        f"opening SSH in security group {group}",
+        GroupId=group,
+        IpPermissions=[
+            {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": v4, "Ipv6Ranges": v6},
+            # The JAX coordinator, NCCL and gloo reach each other; nobody else does.
+            {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group}]},
+        ],
+        TagSpecifications=tag_specs(tags, "security-group-rule"),
+    )
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything ``run_instances`` needs, kept so that a lost node is replaced alike."""
+
+    instance_type: str
+    image_id: str
+    root_device: str
+    disk_gb: int
+    subnet_id: str
+    zone: str
+    security_group: str
+    key_name: str
+    user_data: str
+    public_ip: bool
+    spot: bool
+    tags: Mapping[str, str]
+
+
+def launch(api: Api, spec: LaunchSpec, count: int) -> list[str]:
+    """Start ``count`` instances in one request, all or none; their ids, in launch order."""
+    options: dict[str, Any] = {}
+    if spec.spot:
+        options["InstanceMarketOptions"] = {
+            "MarketType": "spot",
+            "SpotOptions": {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            },
+        }
+    kinds = ["instance", "volume", "network-interface"]
+    if spec.spot:
+        kinds.append("spot-instances-request")
+    answer = api.call(
+        api.ec2.run_instances,
+        f"launching {count} {spec.instance_type} instance(s) in {spec.zone}",
+        ImageId=spec.image_id,
+        InstanceType=spec.instance_type,
+        MinCount=count,
+        MaxCount=count,
+        KeyName=spec.key_name,
+        UserData=spec.user_data,
+        # A machine that powers itself off (the idle watchdog) is deleted, not kept.
+        InstanceInitiatedShutdownBehavior="terminate",
+        MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        BlockDeviceMappings=[
+            {
+                "DeviceName": spec.root_device,
+                "Ebs": {
+                    "VolumeSize": spec.disk_gb,
+                    "VolumeType": "gp3",
+                    "DeleteOnTermination": True,
+                },
+            }
+        ],
+        NetworkInterfaces=[
+            {
+                "DeviceIndex": 0,
+                "SubnetId": spec.subnet_id,
+                "Groups": [spec.security_group],
+                "AssociatePublicIpAddress": spec.public_ip,
+                "DeleteOnTermination": True,
+            }
+        ],
+        # Retries of this very request (a timeout) must not start a second set of machines.
+        ClientToken=secrets.token_hex(16),
+        TagSpecifications=tag_specs(spec.tags, *kinds),
+        **options,
+    )
+    return [str(i["InstanceId"]) for i in answer["Instances"]]
+
+
+def wait_running(
+    api: Api, ids: Sequence[str], deadline: Deadline, *, public: bool, poll: float = POLL
+) -> list[dict[str, Any]]:
+    """Each instance once it runs and has its address (public or private), in ``ids``'
+    order. One that ends on the way (spot capacity withdrawn) fails the wait, with why."""
+    doing = f"waiting for {len(ids)} instance(s) to run"
+    while True:
+        deadline.check(doing)
+        try:
+            answer = api.call(api.ec2.describe_instances, doing, InstanceIds=list(ids))
+        except ProvisionError as exc:
+            if error_code(exc.__cause__) != "InvalidInstanceID.NotFound":
+                raise
+            answer = {"Reservations": []}  # just launched, not visible yet
+        found = {i["InstanceId"]: i for r in answer["Reservations"] for i in r["Instances"]}
+        for instance in found.values():
+            state = instance["State"]["Name"]
+            if state in ("shutting-down", "terminated", "stopping", "stopped"):
+                raise ProvisionError(
+                    f"{doing}: instance {instance['InstanceId']} is {state}: "
+                    f"{describe_reason(instance)}"
+                )
+        ready = [found.get(i) for i in ids]
+        address = "PublicIpAddress" if public else "PrivateIpAddress"
+        if all(i is not None and i["State"]["Name"] == "running" and i.get(address) for i in ready):
+            return [i for i in ready if i is not None]
+        deadline.sleep(poll)
+
+
+def describe_reason(instance: Mapping[str, Any]) -> str:
+    """Why an instance stopped, in words: EC2's state reason, spot interruptions named."""
+    reason = instance.get("StateReason") or {}
+    code = str(reason.get("Code", ""))
+    if code.startswith("Server.SpotInstance"):
+        return "reclaimed by AWS (spot interruption)"
+    if code == "Client.InstanceInitiatedShutdown":
+        return "it powered itself off (the idle watchdog, or a shutdown run on it)"
+    if code == "Client.UserInitiatedShutdown":
+        return "terminated through the API or the console"
+    if code == "Server.InsufficientInstanceCapacity":
+        return "AWS ran out of capacity for it while it started"
+    message = reason.get("Message") or instance.get("StateTransitionReason") or "no reason given"
+    return str(message)
+
+
+def instances_of(api: Api, key_name: str) -> list[str]:
+    """Live instances launched with this key pair: one allocation's, including any whose
+    ``run_instances`` answer never arrived (the request was interrupted in flight)."""
+    try:
+        answer = api.ec2.describe_instances(
+            Filters=[
+                {"Name": "key-name", "Values": [key_name]},
+                {"Name": "instance-state-name", "Values": _LIVE},
+            ]
+        )
+    except Exception:
+        return []  # a best effort on top of the ids we know
+    return [str(i["InstanceId"]) for r in answer["Reservations"] for i in r["Instances"]]
+
+
+def delete(
+    api: Api,
+    *,
+    instances: Sequence[str] = (),
+    groups: Sequence[str] = (),
+    key_pairs: Sequence[str] = (),
+    timeout: float = 600.0,
+    poll: float = POLL,
+) -> list[str]:
+    """Delete, in dependency order; what could not be deleted, as ``"kind id (why)"``."""
+    left: list[str] = []
+    end = time.monotonic() + timeout
+    instances = _not_terminated(api, instances)
+    if instances:
+        asked = _terminate(api, instances, left)
+        if asked:
+            left += _wait_terminated(api, asked, end, poll)
+    for group in groups:
+        while True:
+            try:
+                api.ec2.delete_security_group(GroupId=group)
+                break
+            except Exception as exc:
+                code = error_code(exc)
+                if code == "InvalidGroup.NotFound":
+                    break
+                # In use until the instances' network interfaces are gone, a minute or so
+                # after they terminate.
+                if code == "DependencyViolation" and time.monotonic() + poll < end:
+                    time.sleep(poll)
+                    continue
+                left.append(f"security group {group} ({code or exc})")
+                break
+    for name in key_pairs:
+        try:
+            api.ec2.delete_key_pair(KeyName=name)
+        except Exception as exc:
+            if error_code(exc) != "InvalidKeyPair.NotFound":
+                left.append(f"key pair {name} ({error_code(exc) or exc})")
+    return left
+
+
+def _not_terminated(api: Api, ids: Sequence[str]) -> list[str]:
+    """``ids`` less those already terminated (terminating one again is an error on some
+    endpoints); all of them if EC2 cannot be asked."""
+    if not ids:
+        return []
+    try:
+        answer = api.ec2.describe_instances(InstanceIds=list(ids))
+    except Exception as exc:
+        if error_code(exc) == "InvalidInstanceID.NotFound" and len(ids) > 1:
+            return [i for one in ids for i in _not_terminated(api, [one])]
+        return [] if error_code(exc) == "InvalidInstanceID.NotFound" else list(ids)
+    ended = {
+        i["InstanceId"]
+        for r in answer["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] == "terminated"
+    }
+    return [i for i in ids if i not in ended]
+
+
+def _terminate(api: Api, ids: Sequence[str], left: list[str]) -> list[str]:
+    """Ask EC2 to terminate ``ids``; those it accepted. One unknown id fails a whole call,
+    so after such a failure each is asked for alone."""
+    for batch in ([list(ids)], [[i] for i in ids]):
+        asked: list[str] = []
+        for group in batch:
+            try:
+                api.call(api.ec2.terminate_instances, "terminating instances", InstanceIds=group)
+                asked += group
+            except ProvisionError as exc:
+                if error_code(exc.__cause__) == "InvalidInstanceID.NotFound":
+                    if len(group) > 1:
+                        break  # try them one by one
+                    continue  # gone already
+                left += [f"instance {i} ({exc})" for i in group]
+        else:
+            return asked
+    return []
+
+
+def _wait_terminated(api: Api, ids: Sequence[str], end: float, poll: float) -> list[str]:
+    while True:
+        try:
+            answer = api.ec2.describe_instances(InstanceIds=list(ids))
+        except Exception as exc:
+            if error_code(exc) == "InvalidInstanceID.NotFound":
+                return []  # gone for good
+            if time.monotonic() + poll >= end:
+                return [f"instance {i} (could not check: {exc})" for i in ids]
+            time.sleep(poll)
+            continue
+        described = [i for r in answer["Reservations"] for i in r["Instances"]]
+        states = {i["InstanceId"]: i["State"]["Name"] for i in described}
+        pending = [i for i in ids if states.get(i, "terminated") != "terminated"]
+        if not pending:
+            return []
+        if time.monotonic() + poll >= end:
+            return [f"instance {i} (still {states[i]})" for i in pending]
+        time.sleep(poll)

@@ -1,0 +1,145 @@
+"""``SSH(hosts=[...])``: nodes are machines you already have, reached over SSH.
+
+The provider is its configuration and "hosts → targets"; reaching them, bootstrapping,
+uploading skyward and running workers is ``_hosts``, shared with the cloud providers. It
+creates nothing, so ``terminate`` only stops the workers and closes the connections: the
+hosts keep only Skyward's cache directory (``workdir``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from skyward._extras import check
+from skyward._phases import Reporter
+from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
+from skyward.providers.ssh.connection import Target
+from skyward.providers.ssh.hosts import Access, HostTarget, open_hosts
+
+
+class SSH(BaseModel):
+    """Run the pool's nodes on existing hosts over SSH.
+
+    - ``hosts``: ``"[user@]host[:port]"``; node ``i`` is ``hosts[i]``, and a pool may use
+      fewer nodes than there are hosts.
+    - ``key``: a private key file; by default the SSH agent's keys and ``~/.ssh/id_*``.
+    - ``known_hosts``: the file host keys are checked against (default
+      ``~/.ssh/known_hosts``). An unknown host is refused unless ``accept_new_hosts=True``,
+      which adds it to that file; a changed key is always refused.
+    - ``python``: the interpreter the environment is made from; by default ``python3.X`` or
+      ``python3`` of the client's minor version, found on the host's ``PATH``.
+    - ``workdir``: Skyward's directory on each host: environments, the uploaded package,
+      the workers' working directory. The only thing a pool leaves behind.
+    - ``peer_addresses``: where the hosts reach each other (``head_addr``, ``peers``), when
+      that differs from the address this machine uses (a bastion, a public IP).
+    - ``connect_timeout``; ``keepalive`` (seconds between keepalives) and ``link_timeout``
+      (unacknowledged data for this long ends the link, and the workers on it are lost).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hosts: tuple[str, ...] = Field(min_length=1)
+    key: Path | None = None
+    known_hosts: Path | None = None
+    accept_new_hosts: bool = False
+    python: str | None = Field(default=None, min_length=1)
+    workdir: str = Field(default="~/.cache/skyward", min_length=1)
+    peer_addresses: tuple[str, ...] | None = None
+    connect_timeout: float = Field(default=15.0, gt=0)
+    keepalive: float = Field(default=5.0, ge=1)
+    link_timeout: float = Field(default=20.0, ge=2)
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        for host in hosts:
+            Target.parse(host)
+        if len(set(hosts)) != len(hosts):
+            raise ValueError("a host is listed more than once")
+        return hosts
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, key: Path | None) -> Path | None:
+        if key is None:
+            return None
+        path = _expand(key)
+        if not path.is_file():
+            raise ValueError(f"no private key file at {key}")
+        return path
+
+    @field_validator("known_hosts")
+    @classmethod
+    def _known_hosts(cls, known_hosts: Path | None) -> Path | None:
+        return None if known_hosts is None else _expand(known_hosts)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, workdir: str) -> str:
+        if not (workdir.startswith("/") or workdir == "~" or workdir.startswith("~/")):
+            raise ValueError(f"workdir must be absolute or start with ~/, not {workdir!r}")
+        return workdir.rstrip("/") or "/"
+
+    @model_validator(mode="after")
+    def _peers(self) -> SSH:
+        if self.peer_addresses is not None and len(self.peer_addresses) != len(self.hosts):
+            raise ValueError(
+                f"peer_addresses has {len(self.peer_addresses)} entries for "
+                f"{len(self.hosts)} hosts; give one per host, in the same order"
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "ssh"
+
+    @property
+    def access(self) -> Access:
+        return Access(
+            key_file=self.key,
+            known_hosts=self.known_hosts,
+            accept_new_hosts=self.accept_new_hosts,
+            python=self.python,
+            workdir=self.workdir,
+            connect_timeout=self.connect_timeout,
+            keepalive=self.keepalive,
+            link_timeout=self.link_timeout,
+        )
+
+    def check(self, request: ProvisionRequest) -> None:
+        """Called when the pool is built, before anything is touched. The hosts are what
+        they are: ``vcpus`` and ``memory_gb`` are not checked, and ``allocation="spot"`` is
+        refused."""
+        check("paramiko", feature="sky.SSH")
+        refuse_spot(request, "SSH runs on hosts you already have")
+        if request.nodes > len(self.hosts):
+            raise ValueError(
+                f"the pool asks for {request.nodes} nodes but SSH has {len(self.hosts)} "
+                f"host(s); list more hosts or ask for fewer nodes"
+            )
+
+    def targets(self, count: int) -> list[HostTarget]:
+        """The first ``count`` hosts, as the shared layer takes them."""
+        peers = self.peer_addresses
+        return [
+            HostTarget(Target.parse(host), peer_address=peers[rank] if peers else None)
+            for rank, host in enumerate(self.hosts[:count])
+        ]
+
+    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
+        self.check(request)
+        nodes = open_hosts(self.targets(request.nodes), self.access, request, reporter)
+        return Allocation(nodes)
+
+    def inventory(self) -> Inventory | None:
+        return None  # it creates nothing
+
+
+def _expand(path: Path) -> Path:
+    """``~`` and ``~user`` expanded; a user that does not exist is a ``ValueError``."""
+    try:
+        return path.expanduser()
+    except RuntimeError as exc:  # "~nobody-here/..."
+        raise ValueError(f"cannot expand {str(path)!r}: {exc}") from exc

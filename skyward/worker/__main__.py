@@ -1,0 +1,427 @@
+"""``python -m skyward.worker --node N``: one long-lived worker per node.
+
+::
+
+    fd 0 (pipe/SSH) ──> main thread, idle: reads its next call itself ──┐ runs it
+                    └─> reader thread, while a call runs: the frames    │ result frames
+                        that call waits for, Shutdown, stack requests   │
+    private dup of fd 1 <─────────────── send lock <───────────────────┘
+          ^                                  ^
+          │                                  └── stdout forwarder: fd 1 is a pipe it drains
+          └─ the protocol stream               into Log frames (through plugins' filters),
+                                               so print() and C-level writes never
+                                               corrupt the protocol
+    With concurrency > 1, the reader thread reads everything and queues calls for the
+    executor threads (the main thread first).
+    fd 2 stays the transport's stderr: the client reads it directly, so the last words of a
+    worker that crashes (SIGABRT from a JAX rank, a segfault) are never lost in a buffer.
+
+Life: say ``Hello`` (stdlib only, so a Python mismatch is reported rather than a crash), wait
+for ``Start``, enter the plugins' ``around_app`` contexts in order, say ``Ready``, run calls,
+and on ``Shutdown`` (or EOF: the client is gone) exit the contexts in reverse and leave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+from skyward.collections.proxies import LinkRequester, use_link
+from skyward.link import protocol as proto
+from skyward.link.protocol import RelayAbort, RelayPayload
+from skyward.worker import hooks
+from skyward.worker.calls import CallIO, decorating, route, run_call
+from skyward.worker.link import Link, StdoutForwarder
+from skyward.worker.relay import Relays
+
+if TYPE_CHECKING:
+    from skyward.worker.processes import Processes
+
+# How long a worker whose client vanished may spend leaving its contexts before it quits.
+_ORPHAN_EXIT_TIMEOUT = 10.0
+_orphaned = threading.Event()  # the client went away without a Shutdown
+# How often a parked reader thread looks whether the main thread's call runs long.
+_CHECK = 0.1
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class _Worker:
+    """Runs calls on ``concurrency`` threads, the main thread first.
+
+    Threads take turns reading the link (``link.baton``). With one thread for calls (the
+    default), the main thread reads its next call itself whenever it is idle, so a call and
+    its result cross no thread on the way; the reader thread reads only while a call runs
+    (a cancelling ``Shutdown``, a stack request, a shared collection's reply, a stream's
+    elements). With more threads, the reader thread reads everything and queues the calls.
+
+    Only the main thread's work can be interrupted (by SIGINT), so a cancelling shutdown
+    stops a running call or a slow ``around_app`` entry there.
+    """
+
+    def __init__(self, link: Link, stdout: StdoutForwarder, concurrency: int) -> None:
+        self.link = link
+        self.stdout = stdout
+        self.concurrency = concurrency
+        self.processes: Processes | None = None  # executor="process": where calls run
+        # sky.dict(...) and the rest, via the pool
+        self.shared = LinkRequester(link.send, self.wake_reader)
+        use_link(self.shared)
+        self.calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards: the fields below
+        self._turn = threading.Condition(self._lock)  # notified when the reader is wanted
+        self.stopping = False
+        self.cancelled = False
+        self._main_busy = False
+        self._main_reads = False  # the main thread reads (or is about to): the reader waits
+        self._reader_wanted = concurrency > 1  # the reader thread reads whenever it can
+        self._started = 0  # calls the main thread read itself
+        self._ended = False  # Shutdown or EOF was read; set with the baton held
+        self._io: dict[int, CallIO] = {}  # streaming calls, by id, until their Result
+        self._last_call = 0  # the highest call id received
+        self._early_cancels: set[int] = set()  # Cancel frames that overtook their Call
+
+    def start_reader(self) -> None:
+        threading.Thread(target=self._read, name="skyward-reader", daemon=True).start()
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Main-thread work that a cancelling shutdown may interrupt."""
+        with self._lock:
+            self._main_busy = not self.stopping
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._main_busy = False
+
+    def serve(self) -> None:
+        """Run calls until Shutdown or EOF."""
+        executors = [
+            threading.Thread(target=self._execute, name=f"skyward-exec-{i}", daemon=True)
+            for i in range(1, self.concurrency)
+        ]
+        for thread in executors:
+            thread.start()
+        try:
+            self._execute(main=True)
+            # From here on nothing may interrupt us: the plugins' teardown (such as
+            # jax.distributed.shutdown) must run whole. A SIGINT already sent is dropped too.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a cancel that landed between calls
+        if not self.cancelled:
+            for thread in executors:
+                thread.join()
+        # When cancelling, calls still running on other threads cannot be interrupted; they
+        # are daemon threads and end with the process.
+
+    def _read(self) -> None:
+        """The reader thread: reads while the main thread runs a call that needs it (see
+        ``wake_reader``), or has run one for ``_CHECK`` seconds, or always when calls run
+        on other threads. Parked, it wakes every ``_CHECK`` seconds to look: notifying it
+        at every call would cost each round trip a wake-up and a turn at the GIL."""
+        while True:
+            with self._turn:
+                while not self._reader_wanted:
+                    if self._ended:
+                        return  # the main thread read the Shutdown (or EOF)
+                    started, busy = self._started, not self._main_reads
+                    self._turn.wait(_CHECK)
+                    if busy and not self._main_reads and self._started == started:
+                        break  # one call has run all this time: a Shutdown may come for it
+            while True:
+                self.link.inbox.ready(_CHECK)  # without the baton: the main thread may take it
+                with self.link.baton:
+                    if self._ended:
+                        return
+                    if self._main_reads:
+                        break
+                    if self.link.inbox.ready():
+                        self._read_one()
+
+    def wake_reader(self) -> None:
+        """A call on the main thread waits for a frame (a shared collection's reply, a
+        stream's elements, a relayed payload): have the reader thread read for it now."""
+        with self._turn:
+            if not self._reader_wanted:
+                self._reader_wanted = True
+                self._turn.notify()
+
+    def _next(self, main: bool) -> tuple[proto.Call, proto.Parts] | None:
+        """The next call to run, or None: stop."""
+        if not main or self.concurrency > 1 or self.processes is not None:
+            return self.calls.get()
+        with contextlib.suppress(queue.Empty):
+            return self.calls.get_nowait()  # the reader thread read it while a call ran
+        with self._turn:
+            self._main_reads = True
+            self._reader_wanted = False
+        try:
+            with self.link.baton:
+                while not self._ended:
+                    with contextlib.suppress(queue.Empty):
+                        return self.calls.get_nowait()
+                    self._read_one()
+        finally:
+            with self._turn:
+                self._main_reads = False
+                self._started += 1
+        return self.calls.get()  # the Nones _stop queued
+
+    def _read_one(self) -> None:
+        """Read and handle one frame. Baton held."""
+        try:
+            self._handle(*self.link.recv())
+        except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
+            self.shared.fail_all("the pool's client is gone")
+            # The client is gone; nobody will read results. Leave, but bounded, and take
+            # what the calls started along (see _exit).
+            _orphaned.set()
+            orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, _exit_orphaned)
+            orphan.daemon = True
+            orphan.start()
+            self._stop(cancel=True)
+
+    def _handle(self, message: object, parts: proto.Parts) -> None:
+        if isinstance(message, proto.Call):
+            self._register(message)
+            self.calls.put((message, parts))
+        elif isinstance(message, proto.Cancel) and message.call_id > self._last_call:
+            # The client may cancel a streaming call it is still sending.
+            self._early_cancels.add(message.call_id)
+        elif route(self._io, message, parts):
+            pass
+        elif isinstance(message, RelayAbort) and self.link.relays is not None:
+            self.link.relays.abort(message.token, message.node, message.reason)
+        elif isinstance(message, RelayPayload) and self.link.relays is not None:
+            self.link.relays.deliver(message.token, parts)
+        elif isinstance(message, proto.SharedReply):
+            self.shared.deliver(message, parts)
+        elif isinstance(message, proto.StacksRequest):
+            self.link.send(_stacks(message.request_id))
+        elif isinstance(message, proto.Shutdown):
+            self._stop(message.cancel)
+
+    def _stop(self, cancel: bool) -> None:
+        """Shutdown or EOF: no more frames will be read. Baton held."""
+        self._ended = True
+        with self._lock:
+            self.stopping = True
+            self.cancelled = cancel
+            interrupt = cancel and self._main_busy
+            streaming = list(self._io.values()) if cancel else []
+        for call in streaming:  # wake calls waiting for the client's credit or elements
+            call.cancel()
+        hooks.stopping(interrupt)  # before the interrupt: plugins may quiet what follows
+        if cancel:
+            _drop_queued(self.calls)
+        for _ in range(self.concurrency):
+            self.calls.put(None)
+        if interrupt:
+            # A real signal, not _thread.interrupt_main(): only a signal wakes the main
+            # thread from a blocking call such as sleep() or a socket read.
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    def _register(self, message: proto.Call) -> None:
+        """Give a streaming call its IO before any of its frames can arrive (reader)."""
+        self._last_call = max(self._last_call, message.call_id)
+        if not (message.window or message.inputs):
+            return
+        call = CallIO(self.link.send, message)
+        with self._lock:
+            self._io[message.call_id] = call
+        if message.call_id in self._early_cancels:
+            self._early_cancels.discard(message.call_id)
+            call.cancel()
+
+    def _execute(self, main: bool = False) -> None:
+        while (item := self._next(main)) is not None:
+            message, parts = item
+            with self._lock:
+                call = self._io.get(message.call_id)
+            if call is not None or message.relay is not None:
+                self.wake_reader()  # it waits for frames: credit, elements, a payload
+            with self.interruptible() if main else contextlib.nullcontext():
+                ok, payload = self._run(message, parts, call)
+            with self._lock:
+                self._io.pop(message.call_id, None)
+            del parts, item
+            if not ok and self.cancelled:
+                # Interrupted by a cancelling shutdown: the client fails this call with
+                # PoolClosed itself; a KeyboardInterrupt sent back would read as Ctrl-C there.
+                continue
+            self.stdout.drain()
+            try:
+                self.link.send(proto.Result(message.call_id, ok), payload)
+            except OSError:
+                return
+            del payload  # not kept alive while the next call waits or runs
+
+    def _run(
+        self, message: proto.Call, parts: proto.Parts, call: CallIO | None
+    ) -> tuple[bool, proto.Parts]:
+        relay, relays = message.relay, self.link.relays
+        if relay is not None and relay.inbound and relays is not None:
+            try:  # the payload comes from the node before this one in the relay
+                parts = [*relays.take(relay.token)]
+            except BaseException as exc:  # WorkerLost: a node before this one was lost
+                return False, proto.encode_error(exc)
+        if self.processes is not None and call is None:
+            return self.processes.run(message, parts)
+        return run_call(message, parts, call, self.stdout.drain)
+
+
+# Threads of the worker's own machinery, left out of stack reports: never where user code is.
+_OWN_THREADS = (
+    "skyward-reader",
+    "skyward-stdout",
+    "skyward-relay",
+    "skyward-relay-in",
+    "skyward-relay-out",
+)
+
+
+def _stacks(request_id: int) -> proto.StacksReport:
+    import linecache
+    import time
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    threads = []
+    for ident, frame in sys._current_frames().items():
+        name = names.get(ident, f"thread {ident}")
+        if name in _OWN_THREADS or ident == threading.get_ident():
+            continue
+        frames: list[proto.Frame] = []
+        current: Any = frame
+        while current is not None:
+            code = current.f_code
+            line = current.f_lineno or 0
+            text = linecache.getline(code.co_filename, line).strip()
+            frames.append((code.co_filename, line, code.co_name, text))
+            current = current.f_back
+        threads.append((name, tuple(reversed(frames))))
+    return proto.StacksReport(request_id, tuple(threads), time.process_time())
+
+
+def _exit_orphaned() -> None:
+    """The client is gone (killed, or its machine lost): end this worker and whatever its
+    calls started. The worker leads its process group (a session of its own locally; the
+    launch shell's group over SSH), so the group is everything it started."""
+    group = os.getpgrp()
+    if group in (os.getpid(), os.getppid()):  # never a group that is not ours
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)  # ourselves included
+    os._exit(3)
+
+
+def _drop_queued(calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None]) -> None:
+    while True:
+        try:
+            calls.get_nowait()
+        except queue.Empty:
+            return
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m skyward.worker")
+    parser.add_argument("--node", type=int, required=True)
+    args = parser.parse_args(argv)
+    # A cancelling shutdown interrupts the running call with SIGINT. A client started in the
+    # background (`nohup ... &`, a scheduler's job) ignores SIGINT, and we inherited that:
+    # the call would run on, and teardown be skipped when the close kills us at its bound.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    # Keep the protocol on private fds, then give user code harmless fd 0 and 1.
+    link = Link(os.dup(0), os.dup(1))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    stdout = StdoutForwarder(link)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - lives as long as the process
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "wb", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+
+    link.send(
+        proto.Hello(
+            python=proto.python_version(),
+            pid=os.getpid(),
+            hostname=socket.gethostname(),
+            head_port=_free_port() if args.node == 0 else None,
+        )
+    )
+    try:
+        message, parts = link.recv()
+    except EOFError:
+        os._exit(0)
+    if not isinstance(message, proto.Start):
+        os._exit(0)  # the client decided not to start us (version mismatch, cancelled)
+
+    from skyward import _info
+    from skyward._plugin import enter_around_app
+
+    for path in message.sys_path:
+        if path not in sys.path:
+            sys.path.append(path)
+    _info._set_current(message.info)
+    if message.relay_key:
+        info = message.info
+        link.relays = Relays(info.node, message.relay_key, info.peers[info.node], link.send)
+    worker = _Worker(link, stdout, message.concurrency)
+    if message.executor == "process":
+        from skyward.worker.processes import Processes
+
+        worker.processes = Processes(message.concurrency, message.info, message.sys_path, parts)
+        worker.wake_reader()  # the main thread only waits for the processes' results
+    worker.start_reader()
+    with ExitStack() as stack:
+        try:
+            plugins = proto.loads(parts)
+            decorating.extend(p for p in plugins if p.decorate is not None)
+            with worker.interruptible():
+                enter_around_app(stack, plugins, message.info)
+        except BaseException as exc:
+            stdout.drain()
+            link.send(proto.StartFailed(), proto.encode_error(exc))
+            stack.close()
+            _exit(stdout, 1)
+        del parts
+        link.send(proto.Ready(relay_port=link.relays.port if link.relays else None))
+        worker.serve()
+        if worker.processes is not None:
+            worker.processes.close(kill=worker.cancelled)
+    with contextlib.suppress(OSError):  # the client may be gone already
+        link.send(proto.Bye())
+    _exit(stdout, 0)
+
+
+def _exit(stdout: StdoutForwarder, code: int) -> None:
+    stdout.drain()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    if _orphaned.is_set():
+        _exit_orphaned()
+    # os._exit: threads that user code or libraries left running must not keep us alive.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

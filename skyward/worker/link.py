@@ -1,0 +1,106 @@
+"""The worker's end of its link: the protocol on private descriptors, and fd 1 turned into
+``Log`` frames."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import sys
+import threading
+from typing import Any
+
+from skyward.link import protocol as proto
+from skyward.link.turns import Inbox
+from skyward.worker import hooks
+from skyward.worker.relay import Relays
+
+
+class Link:
+    """The worker's end of the protocol. ``send`` is thread-safe; ``recv`` is called with
+    ``baton`` held, by whichever thread's turn it is to read (see ``_Worker``)."""
+
+    def __init__(self, in_fd: int, out_fd: int) -> None:
+        self.inbox = Inbox(in_fd)
+        self.baton = threading.Lock()  # guards: reading frames from the inbox
+        self._out_fd = out_fd
+        self._send_lock = threading.Lock()  # guards: one whole frame at a time on out_fd
+        self.relays: Relays | None = None  # set at Start when the pool relays broadcasts
+
+    def send(self, message: object, payload: proto.Parts | None = None) -> None:
+        parts = proto.frame(message, payload)
+        with self._send_lock:
+            proto.write_parts(self._out_fd, parts)
+
+    def recv(self) -> tuple[Any, proto.Parts]:
+        readinto = self.inbox.readinto
+        message, lengths = proto.read_message(readinto)
+        relay = getattr(message, "relay", None)
+        if relay is not None and relay.chain and self.relays is not None:
+            # A broadcast's payload, passed on down the relay chain as it arrives (_relay).
+            parts = self.relays.forward_from(relay.token, relay.chain, lengths, readinto)
+            return message, [*parts]
+        return message, [proto.read_exact(readinto, n) for n in lengths]
+
+
+class StdoutForwarder:
+    """Moves what fd 1 receives into ``Log`` frames, and can drain it on demand.
+
+    ``drain`` runs before every result is sent, so a call's output reaches the client
+    before its return value does.
+    """
+
+    def __init__(self, link: Link) -> None:
+        self._link = link
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 1)
+        os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        self._fd = read_fd
+        self._pending = select.poll()
+        self._pending.register(read_fd, select.POLLIN)
+        self._lock = threading.Lock()  # guards: reading the pipe and sending what was read
+        self._libc: Any = None
+        threading.Thread(target=self._run, name="skyward-stdout", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            select.select([self._fd], [], [])
+            with self._lock:
+                if not self._forward():
+                    return
+
+    def _forward(self) -> bool:
+        """Send everything buffered in the pipe now; False once the pipe or link is closed."""
+        while True:
+            try:
+                data = os.read(self._fd, 1 << 16)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            data = hooks.filter_stdout(data)  # plugins' filters (the jax plugin's gloo lines)
+            if not data:
+                continue
+            try:
+                self._link.send(proto.Log(data))
+            except OSError:
+                return False  # the client is gone; the output has nowhere to go
+
+    def drain(self) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        self._flush_c_stdio()
+        # The lock first: output the forwarder thread has read must be sent before the
+        # result is. Then a poll, cheaper than a read that fails: most calls print nothing.
+        with self._lock:
+            if self._pending.poll(0):
+                self._forward()
+
+    def _flush_c_stdio(self) -> None:
+        # printf() from C extensions is block-buffered on a pipe; flush it like Python's.
+        if self._libc is None:
+            import ctypes
+
+            self._libc = ctypes.CDLL(None)
+        self._libc.fflush(None)
