@@ -392,7 +392,7 @@ def package_archive() -> tuple[str, bytes]:
     global _package
     with _package_lock:
         if _package is None:
-            root = Path(__file__).resolve().parents[1]
+            root = Path(__file__).resolve().parents[2]  # skyward/providers/ssh/hosts.py
             buffer = io.BytesIO()
             with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
                 for path in sorted(root.rglob("*")):
