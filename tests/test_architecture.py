@@ -135,6 +135,7 @@ def test_modules_live_in_packages_by_side_of_the_wire() -> None:
         "_image",
         "_info",
         "_multihost",
+        "_options",
         "_output",
         "_phases",
         "_plugin",

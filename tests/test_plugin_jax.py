@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import get_type_hints
 
 import numpy as np
 import pydantic
@@ -23,7 +25,7 @@ from support.processes import our_namespaces, shared_pool, worker_processes
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
-from skyward.plugins._jax import collectives_address, distributed
+from skyward.plugins._jax import JaxOptions, _Options, collectives_address, distributed
 from skyward.plugins._jax_output import GlooFilter
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
@@ -172,6 +174,44 @@ def test_bad_options_are_refused_before_anything_starts(make: object, message: s
 def test_options_of_the_wrong_type_or_range_name_the_option(options: dict[str, object]) -> None:
     with pytest.raises(pydantic.ValidationError, match=next(iter(options))):
         sky.plugins.jax(**options)  # type: ignore[arg-type]
+
+
+# ── each option spelled once: JaxOptions (names, types) against _Options (defaults) ─────────
+
+_JAX_OPTIONS = get_type_hints(JaxOptions)
+
+
+def test_jax_options_name_and_type_every_field_of_the_options_model() -> None:
+    # The model is strict, so what a caller may give is exactly what it keeps.
+    fields = {name: field.annotation for name, field in _Options.model_fields.items()}
+    assert fields == _JAX_OPTIONS
+
+
+def test_the_jax_signature_shows_each_option_with_the_model_default() -> None:
+    parameters = inspect.signature(sky.plugins.jax).parameters
+    assert list(parameters) == list(_JAX_OPTIONS)
+    for name, field in _Options.model_fields.items():
+        assert parameters[name].default == field.default, name
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+
+
+def test_a_misspelled_jax_option_is_a_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"jax\(\) got an unexpected keyword argument 'cpu_device'"):
+        sky.plugins.jax(cpu_device=2)  # type: ignore[call-arg]
+
+
+def test_every_jax_option_is_documented_with_its_default() -> None:
+    doc = sky.plugins.jax.__doc__ or ""
+    assert {name for name in _JAX_OPTIONS if f"``{name}``" not in doc} == set()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    section = page.split("## `sky.plugins.jax(...)`", 1)[1].split("\n\n**", 1)[0]
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| ([^|]*) \|", section, re.M)
+    }
+    assert list(rows) == list(_JAX_OPTIONS)
+    for name, field in _Options.model_fields.items():
+        if field.default is not None:  # None reads "newest", "none", or the CUDA it picks
+            assert str(field.default) in rows[name], name
 
 
 def test_a_loopback_coordinator_is_refused_when_nodes_are_on_different_hosts() -> None:

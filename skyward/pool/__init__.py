@@ -18,22 +18,22 @@ it, and whatever it returns anyway is terminated by the thread that started it.
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, Unpack
 
 from skyward._compute import PendingCall, pending_call
 from skyward._errors import PoolClosed
 from skyward._futures import Deadline, fail, gather
-from skyward._image import Image
-from skyward._plugin import Plugin
+from skyward._options import refuse_unknown
 from skyward.collections.proxies import PoolCollections, register, unregister
 from skyward.collections.state import SharedState
-from skyward.console import Console, ConsoleMode, OutputMode
+from skyward.console import Console, ConsoleMode
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
@@ -42,7 +42,13 @@ from skyward.pool import profile as _profile
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import PoolStatistics, Scheduler, Slot, tasks_for
-from skyward.pool.spec import AllocationStrategy, PoolSpec, Worker, apply_transforms, pickle_plugins
+from skyward.pool.spec import (
+    PoolOptions,
+    PoolSpec,
+    apply_transforms,
+    pickle_plugins,
+    pool_signature,
+)
 from skyward.pool.stacks import Stacks, collect
 from skyward.pool.startup import Startup
 from skyward.pool.streams import Streams, prepare, route
@@ -73,53 +79,16 @@ class ComputePool(PoolCollections):
     ``"none"``. Progress also goes to the ``logging`` logger ``"skyward"``.
     """
 
-    def __init__(
-        self,
-        provider: Provider | None = None,
-        *,
-        nodes: int | tuple[int, int] = 1,
-        accelerator: str | None = None,
-        vcpus: float | None = None,
-        memory_gb: float | None = None,
-        allocation: AllocationStrategy | None = None,
-        image: Image | None = None,
-        plugins: Sequence[Plugin] = (),
-        concurrency: int | None = None,
-        worker: Worker | None = None,
-        name: str | None = None,
-        provision_timeout: float = 1800.0,
-        start_timeout: float = 120.0,
-        shutdown_timeout: float = 10.0,
-        hang_timeout: float | None = 60.0,
-        console: ConsoleMode = "auto",
-        output: OutputMode = "all",
-        quiet: bool = False,
-    ) -> None:
+    # help(), notebooks and inspect show every option with PoolSpec's default.
+    __signature__: ClassVar[inspect.Signature] = pool_signature()
+
+    def __init__(self, provider: Provider | None = None, **options: Unpack[PoolOptions]) -> None:
         from skyward.providers.local import Local
 
-        options: dict[str, Any] = {
-            "provider": Local() if provider is None else provider,
-            "nodes": nodes,
-            "accelerator": accelerator,
-            "vcpus": vcpus,
-            "memory_gb": memory_gb,
-            "allocation": allocation,
-            "image": Image() if image is None else image,
-            # A list is taken as a tuple; anything else is left to the validator to name.
-            "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,
-            "concurrency": concurrency,
-            "worker": worker,
-            "provision_timeout": provision_timeout,
-            "start_timeout": start_timeout,
-            "shutdown_timeout": shutdown_timeout,
-            "hang_timeout": hang_timeout,
-            "console": console,
-            "output": output,
-            "quiet": quiet,
-        }
-        if name is not None:
-            options["name"] = name
-        self.spec = spec = PoolSpec(**options)
+        refuse_unknown(options, PoolOptions, "ComputePool")
+        # Only what the caller gave: every default is PoolSpec's.
+        given = {"provider": Local() if provider is None else provider, **options}
+        self.spec = spec = PoolSpec.model_validate(given)
         self._plugin_payload = pickle_plugins(spec.plugins)
         self.image = apply_transforms(spec.image, spec)
         # Provider-specific limits and missing SDKs, before anything is touched.
