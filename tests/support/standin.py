@@ -16,7 +16,9 @@
                            an instance moto says is terminated ─> stop its stand-in
 
 The bridge, the login user (``skytest``) and the package index are the SSH test hosts'
-(``sshhosts.Hosts``); stand-ins take addresses from .132 up, clear of those hosts (.11...).
+(``sshhosts.Hosts``); stand-ins take addresses from .132 up, clear of those hosts (.11...),
+and names under the hosts' tag and lock (``skyward-N-vI``, ``skvNvI``, each index used once),
+made and removed through the hosts, so nothing is removed that this run did not make.
 Files cloud-init writes land in per-stand-in directories bind-mounted, inside the sandbox
 only, over the few directories the provider writes to; any other path fails the boot.
 """
@@ -73,6 +75,14 @@ class StandIn:
         return "\n".join(parts)
 
 
+def _undo_netns(standin: StandIn) -> tuple[str, ...]:
+    return ("ip", "netns", "del", standin.netns)
+
+
+def _undo_veth(standin: StandIn) -> tuple[str, ...]:
+    return ("ip", "link", "del", standin.veth)
+
+
 @dataclass
 class StandInCloud:
     """moto plus stand-ins for the instances it runs in ``subnet``. Use as a context manager."""
@@ -94,9 +104,7 @@ class StandInCloud:
         )["Subnet"]["SubnetId"]
         self.root = Path(tempfile.mkdtemp(prefix="skyward-standins-"))
         self.root.chmod(0o755)
-        self._tag = os.getpid() % 250
-        self._count = 0
-        self._lock = threading.Lock()  # guards: standins, events, _count
+        self._lock = threading.Lock()  # guards: standins, events
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="standin-cloud", daemon=True)
         self._thread.start()
@@ -163,14 +171,13 @@ class StandInCloud:
     # ── a machine's side ───────────────────────────────────────────────────────────────
 
     def _claim(self, instance: dict[str, Any]) -> StandIn:
+        index, tag = self.hosts.join_index(), self.hosts.tag
         with self._lock:
-            index = self._count
-            self._count += 1
             standin = StandIn(
                 instance=instance["InstanceId"],
                 address=instance["PrivateIpAddress"],
-                netns=f"skyward-{self._tag}-v{index}",
-                veth=f"skv{self._tag}v{index}",
+                netns=f"skyward-{tag}-v{index}",
+                veth=f"skv{tag}v{index}",
                 directory=self.root / f"v{index}",
             )
             self.standins[standin.instance] = standin
@@ -213,12 +220,11 @@ class StandInCloud:
 
     def _network(self, standin: StandIn) -> None:
         netns, veth = standin.netns, standin.veth
-        _run("ip", "netns", "del", netns, check=False)
-        _run("ip", "link", "del", veth, check=False)
-        _run("ip", "netns", "add", netns)
+        self.hosts.make(("ip", "netns", "add", netns), _undo_netns(standin))
         standin.inode = os.stat(f"/run/netns/{netns}").st_ino
         our_namespaces.add(standin.inode)
-        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        pair = ("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        self.hosts.make(pair, _undo_veth(standin))
         _run("ip", "link", "set", f"{veth}p", "netns", netns)
         _run("ip", "link", "set", veth, "master", self.hosts.bridge, "up")
         inside = ("ip", "netns", "exec", netns)
@@ -300,14 +306,15 @@ class StandInCloud:
     def _remove(self, standin: StandIn) -> None:
         if standin.sandbox is not None:
             standin.sandbox.stop()
-        out = _run("ip", "netns", "pids", standin.netns, check=False).stdout
-        for pid in out.split():
-            try:
-                os.kill(int(pid), 9)
-            except ProcessLookupError:
-                pass
-        _run("ip", "netns", "del", standin.netns, check=False)
-        _run("ip", "link", "del", standin.veth, check=False)
+        if standin.inode is not None:  # its namespace is one we made: what runs there is ours
+            out = _run("ip", "netns", "pids", standin.netns, check=False).stdout
+            for pid in out.split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
+        self.hosts.remove(_undo_veth(standin))
+        self.hosts.remove(_undo_netns(standin))
 
     # ── for the tests ──────────────────────────────────────────────────────────────────
 
