@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 from support.aws import Checkpoint, held, nothing, pool_key_of, request
 from support.aws import standin_provider as aws
+from support.markers import wait_for_markers
 from support.moto import MotoServer
+from support.pools import broadcast_in_background
 from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
@@ -266,7 +268,7 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
 
 @pytest.mark.timeout(300)
 def test_an_instance_aws_takes_away_is_replaced_and_the_pool_goes_on(
-    standin_cloud: StandInCloud, package_index: PackageIndex
+    standin_cloud: StandInCloud, package_index: PackageIndex, tmp_path: Path
 ) -> None:
     with sky.ComputePool(
         provider=aws(standin_cloud, boot_timeout=60),
@@ -279,8 +281,9 @@ def test_an_instance_aws_takes_away_is_replaced_and_the_pool_goes_on(
         first = {s.address: s.instance for s in standin_cloud.standins.values()}
         lost = first["-".join(before[1].split("-")[1:]).replace("-", ".")]
         # A call in flight on node 1 when its machine goes.
-        in_flight = pool._broadcast_call(_pending(_sleep_on, 1))
-        time.sleep(0.5)
+        started = tmp_path / "started"
+        in_flight = broadcast_in_background(pool, _sleep_on, 1, str(started))
+        wait_for_markers(started)
         standin_cloud.ec2.terminate_instances(InstanceIds=[lost])  # AWS reclaims node 1
         failure = in_flight.exception(timeout=120)
         assert isinstance(failure, sky.WorkerLost)
@@ -333,12 +336,7 @@ def test_an_instance_that_ends_while_it_is_reached_fails_the_start_with_why(
         assert nothing(held(moto, made.pool))
 
 
-def _pending(fn: object, *args: object) -> object:
-    from skyward._compute import PendingCall
-
-    return PendingCall(fn, args, {})  # type: ignore[arg-type]
-
-
-def _sleep_on(rank: int) -> None:
+def _sleep_on(rank: int, started: str) -> None:
     if sky.instance_info().node == rank:
+        Path(started).touch()
         time.sleep(600)

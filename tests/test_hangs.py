@@ -8,12 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
+from support.markers import per_node, wait_for_markers
+from support.pools import broadcast_in_background
 
 import skyward as sky
 
 
-def long_job(gate: str) -> str:
+def long_job(gate: str, started: str) -> str:
     def waiting_for_the_gate() -> None:
+        Path(f"{started}-{sky.instance_info().node}").touch()
         while not Path(gate).exists():
             time.sleep(0.02)
 
@@ -23,10 +26,10 @@ def long_job(gate: str) -> str:
 
 @pytest.mark.timeout(60)
 def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
+    gate, started = tmp_path / "gate", tmp_path / "started"
     with sky.ComputePool(nodes=4, quiet=True) as pool:
-        running = pool._broadcast_call(_call(long_job, str(gate)))
-        time.sleep(0.5)
+        running = broadcast_in_background(pool, long_job, str(gate), str(started))
+        wait_for_markers(*per_node(started, 4))  # every node is in waiting_for_the_gate
         stacks = pool.stacks()
         gate.touch()
         assert running.result(timeout=30) == ["done"] * 4
@@ -34,15 +37,10 @@ def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> Non
     assert list(stacks) == [0, 1, 2, 3]
     for node in range(4):
         assert "in long_job" in stacks[node] and "in waiting_for_the_gate" in stacks[node]
-        assert "skyward/worker/__main__.py" not in stacks[node], "the worker's own frames are left out"
+        own_frames = "skyward/worker/__main__.py"
+        assert own_frames not in stacks[node], "the worker's own frames are left out"
     assert "── node 3 ──" in str(stacks)
     assert all(text == "idle (no call running)" for text in idle.values())
-
-
-def _call(fn: object, *args: object) -> object:
-    from skyward._compute import PendingCall
-
-    return PendingCall(fn, args, {})  # type: ignore[arg-type]
 
 
 def _rank_1_lags(seconds: float) -> int:

@@ -20,7 +20,8 @@ from typing import get_type_hints
 import numpy as np
 import pydantic
 import pytest
-from support.pools import ssh_provider
+from support.markers import per_node, wait_for_markers
+from support.pools import broadcast_in_background, ssh_provider
 from support.processes import our_namespaces, shared_pool, worker_processes
 from support.sshhosts import Hosts, PackageIndex
 
@@ -295,7 +296,8 @@ def test_an_image_that_sets_the_cpu_device_count_keeps_working() -> None:
 
 
 @sky.compute
-def collectives_forever() -> None:
+def collectives_forever(started: str = "") -> None:
+    """Collectives until the worker goes; after the first, make ``{started}-{node}``."""
     import jax
     import jax.numpy as jnp
 
@@ -305,19 +307,23 @@ def collectives_forever() -> None:
     from jax.sharding import PartitionSpec as P
 
     array = jax.device_put(np.ones(jax.device_count()), NamedSharding(mesh, P("d")))
+    total(array).block_until_ready()
+    if started:
+        Path(f"{started}-{sky.instance_info().node}").touch()
     while True:
         total(array).block_until_ready()
 
 
 @pytest.mark.timeout(120)
 def test_killing_a_rank_fails_every_call_and_restarts_the_pool_as_one(
-    capfd: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     plugin = sky.plugins.jax(cpu_devices=1, heartbeat_timeout=10)
     with sky.ComputePool(nodes=3, plugins=[plugin]) as pool:
         pids = pool.broadcast(os.getpid)
-        running = pool._broadcast_call(collectives_forever())
-        time.sleep(1.0)
+        started = tmp_path / "in-the-collectives"
+        running = broadcast_in_background(pool, collectives_forever, str(started))
+        wait_for_markers(*per_node(started, 3))  # every rank is in the collective loop
         before = pool.statistics().failed
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(sky.WorkerLost) as caught:
@@ -532,7 +538,7 @@ def test_stopping_ranks_mid_collective_says_so_in_one_line_instead_of_jaxs_fatal
     pool = sky.ComputePool(nodes=2, plugins=[plugin], quiet=True)
     pool.start()
     try:
-        running = pool._broadcast_call(announce_then_collectives_forever())
+        running = broadcast_in_background(pool, announce_then_collectives_forever)
         seen = ""
         deadline = time.monotonic() + 60
         while seen.count("in the collective loop") < 2 and time.monotonic() < deadline:
