@@ -40,7 +40,7 @@ def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> Non
         own_frames = "skyward/worker/__main__.py"
         assert own_frames not in stacks[node], "the worker's own frames are left out"
     assert "── node 3 ──" in str(stacks)
-    assert all(text == "idle (no call running)" for text in idle.values())
+    assert all(text == "idle (no call running)" for text in idle.values()), dict(idle)
 
 
 def _rank_1_lags(seconds: float) -> int:
