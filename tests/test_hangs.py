@@ -34,7 +34,8 @@ def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> Non
     assert list(stacks) == [0, 1, 2, 3]
     for node in range(4):
         assert "in long_job" in stacks[node] and "in waiting_for_the_gate" in stacks[node]
-        assert "skyward/worker/__main__.py" not in stacks[node], "the worker's own frames are left out"
+        # the worker's own frames are left out
+        assert "skyward/worker/__main__.py" not in stacks[node]
     assert "── node 3 ──" in str(stacks)
     assert all(text == "idle (no call running)" for text in idle.values())
 
