@@ -277,6 +277,11 @@ def test_wait_returns_an_unfinished_operation_after_its_limit_until_the_test_fin
     assert waited.status == RUNNING
     with pytest.raises(TimeoutError):
         clients.wait(operation, timeout=0.3)
+    gcp.wait_limit = 5.0  # a server-side wait longer than the caller's deadline
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        clients.wait(operation, timeout=0.3)
+    assert time.monotonic() - started < 1.0
 
     gcp.finish_operations()
     assert clients.wait(operation, timeout=1).status == DONE
@@ -287,6 +292,7 @@ def test_an_operation_error_arrives_in_the_operation_with_its_http_status(
     gcp: GCPFake, clients: ComputeClients
 ) -> None:
     gcp.fail_next_insert(ZONE, RESOURCE_POOL_EXHAUSTED)
+    gcp.queue_addresses(("10.123.7.21", "10.123.8.21"))
 
     operation = clients.instances.insert(project=PROJECT, zone=ZONE, instance_resource=vm("n"))
     done = clients.wait(operation, timeout=10)
@@ -299,6 +305,9 @@ def test_an_operation_error_arrives_in_the_operation_with_its_http_status(
     assert isinstance(operation_error(done), exceptions.ServiceUnavailable)
     with pytest.raises(exceptions.NotFound):
         get(clients, "n")  # a failed insert leaves no instance behind
+    # The retry in another zone gets the addresses the failed insert had.
+    create(clients, vm("n", zone="us-central1-b"), "us-central1-b")
+    assert get(clients, "n", "us-central1-b").network_interfaces[0].network_i_p == "10.123.7.21"
 
 
 # ── faults a test injects ───────────────────────────────────────────────────────────────────

@@ -52,8 +52,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from google.api_core.exceptions import GoogleAPICallError
+    from google.api_core.extended_operation import ExtendedOperation
+    from google.cloud import compute_v1
 
 Json = dict[str, Any]
 
@@ -408,22 +413,24 @@ def _comparer(operator: str, literal: str) -> Callable[[Any], bool]:
         return wildcard.fullmatch(str(value)) is not None if "*" in literal else value == literal
 
     def order(value: Any) -> bool:
-        left: Any = _number(_text(value))
-        right: Any = _number(literal)
-        if left is None or right is None:
-            left, right = _text(value), literal
-        return {
-            "<": left < right,
-            ">": left > right,
-            "<=": left <= right,
-            ">=": left >= right,
-        }[operator]
+        left, right = _number(_text(value)), _number(literal)
+        if left is not None and right is not None:
+            return _ORDER[operator](left, right)
+        return _ORDER[operator](_text(value), literal)
 
     if operator in ("=", "!="):
         return equal
     if operator == ":":
         return lambda value: literal in value if isinstance(value, str) else equal(value)
     return order
+
+
+_ORDER: dict[str, Callable[[Any, Any], bool]] = {
+    "<": lambda a, b: bool(a < b),
+    ">": lambda a, b: bool(a > b),
+    "<=": lambda a, b: bool(a <= b),
+    ">=": lambda a, b: bool(a >= b),
+}
 
 
 def _number(text: str) -> float | None:
@@ -472,7 +479,6 @@ class _Operation:
 
 
 AddressPlan = Callable[[str, str, str], tuple[str, str]]  # (project, zone, name) -> (int, ext)
-_Handler = Callable[..., Json]
 _T = TypeVar("_T")
 
 
@@ -529,7 +535,7 @@ class GCPFake:
         self._requests: list[Request] = []
         self._rules: list[_Rule] = []
         self._addresses: deque[tuple[str, str]] = deque()
-        self._next_address = 2
+        self._next_address = 0
         self._images = list(self._default_images)
 
     # ── lifetime ──
@@ -537,7 +543,7 @@ class GCPFake:
     def start(self) -> GCPFake:
         fake = self
 
-        class Handler(_Handler_):
+        class Handler(_RequestHandler):
             owner = fake
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -747,9 +753,10 @@ class GCPFake:
         on_failure: Callable[[], None] = lambda: None,
         fault: Fault | None = None,
         names: Mapping[str, str] | None = None,
-        delay: float | None = None,
+        delay: float | None,
         user: str = USER,
     ) -> _Operation:
+        """An operation on ``target`` that finishes ``delay`` s from now (None: when told)."""
         bits = self._random.getrandbits
         name = f"operation-{int(time.time() * 1000)}-{bits(52):013x}-{bits(32):08x}-{bits(32):08x}"
         body: Json = {
@@ -768,7 +775,6 @@ class GCPFake:
         }
         if scope.startswith("zones/"):
             body["zone"] = _link(project, scope)
-        delay = self.operation_delay if delay is None and kind in _API_OPERATIONS else delay
         operation = _Operation(
             project,
             scope,
@@ -783,10 +789,7 @@ class GCPFake:
         return operation
 
     def _system_operation(self, project: str, zone: str, instance: Json, kind: str) -> None:
-        operation = self._start_operation(
-            project, f"zones/{zone}", kind, instance, delay=0.0, user="system"
-        )
-        operation.due = 0.0
+        self._start_operation(project, f"zones/{zone}", kind, instance, delay=0.0, user="system")
         self._advance()
 
     def _terminated(self, instance: Json) -> None:
@@ -853,14 +856,14 @@ class GCPFake:
         if key in self._instances:
             path = f"projects/{project}/zones/{zone}/instances/{name}"
             raise ApiError(409, "alreadyExists", f"The resource '{path}' already exists")
-        machine_type = self._requested_machine_type(project, zone, call.body.get("machineType", ""))
+        machine_type = self._requested_machine_type(zone, call.body.get("machineType", ""))
         accelerators = [(t, n) for t, n in machine_type.accelerators]
         accelerators += self._requested_accelerators(zone, machine_type, call.body)
         scheduling = _scheduling(call.body.get("scheduling") or {}, bool(accelerators))
         labels = _labels(call.body.get("labels") or {})
         metadata_items = _metadata_items(call.body.get("metadata") or {})
         disks = self._disks(project, zone, name, call.body.get("disks") or [])
-        interfaces = self._interfaces(project, zone, region, name, call.body)
+        interfaces, queued = self._interfaces(project, zone, region, name, call.body)
         link = _link(project, "zones", zone, "instances", name)
         instance: Json = {
             "kind": "compute#instance",
@@ -912,6 +915,8 @@ class GCPFake:
         def failed() -> None:
             if self._instances.get(key) is instance:
                 del self._instances[key]
+            if queued is not None:  # a failed create frees its addresses for the next one
+                self._addresses.appendleft(queued)
 
         names = {
             "project": project,
@@ -929,10 +934,11 @@ class GCPFake:
             on_failure=failed,
             fault=call.fault,
             names=names,
+            delay=self.operation_delay,
         )
         return copy.deepcopy(operation.body)
 
-    def _requested_machine_type(self, project: str, zone: str, url: str) -> MachineType:
+    def _requested_machine_type(self, zone: str, url: str) -> MachineType:
         match = re.search(r"(?:\A|/)zones/([^/]+)/machineTypes/([^/]+)\Z", url)
         if match is None or match.group(1) != zone:
             raise _invalid("resource.machineType", url, "Must be a machine type of the zone.")
@@ -1039,18 +1045,24 @@ class GCPFake:
 
     def _interfaces(
         self, project: str, zone: str, region: str, name: str, body: Json
-    ) -> list[Json]:
+    ) -> tuple[list[Json], tuple[str, str] | None]:
+        """The interfaces, with addresses; and the pair taken from the queue, if one was."""
         requested = body.get("networkInterfaces") or []
         if not requested:
             raise _invalid(
                 "resource.networkInterfaces", "", "At least one network interface is required."
             )
-        interfaces = []
-        for index, nic in enumerate(requested):
-            network = (nic.get("network") or "global/networks/default").rsplit("/", 1)[-1]
+        networks = [(n.get("network") or "default").rsplit("/", 1)[-1] for n in requested]
+        for network in networks:
             if network not in self._networks:
                 raise _not_found(f"projects/{project}/global/networks/{network}")
-            internal, external = self._address(project, zone, name) if index == 0 else ("", "")
+        internal, external, queued = self._plan_addresses(project, zone, name)
+        interfaces = []
+        for index, (nic, network) in enumerate(zip(requested, networks, strict=True)):
+            if index > 0:  # further interfaces (other VPCs) are never planned
+                self._next_address += 1
+                high, low = divmod(self._next_address, 250)
+                internal, external = f"10.{128 + index}.{high}.{low + 2}", f"198.51.100.{low + 2}"
             interface: Json = {
                 "kind": "compute#networkInterface",
                 "network": _link(project, "global", "networks", network),
@@ -1074,15 +1086,21 @@ class GCPFake:
             if configs:
                 interface["accessConfigs"] = configs
             interfaces.append(interface)
-        return interfaces
+        return interfaces, queued
 
-    def _address(self, project: str, zone: str, name: str) -> tuple[str, str]:
+    def _plan_addresses(
+        self, project: str, zone: str, name: str
+    ) -> tuple[str, str, tuple[str, str] | None]:
+        """(internal, external) for a new instance, and the pair if it came from the queue."""
         if self._addresses:
-            return self._addresses.popleft()
+            queued = self._addresses.popleft()
+            return (*queued, queued)
         if self.address_plan is not None:
-            return self.address_plan(project, zone, name)
-        number, self._next_address = self._next_address, self._next_address + 1
-        return f"10.128.{number // 250}.{number % 250 + 2}", f"203.0.113.{number % 250 + 2}"
+            return (*self.address_plan(project, zone, name), None)
+        # Defaults the tests' network guard refuses: a test that forgot to plan fails fast.
+        self._next_address += 1
+        high, low = divmod(self._next_address, 250)
+        return f"10.128.{high}.{low + 2}", f"203.0.113.{low + 2}", None
 
     def _get_instance(self, call: _Call, project: str, zone: str, instance: str) -> Json:
         return copy.deepcopy(self._instance(project, zone, instance))
@@ -1158,8 +1176,12 @@ class GCPFake:
         target["status"] = "STAGING"
 
         def started() -> None:
-            if target["status"] == "STAGING":
-                target.update(status="RUNNING", lastStartTimestamp=_timestamp())
+            if target["status"] != "STAGING":
+                return
+            target.update(status="RUNNING", lastStartTimestamp=_timestamp())
+            for config in target["networkInterfaces"][0].get("accessConfigs", []):
+                if "natIP" not in config:  # a new ephemeral external address, as GCE gives
+                    config["natIP"] = self._plan_addresses(project, zone, instance)[1]
 
         def kept() -> None:
             target["status"] = "TERMINATED"
@@ -1209,6 +1231,7 @@ class GCPFake:
             on_failure=on_failure,
             fault=fault,
             names=names,
+            delay=self.operation_delay,
         )
         return copy.deepcopy(operation.body)
 
@@ -1277,6 +1300,7 @@ class GCPFake:
             on_failure=failed,
             fault=call.fault,
             names={"project": project, "name": name},
+            delay=self.operation_delay,
         )
         return copy.deepcopy(operation.body)
 
@@ -1312,6 +1336,7 @@ class GCPFake:
             on_success=gone,
             fault=call.fault,
             names={"project": project, "name": firewall},
+            delay=self.operation_delay,
         )
         return copy.deepcopy(operation.body)
 
@@ -1553,9 +1578,6 @@ class GCPFake:
         )
 
 
-# Operations a client's call starts (``operation_delay`` applies); system events finish at once.
-_API_OPERATIONS = frozenset({"insert", "delete", "stop", "start", "setLabels"})
-
 # The calls whose operation an ``in_operation`` fault can fail.
 _OPERATION_FAULTS = frozenset(
     {
@@ -1631,7 +1653,7 @@ def _route(method: str, path: str) -> tuple[Callable[..., Json], dict[str, Any]]
     raise ApiError(404, "notFound", f"The fake does not serve {method} {path}")
 
 
-class _Handler_(BaseHTTPRequestHandler):
+class _RequestHandler(BaseHTTPRequestHandler):
     owner: GCPFake
     protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's requests session expects
     timeout = 60  # an idle keep-alive connection's thread ends after this
@@ -1651,11 +1673,14 @@ class _Handler_(BaseHTTPRequestHandler):
         else:
             status, payload = self.owner._handle(self.command, parts.path, query, body)
         data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json; charset=UTF-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up (a wait past its own timeout)
 
     do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _serve
 
@@ -1815,9 +1840,8 @@ def compute_client(client_class: Callable[..., _C], url: str) -> _C:
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
 
-    return client_class(
-        credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=url)
-    )
+    credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    return client_class(credentials=credentials, client_options=ClientOptions(api_endpoint=url))
 
 
 @dataclass(frozen=True)
@@ -1829,16 +1853,16 @@ class ComputeClients:
     """
 
     url: str
-    instances: Any
-    firewalls: Any
-    zone_operations: Any
-    global_operations: Any
-    machine_types: Any
-    accelerator_types: Any
-    images: Any
-    zones: Any
-    regions: Any
-    region_zones: Any
+    instances: compute_v1.InstancesClient
+    firewalls: compute_v1.FirewallsClient
+    zone_operations: compute_v1.ZoneOperationsClient
+    global_operations: compute_v1.GlobalOperationsClient
+    machine_types: compute_v1.MachineTypesClient
+    accelerator_types: compute_v1.AcceleratorTypesClient
+    images: compute_v1.ImagesClient
+    zones: compute_v1.ZonesClient
+    regions: compute_v1.RegionsClient
+    region_zones: compute_v1.RegionZonesClient
 
     @classmethod
     def at(cls, url: str) -> ComputeClients:
@@ -1861,13 +1885,16 @@ class ComputeClients:
             region_zones=make(compute_v1.RegionZonesClient),
         )
 
-    def wait(self, operation: Any, *, timeout: float = 30.0) -> Any:
-        """The operation, DONE: waited for with ``operations.wait`` until ``timeout`` s.
+    def wait(
+        self, operation: ExtendedOperation | compute_v1.Operation, *, timeout: float = 30.0
+    ) -> compute_v1.Operation:
+        """The operation, DONE: waited for with ``operations.wait``, for ``timeout`` s at most.
 
         ``operation`` is what a call returned (an ``ExtendedOperation`` or an ``Operation``);
         its selfLink says which project and zone to ask. Errors are not raised: read
         ``.error.errors`` or call ``operation_error``. ``TimeoutError`` when it is not done.
         """
+        import requests
         from google.cloud import compute_v1
 
         match = re.search(
@@ -1877,32 +1904,36 @@ class ComputeClients:
             raise ValueError(f"not a zonal or global operation: {operation.self_link}")
         project, zone, name = match.groups()
         deadline = time.monotonic() + timeout
-        current = operation
-        while current.status != compute_v1.Operation.Status.DONE:
+        # What insert() returns wraps the operation; one call at least gets the plain one.
+        current = operation if isinstance(operation, compute_v1.Operation) else None
+        while current is None or current.status != compute_v1.Operation.Status.DONE:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"operation {name} not done after {timeout} s")
-            # The RPC's own timeout must outlast one server-side wait (GCE's: 2 minutes).
-            call_timeout = max(remaining, 1.0) + 5.0
-            if zone:
-                current = self.zone_operations.wait(
-                    project=project, zone=zone, operation=name, timeout=call_timeout
-                )
-            else:
-                current = self.global_operations.wait(
-                    project=project, operation=name, timeout=call_timeout
-                )
+            # GCE's wait returns after 2 minutes at most, whatever the client's deadline: the
+            # call's own timeout ends it at ours.
+            try:
+                if zone:
+                    current = self.zone_operations.wait(
+                        project=project, zone=zone, operation=name, timeout=remaining
+                    )
+                else:
+                    current = self.global_operations.wait(
+                        project=project, operation=name, timeout=remaining
+                    )
+            except requests.exceptions.Timeout:
+                raise TimeoutError(f"operation {name} not done after {timeout} s") from None
         return current
 
 
-def operation_error(operation: Any) -> Exception | None:
+def operation_error(operation: compute_v1.Operation) -> GoogleAPICallError | None:
     """What a finished operation's error is as an ``api_core`` exception (``None``: no error)."""
     from google.api_core import exceptions
 
     errors = list(operation.error.errors)
     if not errors:
         return None
-    return exceptions.from_http_status(
+    return exceptions.from_http_status(  # type: ignore[no-any-return,no-untyped-call]
         operation.http_error_status_code or 500,
         operation.http_error_message or errors[0].message,
         errors=errors,
