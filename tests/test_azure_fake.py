@@ -8,7 +8,9 @@ long-running operations through ``Azure-AsyncOperation``, failures arriving as
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -38,17 +40,20 @@ def fake() -> Iterator[AzureFake]:
 @pytest.fixture
 def arm(fake: AzureFake) -> Iterator[AzureClients]:
     fake.reset()
-    fake.page_size, fake.operation_polls, fake.addresses = 100, 1, None
+    fake.page_size, fake.operation_seconds, fake.addresses = 100, 1.0, None
     clients = sdk_clients(fake)
     yield clients
     clients.close()
+    assert not fake.errors, fake.errors[0]
 
 
 def _resource_group(arm: AzureClients, name: str, **tags: str) -> None:
     arm.resource.resource_groups.create_or_update(name, {"location": LOCATION, "tags": tags})
 
 
-def _network(arm: AzureClients, rg: str, name: str, *, nic_delete: str = "Detach") -> Any:
+def _network(
+    arm: AzureClients, rg: str, name: str, *, nic_delete: str = "Detach", ip: str = "Static"
+) -> Any:
     """vnet + subnet (as a child) + NSG open to SSH from the client + static public IP + NIC;
     returns the NIC reference a VM takes."""
     network = arm.network
@@ -96,7 +101,7 @@ def _network(arm: AzureClients, rg: str, name: str, *, nic_delete: str = "Detach
         {
             "location": LOCATION,
             "sku": {"name": "Standard"},
-            "properties": {"publicIPAllocationMethod": "Static"},
+            "properties": {"publicIPAllocationMethod": ip},
         },
     ).result()
     nic = network.network_interfaces.begin_create_or_update(
@@ -272,6 +277,60 @@ def test_vm_delete_keeps_the_nic_and_ip_unless_told_and_a_nic_in_use_cannot_go(
         "Microsoft.Network/virtualNetworks",
     ]
     arm.network.network_interfaces.begin_delete("pool-3", "node-0-nic").result()
+
+
+def test_a_pool_created_in_parallel_all_lands(fake: AzureFake, arm: AzureClients) -> None:
+    _resource_group(arm, "pool-p")
+    nics = [_network(arm, "pool-p", f"node-{i}") for i in range(4)]
+
+    def create(index: int) -> str:
+        poller = arm.compute.virtual_machines.begin_create_or_update(
+            "pool-p", f"node-{index}", _vm_model(nics[index])
+        )
+        return str(poller.result().provisioning_state)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(create, range(4))) == ["Succeeded"] * 4
+    assert sorted(v["powerState"] for v in fake.vms("pool-p")) == ["running"] * 4
+
+
+def test_a_dynamic_public_ip_has_an_address_only_while_its_vm_runs(
+    fake: AzureFake, arm: AzureClients
+) -> None:
+    _resource_group(arm, "pool-d")
+    nic = _network(arm, "pool-d", "node-0", ip="Dynamic")
+    assert arm.network.public_ip_addresses.get("pool-d", "node-0-ip").ip_address is None
+
+    arm.compute.virtual_machines.begin_create_or_update("pool-d", "node-0", _vm_model(nic)).result()
+    assert arm.network.public_ip_addresses.get("pool-d", "node-0-ip").ip_address
+
+    arm.compute.virtual_machines.begin_deallocate("pool-d", "node-0").result()
+    assert arm.network.public_ip_addresses.get("pool-d", "node-0-ip").ip_address is None
+
+
+def test_leftovers_are_found_by_tag_across_the_subscription(arm: AzureClients) -> None:
+    _resource_group(arm, "pool-l")
+    arm.network.public_ip_addresses.begin_create_or_update(
+        "pool-l", "ip-a", {"location": LOCATION, "tags": {"skyward-pool": "p1"}}
+    ).result()
+    arm.network.public_ip_addresses.begin_create_or_update(
+        "pool-l", "ip-b", {"location": LOCATION, "tags": {"skyward-pool": "p2"}}
+    ).result()
+
+    found = arm.resource.resources.list(filter="tagName eq 'skyward-pool' and tagValue eq 'p1'")
+
+    assert [r.name for r in found] == ["ip-a"]
+
+
+def test_an_operation_nobody_polls_still_finishes(fake: AzureFake, arm: AzureClients) -> None:
+    fake.operation_seconds = 0.1
+    _resource_group(arm, "pool-f")
+
+    arm.resource.resource_groups.begin_delete("pool-f", polling=False)  # fire and forget
+    assert [g["properties"]["provisioningState"] for g in fake.resource_groups()] == ["Deleting"]
+
+    time.sleep(0.15)
+    assert fake.resource_groups() == []
 
 
 # ── failures ────────────────────────────────────────────────────────────────────────────

@@ -50,6 +50,7 @@ import ssl
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -514,7 +515,17 @@ class AzureFake:
     - ``page_size``: items per page of every list, with ``nextLink`` beyond (100);
     - ``addresses``: an ``AddressSource`` choosing NIC and public IP addresses.
 
-    Everything is thread-safe; inspection methods return deep copies.
+    What a test has besides the SDK (all thread-safe; inspection returns deep copies):
+
+    - ``url``, ``ca_path``, ``client_kwargs()``, ``client(cls)``; ``sdk_clients(fake)`` below;
+    - ``request_log`` [(method, path)], ``requests(method, contains)``; ``errors`` (requests
+      the fake itself failed on: a test can assert it stays empty);
+    - ``resource_groups()``, ``resources(rg)``, ``vms(rg)``, ``vm(rg, name)``,
+      ``custom_data(rg, name)``, ``power_state(rg, name)``, ``vm_addresses(rg, name)``,
+      ``nsg_rules(rg, nsg)``;
+    - ``fail_vm_create(code, ...)``, ``fail_requests(status, code, ...)``,
+      ``restrict_sku(size, location, zones=)``, ``set_quota(location, family, vcpus)``;
+    - ``stop_from_inside(rg, name)``, ``evict(rg, name)``, ``settle()``, ``reset()``.
     """
 
     def __init__(
@@ -549,6 +560,7 @@ class AzureFake:
         self._quotas: dict[tuple[str, str], int] = {}
         self._cursors: dict[str, list[Json]] = {}
         self._log: list[tuple[str, str]] = []
+        self.errors: list[str] = []  # tracebacks of requests the fake itself failed on
         self._public_counter = itertools.count(10)
 
     # ── lifecycle ──
@@ -817,6 +829,11 @@ class AzureFake:
                 return self._error(ArmError(400, "InvalidRequestContent", str(exc)))
             except ArmError as exc:
                 return self._error(exc)
+            except Exception as exc:
+                # A bug in the fake, or a request it does not understand: answer, and keep it
+                # for the test to see (`errors`), rather than drop the connection.
+                self.errors.append(f"{method} {target}: {traceback.format_exc()}")
+                return self._error(ArmError(500, "InternalServerError", repr(exc)))
 
     def _error(self, exc: ArmError) -> Reply:
         return Reply(exc.status, exc.body(), {"x-ms-failure-cause": "service"})
@@ -880,6 +897,14 @@ class AzureFake:
                     return self._list_vm_sizes(rest[3])
                 if lrest[4] == "usages":
                     return self._list_usages(rest[3])
+                if lrest[4] == "virtualmachines" and method == "GET":
+                    location = self._check_location(rest[3])
+                    found = [
+                        r
+                        for r in self._all_vms(None)
+                        if self._sub_of(r) == sub.lower() and r.body["location"] == location
+                    ]
+                    return self._page(path, query, [self._view(r, query) for r in found])
             if n == 3 and method == "GET":
                 kind = self._type(rest[1], rest[2])
                 found = [
@@ -1389,8 +1414,21 @@ class AzureFake:
             if users and child_type in _IN_USE:
                 code, text = _IN_USE[child_type]
                 raise ArmError(400, code, text.format(id=children[index]["id"], ref=users[0]))
-            del children[index]
-            return Reply(200)
+            doomed = children[index]
+            doomed["properties"]["provisioningState"] = "Deleting"
+
+            def remove() -> None:
+                if doomed in children:
+                    children.remove(doomed)
+
+            deletion = self._start(remove)
+            return Reply(
+                202,
+                None,
+                self._async_headers(
+                    self._sub_of(parent), "Microsoft.Network", parent.body["location"], deletion
+                ),
+            )
         if method != "PUT":
             raise ArmError(405, "MethodNotAllowed", f"{method} on {child_type}.")
         shaped = self._shape_child(parent, collection, child_type, {**body, "name": name})
