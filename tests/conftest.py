@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
