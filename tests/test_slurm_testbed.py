@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +126,49 @@ def test_hosts_resolve_each_other_from_their_own_etc_hosts(slurm_cluster: SlurmC
     assert resolv == "nameserver 127.0.0.1\n"
 
 
+# Answers nothing; reports every DNS query that reaches this host's loopback resolver.
+_DNS_TRAP = """
+import select, socket
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind(("127.0.0.1", 53))
+tcp = socket.socket()
+tcp.bind(("127.0.0.1", 53))
+tcp.listen()
+print("ready", flush=True)
+while True:
+    for s in select.select([udp, tcp], [], [])[0]:
+        if s is udp:
+            print("udp", udp.recvfrom(512)[0], flush=True)
+        else:
+            print("tcp", flush=True)
+            s.accept()[0].close()
+"""
+
+
+def test_slurm_makes_no_dns_queries(slurm_cluster: SlurmCluster) -> None:
+    traps = {}
+    try:
+        for host in slurm_cluster.hosts:
+            traps[host.name] = subprocess.Popen(
+                slurm_cluster.command_on(host.name, [sys.executable, "-c", _DNS_TRAP], user="root"),
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert traps[host.name].stdout.readline() == "ready\n"  # type: ignore[union-attr]
+        slurm_cluster.run("srun", "-N2", "hostname")
+        job = slurm_cluster.run("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "hostname")
+        slurm_cluster.wait_job_state(job.stdout.strip(), {None}, timeout=15)
+        slurm_cluster.run("salloc", "--no-shell", "-J", "dns")
+        slurm_cluster.run("scancel", "-n", "dns")
+        slurm_cluster.run("sinfo")
+        slurm_cluster.run("scontrol", "show", "nodes")
+    finally:
+        for trap in traps.values():
+            trap.kill()
+    queries = {name: trap.communicate(timeout=10)[0] for name, trap in traps.items()}
+    assert queries == {h.name: "" for h in slurm_cluster.hosts}
+
+
 def test_a_second_cluster_takes_another_subnet_and_leaves_the_first_alone(
     slurm_cluster: SlurmCluster,
 ) -> None:
@@ -187,7 +231,7 @@ def test_close_leaves_no_slurm_process_or_namespace(slurm_cluster: SlurmCluster)
 
 def _not_zombie(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 

@@ -559,6 +559,11 @@ class SlurmCluster:
             socket_path = root / "hosts" / host.name / "munge" / "munge.socket"
             _wait_for(socket_path.exists, 10.0, f"munged on {host.name}")
         self._spawn("slurmctld", self.controller, "slurmctld", "-D", "-f", str(self.conf))
+        # A slurmd that finds no controller retries its registration a second later.
+        ping = ("scontrol", "ping")
+        _wait_for(
+            lambda: self.run(*ping, user="root", check=False).returncode == 0, 10.0, "slurmctld"
+        )
         for host in self.nodes:
             self._spawn(f"slurmd@{host.name}", host, "slurmd", "-D", "-f", str(self.conf))
         sshd_config = root / "hosts" / "login" / "sshd_config"
