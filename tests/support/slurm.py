@@ -122,7 +122,13 @@ def ensure_installed() -> float:
             (*apt, "update"),
             (*apt, "install", "-y", "--no-install-recommends", *PACKAGES),
         ):
-            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+            deadline = time.monotonic() + 600
+            while True:
+                done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+                # DPkg::Lock::Timeout waits for dpkg's lock, not for the package lists' lock.
+                if "Could not get lock" not in done.stderr or time.monotonic() > deadline:
+                    break
+                time.sleep(2)
             if done.returncode != 0:
                 raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
         if missing := _missing_packages():
@@ -182,6 +188,7 @@ class SlurmCluster:
         self._daemons: dict[str, subprocess.Popen[bytes]] = {}  # "slurmd@node0", ...
         self._namespace_inodes: set[int] = set()
         self._links: list[str] = []  # links in the root namespace that this cluster made
+        self._deadline = 0.0  # of the start
         self._started = False
         self._closed = False
 
@@ -317,8 +324,8 @@ class SlurmCluster:
         """The last lines of every log (daemons' own and their stderr), for failures."""
         parts = []
         for log in sorted(self.root.glob("log/*")):
-            text = log.read_text(errors="replace").splitlines()[-lines:]
-            parts.append(f"── {log.name}\n" + "\n".join(text))
+            if text := log.read_text(errors="replace").splitlines()[-lines:]:
+                parts.append(f"── {log.name}\n" + "\n".join(text))
         return "\n".join(parts)
 
     def _host(self, name: str) -> SlurmHost:
@@ -338,6 +345,7 @@ class SlurmCluster:
         self._started = True
         self.timings["install_s"] = ensure_installed()
         begin = time.monotonic()
+        self._deadline = begin + self.start_timeout
         try:
             ensure_user()
         except subprocess.CalledProcessError:
@@ -555,35 +563,35 @@ class SlurmCluster:
                 f"--seed-file={own}/munged.seed",
                 f"--origin={host.address}",
             )
-        for host in self.hosts:
-            socket_path = root / "hosts" / host.name / "munge" / "munge.socket"
-            _wait_for(socket_path.exists, 10.0, f"munged on {host.name}")
+        sockets = [root / "hosts" / h.name / "munge" / "munge.socket" for h in self.hosts]
+        self._wait("munged", lambda: all(path.exists() for path in sockets))
         self._spawn("slurmctld", self.controller, "slurmctld", "-D", "-f", str(self.conf))
         # A slurmd that finds no controller retries its registration a second later.
         ping = ("scontrol", "ping")
-        _wait_for(
-            lambda: self.run(*ping, user="root", check=False).returncode == 0, 10.0, "slurmctld"
-        )
+        self._wait("slurmctld", lambda: self.run(*ping, user="root", check=False).returncode == 0)
         for host in self.nodes:
             self._spawn(f"slurmd@{host.name}", host, "slurmd", "-D", "-f", str(self.conf))
         sshd_config = root / "hosts" / "login" / "sshd_config"
         self._spawn("sshd", self.login_host, "/usr/sbin/sshd", "-D", "-e", "-f", str(sshd_config))
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        wanted = set(self.node_names)
-        while True:
-            if exited := [n for n, p in self._daemons.items() if p.poll() is not None]:
-                raise RuntimeError(f"exited: {', '.join(exited)}")
+        def idle() -> bool:
             sinfo = ("sinfo", "-h", "-N", "-o", "%N %t")
             done = self.run(*sinfo, user="root", check=False, timeout=15)
             idle = {line.split()[0] for line in done.stdout.splitlines() if line.endswith(" idle")}
-            if done.returncode == 0 and idle >= wanted:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nodes are not idle: {done.stdout}{done.stderr}")
-            time.sleep(0.05)
-        _wait_port(self.login.address, self.login.port, deadline - time.monotonic())
+            return idle >= set(self.node_names)
+
+        self._wait("every node idle", idle)
+        self._wait("sshd", lambda: _accepts(self.login.address, self.login.port))
+
+    def _wait(self, what: str, condition: Callable[[], bool]) -> None:
+        """Poll ``condition`` until the start's deadline; fail at once if a daemon exits."""
+        while not condition():
+            if exited := [n for n, p in self._daemons.items() if p.poll() is not None]:
+                raise RuntimeError(f"waiting for {what}: {', '.join(exited)} exited")
+            if time.monotonic() > self._deadline:
+                raise TimeoutError(f"waiting for {what}: not after {self.start_timeout} s")
+            time.sleep(0.02)
 
     # ── stop ──────────────────────────────────────────────────────────────────────────────
 
@@ -632,9 +640,12 @@ class SlurmCluster:
 
     def leftovers(self) -> list[str]:
         """What ``close()`` should have removed and did not."""
-        found = [f"process {pid}" for pid in _pids_in(self._namespace_inodes)]
-        listed = _run("ip", "netns", "list").stdout.split()
-        found += [f"namespace {h.netns}" for h in self.hosts if h.netns in listed]
+        named = _named_namespaces()
+        ours = {h.netns for h in self.hosts}
+        # A deleted namespace's inode number may be reused by a namespace someone else made.
+        others = {inode for name, inode in named.items() if name not in ours}
+        found = [f"process {pid}" for pid in _pids_in(self._namespace_inodes - others)]
+        found += [f"namespace {name}" for name in sorted(ours & named.keys())]
         found += [f"link {x}" for x in self._links if Path(f"/sys/class/net/{x}").exists()]
         if self.root != Path() and self.root.exists():
             found.append(str(self.root))
@@ -693,9 +704,18 @@ def _subnet_free(tag: int) -> bool:
 
 
 def _names_free(links: list[str], namespaces: list[str]) -> bool:
-    listed = _run("ip", "netns", "list").stdout.split()
     taken = [x for x in links if Path(f"/sys/class/net/{x}").exists()]
-    return not taken and not any(n in listed for n in namespaces)
+    return not taken and not _named_namespaces().keys() & set(namespaces)
+
+
+def _named_namespaces() -> dict[str, int]:
+    """Every network namespace that ``ip netns`` names, with its inode."""
+    found = {}
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir("/run/netns"):
+            with contextlib.suppress(OSError):  # deleted meanwhile
+                found[entry.name] = entry.stat().st_ino
+    return found
 
 
 def _pids_in(inodes: set[int]) -> list[int]:
@@ -738,17 +758,9 @@ def _until(condition: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    if not _until(condition, timeout):
-        raise TimeoutError(f"{what} not ready after {timeout} s")
-
-
-def _wait_port(address: str, port: int, timeout: float) -> None:
-    def accepts() -> bool:
-        try:
-            with socket.create_connection((address, port), timeout=1.0):
-                return True
-        except OSError:
-            return False
-
-    _wait_for(accepts, max(timeout, 1.0), f"{address}:{port}")
+def _accepts(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
