@@ -10,6 +10,9 @@
       │                         ─ veth ─ node1    10.123.T.12  munged, slurmd
       └ cluster.run("squeue") enters the login host's namespaces as skytest
 
+Hosts have no default route; they reach the root namespace at the bridge address
+(``cluster.bridge_address``), where a test may serve what they need (a package index).
+
 Every host's mount namespace binds over the machine's own files:
 
 - ``/etc/hosts`` naming every host of the cluster, and a ``/etc/resolv.conf`` whose name
@@ -230,6 +233,7 @@ class SlurmCluster:
 
     @property
     def bridge_address(self) -> str:
+        """The root namespace's address on the cluster's network."""
         return f"{self.subnet}.1"
 
     def namespace_inodes(self) -> set[int]:
@@ -289,7 +293,8 @@ class SlurmCluster:
 
     def job_state(self, job_id: str) -> str | None:
         """The job's state as ``squeue`` shows it (``PENDING``, ``RUNNING``, ...), or None
-        once it has left the queue."""
+        once it has left the queue (ended, cancelled or failed; there is no accounting, but
+        ``scontrol show job`` still knows it for MinJobAge, 300 s)."""
         out = self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.strip()
         return out or None
 
