@@ -59,7 +59,9 @@ def test_mps_starts_the_daemon_before_the_workers_code_and_quits_it_after(
     for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
         monkeypatch.delenv(key, raising=False)
     plugin = sky.plugins.mps(active_thread_percentage=50, pinned_memory_limit="8G")
-    info = InstanceInfo(node=0, total_nodes=1, head_addr="127.0.0.1", head_port=0, peers=("x",), hostname="h0")
+    info = InstanceInfo(
+        node=0, total_nodes=1, head_addr="127.0.0.1", head_port=0, peers=("x",), hostname="h0"
+    )
     assert plugin.around_app is not None
     with plugin.around_app(info):
         started = record.read_text().splitlines()
@@ -74,7 +76,9 @@ def test_mps_without_the_control_program_says_where_it_comes_from(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    info = InstanceInfo(node=3, total_nodes=4, head_addr="h", head_port=1, peers=("a",) * 4, hostname="h3")
+    info = InstanceInfo(
+        node=3, total_nodes=4, head_addr="h", head_port=1, peers=("a",) * 4, hostname="h3"
+    )
     plugin = sky.plugins.mps()
     assert plugin.around_app is not None
     with pytest.raises(sky.PluginError, match="node 3 has no nvidia-cuda-mps-control"):
