@@ -4,6 +4,7 @@ restarts; a long computation is never taken for a hang."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -104,3 +105,69 @@ def test_ranks_blocked_in_a_collective_the_others_left_fail_the_call_and_the_gan
     assert "node(s) 1 waited more than hang_timeout (4 s)" in str(hang.value)
     assert took < 60, "far below jax's own five-minute waits"
     assert len(alone.value.blocked) == 1
+
+
+# ── long waits that are not collectives: left alone ─────────────────────────────────────
+
+
+def ranks_1_and_2_sleep_in_a_debug_callback() -> int:
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    node = sky.instance_info().node
+
+    @jax.jit
+    def step(x: jax.Array) -> jax.Array:
+        jax.debug.callback(lambda: time.sleep(10.0 if node else 0.1))
+        return x + 1
+
+    step(jnp.ones(2)).block_until_ready()  # no collective at all
+    return node
+
+
+def io_callback_for_ten_seconds() -> float:
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import io_callback
+
+    def load(x: np.ndarray) -> np.ndarray:
+        time.sleep(10.0)  # a slow data loader
+        return np.asarray(x) * 2
+
+    @jax.jit
+    def step(x: jax.Array) -> jax.Array:
+        return io_callback(load, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    return float(step(jnp.ones(2)).sum())
+
+
+@pytest.mark.timeout(240)
+def test_ranks_waiting_in_a_host_callback_are_not_taken_for_a_hang() -> None:
+    statuses: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            statuses.append(record.getMessage())
+
+    handler = Keep()
+    logger = logging.getLogger("skyward")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        with sky.ComputePool(
+            nodes=3, plugins=[sky.plugins.jax()], hang_timeout=4.0, quiet=True
+        ) as pool:
+            assert pool.broadcast(ranks_1_and_2_sleep_in_a_debug_callback) == [0, 1, 2]
+            assert pool.run(io_callback_for_ten_seconds) == 4.0
+            assert pool.statistics().workers_replaced == 0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    said = [s for s in statuses if "not in a collective" in s]
+    assert said and "in a callback" in said[0], statuses
