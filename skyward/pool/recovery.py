@@ -397,6 +397,13 @@ class HangWatch:
                 slot.ready = False
             for task in tasks:
                 fail(task.future, error)
+        with self._scheduler.lock:
+            gang = self._scheduler.channels()
+        for other in gang:
+            # Every rank hears first that it is being stopped (the jax plugin then sends what
+            # JAX logs as its runtime falls apart to a file): killing a blocked rank ends the
+            # others' runtime too, before their own turn in the gang restart comes.
+            other.interrupt()
         for channel in channels:
             assert channel is not None
             channel.kill(f"it was blocked in a collective the other ranks had left ({name})")
