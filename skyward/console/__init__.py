@@ -206,16 +206,20 @@ class LineBuffer:
 
     A line longer than ``MAX_LINE`` bytes is shown in pieces. A line rewritten with ``\r``
     (tqdm, keras) keeps only its latest state, shown at most every ``REDRAW`` seconds while
-    it changes, and in full when its newline comes or its call returns.
+    it changes, and in full when its newline comes or its call returns. Text that has waited
+    ``HOLD`` seconds for its newline (dots printed one by one, a prompt) is shown as it is,
+    as a terminal would show it, and what follows starts a new line.
     """
 
     MAX_LINE = 1 << 16
     REDRAW = 0.5
+    HOLD = 1.0
 
     def __init__(self) -> None:
         self._chunks: list[bytes] = []
         self._size = 0
         self._shown = 0.0  # when the latest state of a \r-rewritten line was shown
+        self._since: float | None = None  # when the text now waiting for its newline began
 
     def feed(self, data: bytes, now: float) -> list[bytes]:
         lines: list[bytes] = []
@@ -223,19 +227,25 @@ class LineBuffer:
             head, _, data = data.rpartition(b"\n")
             self._chunks.append(head)
             whole = b"".join(self._chunks).split(b"\n")
-            self._chunks, self._size = [], 0
+            self._chunks, self._size, self._since = [], 0, None
             lines = [_latest(line) for line in whole]
         if b"\r" in data:
             # Earlier states of a rewritten line are dropped: only the latest matters.
             done, _, data = data.rpartition(b"\r")
             state = _latest(b"".join(self._chunks) + done)
-            self._chunks, self._size = [], 0
+            self._chunks, self._size, self._since = [], 0, None
             if state and now - self._shown >= self.REDRAW:
                 lines.append(state)
                 self._shown = now
         if data:
+            if self._since is None:
+                self._since = now
             self._chunks.append(data)
             self._size += len(data)
+            if now - self._since >= self.HOLD:
+                lines.append(_latest(b"".join(self._chunks)))
+                self._chunks, self._size, self._since = [], 0, None
+                return lines
             if self._size > self.MAX_LINE:
                 whole_line = b"".join(self._chunks)
                 cut = len(whole_line) - len(whole_line) % self.MAX_LINE
@@ -251,7 +261,7 @@ class LineBuffer:
     def take(self) -> list[bytes]:
         """What is left, as a line of its own (empty if nothing is)."""
         rest = _latest(b"".join(self._chunks))
-        self._chunks, self._size = [], 0
+        self._chunks, self._size, self._since = [], 0, None
         return [rest] if rest else []
 
 
