@@ -9,6 +9,7 @@ process alive fails, by name.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,8 @@ os.environ.update(
         "NO_GCE_CHECK": "True",
     }
 )
+# Pools keep their logs under the user's cache; the suite's thousand pools keep theirs apart.
+os.environ.setdefault("SKYWARD_LOG_DIR", tempfile.mkdtemp(prefix="skyward-test-logs-"))
 
 # Loopback, and addresses only while they route to a bridge this run made (support/netguard).
 netguard.install()

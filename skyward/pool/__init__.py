@@ -24,6 +24,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal, TypeVar, Unpack
 
@@ -34,6 +35,7 @@ from skyward._options import refuse_unknown
 from skyward.collections.proxies import PoolCollections, register, unregister
 from skyward.collections.state import SharedState
 from skyward.console import Console, ConsoleMode
+from skyward.console.logs import PoolLog, secrets_of
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
@@ -97,7 +99,12 @@ class ComputePool(PoolCollections):
         self._remote = not isinstance(spec.provider, Local)
         self._before_pickling()
         mode: ConsoleMode = "off" if spec.quiet else spec.console
-        self._console = Console(mode=mode, output=spec.output)
+        log = PoolLog.open(
+            spec.name,
+            meta={"provider": spec.provider_kind, "nodes": spec.nodes},
+            secrets=secrets_of(self.image.env),
+        )
+        self._console = Console(mode=mode, output=spec.output, log=log)
 
         self._state: State = "new"  # guarded by the scheduler's lock
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
@@ -150,6 +157,13 @@ class ComputePool(PoolCollections):
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def log_dir(self) -> Path | None:
+        """Where this pool writes its nodes' output and its events (``skyward logs`` reads
+        them); None when logs could not be written on this machine."""
+        log = self._console.log_file
+        return None if log is None else log.directory
 
     def __repr__(self) -> str:
         return (
@@ -352,6 +366,7 @@ class ComputePool(PoolCollections):
                     self._state = "closed"
                     self._scheduler.idle.notify_all()
                 self._console.flush()
+                self._console.closed()
                 atexit.unregister(self._close_at_exit)
 
     def _close_at_exit(self) -> None:

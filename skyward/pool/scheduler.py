@@ -224,7 +224,8 @@ class Scheduler:
 
     def _relay(self, parts: list[tuple[Slot, Task]], futures: list[Future[Any]]) -> None:
         """Send a broadcast's payload over the client's link once, to the first node, which
-        relays it to the others (see "relayed broadcasts" below); they get their calls first, without it."""
+        relays it to the others (see "relayed broadcasts" below); they get their calls
+        first, without it."""
         token = self.fanout.token()
         (first, first_task), rest = parts[0], parts[1:]
         receivers: list[tuple[int, str, Channel]] = []
