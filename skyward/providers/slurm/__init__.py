@@ -315,7 +315,9 @@ class Slurm(BaseModel):
             raise
 
     def inventory(self) -> Inventory | None:
-        return SlurmInventory(self)
+        return SlurmInventory(
+            self.login or "local", self.open_login, cancel_timeout=self.cancel_timeout
+        )
 
 
 def gres_for(accelerator: str | None) -> str | None:

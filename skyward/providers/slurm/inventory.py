@@ -4,31 +4,28 @@ user's jobs named ``skyward-<pool>``, whoever's client made them (a killed one i
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
-from skyward._errors import ProvisionError
 from skyward._phases import Reporter
 from skyward.providers.base import Leftover
 from skyward.providers.slurm import api
-
-if TYPE_CHECKING:
-    from skyward.providers.slurm import Slurm
+from skyward.providers.slurm.login import Login
 
 
 class SlurmInventory:
-    """``Inventory`` of one cluster; each call reaches its login host anew."""
+    """``Inventory`` of one cluster (``where``: its login host, or ``local``); each call
+    reaches it anew with ``open_login``."""
 
-    def __init__(self, slurm: Slurm) -> None:
-        self._slurm = slurm
-
-    @property
-    def where(self) -> str:
-        return self._slurm.login or "local"
+    def __init__(
+        self, where: str, open_login: Callable[[], Login], *, cancel_timeout: float
+    ) -> None:
+        self.where = where
+        self._open_login = open_login
+        self._cancel_timeout = cancel_timeout
 
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
-        login = self._slurm.open_login()
+        login = self._open_login()
         try:
             jobs = api.our_jobs(login)
         finally:
@@ -59,12 +56,10 @@ class SlurmInventory:
         jobs = [x.id for x in leftovers if x.provider == "slurm"]
         if not jobs:
             return
-        login = self._slurm.open_login()
+        login = self._open_login()
         try:
             reporter.status(f"slurm {self.where}: scancel {' '.join(jobs)}")
-            api.cancel(login, jobs=jobs, timeout=self._slurm.cancel_timeout)
-        except ProvisionError:
-            raise
+            api.cancel(login, jobs=jobs, timeout=self._cancel_timeout)
         finally:
             login.close()
 

@@ -336,6 +336,7 @@ class Shell(Protocol):
 
     def upload(self, data: bytes, path: str, *, mode: int = 0o644) -> None: ...
 
+
 _LOG_TAIL_LINES = 30
 _TIMED_OUT = 124  # coreutils' timeout: the command ran past its bound
 
