@@ -598,3 +598,41 @@ def test_a_client_on_the_login_node_runs_slurms_commands_itself(
 def test_no_worker_outlives_the_module(slurm_cluster: SlurmCluster) -> None:
     assert worker_processes() == []
     assert queue(slurm_cluster) == []
+
+
+@pytest.mark.timeout(120)
+def test_start_timeline_of_a_two_node_pool_on_an_idle_queue(
+    slurm_cluster: SlurmCluster,
+    index: PackageIndex,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Measures (prints) where the time goes from ComputePool(...) to ready, environment
+    already bootstrapped; asserts only that it starts."""
+    with pool(slurm_cluster, index):
+        pass  # the image's environment is there from now on
+    caplog.set_level(logging.INFO, logger="skyward")
+    caplog.clear()
+    begin = time.time()
+    with pool(slurm_cluster, index) as timed:
+        ready = time.time()
+        assert len(timed.broadcast(os.getpid)) == 2
+    marks = [
+        (r.created, r.getMessage()) for r in caplog.records if r.getMessage().startswith("node 0")
+    ]
+
+    def first(pattern: str) -> float:
+        return next(t for t, m in marks if re.search(pattern, m))
+
+    phases = [
+        ("login (SSH, find Slurm's commands)", begin, first("submitting")),
+        ("sbatch", first("submitting"), first(r"pending|runs on")),
+        ("queue: until RUNNING is seen", first(r"pending|runs on"), first("runs on")),
+        ("nodes and probe (2 steps)", first("runs on"), first("bootstrapping")),
+        ("bootstrap + package check (2 steps)", first("bootstrapping"), first("starting")),
+        ("workers: srun, Hello, Ready", first("starting"), ready),
+    ]
+    with capsys.disabled():
+        print(f"\nSlurm pool, 2 nodes, idle queue: ready in {ready - begin:.2f} s")
+        for what, start, end in phases:
+            print(f"  {what:40s} {end - start:6.2f} s")

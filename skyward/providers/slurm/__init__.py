@@ -269,6 +269,8 @@ class Slurm(BaseModel):
                 reporter=reporter,
                 never=lambda state: _never(login, job or "", state, self, request),
             )
+            for rank in ranks:
+                reporter.phase(rank, "provisioning", f"Slurm job {job} runs on {state.nodes}")
             nodes = api.nodes_of(login, state.nodes)
             probed, cleanup = probe(login, job, nodes, self.workdir)
             plan = Plan(
