@@ -28,11 +28,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._extras import check
+from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 from skyward.providers.slurm import api
 from skyward.providers.slurm.inventory import SlurmInventory
-from skyward.providers.slurm.job import SlurmAllocation, job_name, submit, wait_running
+from skyward.providers.slurm.job import SlurmAllocation, job_mark, submit, wait_running
 from skyward.providers.slurm.login import Login, open_login
 from skyward.providers.slurm.steps import SlurmNode, prepare, probe
 from skyward.providers.ssh.bootstrap import Plan
@@ -198,11 +199,9 @@ class Slurm(BaseModel):
     def target(self) -> HostTarget | None:
         return None if self.login is None else HostTarget(Target.parse(self.login))
 
-    def open_login(self, deadline: object = None) -> Login:
+    def open_login(self, deadline: Deadline | None = None) -> Login:
         """Reach the login host (or this machine); for ``skyward ls`` and the provider."""
-        from skyward._futures import Deadline
-
-        bound = deadline if isinstance(deadline, Deadline) else Deadline(60.0, "60 s")
+        bound = deadline or Deadline(self.connect_timeout + 30, "reaching the login host")
         return open_login(self.target, self.access, bound)
 
     def sbatch_arguments(self, request: ProvisionRequest) -> list[str]:
@@ -249,12 +248,14 @@ class Slurm(BaseModel):
                 reporter.phase(rank, "connecting", f"login host {self.login}")
         login = self.open_login(request.deadline)
         job: str | None = None
+        mark = job_mark()
         try:
             for rank in ranks:
                 reporter.phase(rank, "provisioning", "submitting the Slurm job")
             job = submit(
                 login,
                 pool=request.pool,
+                mark=mark,
                 nodes=request.nodes,
                 tags=dict(request.tags),
                 options=self.sbatch_arguments(request),
@@ -301,10 +302,7 @@ class Slurm(BaseModel):
         except BaseException as error:
             try:
                 api.cancel(
-                    login,
-                    jobs=[job] if job else [],
-                    name=job_name(request.pool),
-                    timeout=self.cancel_timeout,
+                    login, jobs=[job] if job else [], marked=mark, timeout=self.cancel_timeout
                 )
             except Exception as cleanup_error:
                 error.add_note(

@@ -7,7 +7,8 @@ errors translated into ones that say what to do. The only module that knows thei
     job_state    squeue -j J -o state|reason|nodes|start   -> JobState, None once it left
     job_record   scontrol -o show job J                    -> its fields (state, reason, ...)
     nodes_of     scontrol -o show node LIST                -> (name, address) in Slurm's order
-    cancel       scancel [J] [--me --name=N], then squeue until it left the queue
+    cancel       scancel J (and any job whose comment has the pool's mark), then squeue
+                 until they have left the queue
     our_jobs     squeue --me                               -> every skyward-* job (ls / down)
 
 Every command runs through a ``Login``, on the login host or this machine. Output is read
@@ -165,16 +166,20 @@ def cancel(
     login: Login,
     *,
     jobs: Sequence[str] = (),
-    name: str | None = None,
+    marked: str | None = None,
     timeout: float,
 ) -> None:
-    """``scancel`` the jobs, and every job of this user named ``name`` (one whose id was
-    never read: a Ctrl-C during sbatch), then wait until they have left the queue.
-    ``ProvisionError`` naming what is still there after ``timeout`` seconds."""
+    """``scancel`` the jobs, and every job of this user whose comment carries ``marked``
+    (one whose id was never read: a Ctrl-C during sbatch), then wait until they have left
+    the queue. ``ProvisionError`` naming what is still there after ``timeout`` seconds."""
     deadline = Deadline(timeout, f"{timeout:g} s")
     cancelled: set[str] = set()
     while True:
-        present = [job.id for job in _mine(login) if job.id in jobs or (name and job.name == name)]
+        present = [
+            job.id
+            for job in _mine(login)
+            if job.id in jobs or (marked is not None and marked in job.comment.split())
+        ]
         if not present:
             return
         if fresh := [job for job in present if job not in cancelled]:
@@ -197,12 +202,12 @@ def cancel(
 @dataclass(frozen=True)
 class _Mine:
     id: str
-    name: str
+    comment: str
 
 
 def _mine(login: Login) -> list[_Mine]:
-    """This user's jobs in the queue, by id and name."""
-    status, output = login.run(f"squeue --me -h -o skyward{_SEP}%i{_SEP}%j")
+    """This user's jobs in the queue, by id, with their comments."""
+    status, output = login.run(f"squeue --me -h -o skyward{_SEP}%i{_SEP}%k")
     if status != 0:
         raise ProvisionError(f"{login.target}: squeue failed: {output.strip()}")
     rows = [line.split(_SEP) for line in output.splitlines()]

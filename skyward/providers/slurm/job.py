@@ -23,6 +23,7 @@ so) rather than wait in the queue again with nobody to use it.
 
 from __future__ import annotations
 
+import secrets
 import shlex
 import time
 from collections.abc import Callable, Sequence
@@ -30,9 +31,10 @@ from collections.abc import Callable, Sequence
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
-from skyward.providers.base import TAG_CREATED, TAG_OWNER, Allocation, Node, Resource
+from skyward.providers.base import TAG_CREATED, TAG_OWNER, Allocation, Resource
 from skyward.providers.slurm import api
 from skyward.providers.slurm.login import Login
+from skyward.providers.slurm.steps import SlurmNode
 
 # A waiting client looks at the queue often at first (an idle queue starts a job within a
 # second), then every few seconds (a job may wait hours; the controller is shared).
@@ -44,6 +46,11 @@ _SLOW_POLL = 5.0
 
 def job_name(pool: str) -> str:
     return f"{api.JOB_PREFIX}{pool}"
+
+
+def job_mark() -> str:
+    """A token for one pool's job comment (``id=...``)."""
+    return f"id={secrets.token_hex(6)}"
 
 
 def holder_script(pool: str, idle_timeout: float) -> str:
@@ -82,14 +89,16 @@ def submit(
     login: Login,
     *,
     pool: str,
+    mark: str,
     nodes: int,
     tags: dict[str, str],
     options: Sequence[str],
     idle_timeout: float,
     hint: Callable[[str], str],
 ) -> str:
-    """Submit the pool's job; its id."""
-    comment = f"skyward pool={pool} owner={tags[TAG_OWNER]} created={tags[TAG_CREATED]}"
+    """Submit the pool's job; its id. ``mark`` (``id=<token>``, in the comment) finds it if
+    the id is never read, and only it: another client may run a pool of the same name."""
+    comment = f"skyward pool={pool} owner={tags[TAG_OWNER]} created={tags[TAG_CREATED]} {mark}"
     line = [
         f"--job-name={shlex.quote(job_name(pool))}",
         f"--comment={shlex.quote(comment)}",
@@ -153,13 +162,13 @@ class SlurmAllocation(Allocation):
     left the queue (Slurm has then ended every step), then closes the login link."""
 
     def __init__(
-        self, nodes: Sequence[Node], *, login: Login, job: str, cancel_timeout: float
+        self, nodes: Sequence[SlurmNode], *, login: Login, job: str, cancel_timeout: float
     ) -> None:
         super().__init__(nodes, [Resource("Slurm job", job)])
         self.login = login
         self.job = job
         self._cancel_timeout = cancel_timeout
-        self._names = [getattr(node, "name", "") for node in nodes]
+        self._names = [node.name for node in nodes]
 
     def loss_reason(self, rank: int) -> str | None:
         """What Slurm says of the job and of node ``rank``'s machine."""

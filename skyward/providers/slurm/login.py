@@ -94,16 +94,19 @@ class RemoteLogin:
         stdin: bytes = b"",
         timeout: float | None = COMMAND_TIMEOUT,
     ) -> tuple[int, str]:
-        return self.connection.run(
-            self._prefix + command, on_line=on_line, stdin=stdin, timeout=timeout
-        )
+        return self.connection.run(self._sh(command), on_line=on_line, stdin=stdin, timeout=timeout)
 
     def spawn(self, command: str) -> Transport:
         # As ssh.hosts does: the shell names its process group (the PID line) and waits, so
         # that a death by signal comes back as an exit status paramiko reports.
         marker = f"skyward-pid-{secrets.token_hex(6)}"
-        line = f"echo {marker} $$ >&2; {self._prefix}{command}; exit $?"
+        line = self._sh(f"echo {marker} $$ >&2; {command}; exit $?")
         return SSHTransport(self.connection, self.connection.exec(line), marker)
+
+    def _sh(self, command: str) -> str:
+        # The login shell may be csh or tcsh: every command is POSIX sh, which replaces the
+        # login shell (so it keeps its PID, the session's, that the PID line names).
+        return f"exec /bin/sh -c {shlex.quote(self._prefix + command)}"
 
     def close(self) -> None:
         self.connection.close()

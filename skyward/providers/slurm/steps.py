@@ -110,42 +110,37 @@ def probe(
     line that removes the probe's marker files (run by each group's first step)."""
     names = [name for name, _ in nodes]
     home = shell_path(workdir)
-    token = secrets.token_hex(6)
-    marker = f"{home}/.skyward-fs-{token}-"
+    marker = f"{home}/.skyward-fs-{secrets.token_hex(6)}-"
     several = len(nodes) > 1
-    first = "\n".join(
-        [
-            f"mkdir -p {home} || exit 1",
-            f': > {marker}"$SLURMD_NODENAME" || exit 1' if several else ":",
-            'echo "skyward-gpus $SLURMD_NODENAME ${CUDA_VISIBLE_DEVICES:-}"',
-        ]
-    )
-    seen = _lines(login.run(srun(job, names, "skyward-probe", first)), "skyward-gpus", job)
-    gpus = {words[0]: _count_devices(words[1] if len(words) > 1 else "") for words in seen}
-    groups: dict[str, frozenset[str]] = {name: frozenset([name]) for name in names}
+    first = [
+        f"mkdir -p {home} || exit 1",
+        f': > {marker}"$SLURMD_NODENAME" || exit 1' if several else ":",
+        'echo "skyward-gpus $SLURMD_NODENAME ${CUDA_VISIBLE_DEVICES:-}"',
+    ]
+    gpus: dict[str, int] = {}
+    for said in _say(login, job, names, first):
+        if said[0] == "skyward-gpus" and len(said) >= 2:
+            gpus[said[1]] = _count_devices(said[2] if len(said) > 2 else "")
+    by_name = [address for _, address in nodes if not _is_ip(address)]
+    sees: dict[str, set[str]] = {name: {name} for name in names}
     resolved: dict[str, dict[str, str]] = {}  # node -> {name it resolved: address}
-    by_name = [addr for _, addr in nodes if not _is_ip(addr)]
     if several:
-        second = "\n".join(
-            [
-                f'for n in {" ".join(names)}; do if [ -e {marker}"$n" ]; then '
-                'echo "skyward-sees $SLURMD_NODENAME $n"; fi; done',
-                *(
-                    f'echo "skyward-addr $SLURMD_NODENAME {a} '
-                    f"$(getent ahostsv4 {shlex.quote(a)} | awk 'NR==1{{print $1}}')\""
-                    for a in by_name
-                ),
-            ]
-        )
-        found = _lines(login.run(srun(job, names, "skyward-probe", second)), "skyward-", job)
-        sees: dict[str, set[str]] = {name: set() for name in names}
-        for words in found:
-            if words[0] == "skyward-sees" and len(words) == 3:
-                sees.setdefault(words[1], set()).add(words[2])
-            elif words[0] == "skyward-addr" and len(words) == 4:
-                resolved.setdefault(words[1], {})[words[2]] = words[3]
-        groups = {name: frozenset(sees.get(name) or {name}) for name in names}
-    numbers: dict[frozenset[str], int] = {}
+        # Only after every marker is written, and by name, not by listing the directory.
+        second = [
+            f'for n in {" ".join(names)}; do if [ -e {marker}"$n" ]; then '
+            'echo "skyward-sees $SLURMD_NODENAME $n"; fi; done',
+            *(
+                f'echo "skyward-addr $SLURMD_NODENAME {a} '
+                f"$(getent ahostsv4 {shlex.quote(a)} | awk 'NR==1{{print $1}}')\""
+                for a in by_name
+            ),
+        ]
+        for said in _say(login, job, names, second):
+            if said[0] == "skyward-sees" and len(said) == 3:
+                sees.setdefault(said[1], set()).add(said[2])
+            elif said[0] == "skyward-addr" and len(said) == 4:
+                resolved.setdefault(said[1], {})[said[2]] = said[3]
+    groups: dict[frozenset[str], int] = {}  # the nodes that see each other: a filesystem
     probed = []
     for name, address in nodes:
         if address in by_name:
@@ -153,20 +148,19 @@ def probe(
             # itself (Debian's 127.0.1.1), which the others cannot reach.
             others = [resolved.get(n, {}).get(address) for n in names if n != name]
             address = next((a for a in others if a), address)
-        group = numbers.setdefault(groups[name], len(numbers))
+        group = groups.setdefault(frozenset(sees.get(name, {name})), len(groups))
         probed.append(Probed(name, address, gpus.get(name, 0), group))
     return probed, f"rm -f {marker}*" if several else ""
 
 
-def _lines(result: tuple[int, str], prefix: str, job: str) -> list[list[str]]:
-    status, output = result
+def _say(login: Login, job: str, names: Sequence[str], lines: Sequence[str]) -> list[list[str]]:
+    """Run ``lines`` once on each node; the words of every output line they mark."""
+    status, output = login.run(srun(job, names, "skyward-probe", "\n".join(lines)))
     if status != 0:
         raise ProvisionError(
             f"Slurm job {job}: the probe step failed ({status}); its output:\n{output.strip()}"
         )
-    if prefix.endswith("-"):
-        return [line.split() for line in output.splitlines() if line.startswith(prefix)]
-    return [line.split()[1:] for line in output.splitlines() if line.startswith(prefix + " ")]
+    return [line.split() for line in output.splitlines() if line.startswith("skyward-")]
 
 
 def _count_devices(visible: str) -> int:
