@@ -277,6 +277,28 @@ def test_a_pool_behind_another_job_shows_why_it_waits_then_starts(
     assert_nothing_left(slurm_cluster)
 
 
+@pytest.mark.timeout(120)
+def test_close_from_another_thread_while_pending_cancels_the_job(
+    slurm_cluster: SlurmCluster, index: PackageIndex
+) -> None:
+    waiting = pool(slurm_cluster, index)
+    with blocker(slurm_cluster):
+        errors: list[BaseException] = []
+        starter = threading.Thread(target=lambda: _start(waiting, errors))
+        starter.start()
+        deadline = time.monotonic() + 30
+        while not job_of(slurm_cluster, waiting.name):
+            assert time.monotonic() < deadline and starter.is_alive(), errors
+            time.sleep(0.05)
+        waiting.close()
+        starter.join(30)
+        assert not starter.is_alive()
+        [error] = errors
+        assert isinstance(error, sky.PoolClosed), error
+        assert [x for x in queue(slurm_cluster) if waiting.name in x] == []
+    assert_nothing_left(slurm_cluster)
+
+
 def _start(pool_: sky.ComputePool, errors: list[BaseException]) -> None:
     try:
         pool_.start()
@@ -573,25 +595,50 @@ _ON_LOGIN = """
 import os, sys
 import skyward as sky
 image = sky.Image(pip=["packaging"], index_url={index!r})
-with sky.ComputePool(provider=sky.Slurm(), nodes=2, image=image, console="off") as pool:
-    print(pool.broadcast(lambda: (sky.instance_info().node, os.uname().nodename)))
+slurm = sky.Slurm(modules=["skyward-test"])
+with sky.ComputePool(provider=slurm, nodes=2, image=image, console="off") as pool:
+    print(pool.broadcast(lambda: (
+        sky.instance_info().node, os.uname().nodename, os.environ.get("SKYWARD_TEST_MODULE")
+    )))
+"""
+# A module system of the simplest kind: $MODULESHOME/init/sh defines `module`, and loading a
+# module sources its file, which sets a variable and notes where it ran.
+_MODULE_INIT = """module() {
+  [ "$1" = load ] || return 1; shift
+  for m in "$@"; do . "$MODULESHOME/modulefiles/$m" || return 1; done
+}
+"""
+_MODULE_FILE = """SKYWARD_TEST_MODULE=loaded; export SKYWARD_TEST_MODULE
+echo "$(hostname) $SLURM_STEP_ID" >> "$HOME/modules-loaded"
 """
 
 
 @pytest.mark.timeout(120)
-def test_a_client_on_the_login_node_runs_slurms_commands_itself(
+def test_a_client_on_the_login_node_runs_slurms_commands_itself_and_loads_modules(
     slurm_cluster: SlurmCluster, index: PackageIndex
 ) -> None:
     # The client runs on the login host as the cluster's user, with an interpreter a pool
     # bootstraps on the shared home (with packaging, it has what a client needs).
     with pool(slurm_cluster, index, image=sky.Image(pip=["packaging"])) as remote:
         [python] = set(remote.broadcast(lambda: sys.executable))
+    modules = slurm_cluster.home / "modules"
+    (modules / "init").mkdir(parents=True, exist_ok=True)
+    (modules / "modulefiles").mkdir(exist_ok=True)
+    (modules / "init" / "sh").write_text(_MODULE_INIT)
+    (modules / "modulefiles" / "skyward-test").write_text(_MODULE_FILE)
     done = slurm_cluster.run(
-        "env", f"PYTHONPATH={_ROOT}", python, "-c", _ON_LOGIN.format(index=index.url),
-        timeout=90, check=False,
+        "env", f"PYTHONPATH={_ROOT}", "MODULESHOME=/home/skytest/modules", python, "-c",
+        _ON_LOGIN.format(index=index.url), timeout=90, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[(0, 'node0'), (1, 'node1')]"
+    assert done.stdout.strip() == "[(0, 'node0', 'loaded'), (1, 'node1', 'loaded')]"
+    # loaded in the bootstrap's steps (on node0, the shared home's first node) and in each
+    # worker's step, never in the login host's own processes
+    loaded = [
+        line.split()[0] for line in (slurm_cluster.home / "modules-loaded").read_text().splitlines()
+    ]
+    assert loaded.count("node1") == 1 and loaded.count("node0") >= 2, loaded
+    assert set(loaded) == {"node0", "node1"}
     assert_nothing_left(slurm_cluster)
 
 
