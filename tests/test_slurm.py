@@ -439,6 +439,24 @@ def test_a_node_taken_down_is_worker_lost_with_the_jobs_node_failure(
     assert_nothing_left(slurm_cluster)
 
 
+@pytest.mark.timeout(120)
+def test_a_login_link_that_drops_loses_the_workers_and_teardown_reaches_the_login_again(
+    slurm_cluster: SlurmCluster, index: PackageIndex
+) -> None:
+    dropped = pool(slurm_cluster, index, slurm_options={"keepalive": 1, "link_timeout": 3})
+    with dropped:
+        job = job_of(slurm_cluster, dropped.name)
+        slurm_cluster.link_down("login")
+        try:
+            with pytest.raises(sky.WorkerLost, match=r"SSH connection .* dropped"):
+                dropped.broadcast(_sleep_on_node_1)
+        finally:
+            slurm_cluster.link_up("login")
+        assert slurm_cluster.job_state(job) == "RUNNING"
+    assert slurm_cluster.job_state(job) is None
+    assert_nothing_left(slurm_cluster)
+
+
 def _resume(cluster: SlurmCluster, node: str) -> None:
     cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME", user="root",
                 check=False)  # fmt: skip

@@ -35,7 +35,7 @@ from skyward.providers.slurm import api
 from skyward.providers.slurm.inventory import SlurmInventory
 from skyward.providers.slurm.job import SlurmAllocation, job_mark, submit, wait_running
 from skyward.providers.slurm.login import Login, open_login
-from skyward.providers.slurm.steps import SlurmNode, prepare, probe
+from skyward.providers.slurm.steps import open_nodes
 from skyward.providers.ssh.bootstrap import Plan
 from skyward.providers.ssh.connection import Target
 from skyward.providers.ssh.hosts import Access, HostTarget, runtime_requirements
@@ -272,33 +272,29 @@ class Slurm(BaseModel):
             )
             for rank in ranks:
                 reporter.phase(rank, "provisioning", f"Slurm job {job} runs on {state.nodes}")
-            nodes = api.nodes_of(login, state.nodes)
-            probed, cleanup = probe(login, job, nodes, self.workdir)
-            plan = Plan(
-                image=request.image,
-                python_version="{}.{}".format(*sys.version_info[:2]),
-                python=self.python,
-                workdir=self.workdir,
-                runtime=runtime_requirements(),
-            )
-            prepared = prepare(
+            made = open_nodes(
                 login,
                 job,
-                probed,
-                plan=plan,
+                api.nodes_of(login, state.nodes),
+                plan=Plan(
+                    image=request.image,
+                    python_version="{}.{}".format(*sys.version_info[:2]),
+                    python=self.python,
+                    workdir=self.workdir,
+                    runtime=runtime_requirements(),
+                ),
                 image=request.image,
                 modules=self.modules,
                 reporter=reporter,
                 deadline=request.deadline,
-                cleanup=cleanup,
             )
-            made = [
-                SlurmNode(
-                    login, job, node, plan=plan, prepared=prepared[node.group], modules=self.modules
-                )
-                for node in probed
-            ]
-            return SlurmAllocation(made, login=login, job=job, cancel_timeout=self.cancel_timeout)
+            return SlurmAllocation(
+                made,
+                login=login,
+                job=job,
+                cancel_timeout=self.cancel_timeout,
+                reopen=self.open_login,
+            )
         except BaseException as error:
             try:
                 api.cancel(

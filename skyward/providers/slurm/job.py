@@ -23,6 +23,7 @@ so) rather than wait in the queue again with nobody to use it.
 
 from __future__ import annotations
 
+import re
 import secrets
 import shlex
 import time
@@ -61,7 +62,7 @@ def holder_script(pool: str, idle_timeout: float) -> str:
     return "\n".join(
         [
             "#!/bin/sh",
-            f"# Skyward pool {pool}: holds the nodes while the pool's job steps run, and",
+            f"# Skyward pool {_printable(pool)}: holds the nodes while the pool's steps run, and",
             f"# ends the job once none has run for {idle} s (the client is gone).",
             "if ! command -v squeue >/dev/null 2>&1; then",
             "  echo 'skyward: no squeue on this node; the time limit ends the job'",
@@ -157,17 +158,30 @@ def wait_running(
         pause = _SLOW_POLL if slow else min(_BRISK_POLL, pause * 2)
 
 
+def _printable(text: str) -> str:
+    """``text`` as one word of printable characters, for a comment or a script's comment."""
+    return re.sub(r"[^\w.@+:/-]", "_", text) or "_"
+
+
 class SlurmAllocation(Allocation):
     """The pool's job and its nodes. ``terminate`` cancels the job and waits until it has
-    left the queue (Slurm has then ended every step), then closes the login link."""
+    left the queue (Slurm has then ended every step), then closes the login link; a link
+    that dropped meanwhile is made again (``reopen``) to do so."""
 
     def __init__(
-        self, nodes: Sequence[SlurmNode], *, login: Login, job: str, cancel_timeout: float
+        self,
+        nodes: Sequence[SlurmNode],
+        *,
+        login: Login,
+        job: str,
+        cancel_timeout: float,
+        reopen: Callable[[], Login],
     ) -> None:
         super().__init__(nodes, [Resource("Slurm job", job)])
         self.login = login
         self.job = job
         self._cancel_timeout = cancel_timeout
+        self._reopen = reopen
         self._names = [node.name for node in nodes]
 
     def loss_reason(self, rank: int) -> str | None:
@@ -175,11 +189,18 @@ class SlurmAllocation(Allocation):
         return why_lost(self.login, self.job, self._names[rank])
 
     def release(self) -> None:
+        login = self.login
         try:
-            api.cancel(self.login, jobs=[self.job], timeout=self._cancel_timeout)
+            if not login.alive:
+                login = self._reopen()
+            api.cancel(login, jobs=[self.job], timeout=self._cancel_timeout)
         except ProvisionError as error:
-            raise ProvisionError(f"{error} (the pool's job {self.job})") from error
+            raise ProvisionError(
+                f"{error} (the pool's job {self.job}; without a client it ends itself once "
+                f"idle, and `skyward down --slurm ...` cancels it)"
+            ) from error
         finally:
+            login.close()
             self.login.close()
 
 

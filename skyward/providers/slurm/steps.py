@@ -228,6 +228,36 @@ class Prepared:
     included: str | None  # the image's includes, when it has some
 
 
+def open_nodes(
+    login: Login,
+    job: str,
+    nodes: Sequence[tuple[str, str]],
+    *,
+    plan: Plan,
+    image: Image,
+    modules: Sequence[str],
+    reporter: Reporter,
+    deadline: Deadline,
+) -> list[SlurmNode]:
+    """The running job's ``nodes`` (name, ``NodeAddr``), probed and prepared, by rank."""
+    probed, cleanup = probe(login, job, nodes, plan.workdir)
+    prepared = prepare(
+        login,
+        job,
+        probed,
+        plan=plan,
+        image=image,
+        modules=modules,
+        reporter=reporter,
+        deadline=deadline,
+        cleanup=cleanup,
+    )
+    return [
+        SlurmNode(login, job, node, plan=plan, prepared=prepared[node.group], modules=modules)
+        for node in probed
+    ]
+
+
 def prepare(
     login: Login,
     job: str,
