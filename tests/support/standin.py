@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from support.hostimage import HostImage
 from support.moto import MotoServer
 from support.processes import our_namespaces
 from support.sandbox import Sandbox
@@ -81,6 +82,7 @@ class StandInCloud:
     hosts: Hosts
     boot_delay: float = 0.0  # seconds between a stand-in's network and its sshd
     boot: bool = True  # False: instances run but no machine ever answers (unreachable)
+    image: HostImage = field(default_factory=HostImage)  # what the machines' system has
     standins: dict[str, StandIn] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (what, instance)
     booted_at: dict[str, float] = field(default_factory=dict)  # instance -> monotonic time
@@ -272,6 +274,7 @@ class StandInCloud:
         q = shlex.quote
         lines = [f"hostname {q(hostname)}"]
         lines += [f"mount --bind {q(str(src))} {q(dst)} || exit 1" for src, dst in mounts]
+        lines.append(self.image.prepare(directory / "image"))
         lines += [
             f"sleep {self.boot_delay}",
             f"/usr/sbin/sshd -D -e -f {q(str(directory / 'sshd_config'))} &",
