@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -108,11 +108,18 @@ class Hosts:
 
     @classmethod
     def start(
-        cls, count: int, *, etc_hosts: EtcHosts = "cluster", image: HostImage | None = None
+        cls,
+        count: int,
+        *,
+        etc_hosts: EtcHosts = "cluster",
+        image: HostImage | Sequence[HostImage] | None = None,
     ) -> Hosts:
         """``count`` hosts named ``h0``, ``h1``, ...; ``etc_hosts`` says what their
         ``/etc/hosts`` holds (see ``EtcHosts``), ``image`` what their system has (this
-        machine's by default; see ``hostimage``)."""
+        machine's by default; see ``hostimage``), one for all or one per host."""
+        images = [image or HostImage()] * count if not isinstance(image, Sequence) else image
+        if len(images) != count:
+            raise ValueError(f"{len(images)} images for {count} hosts")
         ensure_user()
         Path("/run/sshd").mkdir(exist_ok=True)
         tag = _free_tag()
@@ -130,7 +137,7 @@ class Hosts:
                 os.chmod(root / f"etc-hosts-h{index}", 0o644)
             hosts._bridge_up()
             for index in range(count):
-                hosts._add_host(index, tag, image or HostImage())
+                hosts._add_host(index, tag, images[index])
             hosts.known_hosts.write_text(
                 "".join(f"{h.address} ssh-ed25519 {h.public_host_key()}\n" for h in hosts.hosts)
             )
