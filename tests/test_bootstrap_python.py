@@ -202,16 +202,16 @@ def _client_313(tmp: Path) -> tuple[Path, float]:
     """A 3.13 interpreter with skyward's needs (this worktree's skyward on its path), made
     from pyenv's 3.13 and wheels cached from the package index, with the network guard."""
     python = pyenv_python("3.13") / "bin" / "python3.13"
-    wheels = _download(
+    _download(
         [f"{n}=={metadata.version(n)}" for n in _CLIENT_PACKAGES], _CACHE / "wheels-cp313", "3.13"
     )
     started = time.perf_counter()
     venv = tmp / "client-313"
     uv = venv_uv()
     subprocess.run([uv, "venv", "-q", "-p", python, venv], check=True, timeout=120)
+    install: list[str | Path] = [uv, "pip", "install", "-q", "--python", venv / "bin" / "python"]
     subprocess.run(
-        [uv, "pip", "install", "-q", "--python", venv / "bin" / "python", "--offline"]
-        + ["--no-index", "--find-links", wheels[0].parent]
+        [*install, "--offline", "--no-index", "--find-links", _CACHE / "wheels-cp313"]
         + [f"{n}=={metadata.version(n)}" for n in _CLIENT_PACKAGES],
         check=True,
         timeout=300,
