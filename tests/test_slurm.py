@@ -222,6 +222,29 @@ def test_jax_multicontroller_toy_across_two_slurm_nodes_through_a_remote_login(
     assert_nothing_left(slurm_cluster)
 
 
+def _peers() -> tuple[str, ...]:
+    return sky.instance_info().peers
+
+
+@pytest.mark.timeout(120)
+def test_nodes_slurm_knows_by_name_are_peers_at_the_address_the_other_nodes_resolve(
+    slurm_cluster: SlurmCluster, index: PackageIndex
+) -> None:
+    nodes = slurm_cluster.nodes
+    for node in nodes:
+        slurm_cluster.run("scontrol", "update", f"NodeName={node.name}",
+                          f"NodeAddr={node.name}", user="root")  # fmt: skip
+    try:
+        with pool(slurm_cluster, index) as named:
+            seen = named.broadcast(_peers)
+    finally:
+        for node in nodes:
+            slurm_cluster.run("scontrol", "update", f"NodeName={node.name}",
+                              f"NodeAddr={node.address}", user="root")  # fmt: skip
+    assert seen == [tuple(node.address for node in nodes)] * 2
+    assert_nothing_left(slurm_cluster)
+
+
 # ── GPUs through gres ─────────────────────────────────────────────────────────────────────
 
 
