@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
+    "Slurm": "skyward.providers.slurm",
     "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
     "VersionMismatch": "skyward._errors",
@@ -109,6 +110,7 @@ if TYPE_CHECKING:
     from skyward.providers.aws import AWS
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local
+    from skyward.providers.slurm import Slurm
     from skyward.providers.ssh import SSH
 
 

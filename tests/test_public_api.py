@@ -36,6 +36,7 @@ EXPECTED = [
     "SSH",
     "SerializationError",
     "SkywardError",
+    "Slurm",
     "Stacks",
     "StartError",
     "VersionMismatch",

@@ -3,20 +3,33 @@ every pool puts on its resources, and its removal.
 
 They work without the client that made the pool: a pool whose client was killed (SIGKILL, a
 laptop that died) is found by its ``skyward-pool`` tag, whoever made it. Each provider that
-creates things offers an inventory (``Provider.inventory()``); today that is AWS, in the
-regions named with ``--region`` (default: the one boto3 would use). Credentials and the
-endpoint come from the usual places (``AWS_PROFILE`` or ``--profile``, ``AWS_ENDPOINT_URL``).
+creates things offers an inventory (``Provider.inventory()``): AWS, in the regions named with
+``--region`` (default: the one boto3 would use), with credentials and the endpoint from the
+usual places (``AWS_PROFILE`` or ``--profile``, ``AWS_ENDPOINT_URL``); and the Slurm clusters
+named with ``--slurm LOGIN`` (``local`` for this machine's Slurm commands), where Skyward's
+jobs are this user's jobs named ``skyward-<pool>``. Given only ``--slurm``, AWS is not asked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import click
 
 from skyward._errors import SkywardError
 from skyward.providers.base import Inventory, Leftover
+
+
+@dataclass(frozen=True)
+class _SlurmLogins:
+    """The clusters ``--slurm`` names, and how to reach their login hosts."""
+
+    logins: tuple[str, ...] = ()
+    key: Path | None = None
+    known_hosts: Path | None = None
 
 
 class _Echo:
@@ -32,16 +45,27 @@ class _Echo:
         click.echo(line)
 
 
-def _inventories(regions: Sequence[str], profile: str | None) -> list[tuple[str, Inventory]]:
+def _inventories(
+    regions: Sequence[str], profile: str | None, slurm: _SlurmLogins
+) -> list[tuple[str, Inventory]]:
     """(where, inventory) for every place asked about; an SDK that is not installed is said."""
     import importlib.util
 
+    found: list[tuple[str, Inventory]] = []
+    for login in slurm.logins:
+        from skyward.providers.slurm import Slurm
+
+        where = None if login == "local" else login
+        inventory = Slurm(login=where, key=slurm.key, known_hosts=slurm.known_hosts).inventory()
+        if inventory is not None:
+            found.append((f"slurm {login}", inventory))
+    if slurm.logins and not regions:
+        return found  # only the clusters were asked about
     if importlib.util.find_spec("boto3") is None:
         click.echo("aws: not checked; install it with: pip install 'skyward[aws]'", err=True)
-        return []
+        return found
     from skyward.providers.aws import AWS
 
-    found: list[tuple[str, Inventory]] = []
     asked: list[str | None] = list(regions) or [None]
     for region in asked:
         inventory = AWS(region=region, profile=profile).inventory()
@@ -51,10 +75,10 @@ def _inventories(regions: Sequence[str], profile: str | None) -> list[tuple[str,
 
 
 def _collect(
-    regions: Sequence[str], profile: str | None, pool: str | None
+    regions: Sequence[str], profile: str | None, pool: str | None, slurm: _SlurmLogins
 ) -> list[tuple[Inventory, list[Leftover]]]:
     collected = []
-    for where, inventory in _inventories(regions, profile):
+    for where, inventory in _inventories(regions, profile, slurm):
         try:
             leftovers = inventory.leftovers(pool=pool)
         except SkywardError as exc:
@@ -102,15 +126,42 @@ _regions = click.option(
     "--region", "regions", multiple=True, help="A region to look in (repeatable)."
 )
 _profile = click.option("--profile", default=None, help="The AWS profile to use.")
+_slurm = click.option(
+    "--slurm",
+    "slurm_logins",
+    multiple=True,
+    metavar="LOGIN",
+    help="A Slurm cluster to look in: its login host ([user@]host[:port]), or 'local' for "
+    "this machine's Slurm commands (repeatable). Alone, AWS is not asked.",
+)
+_ssh_key = click.option(
+    "--ssh-key", type=click.Path(dir_okay=False, path_type=Path), help="Key for --slurm logins."
+)
+_known_hosts = click.option(
+    "--known-hosts",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="known_hosts file for --slurm logins (default ~/.ssh/known_hosts).",
+)
 
 
 @click.command("ls")
 @click.option("--pool", default=None, help="Only this pool's resources.")
 @_regions
 @_profile
-def ls(pool: str | None, regions: tuple[str, ...], profile: str | None) -> None:
-    """List what Skyward created and is still there (instances, groups, keys)."""
-    everything = [x for _, found in _collect(regions, profile, pool) for x in found]
+@_slurm
+@_ssh_key
+@_known_hosts
+def ls(
+    pool: str | None,
+    regions: tuple[str, ...],
+    profile: str | None,
+    slurm_logins: tuple[str, ...],
+    ssh_key: Path | None,
+    known_hosts: Path | None,
+) -> None:
+    """List what Skyward created and is still there (instances, groups, keys, Slurm jobs)."""
+    slurm = _SlurmLogins(slurm_logins, ssh_key, known_hosts)
+    everything = [x for _, found in _collect(regions, profile, pool, slurm) for x in found]
     if not everything:
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
         return
@@ -123,17 +174,24 @@ def ls(pool: str | None, regions: tuple[str, ...], profile: str | None) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask first.")
 @_regions
 @_profile
+@_slurm
+@_ssh_key
+@_known_hosts
 def down(
     pool: str | None,
     everything: bool,
     yes: bool,
     regions: tuple[str, ...],
     profile: str | None,
+    slurm_logins: tuple[str, ...],
+    ssh_key: Path | None,
+    known_hosts: Path | None,
 ) -> None:
     """Remove what Skyward created: one pool's resources, or every pool's."""
     if (pool is None) == (not everything):
         raise click.UsageError("give --pool NAME or --all (one of them)")
-    collected = _collect(regions, profile, pool)
+    slurm = _SlurmLogins(slurm_logins, ssh_key, known_hosts)
+    collected = _collect(regions, profile, pool, slurm)
     total = [x for _, found in collected for x in found]
     if not total:
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))

@@ -40,12 +40,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from support import netguard
+from support.hostimage import HostImage
 
 USER = "skytest"
 
@@ -132,9 +133,19 @@ class Hosts:
         return f"{self.subnet}.1"
 
     @classmethod
-    def start(cls, count: int, *, etc_hosts: EtcHosts = "cluster") -> Hosts:
+    def start(
+        cls,
+        count: int,
+        *,
+        etc_hosts: EtcHosts = "cluster",
+        image: HostImage | Sequence[HostImage] | None = None,
+    ) -> Hosts:
         """``count`` hosts named ``h0``, ``h1``, ...; ``etc_hosts`` says what their
-        ``/etc/hosts`` holds (see ``EtcHosts``)."""
+        ``/etc/hosts`` holds (see ``EtcHosts``), ``image`` what their system has (this
+        machine's by default; see ``hostimage``), one for all or one per host."""
+        images = [image or HostImage()] * count if not isinstance(image, Sequence) else image
+        if len(images) != count:
+            raise ValueError(f"{len(images)} images for {count} hosts")
         ensure_user()
         Path("/run/sshd").mkdir(exist_ok=True)
         tag, lock = _claim_tag()
@@ -151,7 +162,7 @@ class Hosts:
                 os.chmod(root / f"etc-hosts-h{index}", 0o644)
             hosts._bridge_up()
             for index in range(count):
-                hosts._add_host(index)
+                hosts._add_host(index, images[index])
             hosts.known_hosts.write_text(
                 "".join(f"{h.address} ssh-ed25519 {h.public_host_key()}\n" for h in hosts.hosts)
             )
@@ -188,7 +199,7 @@ class Hosts:
         _run("ip", "link", "set", self.bridge, "up")
         netguard.our_bridges.add(self.bridge)
 
-    def _add_host(self, index: int) -> Host:
+    def _add_host(self, index: int, image: HostImage) -> Host:
         name = f"h{index}"
         netns = f"skyward-{self.tag}-{name}"
         veth = f"skv{self.tag}h{index}"
@@ -233,7 +244,8 @@ class Hosts:
         script = (
             f"hostname {name} && mount --make-rprivate / && "
             f"mount --bind {home} /home/{USER} && "
-            f"mount --bind {self.root}/etc-hosts-{name} /etc/hosts && "
+            f"mount --bind {self.root}/etc-hosts-{name} /etc/hosts || exit 1\n"
+            f"{image.prepare(directory / 'image')}"
             f"exec /usr/sbin/sshd -D -e -f {config}"
         )
         log = open(directory / "sshd.log", "wb")  # noqa: SIM115 - sshd owns it until it exits

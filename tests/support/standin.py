@@ -39,9 +39,10 @@ from typing import Any
 
 import yaml
 
+from support.hostimage import HostImage
 from support.moto import MotoServer
 from support.processes import our_namespaces
-from support.sandbox import Sandbox
+from support.sandbox import Sandbox, guard_again
 from support.sshhosts import USER, Hosts, ensure_user
 
 # Directories the provider's write_files may target, and the name of the per-stand-in
@@ -91,6 +92,7 @@ class StandInCloud:
     hosts: Hosts
     boot_delay: float = 0.0  # seconds between a stand-in's network and its sshd
     boot: bool = True  # False: instances run but no machine ever answers (unreachable)
+    image: HostImage = field(default_factory=HostImage)  # what the machines' system has
     standins: dict[str, StandIn] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (what, instance)
     booted_at: dict[str, float] = field(default_factory=dict)  # instance -> monotonic time
@@ -220,6 +222,10 @@ class StandInCloud:
 
     def _network(self, standin: StandIn) -> None:
         netns, veth = standin.netns, standin.veth
+        # moto hands out the same addresses again after a reset: a neighbour entry left by an
+        # earlier stand-in at this address (another MAC) would send the client's packets
+        # nowhere until it went stale, tens of seconds.
+        _run("ip", "neigh", "flush", "to", standin.address, check=False)
         self.hosts.make(("ip", "netns", "add", netns), _undo_netns(standin))
         standin.inode = os.stat(f"/run/netns/{netns}").st_ino
         our_namespaces.add(standin.inode)
@@ -278,6 +284,9 @@ class StandInCloud:
         q = shlex.quote
         lines = [f"hostname {q(hostname)}"]
         lines += [f"mount --bind {q(str(src))} {q(dst)} || exit 1" for src, dst in mounts]
+        image = self.image.prepare(directory / "image")
+        if image:
+            lines += [image, guard_again(directory / "shim")]
         lines += [
             f"sleep {self.boot_delay}",
             f"/usr/sbin/sshd -D -e -f {q(str(directory / 'sshd_config'))} &",

@@ -45,15 +45,19 @@ from skyward.providers.cloud import (
 from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.ssh.hosts import Access, HostNode, open_hosts
 
-# AWS's public SSM parameters for the newest images: the Deep Learning Base AMI with
-# NVIDIA's open driver for GPU machines, Canonical's Ubuntu for CPU ones (both Ubuntu 24.04,
-# login user "ubuntu", cloud-init at boot).
-GPU_AMI_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
-)
-CPU_AMI_PARAMETER = (
-    "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
-)
+# AWS's public SSM parameters for the newest images, by the machine's architecture: the Deep
+# Learning Base AMI with NVIDIA's open driver for GPU machines, Canonical's Ubuntu for CPU
+# ones (all Ubuntu 24.04, login user "ubuntu", cloud-init at boot, /usr/bin/python3 = 3.12).
+_DLAMI = "/aws/service/deeplearning/ami/{}/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
+_UBUNTU = "/aws/service/canonical/ubuntu/server/24.04/stable/current/{}/hvm/ebs-gp3/ami-id"
+GPU_AMI_PARAMETERS = {"x86_64": _DLAMI.format("x86_64"), "arm64": _DLAMI.format("arm64")}
+CPU_AMI_PARAMETERS = {"x86_64": _UBUNTU.format("amd64"), "arm64": _UBUNTU.format("arm64")}
+# NVIDIA's open kernel modules, the only driver on those images, run Turing and newer GPUs
+# only. These families have older ones (V100, M60, K80): the driver AWS offers for them is the
+# proprietary one on the Amazon Linux 2 Deep Learning AMI (another login user, yum, no apt,
+# an OS past its end of life), so they get no default image rather than one that boots and
+# shows no GPU.
+_PRE_TURING = ("p2.", "p3.", "p3dn.", "g3.", "g3s.")
 _MAX_SECONDS = 7 * 24 * 3600.0
 
 
@@ -131,7 +135,18 @@ class AWS(BaseModel):
         """Called when the pool is built, before anything is touched."""
         check("boto3", feature="sky.AWS")
         check("paramiko", feature="sky.AWS")
-        self.instance_type_for(request.accelerator)
+        instance_type = self.instance_type_for(request.accelerator)
+        if (
+            self.ami is None
+            and self.ami_parameter is None
+            and instance_type.startswith(_PRE_TURING)
+        ):
+            raise ValueError(
+                f"{instance_type} has GPUs older than Turing, which the default image's driver "
+                f"(NVIDIA's open kernel modules) does not run: choose a newer accelerator, or "
+                f"give ami=... / ami_parameter=... of an image with NVIDIA's proprietary driver "
+                f"(and its login user with username=...)"
+            )
         # Reads only the environment and ~/.aws: an unknown profile or no region at all is
         # said now, not after the pool has started.
         Api.session(region=self.region, profile=self.profile)
@@ -164,7 +179,8 @@ class AWS(BaseModel):
         for rank in range(request.nodes):
             reporter.phase(rank, "provisioning", f"{instance_type} in {api.region}")
         deadline.check("finding the image")
-        image, root_device, snapshot_gb = self._image(api, instance_type, request)
+        architecture, gpus = _machine(api, instance_type)
+        image, root_device, snapshot_gb = self._image(api, instance_type, architecture, gpus)
         if snapshot_gb > self.disk_gb:
             raise ProvisionError(
                 f"disk_gb={self.disk_gb} is smaller than the image's root snapshot "
@@ -192,6 +208,8 @@ class AWS(BaseModel):
             python=self.python,
             workdir=self.workdir,
             boot_timeout=self.boot_timeout,
+            gpus=gpus or None,
+            machine_type=instance_type,
         )
         made.spec = ec2.LaunchSpec(
             instance_type=instance_type,
@@ -268,13 +286,13 @@ class AWS(BaseModel):
             ) from exc.__cause__
 
     def _image(
-        self, api: Api, instance_type: str, request: ProvisionRequest
+        self, api: Api, instance_type: str, architecture: str, gpus: int
     ) -> tuple[str, str, int]:
         """The AMI id, its root device name and its root snapshot's size in GB."""
         image = self.ami
         if image is None:
-            gpu = request.accelerator is not None or instance_type[:1] in ("p", "g")
-            parameter = self.ami_parameter or (GPU_AMI_PARAMETER if gpu else CPU_AMI_PARAMETER)
+            defaults = GPU_AMI_PARAMETERS if gpus else CPU_AMI_PARAMETERS
+            parameter = self.ami_parameter or defaults[architecture]
             image = str(
                 api.call(api.ssm.get_parameter, f"reading {parameter}", Name=parameter)[
                     "Parameter"
@@ -284,6 +302,12 @@ class AWS(BaseModel):
         if not found["Images"]:
             raise ProvisionError(f"AMI {image} does not exist in {api.region}")
         described = found["Images"][0]
+        built_for = described.get("Architecture")
+        if built_for and built_for != architecture:
+            raise ProvisionError(
+                f"AMI {image} is built for {built_for}, but {instance_type} runs {architecture}: "
+                f"give an {architecture} image (or leave ami and ami_parameter out for the default)"
+            )
         root = str(described.get("RootDeviceName") or "/dev/sda1")
         size = 0
         for mapping in described.get("BlockDeviceMappings", []):
@@ -339,6 +363,30 @@ class AWS(BaseModel):
         described = api.call(api.ec2.describe_vpcs, "reading the VPC", VpcIds=[vpc])["Vpcs"][0]
         ranges = [a["CidrBlock"] for a in described.get("CidrBlockAssociationSet", [])]
         return ranges or [str(described["CidrBlock"])]
+
+
+def _machine(api: Api, instance_type: str) -> tuple[str, int]:
+    """The type's architecture (``"x86_64"`` or ``"arm64"``: Graviton) and its NVIDIA GPUs."""
+    described = api.call(
+        api.ec2.describe_instance_types,
+        f"describing {instance_type}",
+        InstanceTypes=[instance_type],
+    )["InstanceTypes"]
+    if not described:
+        raise ProvisionError(f"{instance_type} is not an instance type of {api.region}")
+    supported = described[0].get("ProcessorInfo", {}).get("SupportedArchitectures", [])
+    if "x86_64" in supported or not supported:
+        architecture = "x86_64"
+    elif "arm64" in supported:
+        architecture = "arm64"
+    else:
+        raise ProvisionError(
+            f"{instance_type} runs {', '.join(supported)}, which Skyward has no image for"
+        )
+    gpus = described[0].get("GpuInfo", {}).get("Gpus", [])
+    return architecture, sum(
+        int(g.get("Count", 0)) for g in gpus if g.get("Manufacturer") == "NVIDIA"
+    )
 
 
 class _Reached:
