@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "AWS": "skyward.providers.aws",
     "Allocation": "skyward.providers.base",
+    "Azure": "skyward.providers.azure",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
     "ChannelError": "skyward._errors",
@@ -107,6 +108,7 @@ if TYPE_CHECKING:
     from skyward.pool.spec import PoolSpec, Worker
     from skyward.pool.stacks import Stacks
     from skyward.providers.aws import AWS
+    from skyward.providers.azure import Azure
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local
     from skyward.providers.ssh import SSH

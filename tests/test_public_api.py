@@ -10,6 +10,7 @@ import skyward as sky
 EXPECTED = [
     "AWS",
     "Allocation",
+    "Azure",
     "BootstrapError",
     "CallGroup",
     "ChannelError",

@@ -27,7 +27,7 @@ import json
 import shlex
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -77,20 +77,24 @@ class HostKey:
 
 
 def watchdog_script() -> str:
-    """The idle watchdog: ``skyward-watchdog IDLE [PORT] [EVERY] [FIRST]`` (seconds).
+    """The idle watchdog: ``skyward-watchdog IDLE [PORT] [EVERY] [FIRST] [ACTION]`` (seconds).
 
     Time is read from ``/proc/uptime``, which the clock synchronised at boot cannot make
     jump. Until a first client arrives the bound is ``FIRST`` (default ``IDLE``): a machine
     waits for its client as long as the client waits for it, and one whose client never
     comes (it crashed while creating the pool) still goes ``FIRST`` seconds after boot.
+    ``ACTION`` is a command to run instead of powering off, for a cloud where a machine that
+    powers itself off is still billed (Azure); it is run again every minute until the machine
+    is gone.
     """
     return r"""#!/bin/sh
 # Skyward idle watchdog: power this machine off when no SSH client has been connected to
 # port PORT for IDLE seconds. Started by cloud-init (runcmd); needs only sh and /proc.
-idle=${1:?usage: skyward-watchdog IDLE_SECONDS [PORT] [EVERY_SECONDS] [FIRST_CLIENT_SECONDS]}
+idle=${1:?usage: skyward-watchdog IDLE_SECONDS [PORT] [EVERY_SECONDS] [FIRST_SECONDS] [ACTION]}
 port=${2:-22}
 every=${3:-10}
 bound=${4:-$idle}  # until the first client has come
+action=${5:-}  # instead of powering off
 suffix=$(printf ':%04X' "$port")
 
 say() {
@@ -124,8 +128,13 @@ while :; do
         last=$now
         bound=$idle
     elif [ $((now - last)) -ge "$bound" ]; then
-        say "no SSH client for $((now - last))s: powering off"
-        poweroff || shutdown -h now || halt -p
+        if [ -n "$action" ]; then
+            say "no SSH client for $((now - last))s: running $action"
+            "$action" || say "$action failed; trying again in a minute"
+        else
+            say "no SSH client for $((now - last))s: powering off"
+            poweroff || shutdown -h now || halt -p
+        fi
         sleep 60
     fi
     sleep "$every"
@@ -140,14 +149,18 @@ def user_data(
     idle_timeout: float,
     first_client_timeout: float | None = None,
     ssh_port: int = 22,
+    idle_action: str | None = None,
+    files: Sequence[Mapping[str, str]] = (),
 ) -> str:
     """The ``#cloud-config`` a pool's machines boot with. The watchdog powers a machine off
     after ``idle_timeout`` without an SSH client, or ``first_client_timeout`` (default: the
-    same) while it waits for its first one."""
+    same) while it waits for its first one; or runs ``idle_action`` (a command's path)
+    instead. ``files`` are more ``write_files`` entries (a cloud's own scripts)."""
     idle = max(1, round(idle_timeout))
     first = max(idle, round(first_client_timeout or 0))
     every = max(1, min(10, idle // 6))  # notice idleness within about a sixth of the bound
-    watchdog = shlex.join([WATCHDOG_PATH, str(idle), str(ssh_port), str(every), str(first)])
+    arguments = [WATCHDOG_PATH, str(idle), str(ssh_port), str(every), str(first)]
+    watchdog = shlex.join([*arguments, *([idle_action] if idle_action else [])])
     config = {
         # Only the host key we made: the image's keys are deleted, and cloud-init generates
         # none when ssh_keys is given (its schema refuses an empty ssh_genkeytypes).
@@ -162,6 +175,7 @@ def user_data(
                 "content": watchdog_script(),
             },
             {"path": SSHD_DROPIN_PATH, "permissions": "0644", "content": SSHD_DROPIN},
+            *(dict(entry) for entry in files),
         ],
         "runcmd": [
             # The drop-in may land after sshd started; a reload reads it (no systemd: no-op).
