@@ -38,6 +38,7 @@ EXPECTED = [
     "SkywardError",
     "Stacks",
     "StartError",
+    "Terminated",
     "VersionMismatch",
     "Worker",
     "WorkerLost",

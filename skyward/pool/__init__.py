@@ -2,11 +2,11 @@
 
 ::
 
-    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (_spec)
+    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (pool/spec.py)
     start()    provider.provision(request) → Allocation, bounded by provision_timeout
-               → workers through the start-up barrier, bounded by start_timeout (_startup)
+               → workers through the start-up barrier, bounded by start_timeout (pool/startup.py)
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
-    failures   lost workers, call timeouts, gang restarts (_recovery)
+    failures   lost workers, call timeouts, gang restarts (pool/recovery.py)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
                → bounded wait → kill → allocation.terminate(), on every path
 
@@ -39,6 +39,7 @@ from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
 from skyward.pool import profile as _profile
+from skyward.pool import signals
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import PoolStatistics, Scheduler, Slot, tasks_for
@@ -211,6 +212,8 @@ class ComputePool(PoolCollections):
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
         atexit.register(self._close_at_exit)
+        # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
+        signals.hold(self)
         self._started_at = time.monotonic()
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
@@ -384,6 +387,7 @@ class ComputePool(PoolCollections):
                     self._scheduler.idle.notify_all()
                 self._console.flush()
                 atexit.unregister(self._close_at_exit)
+                signals.release(self)
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):

@@ -143,9 +143,10 @@ def user_data(
 ) -> str:
     """The ``#cloud-config`` a pool's machines boot with. The watchdog powers a machine off
     after ``idle_timeout`` without an SSH client, or ``first_client_timeout`` (default: the
-    same) while it waits for its first one."""
+    same) while it waits for its first one: a client that gave up (or died) before it ever
+    connected costs that long, not ``idle_timeout`` (see ``first_client_bound``)."""
     idle = max(1, round(idle_timeout))
-    first = max(idle, round(first_client_timeout or 0))
+    first = idle if first_client_timeout is None else max(1, round(first_client_timeout))
     every = max(1, min(10, idle // 6))  # notice idleness within about a sixth of the bound
     watchdog = shlex.join([WATCHDOG_PATH, str(idle), str(ssh_port), str(every), str(first)])
     config = {
@@ -170,6 +171,17 @@ def user_data(
         ],
     }
     return "#cloud-config\n" + json.dumps(config, indent=1) + "\n"
+
+
+# Past the client's own boot_timeout: the client starts counting when the cloud says the
+# machine runs, the watchdog only once cloud-init runs, so this covers the boot between.
+FIRST_CLIENT_MARGIN = 120.0
+
+
+def first_client_bound(boot_timeout: float) -> float:
+    """How long a new machine waits for its first SSH client before powering itself off:
+    the client's ``boot_timeout`` (it stops trying after that) and a margin."""
+    return boot_timeout + FIRST_CLIENT_MARGIN
 
 
 def client_cidr(

@@ -39,6 +39,7 @@ from skyward.providers.cloud import (
     HostKey,
     WatchedDeadline,
     client_cidr,
+    first_client_bound,
     open_or_destroy,
     user_data,
 )
@@ -206,8 +207,9 @@ class AWS(BaseModel):
                 host_key=host_key,
                 authorized_key=key.public,
                 idle_timeout=self.idle_timeout,
-                # A machine waits for its first client as long as the client waits for it.
-                first_client_timeout=self.boot_timeout,
+                # A machine waits for its first client as long as the client waits for it
+                # (and a margin), not idle_timeout: a client killed mid-start costs minutes.
+                first_client_timeout=first_client_bound(self.boot_timeout),
             ),
             public_ip=self.connect == "public",
             spot=self.spot,
