@@ -70,8 +70,11 @@ class ComputePool(PoolCollections):
     included). ``console`` picks the progress display while nodes come up: ``"auto"``
     (Jupyter display in a kernel, live table on a terminal, timestamped lines otherwise),
     ``"rich"``, ``"plain"`` or ``"off"`` (``quiet=True`` is the older spelling of
-    ``"off"``). ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or
-    ``"none"``. Progress also goes to the ``logging`` logger ``"skyward"``.
+    ``"off"``). ``allocation`` picks the market of cloud machines (``"on-demand"``,
+    ``"spot"``, ``"spot-if-available"``, ``"cheapest"``); ``max_hourly_cost`` (USD) refuses,
+    before anything is created, a pool whose estimated price per hour is above it.
+    ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``.
+    Progress also goes to the ``logging`` logger ``"skyward"``.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class ComputePool(PoolCollections):
         vcpus: float | None = None,
         memory_gb: float | None = None,
         allocation: AllocationStrategy | None = None,
+        max_hourly_cost: float | None = None,
         image: Image | None = None,
         plugins: Sequence[Plugin] = (),
         concurrency: int | None = None,
@@ -105,6 +109,7 @@ class ComputePool(PoolCollections):
             "vcpus": vcpus,
             "memory_gb": memory_gb,
             "allocation": allocation,
+            "max_hourly_cost": max_hourly_cost,
             "image": Image() if image is None else image,
             # A list is taken as a tuple; anything else is left to the validator to name.
             "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,

@@ -44,6 +44,10 @@ WATCHDOG_PATH = "/usr/local/sbin/skyward-watchdog"
 SSHD_DROPIN_PATH = "/etc/ssh/sshd_config.d/60-skyward.conf"
 SSHD_DROPIN = "ClientAliveInterval 15\nClientAliveCountMax 4\n"
 DEFAULT_IP_LOOKUP = "https://checkip.amazonaws.com"
+# On everything one provision creates, besides the pool's tags: a value unique to that
+# provision (the pool's name need not be unique), so that its clean-up can sweep for what
+# a create call cut off in flight made, and never touch another run's resources.
+TAG_ALLOCATION = "skyward-allocation"
 
 
 @dataclass(frozen=True)
