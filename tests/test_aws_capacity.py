@@ -155,10 +155,6 @@ def test_a_quota_is_not_a_capacity_problem_and_stops_at_once(
 # ── allocation= ────────────────────────────────────────────────────────────────────────
 
 
-def _with_allocation(allocation: str, **options: Any) -> dict[str, Any]:
-    return {"allocation": allocation, **options}
-
-
 def _request(**options: Any) -> Any:
     allocation = options.pop("allocation", None)
     vcpus = options.pop("vcpus", None)
@@ -233,7 +229,7 @@ def test_cheapest_takes_the_cheapest_fitting_type_and_market(
 
 
 def test_vcpus_and_memory_pick_the_machine(moto: MotoServer, proxy: Ec2Proxy) -> None:
-    instances, recorder, _ = _stop_request_after_launch(
+    instances, _, _ = _stop_request_after_launch(
         _aws(proxy, moto), moto, allocation="spot", vcpus=64, memory_gb=256
     )
     assert {i["InstanceType"] for i in instances} == {"m7i.16xlarge"}
@@ -299,7 +295,7 @@ def test_an_unknown_instance_type_is_refused_before_the_key_pair_exists(
     moto: MotoServer, proxy: Ec2Proxy
 ) -> None:
     made = request()
-    with pytest.raises(ProvisionError, match="no instance type 'm7i.huge'"):
+    with pytest.raises(ProvisionError, match=r"no instance type 'm7i\.huge'"):
         _aws(proxy, moto, instance_type="m7i.huge").provision(made, Recorder())
     assert "DescribeInstanceTypes" in proxy.actions()
     assert not set(proxy.actions()) & set(CREATES), proxy.actions()
