@@ -3,9 +3,11 @@ every pool puts on its resources, and its removal.
 
 They work without the client that made the pool: a pool whose client was killed (SIGKILL, a
 laptop that died) is found by its ``skyward-pool`` tag, whoever made it. Each provider that
-creates things offers an inventory (``Provider.inventory()``); today that is AWS, in the
-regions named with ``--region`` (default: the one boto3 would use). Credentials and the
-endpoint come from the usual places (``AWS_PROFILE`` or ``--profile``, ``AWS_ENDPOINT_URL``).
+creates things offers an inventory (``Provider.inventory()``): AWS, in the regions named
+with ``--region`` (default: the one boto3 would use), and Azure, in the subscriptions named
+with ``--subscription`` (default: ``AZURE_SUBSCRIPTION_ID``). Credentials and endpoints come
+from the usual places (``AWS_PROFILE`` or ``--profile``, ``AWS_ENDPOINT_URL``; Azure's
+``DefaultAzureCredential``: the environment, a managed identity, ``az login``).
 """
 
 from __future__ import annotations
@@ -32,8 +34,23 @@ class _Echo:
         click.echo(line)
 
 
-def _inventories(regions: Sequence[str], profile: str | None) -> list[tuple[str, Inventory]]:
+def _inventories(
+    regions: Sequence[str],
+    profile: str | None,
+    subscriptions: Sequence[str] = (),
+    azure_base_url: str | None = None,
+) -> list[tuple[str, Inventory]]:
     """(where, inventory) for every place asked about; an SDK that is not installed is said."""
+    from skyward.providers.azure.inventory import inventories as azure
+
+    found = _aws_inventories(regions, profile)
+    on_azure, note = azure(subscriptions, azure_base_url)
+    if note:
+        click.echo(note, err=True)
+    return found + list(on_azure)
+
+
+def _aws_inventories(regions: Sequence[str], profile: str | None) -> list[tuple[str, Inventory]]:
     import importlib.util
 
     if importlib.util.find_spec("boto3") is None:
@@ -51,10 +68,14 @@ def _inventories(regions: Sequence[str], profile: str | None) -> list[tuple[str,
 
 
 def _collect(
-    regions: Sequence[str], profile: str | None, pool: str | None
+    regions: Sequence[str],
+    profile: str | None,
+    pool: str | None,
+    subscriptions: Sequence[str] = (),
+    azure_base_url: str | None = None,
 ) -> list[tuple[Inventory, list[Leftover]]]:
     collected = []
-    for where, inventory in _inventories(regions, profile):
+    for where, inventory in _inventories(regions, profile, subscriptions, azure_base_url):
         try:
             leftovers = inventory.leftovers(pool=pool)
         except SkywardError as exc:
@@ -102,15 +123,35 @@ _regions = click.option(
     "--region", "regions", multiple=True, help="A region to look in (repeatable)."
 )
 _profile = click.option("--profile", default=None, help="The AWS profile to use.")
+_subscriptions = click.option(
+    "--subscription",
+    "subscriptions",
+    multiple=True,
+    help="An Azure subscription to look in (repeatable; default: AZURE_SUBSCRIPTION_ID).",
+)
+_azure_base_url = click.option(
+    "--azure-base-url",
+    default=None,
+    help="The Azure Resource Manager endpoint, for a sovereign cloud (default: public Azure).",
+)
 
 
 @click.command("ls")
 @click.option("--pool", default=None, help="Only this pool's resources.")
 @_regions
 @_profile
-def ls(pool: str | None, regions: tuple[str, ...], profile: str | None) -> None:
+@_subscriptions
+@_azure_base_url
+def ls(
+    pool: str | None,
+    regions: tuple[str, ...],
+    profile: str | None,
+    subscriptions: tuple[str, ...],
+    azure_base_url: str | None,
+) -> None:
     """List what Skyward created and is still there (instances, groups, keys)."""
-    everything = [x for _, found in _collect(regions, profile, pool) for x in found]
+    collected = _collect(regions, profile, pool, subscriptions, azure_base_url)
+    everything = [x for _, found in collected for x in found]
     if not everything:
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
         return
@@ -123,17 +164,21 @@ def ls(pool: str | None, regions: tuple[str, ...], profile: str | None) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask first.")
 @_regions
 @_profile
+@_subscriptions
+@_azure_base_url
 def down(
     pool: str | None,
     everything: bool,
     yes: bool,
     regions: tuple[str, ...],
     profile: str | None,
+    subscriptions: tuple[str, ...],
+    azure_base_url: str | None,
 ) -> None:
     """Remove what Skyward created: one pool's resources, or every pool's."""
     if (pool is None) == (not everything):
         raise click.UsageError("give --pool NAME or --all (one of them)")
-    collected = _collect(regions, profile, pool)
+    collected = _collect(regions, profile, pool, subscriptions, azure_base_url)
     total = [x for _, found in collected for x in found]
     if not total:
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))

@@ -2,13 +2,18 @@
 
 ::
 
-    provision   check the credential (a token, before anything exists) → plan: the VM sizes
-                and locations to try, from the catalog and Azure's SKU list (sizes it does
-                not offer or restricts are left out up front) and the allocation strategy →
-                the pool's resource group → per location tried: network, NSG, identity →
-                every node's VM at once; no room (SkuNotAvailable, AllocationFailed, a spot
-                request refused, a quota) deletes that attempt's VMs and tries the next →
-                reach each VM over SSH with the host key we made pinned (``ssh/hosts``)
+    check       (when the pool is built) subscription and location given, sizes from the
+                catalog (vcpus=/memory_gb=/accelerator), allocation= against spot=, an
+                on-demand price above max_hourly_cost: refused before anything exists
+    provision   before creating anything: a token (credentials), Azure's SKU list for each
+                location (sizes it does not offer or restricts are left out, a vm_size is
+                described) → the offers in order (``capacity.plan``; locations play the
+                part of zones), within max_hourly_cost → the choice, where, $/h reported;
+                then the pool's resource group → per location tried: network, NSG, managed
+                identity → every node's VM at once; no room (SkuNotAvailable,
+                AllocationFailed, a spot request refused) deletes that attempt's VMs and
+                tries the next (``capacity.launch_first``) → reach each VM over SSH with the
+                host key we made pinned (``ssh/hosts``)
     terminate   close the nodes → delete the resource group and wait
     inventory   resource groups tagged skyward-pool in the subscription (``skyward ls``/``down``)
 
@@ -23,7 +28,7 @@ import difflib
 import ipaddress
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,18 +37,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from skyward._errors import HostKeyError, ProvisionError
 from skyward._extras import check
 from skyward._phases import Reporter
-from skyward.providers import catalog
+from skyward.providers import capacity, catalog
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import AzureAllocation, power_state
-from skyward.providers.azure.api import CAPACITY, Api, failure_code
+from skyward.providers.azure.api import CAPACITY, PUBLIC_CLOUD, Api, failure_code
 from skyward.providers.azure.inventory import AzureInventory
 from skyward.providers.azure.watchdog import RELEASE_PATH, release_script
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.capacity import CapacityError, Offer, Refusal, Strategy
+from skyward.providers.catalog import Machine
 from skyward.providers.cloud import (
     DEFAULT_IP_LOOKUP,
     HostKey,
     WatchedDeadline,
     client_cidr,
+    first_client_bound,
     open_or_destroy,
     user_data,
 )
@@ -70,19 +78,6 @@ _LOCATIONS = (
     "australiacentral",
 )
 # fmt: on
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """One way to make the pool: a size, in a location, spot or not."""
-
-    location: str
-    size: str
-    spot: bool
-    sku: dict[str, str]  # the SKU's capabilities, as Azure lists them
-
-    def describe(self) -> str:
-        return f"{self.size}{' (spot)' if self.spot else ''} in {self.location}"
 
 
 class Azure(BaseModel):
@@ -214,29 +209,34 @@ class Azure(BaseModel):
             )
         return found
 
-    def strategy(self, request: ProvisionRequest) -> str:
-        """The allocation strategy: the pool's ``allocation``, else ``spot``'s."""
-        wanted = request.allocation or ("spot" if self.spot else "on-demand")
-        if self.spot and wanted in ("on-demand", "cheapest"):
-            raise ValueError(f"sky.Azure(spot=True) contradicts allocation={wanted!r}")
-        return wanted
+    def strategy(self, request: ProvisionRequest) -> Strategy:
+        """The pool's ``allocation=``, or this provider's default (``spot``'s)."""
+        if request.allocation is None:
+            return "spot" if self.spot else "on-demand"
+        if request.allocation not in capacity.STRATEGIES:
+            raise ValueError(f"unknown allocation {request.allocation!r}")
+        if self.spot and request.allocation == "on-demand":
+            raise ValueError(
+                "sky.Azure(spot=True) contradicts allocation='on-demand'; give one of them"
+            )
+        return request.allocation
 
-    def sizes_for(self, request: ProvisionRequest) -> list[catalog.Machine | str]:
-        """The sizes the pool may use, preferred first (``ValueError`` if none): ``vm_size``,
-        or the catalog's machines for the accelerator, smallest first."""
+    def machines_for(self, request: ProvisionRequest) -> list[Machine]:
+        """The catalog's machines for the request, in the order to try them (the choice
+        first, then what a capacity failover may move to); empty when ``vm_size`` names a
+        size the catalog lacks (Azure's SKU list describes it at provision). ``ValueError``
+        for a request no size satisfies, or a ``vm_size`` it contradicts."""
+        sizes = {"vcpus": request.vcpus, "memory_gb": request.memory_gb}
+        region = self.locations[0]
         if self.vm_size is not None:
-            return [self.vm_size]
-        first = catalog.choose("azure", request.accelerator)
-        if request.accelerator is None:
-            return [m for m in catalog.machines("azure") if m.accelerator is None]
-        wanted = catalog.parse(request.accelerator)
-        return [
-            m
-            for m in catalog.machines("azure")
-            if m.accelerator == first.accelerator
-            and (wanted.count is None or m.count == wanted.count)
-            and (wanted.memory_gb is None or m.memory_gb == wanted.memory_gb)
-        ]
+            known = catalog.find("azure", self.vm_size)
+            if known is not None:
+                catalog.refuse_contradiction(known, given="vm_size", **sizes)
+            return [known] if known is not None else []
+        if self.strategy(request) == "cheapest":
+            return catalog.matching("azure", request.accelerator, region=region, **sizes)
+        first = catalog.choose("azure", request.accelerator, region=region, **sizes)
+        return [first, *catalog.alternatives(first, request.accelerator, region=region, **sizes)]
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""
@@ -244,23 +244,35 @@ class Azure(BaseModel):
             check(module, feature="sky.Azure")
         check("azure.mgmt.resource", feature="sky.Azure")
         check("paramiko", feature="sky.Azure")
-        self.sizes_for(request)
-        self.strategy(request)
-        _ = self.locations
         _ = self.subscription
+        machines = self.machines_for(request)
         if self.connection_verify is not None and not Path(self.connection_verify).exists():
             raise ValueError(f"connection_verify: no CA bundle at {self.connection_verify}")
+        if self.strategy(request) == "on-demand" and request.max_hourly_cost is not None:
+            # The catalog's list prices need no network: a pool above the limit is refused
+            # now (unknown prices are, at provision, still before anything is created).
+            offers = [
+                Offer(m, location, "on-demand", price)
+                for location in self.locations
+                for m in machines
+                if (price := _list_price(m.type, location)) is not None
+            ]
+            if offers:
+                capacity.affordable(offers, request.nodes, request.max_hourly_cost)
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         self.check(request)
         api = self.api()
         deadline = request.deadline
+        # ── before anything exists: the credential, what, where, at what price ──
         deadline.check("checking the Azure credential")
         api.sign_in()
-        deadline.check("choosing VM sizes")
-        candidates, skipped = self._plan(api, request)
-        for why in skipped:
-            reporter.status(why)
+        deadline.check("listing the VM sizes Azure offers")
+        skus = {location: self._skus(api, location) for location in self.locations}
+        machines = self._machines(request, skus)
+        offers = self._offers(request, machines, skus, reporter)
+        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        _announce(offers, request.nodes, reporter)
         allocation = AzureAllocation(
             api,
             request,
@@ -268,9 +280,7 @@ class Azure(BaseModel):
             username=self.username,
             release_timeout=self.release_timeout,
         )
-        return open_or_destroy(
-            allocation, lambda made: self._build(made, candidates, skipped, reporter)
-        )
+        return open_or_destroy(allocation, lambda made: self._build(made, offers, skus, reporter))
 
     def api(self) -> Api:
         return Api.connect(
@@ -292,58 +302,6 @@ class Azure(BaseModel):
 
     # ── before anything is made ────────────────────────────────────────────────────────
 
-    def _plan(self, api: Api, request: ProvisionRequest) -> tuple[list[Candidate], list[str]]:
-        """Every (location, size, spot) to try, in order, and why others were left out."""
-        strategy = self.strategy(request)
-        sizes = self.sizes_for(request)
-        if strategy == "cheapest":
-            sizes.sort(key=lambda m: (_price(m) is None, _price(m) or 0.0))
-        spot_order = {
-            "spot": [True],
-            "on-demand": [False],
-            "cheapest": [False],
-            "spot-if-available": [True, False],
-        }[strategy]
-        candidates: list[Candidate] = []
-        skipped: list[str] = []
-        for location in self.locations:
-            offered = self._skus(api, location)
-            fitting: list[tuple[catalog.Machine | str, dict[str, str]]] = []
-            reasons: dict[str, str] = {}
-            for size in sizes:
-                sku = offered.get(_name(size).lower())
-                why = _unfit(sku, request)
-                if why:
-                    reasons[_name(size)] = why
-                else:
-                    assert sku is not None
-                    fitting.append((size, sku))
-            if not fitting:
-                skipped += [f"{name} in {location}: {why}" for name, why in reasons.items()]
-                continue
-            # The smallest that fits, and as alternates only sizes of its shape (the next
-            # catalog type with as many GPUs: A100 40 GB -> 80 GB); worth saying which of
-            # those Azure will not give here.
-            shape = _shape(fitting[0][0])
-            fitting = [(size, sku) for size, sku in fitting if _shape(size) == shape]
-            skipped += [
-                f"{_name(size)} in {location}: {reasons[_name(size)]}"
-                for size in sizes
-                if _shape(size) == shape
-                and reasons.get(_name(size), "").startswith(("not offered", "restricted"))
-            ]
-            for spot in spot_order:
-                for size, sku in fitting:
-                    if spot and sku.get("LowPriorityCapable", "True") == "False":
-                        skipped.append(f"{_name(size)} in {location}: no spot VMs of this size")
-                        continue
-                    candidates.append(Candidate(location, _name(size), spot, sku))
-        if not candidates:
-            raise ProvisionError(
-                f"no VM size fits the pool in {', '.join(self.locations)}: " + "; ".join(skipped)
-            )
-        return candidates, skipped
-
     def _skus(self, api: Api, location: str) -> dict[str, dict[str, str]]:
         """The VM sizes Azure offers this subscription in ``location``: lower-cased name ->
         capabilities, plus ``restricted`` (why) when it may not be used there."""
@@ -357,8 +315,10 @@ class Azure(BaseModel):
                 continue
             capabilities = {str(c.name): str(c.value) for c in sku.capabilities or []}
             for restriction in sku.restrictions or []:
-                if str(restriction.type) == "Location":  # zonal restrictions leave regional VMs
-                    capabilities["restricted"] = str(restriction.reason_code)
+                # Zonal restrictions leave regional VMs alone. (The SDK gives enums here.)
+                if str(getattr(restriction.type, "value", restriction.type)) == "Location":
+                    reason = getattr(restriction.reason_code, "value", restriction.reason_code)
+                    capabilities["restricted"] = str(reason)
             found[str(sku.name).lower()] = capabilities
         if not found:
             near = difflib.get_close_matches(location, _LOCATIONS, n=3)
@@ -368,22 +328,109 @@ class Azure(BaseModel):
             )
         return found
 
+    def _machines(
+        self, request: ProvisionRequest, skus: Mapping[str, Mapping[str, Mapping[str, str]]]
+    ) -> list[Machine]:
+        """The machines to try; a ``vm_size`` the catalog lacks is described from Azure's SKU
+        list (a typo is an error before anything exists)."""
+        machines = self.machines_for(request)
+        if machines or self.vm_size is None:
+            return machines
+        found = next(
+            (s[self.vm_size.lower()] for s in skus.values() if self.vm_size.lower() in s), None
+        )
+        if found is None:
+            raise ProvisionError(
+                f"vm_size={self.vm_size!r}: Azure lists no such size in "
+                f"{', '.join(self.locations)} for this subscription"
+            )
+        gpus = int(found.get("GPUs", "0") or 0)
+        machine = Machine(
+            cloud="azure",
+            type=self.vm_size,
+            accelerator="GPU" if gpus else None,
+            count=gpus,
+            memory_gb=0,
+            vcpus=int(float(found.get("vCPUs", "0"))),
+            ram_gb=float(found.get("MemoryGB", "0")),
+        )
+        catalog.refuse_contradiction(
+            machine, vcpus=request.vcpus, memory_gb=request.memory_gb, given="vm_size"
+        )
+        return [machine]
+
+    def _offers(
+        self,
+        request: ProvisionRequest,
+        machines: Sequence[Machine],
+        skus: Mapping[str, Mapping[str, Mapping[str, str]]],
+        reporter: Reporter,
+    ) -> list[Offer]:
+        """Every (size, location, market) to try, in the strategy's order (``capacity.plan``;
+        Azure's locations play the part of zones). Sizes Azure does not offer or restricts
+        somewhere, and spot where a size has none, are left out, and said."""
+        zones: dict[str, list[str]] = {}
+        left_out: list[str] = []
+        for machine in machines:
+            zones[machine.type] = []
+            for location in self.locations:
+                sku = skus[location].get(machine.type.lower())
+                if sku is None:
+                    left_out.append(f"{machine.type} in {location}: not offered there")
+                elif "restricted" in sku:
+                    left_out.append(
+                        f"{machine.type} in {location}: restricted for this subscription "
+                        f"({sku['restricted']})"
+                    )
+                else:
+                    zones[machine.type].append(location)
+
+        def price(machine: Machine, location: str, market: capacity.Market) -> float | None:
+            on_demand = _list_price(machine.type, location)
+            if market == "on-demand":
+                return on_demand
+            # No spot price lookup: the cap is its ceiling, else the on-demand price (Azure's
+            # own default maximum for a spot VM).
+            return self.max_price if self.max_price is not None else on_demand
+
+        offers = []
+        for offer in capacity.plan(machines, zones, strategy=self.strategy(request), price=price):
+            sku = skus[offer.zone][offer.machine.type.lower()]
+            if offer.market == "spot" and sku.get("LowPriorityCapable") == "False":
+                left_out.append(f"{offer.machine.type} in {offer.zone}: no spot VMs of this size")
+                continue
+            offers.append(offer)
+        for line in left_out:
+            reporter.status(line)
+        if not offers:
+            raise ProvisionError(
+                f"no VM size of the pool can be had in {', '.join(self.locations)}: "
+                + "; ".join(left_out)
+            )
+        return offers
+
     # ── the steps ──────────────────────────────────────────────────────────────────────
 
     def _build(
         self,
         made: AzureAllocation,
-        candidates: list[Candidate],
-        skipped: list[str],
+        offers: list[Offer],
+        skus: Mapping[str, Mapping[str, Mapping[str, str]]],
         reporter: Reporter,
     ) -> None:
         request, api, deadline = made.request, made.api, made.request.deadline
-        first = candidates[0]
-        for rank in range(request.nodes):
-            reporter.phase(rank, "provisioning", first.describe())
-        _report_price(reporter, request.nodes, first)
+        first = offers[0]
         key = PoolKey()
         made.adopt_pool_key(key)
+        group = arm.group_name(request.pool)
+        key.label(
+            {
+                "provider": "azure",
+                "subscription": api.subscription,
+                "pool": request.pool,
+                "resource_group": group,
+            }
+        )
         host_key = HostKey.generate()
         made.host_key = host_key.public
         made.access = Access(
@@ -392,99 +439,94 @@ class Azure(BaseModel):
             workdir=self.workdir,
             boot_timeout=self.boot_timeout,
         )
-        group = arm.group_name(request.pool)
-        made.adopt_group(group)
+        made.adopt_group(group)  # before the call: an answer lost in flight still counts
         deadline.check(f"creating resource group {group}")
-        arm.create_group(api, group, first.location, request.tags)
-        reporter.status(f"resource group {group} in {first.location}")
+        arm.create_group(api, group, first.zone, request.tags)
+        reporter.status(f"resource group {group} in {first.zone}")
         cidrs = self._ssh_cidrs()
         names = [f"node-{rank}" for rank in range(request.nodes)]
         sites: dict[str, arm.Site] = {}
-        tried: list[str] = []
-        for candidate in candidates:
-            if candidate.location not in sites:
-                deadline.check(f"making the network in {candidate.location}")
-                sites[candidate.location] = arm.make_site(
+
+        def launch(offer: Offer) -> arm.VmSpec:
+            location = offer.zone
+            if location not in sites:
+                deadline.check(f"making the network in {location}")
+                sites[location] = arm.make_site(
                     api,
                     group,
-                    candidate.location,
+                    location,
                     address_space=self.address_space,
                     ssh_cidrs=cidrs,
                     identity=self.self_delete,
                     tags=request.tags,
                     deadline=deadline,
                 )
-                reporter.status(
-                    f"network in {candidate.location}: SSH from {', '.join(cidrs)} only"
-                )
-            site = sites[candidate.location]
-            spec = self._spec(candidate, site, key, host_key, request)
+                reporter.status(f"network in {location}: SSH from {', '.join(cidrs)} only")
+            site = sites[location]
+            sku = skus[location][offer.machine.type.lower()]
+            spec = self._spec(offer, sku, site, key, host_key, request)
             made.adopt_vms(site, spec, names)
-            deadline.check(f"creating {request.nodes} VM(s): {candidate.describe()}")
             for rank in range(request.nodes):
-                reporter.phase(rank, "provisioning", candidate.describe())
+                reporter.phase(rank, "provisioning", offer.where)
             try:
                 arm.create_vms(api, group, site, spec, names, deadline)
-                break
             except ProvisionError as exc:
-                code = failure_code(exc)
-                if code not in CAPACITY and code not in _QUOTA_CODES:
-                    raise
-                tried.append(f"{candidate.describe()}: {exc}")
-                reporter.status(f"no room: {candidate.describe()} ({code}); trying the next")
-                arm.delete_vms(api, group, names, deadline)
-                if candidate is candidates[-1]:
-                    if len(tried) == 1 and not skipped:
-                        raise
-                    raise ProvisionError(
-                        f"no capacity for {request.nodes} VM(s) anywhere the pool may go. "
-                        f"Tried: {'; '.join(tried)}"
-                        + (f". Left out: {'; '.join(skipped)}" if skipped else "")
-                    ) from exc
+                refusal = _refusal(exc, offer)
+                if refusal is None:
+                    raise  # a quota, a permission: the group's deletion cleans up
+                arm.delete_vms(api, group, names, deadline)  # nothing of this attempt stays
+                raise CapacityError(str(exc), refusal=refusal) from exc
+            return spec
+
+        offer, _ = capacity.launch_first(
+            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
+        )
+        made.hourly_cost = offer.pool_hourly(request.nodes)
+        made.describe = f"{request.nodes} x {offer.machine.type} {offer.market} in {offer.zone}"
         made.nodes = list(self._open(made, names, reporter))
 
     def _spec(
         self,
-        candidate: Candidate,
+        offer: Offer,
+        sku: Mapping[str, str],
         site: arm.Site,
         key: PoolKey,
         host_key: HostKey,
         request: ProvisionRequest,
     ) -> arm.VmSpec:
-        gpu = int(candidate.sku.get("GPUs", "0") or 0) > 0 or request.accelerator is not None
+        gpu = offer.machine.count > 0 or request.accelerator is not None
         files = []
         action = None
         if site.identity_client_id is not None:
             ca = Path(self.connection_verify).read_text() if self.connection_verify else None
             script = release_script(
-                base_url=self.base_url or "https://management.azure.com",
+                base_url=self.base_url or PUBLIC_CLOUD,
                 client_id=site.identity_client_id,
                 ca_pem=ca,
             )
             files.append({"path": RELEASE_PATH, "permissions": "0755", "content": script})
             action = RELEASE_PATH
         return arm.VmSpec(
-            size=candidate.size,
-            spot=candidate.spot,
+            size=offer.machine.type,
+            spot=offer.market == "spot",
             max_price=self.max_price,
             image=arm.ImageRef.parse(self.image or (GPU_IMAGE if gpu else CPU_IMAGE)),
             disk_gb=self.disk_gb,
-            disk_type="Premium_LRS"
-            if candidate.sku.get("PremiumIO") == "True"
-            else "StandardSSD_LRS",
+            disk_type="Premium_LRS" if sku.get("PremiumIO") == "True" else "StandardSSD_LRS",
             username=self.username,
             public_key=key.public,
             user_data=user_data(
                 host_key=host_key,
                 authorized_key=key.public,
                 idle_timeout=self.idle_timeout,
-                # A machine waits for its first client as long as the client waits for it.
-                first_client_timeout=self.boot_timeout,
+                # A machine waits for its first client as long as the client waits for it
+                # (and a margin), not idle_timeout: a client killed mid-start costs minutes.
+                first_client_timeout=first_client_bound(self.boot_timeout),
                 idle_action=action,
                 files=files,
             ),
             public_ip=self.connect == "public",
-            accelerated_networking=candidate.sku.get("AcceleratedNetworkingEnabled") == "True",
+            accelerated_networking=sku.get("AcceleratedNetworkingEnabled") == "True",
             tags=request.tags,
         )
 
@@ -524,44 +566,35 @@ class Azure(BaseModel):
             stop.set()
 
 
-def _name(size: catalog.Machine | str) -> str:
-    return size.type if isinstance(size, catalog.Machine) else size
+def _list_price(size: str, location: str) -> float | None:
+    """The on-demand list price of ``size`` in ``location``, else in the catalog's reference
+    location (an estimate: Azure's prices differ a little between locations)."""
+    return catalog.price("azure", size, location) or catalog.price("azure", size)
 
 
-def _price(size: catalog.Machine | str) -> float | None:
-    return catalog.price("azure", _name(size))
+def _refusal(exc: ProvisionError, offer: Offer) -> Refusal | None:
+    """How a failed create counts for the failover: no room for the size there now, or a
+    spot request refused (no spot capacity, the cap below the price, the spot quota); None
+    for what another place would not change (an on-demand quota, a permission)."""
+    code = failure_code(exc)
+    if offer.market == "spot" and (code in CAPACITY or code in _QUOTA_CODES):
+        return "spot"
+    if code in CAPACITY:
+        return "capacity"
+    return None
 
 
-def _shape(size: catalog.Machine | str) -> tuple[int, int] | str:
-    """What alternates must share: GPUs per VM (vCPUs for a CPU size); a given size is its
-    own shape."""
-    if isinstance(size, str):
-        return size
-    return (size.count, size.vcpus if size.count == 0 else 0)
-
-
-def _unfit(sku: dict[str, str] | None, request: ProvisionRequest) -> str:
-    """Why a size cannot hold the pool's nodes (``""`` if it can)."""
-    if sku is None:
-        return "not offered there to this subscription"
-    if "restricted" in sku:
-        return f"restricted there for this subscription ({sku['restricted']})"
-    cpus, memory = float(sku.get("vCPUs", 0)), float(sku.get("MemoryGB", 0))
-    if request.vcpus is not None and cpus < request.vcpus:
-        return f"{cpus:g} vCPUs, fewer than vcpus={request.vcpus:g}"
-    if request.memory_gb is not None and memory < request.memory_gb:
-        return f"{memory:g} GB of memory, less than memory_gb={request.memory_gb:g}"
-    return ""
-
-
-def _report_price(reporter: Reporter, nodes: int, candidate: Candidate) -> None:
-    hourly = catalog.price("azure", candidate.size)
-    if candidate.spot or hourly is None:
-        reporter.status(f"{nodes}x {candidate.describe()}")
-        return
+def _announce(offers: Sequence[Offer], nodes: int, reporter: Reporter) -> None:
+    """The choice, where and the price, before anything is created."""
+    first = offers[0]
+    others = sorted({o.where for o in offers[1:]})
+    fallback = f"; then {len(others)} other place(s) if it has no capacity" if others else ""
     reporter.status(
-        f"{nodes}x {candidate.describe()}: about ${nodes * hourly:.2f}/h for the pool (list price)"
+        f"{nodes} x {first.machine.describe()} {first.market} in {first.zone}: "
+        f"{capacity.estimate(offers, nodes)}{fallback}"
     )
+    for rank in range(nodes):
+        reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")
 
 
 def _watch_vms(

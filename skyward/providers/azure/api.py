@@ -151,6 +151,8 @@ class Api:
         """Start a long-running operation (``begin_*``) and wait for its result, within
         ``deadline`` and ``timeout`` seconds (600 when neither is given). An operation left
         behind keeps running in Azure; whoever stopped waiting deletes what it made."""
+        if deadline is not None:
+            deadline.check(doing)  # a closed pool starts nothing more
         poller = self.call(operation, doing, *args, **kwargs)
         done = threading.Event()
         poller.add_done_callback(lambda _: done.set())

@@ -184,23 +184,34 @@ def make_site(
     principal = str(made.properties["principalId"])
     deadline.check("giving the pool's identity its role on the resource group")
     role = f"/subscriptions/{api.subscription}/providers/Microsoft.Authorization"
-    api.wait(
-        api.resource.resources.begin_create_or_update_by_id,
-        "giving the pool's managed identity the role Virtual Machine Contributor on its "
-        "resource group (for the idle watchdog)",
-        deadline,
-        f"{_group_id(api, group)}/providers/Microsoft.Authorization/roleAssignments/{uuid.uuid4()}",
-        {
-            "properties": {
-                "roleDefinitionId": f"{role}/roleDefinitions/{VM_CONTRIBUTOR}",
-                "principalId": principal,
-                # A principal made a moment ago may not have reached every replica of the
-                # directory; saying what it is spares ARM the lookup that would fail.
-                "principalType": "ServicePrincipal",
-            }
-        },
-        api_version=ROLE_API,
-    )
+    try:
+        api.wait(
+            api.resource.resources.begin_create_or_update_by_id,
+            "giving the pool's managed identity the role Virtual Machine Contributor on its "
+            "resource group (for the idle watchdog)",
+            deadline,
+            f"{_group_id(api, group)}/providers/Microsoft.Authorization/roleAssignments/"
+            f"{uuid.uuid4()}",
+            {
+                "properties": {
+                    "roleDefinitionId": f"{role}/roleDefinitions/{VM_CONTRIBUTOR}",
+                    "principalId": principal,
+                    # A principal made a moment ago may not have reached every replica of
+                    # the directory; saying what it is spares ARM the lookup that would fail.
+                    "principalType": "ServicePrincipal",
+                }
+            },
+            api_version=ROLE_API,
+        )
+    except ProvisionError as exc:
+        if failure_code(exc) != "AuthorizationFailed":
+            raise
+        raise ProvisionError(
+            f"{exc}. Assigning roles needs Owner, User Access Administrator or Role Based "
+            f"Access Control Administrator on the subscription. Without it, pass "
+            f"sky.Azure(self_delete=False): the idle watchdog then only powers VMs off, and "
+            f"Azure bills a VM stopped that way until `skyward down` deletes it"
+        ) from exc
     return Site(
         location=location,
         subnet_id=site.subnet_id,
