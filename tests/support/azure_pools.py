@@ -14,6 +14,8 @@ from typing import Any
 
 import skyward as sky
 from support.azure import SUBSCRIPTION, TOKEN, AzureFake, FakeCredential
+from support.azure_standin import AzureStandIns
+from support.sshhosts import USER
 
 LOCATION = "eastus"
 
@@ -91,3 +93,11 @@ def signed_in_env(fake: AzureFake, az_directory: Path) -> dict[str, str]:
 
 def skyward_cli() -> str:
     return str(Path(sys.executable).parent / "skyward")
+
+
+def standin_provider(cloud: AzureStandIns, **options: Any) -> sky.Azure:
+    """``sky.Azure`` for the stand-ins: reached at private addresses, logging in as the test
+    hosts' user."""
+    assert cloud.fake is not None
+    settings: dict[str, Any] = {"connect": "private", "username": USER, **options}
+    return provider(cloud.fake, **settings)
