@@ -339,7 +339,8 @@ class AWS(BaseModel):
         """Per type, the zones that offer it and where the pool has a subnet, in subnet
         order. When EC2 cannot say (a permission), every subnet's zone: a launch where the
         type is missing is refused and the failover moves on."""
-        offered = api.zones_offering_each([m.type for m in machines])
+        # A subnet the user named is taken as it is: EC2 itself says if the type is missing.
+        offered = None if self.subnet_id else api.zones_offering_each([m.type for m in machines])
         zones: dict[str, list[str]] = {}
         for machine in machines:
             where = offered.get(machine.type) if offered is not None else None
