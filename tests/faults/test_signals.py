@@ -57,10 +57,11 @@ def _wait_for(condition: Any, timeout: float, what: str, log: Path) -> None:
 def _ended_by(client: Any, signum: int, log: Path) -> None:
     try:
         status = client.wait(150)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         client.kill()
         client.wait(30)
-        raise AssertionError(f"the client did not end after the signal:\n{log.read_text()}")
+        message = f"the client did not end after the signal:\n{log.read_text()}"
+        raise AssertionError(message) from exc
     assert status == -signum, f"exit status {status}\n{log.read_text()}"
 
 
