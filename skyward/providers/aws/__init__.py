@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Literal, cast
@@ -53,6 +54,7 @@ from skyward.providers.cloud import (
     WatchedDeadline,
     client_cidr,
     first_client_bound,
+    key_label,
     open_or_destroy,
     user_data,
 )
@@ -241,9 +243,8 @@ class AWS(BaseModel):
         key = PoolKey()
         made.adopt_pool_key(key)
         name = made.name
-        key.label(
-            {"provider": "aws", "region": api.region, "pool": request.pool, "key_pair": name}
-        )
+        endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL", "")
+        key.label(key_label("aws", api.region, request.pool, name, endpoint))
         tags = {**request.tags, TAG_ALLOCATION: name, "Name": f"skyward {request.pool}"}
         made.adopt_key_pair(name)  # before the call: an answer lost in flight still counts
         ec2.import_key_pair(api, name, key.public, tags)
