@@ -3,11 +3,15 @@ every pool puts on its resources, and its removal.
 
 They work without the client that made the pool: a pool whose client was killed (SIGKILL, a
 laptop that died) is found by its ``skyward-pool`` tag, whoever made it. Each provider that
-creates things offers an inventory (``Provider.inventory()``): AWS, in the regions named
-with ``--region`` (default: the one boto3 would use), and Azure, in the subscriptions named
+creates things offers an inventory (``Provider.inventory()``): AWS, in every region the
+account has enabled or in those named with ``--region``, and Azure, in the subscriptions named
 with ``--subscription`` (default: ``AZURE_SUBSCRIPTION_ID``). Credentials and endpoints come
 from the usual places (``AWS_PROFILE`` or ``--profile``, ``AWS_ENDPOINT_URL``; Azure's
 ``DefaultAzureCredential``: the environment, a managed identity, ``az login``).
+
+A killed client also leaves its pool's private key in ``/tmp/skyward-key-*``: ``ls`` lists
+those whose key pair is gone from the cloud (stale), ``down`` removes them once it has
+removed, or found gone, the pool's key pair.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import click
 
 from skyward._errors import SkywardError
 from skyward.providers.base import Inventory, Leftover
+from skyward.providers.cloud import LocalKey, local_keys, remove_local_key
 
 
 class _Echo:
@@ -59,11 +64,11 @@ def _aws_inventories(regions: Sequence[str], profile: str | None) -> list[tuple[
     from skyward.providers.aws import AWS
 
     found: list[tuple[str, Inventory]] = []
-    asked: list[str | None] = list(regions) or [None]
+    asked: list[str | None] = list(regions) or [None]  # None: every enabled region
     for region in asked:
         inventory = AWS(region=region, profile=profile).inventory()
         if inventory is not None:
-            found.append((f"aws {region or 'default region'}", inventory))
+            found.append((f"aws {region or '(every enabled region)'}", inventory))
     return found
 
 
@@ -80,8 +85,68 @@ def _collect(
             leftovers = inventory.leftovers(pool=pool)
         except SkywardError as exc:
             raise click.ClickException(f"{where}: {exc}") from exc
+        for problem in getattr(inventory, "problems", []):
+            click.echo(f"{where}: not searched: {problem}", err=True)
         collected.append((inventory, leftovers))
     return collected
+
+
+def _stale_keys(
+    leftovers: Sequence[Leftover],
+    regions: Sequence[str],
+    pool: str | None,
+    azure_endpoint: str | None = None,
+) -> list[LocalKey]:
+    """Pool keys on this machine whose key pair the search did not find (in a region it
+    searched): their pool is gone, or going. On Azure the pool's resource group plays the
+    key pair's part; ``azure_endpoint`` is the endpoint searched (None: Azure was not)."""
+    import os
+
+    kinds = ("key pair", "resource group")
+    pairs = {(x.provider, x.region, x.id) for x in leftovers if x.kind in kinds}
+    # Only keys made through the endpoint searched here (another account's or a test
+    # server's keys are not judged by this search), and never one whose client still runs.
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+
+    def searched(key: LocalKey) -> bool:
+        if key.provider == "azure":
+            return azure_endpoint is not None and key.endpoint == azure_endpoint
+        return (not regions or key.region in regions) and key.endpoint == endpoint
+
+    return [
+        key
+        for key in local_keys()
+        if (pool is None or key.pool == pool)
+        and searched(key)
+        and not key.client_alive
+        and (key.provider, key.region, key.key_pair) not in pairs
+    ]
+
+
+def _azure_searched(
+    collected: Sequence[tuple[Inventory, list[Leftover]]], base_url: str | None
+) -> str | None:
+    """The Azure endpoint this search looked through, or None if it looked at no Azure."""
+    from skyward.providers.azure.inventory import AzureInventory
+
+    searched = any(isinstance(inventory, AzureInventory) for inventory, _ in collected)
+    return (base_url or "") if searched else None
+
+
+def _key_rows(keys: Sequence[LocalKey]) -> list[Leftover]:
+    return [
+        Leftover(
+            provider="local",
+            kind="key file",
+            id=str(key.directory),
+            pool=key.pool,
+            owner="",
+            created=None,
+            state=f"stale: {key.provider} key pair gone",
+            region=key.region,
+        )
+        for key in keys
+    ]
 
 
 def _age(created: datetime | None) -> str:
@@ -116,7 +181,7 @@ def _table(leftovers: Sequence[Leftover]) -> None:
         click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     known = [x.hourly_cost for x in leftovers if x.hourly_cost]
     if known:
-        click.echo(f"about ${sum(known):.2f}/h while these run (list prices; spot not counted)")
+        click.echo(f"about ${sum(known):.2f}/h while these run (list prices; spot at its current price)")
 
 
 _regions = click.option(
@@ -149,9 +214,12 @@ def ls(
     subscriptions: tuple[str, ...],
     azure_base_url: str | None,
 ) -> None:
-    """List what Skyward created and is still there (instances, groups, keys)."""
+    """List what Skyward created and is still there (instances, groups, keys), in every
+    enabled region unless --region is given, and pool keys left on this machine."""
     collected = _collect(regions, profile, pool, subscriptions, azure_base_url)
     everything = [x for _, found in collected for x in found]
+    azure = _azure_searched(collected, azure_base_url)
+    everything += _key_rows(_stale_keys(everything, regions, pool, azure))
     if not everything:
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
         return
@@ -175,25 +243,39 @@ def down(
     subscriptions: tuple[str, ...],
     azure_base_url: str | None,
 ) -> None:
-    """Remove what Skyward created: one pool's resources, or every pool's."""
+    """Remove what Skyward created: one pool's resources, or every pool's, in every enabled
+    region unless --region is given; then the pool keys on this machine whose key pair is
+    gone."""
     if (pool is None) == (not everything):
         raise click.UsageError("give --pool NAME or --all (one of them)")
     collected = _collect(regions, profile, pool, subscriptions, azure_base_url)
     total = [x for _, found in collected for x in found]
+    azure = _azure_searched(collected, azure_base_url)
     if not total:
+        stale = _stale_keys(total, regions, pool, azure)
+        for key in stale:
+            remove_local_key(key)
+            click.echo(f"Removed the stale pool key {key.directory}")
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
         return
-    _table(total)
+    _table(total + _key_rows(_stale_keys(total, regions, pool, azure)))
     if not yes:
         click.confirm(f"Delete these {len(total)} resource(s)?", abort=True)
     failed = []
+    deleted: list[Leftover] = []
     for inventory, found in collected:
         if not found:
             continue
         try:
             inventory.delete(found, _Echo())
+            deleted += found
         except SkywardError as exc:
             failed.append(str(exc))
+    # The keys of pools whose key pair is now gone (deleted here, or gone before).
+    remaining = [x for x in total if x not in deleted]
+    for key in _stale_keys(remaining, regions, pool, azure):
+        remove_local_key(key)
+        click.echo(f"Removed the pool key {key.directory}")
     if failed:
         raise click.ClickException("; ".join(failed))
     click.echo(f"Deleted {len(total)} resource(s).")

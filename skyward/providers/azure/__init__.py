@@ -52,6 +52,7 @@ from skyward.providers.cloud import (
     WatchedDeadline,
     client_cidr,
     first_client_bound,
+    key_label,
     open_or_destroy,
     user_data,
 )
@@ -423,14 +424,8 @@ class Azure(BaseModel):
         key = PoolKey()
         made.adopt_pool_key(key)
         group = arm.group_name(request.pool)
-        key.label(
-            {
-                "provider": "azure",
-                "subscription": api.subscription,
-                "pool": request.pool,
-                "resource_group": group,
-            }
-        )
+        # For skyward ls / down: on Azure the resource group plays the key pair's part.
+        key.label(key_label("azure", first.zone, request.pool, group, self.base_url or ""))
         host_key = HostKey.generate()
         made.host_key = host_key.public
         made.access = Access(
