@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -89,6 +90,46 @@ def test_ctrl_c_while_the_vms_boot_leaves_nothing(
     azure_standins.wait_for(
         lambda: _all_ended(azure_standins, {"deleted"}), 30, "stand-ins gone with their VMs"
     )
+
+
+@pytest.mark.timeout(120)
+def test_vms_that_never_answer_fail_the_start_in_time_and_leave_nothing(
+    azure_standins: AzureStandIns,
+) -> None:
+    azure_standins.boot = False  # the VMs run; no machine ever answers
+    with pytest.raises(sky.ProvisionError) as caught:
+        with sky.ComputePool(
+            provider=azure(azure_standins), nodes=2, name="silent", provision_timeout=8, quiet=True
+        ):
+            pass
+    message = str(caught.value) + "".join(getattr(caught.value, "__notes__", []))
+    cause = caught.value.__cause__
+    if cause is not None:
+        message += str(cause) + "".join(getattr(cause, "__notes__", []))
+    assert "provision_timeout (8 s)" in message, message
+    assert "SSH did not answer from here" in message, message
+    assert groups_of(azure_standins.fake, "silent") == []  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_while_the_vms_boot_leaves_nothing(
+    azure_standins: AzureStandIns, tmp_path: Path
+) -> None:
+    fake = azure_standins.fake
+    assert fake is not None
+    azure_standins.boot = False
+    log = tmp_path / "client.log"
+    client = _client(azure_standins, "http://127.0.0.1:9/simple/", "sigterm", log)
+    try:
+        _wait_for_line(log, "connecting", client, 120)
+        assert len(fake.vms(only_group(fake, "sigterm"))) == 2
+        client.send_signal(signal.SIGTERM)  # a job scheduler's cancel, `kill PID`
+        assert client.wait(120) == -signal.SIGTERM, log.read_text()
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(30)
+    assert groups_of(fake, "sigterm") == [], log.read_text()
 
 
 # ── a client killed: the watchdog deletes the VMs (never merely stops them) ────────────
