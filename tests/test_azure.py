@@ -81,8 +81,9 @@ def test_bad_settings_are_validation_errors_naming_the_field() -> None:
         with pytest.raises(ValidationError) as caught:
             sky.Azure(**settings)
         assert field in str(caught.value), settings
-    with pytest.raises(ValidationError, match="spot=True"):
-        sky.Azure(max_price=0.5)
+    with pytest.raises(ValueError, match="max_price is for spot VMs"):
+        az = sky.Azure(subscription_id=SUBSCRIPTION, location="eastus", max_price=0.5)
+        sky.ComputePool(provider=az, quiet=True)
 
 
 def test_vm_size_wins_over_the_catalog_which_picks_the_smallest_first(fake: AzureFake) -> None:

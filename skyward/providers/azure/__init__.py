@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import HostKeyError, ProvisionError
 from skyward._extras import check
@@ -91,8 +91,8 @@ class Azure(BaseModel):
       catalog (``"A100"`` is a Standard_NC24ads_A100_v4, 1 GPU; ``"A100:8"`` an ND96asr_v4).
     - ``image``: ``publisher:offer:sku:version`` or an image's resource id; by default
       Ubuntu HPC (NVIDIA driver) for GPU sizes, Ubuntu 24.04 for CPU ones.
-    - ``spot``, ``max_price``: spot VMs (evicted means deleted), at most ``max_price`` USD an
-      hour each (default: up to the on-demand price).
+    - ``spot``, ``max_price``: spot VMs (evicted means deleted); a spot VM costs at most
+      ``max_price`` USD an hour (default: up to the on-demand price).
     - ``connect``: reach the nodes at their ``"public"`` or ``"private"`` address.
     - ``ssh_cidr``: who may reach the SSH port; ``"auto"``: this machine's public address
       (asked of ``ip_lookup_url``), or with ``connect="private"`` the pool's address space.
@@ -178,12 +178,6 @@ class Azure(BaseModel):
             raise ValueError("credential must be a TokenCredential (it has no get_token)")
         return value
 
-    @model_validator(mode="after")
-    def _price_needs_spot(self) -> Azure:
-        if self.max_price is not None and not self.spot:
-            raise ValueError("max_price is for spot VMs: give spot=True as well")
-        return self
-
     @property
     def kind(self) -> str:
         return "azure"
@@ -247,6 +241,11 @@ class Azure(BaseModel):
         check("paramiko", feature="sky.Azure")
         _ = self.subscription
         machines = self.machines_for(request)
+        if self.max_price is not None and self.strategy(request) in ("on-demand", "cheapest"):
+            raise ValueError(
+                "max_price is for spot VMs; this pool asks for none (give spot=True or "
+                "allocation='spot' / 'spot-if-available')"
+            )
         if self.connection_verify is not None and not Path(self.connection_verify).exists():
             raise ValueError(f"connection_verify: no CA bundle at {self.connection_verify}")
         if self.strategy(request) == "on-demand" and request.max_hourly_cost is not None:
