@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
@@ -22,6 +23,10 @@ from support.pools import PoolFactory, pool_factory
 from support.processes import describe, our_namespaces, worker_processes
 from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
+
+if TYPE_CHECKING:
+    from support.azure import AzureFake
+    from support.azure_standin import AzureStandIns
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -181,3 +186,32 @@ def standin_cloud(moto: MotoServer, ssh_hosts: Hosts) -> Iterator[StandInCloud]:
     finally:
         cloud.close()
     assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
+
+
+# ── the fake Azure Resource Manager, and stand-in VMs for its VMs ──────────────────────
+
+
+@pytest.fixture(scope="session")
+def azure_bridge_fake(ssh_hosts: Hosts) -> Iterator[AzureFake]:
+    """The fake ARM server listening on the test bridge, where stand-in VMs reach it too
+    (their watchdog calls it to delete their VM)."""
+    from support.azure import AzureFake
+
+    with AzureFake(host=ssh_hosts.bridge_address) as fake:
+        yield fake
+
+
+@pytest.fixture
+def azure_standins(azure_bridge_fake: AzureFake, ssh_hosts: Hosts) -> Iterator[AzureStandIns]:
+    """The fake ARM server, emptied, with stand-in VMs for the VMs it runs."""
+    from support.azure_standin import AzureStandIns
+
+    azure_bridge_fake.reset()
+    azure_bridge_fake.operation_polls, azure_bridge_fake.operation_seconds = 1, 1.0
+    cloud = AzureStandIns(moto=None, hosts=ssh_hosts, fake=azure_bridge_fake)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
+    assert not azure_bridge_fake.errors, azure_bridge_fake.errors[0]

@@ -10,6 +10,7 @@ import skyward as sky
 EXPECTED = [
     "AWS",
     "Allocation",
+    "Azure",
     "BootstrapError",
     "CallGroup",
     "ChannelError",
@@ -39,6 +40,7 @@ EXPECTED = [
     "Slurm",
     "Stacks",
     "StartError",
+    "Terminated",
     "VersionMismatch",
     "Worker",
     "WorkerLost",

@@ -2,11 +2,11 @@
 
 ::
 
-    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (_spec)
+    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (pool/spec.py)
     start()    provider.provision(request) → Allocation, bounded by provision_timeout
-               → workers through the start-up barrier, bounded by start_timeout (_startup)
+               → workers through the start-up barrier, bounded by start_timeout (pool/startup.py)
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
-    failures   lost workers, call timeouts, gang restarts (_recovery)
+    failures   lost workers, call timeouts, gang restarts (pool/recovery.py)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
                → bounded wait → kill → allocation.terminate(), on every path
 
@@ -41,6 +41,7 @@ from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
 from skyward.pool import profile as _profile
+from skyward.pool import signals
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import PoolStatistics, Scheduler, Slot, tasks_for
@@ -77,8 +78,11 @@ class ComputePool(PoolCollections):
     included). ``console`` picks the progress display while nodes come up: ``"auto"``
     (Jupyter display in a kernel, live table on a terminal, timestamped lines otherwise),
     ``"rich"``, ``"plain"`` or ``"off"`` (``quiet=True`` is the older spelling of
-    ``"off"``). ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or
-    ``"none"``. Progress also goes to the ``logging`` logger ``"skyward"``.
+    ``"off"``). ``allocation`` picks the market of cloud machines (``"on-demand"``,
+    ``"spot"``, ``"spot-if-available"``, ``"cheapest"``); ``max_hourly_cost`` (USD) refuses,
+    before anything is created, a pool whose estimated price per hour is above it.
+    ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``.
+    Progress also goes to the ``logging`` logger ``"skyward"``.
     """
 
     # help(), notebooks and inspect show every option with PoolSpec's default.
@@ -194,6 +198,8 @@ class ComputePool(PoolCollections):
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
         atexit.register(self._close_at_exit)
+        # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
+        signals.hold(self)
         self._started_at = time.monotonic()
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
@@ -368,6 +374,7 @@ class ComputePool(PoolCollections):
                 self._console.flush()
                 self._console.closed()
                 atexit.unregister(self._close_at_exit)
+                signals.release(self)
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):

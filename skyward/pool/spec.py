@@ -70,6 +70,9 @@ class PoolOptions(TypedDict, total=False):
     """At least this much memory per node; ``None`` leaves it to the provider."""
     allocation: AllocationStrategy | None
     """``"spot"``, ``"on-demand"``, ``"spot-if-available"`` or ``"cheapest"``."""
+    max_hourly_cost: float | None
+    """USD per hour: a pool whose estimated price is above it is refused before anything is
+    created."""
     image: Image | None
     """What every worker needs (``sky.Image()`` when ``None``)."""
     plugins: Sequence[Plugin]
@@ -123,6 +126,7 @@ class PoolSpec(BaseModel):
     vcpus: float | None = Field(default=None, gt=0)
     memory_gb: float | None = Field(default=None, gt=0)
     allocation: AllocationStrategy | None = None
+    max_hourly_cost: float | None = Field(default=None, gt=0)
     accelerator: str | None = Field(default=None, min_length=1)
     image: Image = Field(default_factory=Image)
     plugins: tuple[Plugin, ...] = ()
@@ -227,6 +231,7 @@ class PoolSpec(BaseModel):
             vcpus=self.vcpus,
             memory_gb=self.memory_gb,
             allocation=self.allocation,
+            max_hourly_cost=self.max_hourly_cost,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),
