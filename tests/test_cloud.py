@@ -5,6 +5,7 @@ client's address, and "create, then open, or destroy"."""
 from __future__ import annotations
 
 import http.server
+import signal
 import socket
 import threading
 import time
@@ -262,3 +263,40 @@ def test_a_successful_build_keeps_everything() -> None:
     allocation = _Recording()
     assert cloud.open_or_destroy(allocation, lambda made: None) is allocation
     assert allocation.released == 0
+
+
+@pytest.mark.timeout(30)
+def test_ctrl_c_during_the_cleanup_of_a_failed_start_waits_for_the_cleanup_to_finish() -> None:
+    # On Python 3.11 an interrupted Thread.join marks a running thread as stopped: a wait
+    # built on join would return here while the clean-up is still deleting things.
+    started, may_end = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    class Slow(Allocation):
+        def release(self) -> None:
+            started.set()
+            may_end.wait(20)
+            finished.append("released")
+
+    main = threading.get_ident()
+
+    def press_ctrl_c_three_times() -> None:
+        assert started.wait(20)
+        for _ in range(3):
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.3)
+        may_end.set()
+
+    presser = threading.Thread(target=press_ctrl_c_three_times)
+    presser.start()
+
+    def build(made: Slow) -> None:
+        raise RuntimeError("no capacity")
+
+    try:
+        with pytest.raises(RuntimeError, match="no capacity"):
+            cloud.open_or_destroy(Slow([]), build)
+        assert finished == ["released"]
+    finally:
+        may_end.set()
+        presser.join(20)

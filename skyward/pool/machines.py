@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
+from skyward._shield import shielded
 from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
 
 if TYPE_CHECKING:
@@ -166,44 +167,26 @@ class Machines:
             self._shielded(allocation)
 
     def _shielded(self, allocation: Allocation) -> None:
-        """``allocation.terminate()`` on a thread of its own, so that one Ctrl-C (often
+        """``allocation.terminate()`` through ``_shield.shielded``, so that one Ctrl-C (often
         pressed again while a cloud takes a minute to delete things) does not stop it
         half-way: the first is noted and the wait goes on; a second leaves, and says what
         may be left."""
-        errors: list[BaseException] = []
-        # An Event, not Thread.join: on Python 3.11 a join interrupted by Ctrl-C marks the
-        # thread as stopped while it still runs.
-        done = threading.Event()
 
-        def run() -> None:
-            try:
-                allocation.terminate()
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                done.set()
+        def noted(count: int) -> None:
+            self._reporter.status(
+                f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
+                f"now (then `skyward down --pool {self._pool}`)"
+            )
 
-        thread = threading.Thread(target=run, name="skyward-terminate")
-        interrupted = started = False
-        while not done.is_set():
-            try:
-                if not started:  # inside the try: start() waits, and a Ctrl-C may land there
-                    started = True
-                    thread.start()
-                done.wait(0.2)
-            except KeyboardInterrupt:
-                if interrupted:
-                    _log.warning(
-                        "pool %s: left while its machines were being destroyed; "
-                        "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
-                        self._pool,
-                        self._pool,
-                    )
-                    raise
-                interrupted = True
-                self._reporter.status(
-                    f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
-                    f"now (then `skyward down --pool {self._pool}`)"
-                )
-        if errors:
-            raise errors[0]
+        try:
+            shielded(
+                allocation.terminate, name="skyward-terminate", on_interrupt=noted, leave_after=2
+            )
+        except KeyboardInterrupt:
+            _log.warning(
+                "pool %s: left while its machines were being destroyed; "
+                "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
+                self._pool,
+                self._pool,
+            )
+            raise

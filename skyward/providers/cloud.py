@@ -25,7 +25,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import shlex
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from typing import TypeVar
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
+from skyward._shield import finish
 from skyward.providers.base import Allocation
 
 A = TypeVar("A", bound=Allocation)
@@ -202,37 +202,19 @@ def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:
     exists, and reaches the machines; on any failure, Ctrl-C included, terminate what it
     recorded and re-raise.
 
-    The clean-up runs on its own thread and is waited for even through another Ctrl-C: a
-    second Ctrl-C must not turn a failed start into a running GPU bill. It is bounded by the
-    allocation's own waits, not by the start's deadline, which may be what just passed.
+    The clean-up runs on its own thread and is waited for through any number of Ctrl-Cs
+    (``_shield.finish``): a second Ctrl-C must not turn a failed start into a running GPU
+    bill. It is bounded by the allocation's own waits, not by the start's deadline, which
+    may be what just passed.
     """
     try:
         build(allocation)
     except BaseException as exc:
-        failure = _finish(allocation.terminate)
+        failure = finish(allocation.terminate)
         if failure is not None:
             exc.add_note(f"and cleaning up failed: {failure}")
         raise
     return allocation
-
-
-def _finish(fn: Callable[[], None]) -> BaseException | None:
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="skyward-cleanup")
-    thread.start()
-    while thread.is_alive():
-        try:
-            thread.join()
-        except KeyboardInterrupt:
-            continue  # see open_or_destroy: the clean-up finishes first
-    return errors[0] if errors else None
 
 
 class WatchedDeadline(Deadline):
