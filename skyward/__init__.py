@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "CollectiveHang": "skyward._errors",
     "Compute": "skyward._compute",
     "ComputePool": "skyward.pool",
+    "GCP": "skyward.providers.gcp",
     "HostKeyError": "skyward._errors",
     "Image": "skyward._image",
     "InstanceInfo": "skyward._info",
@@ -108,6 +109,7 @@ if TYPE_CHECKING:
     from skyward.pool.stacks import Stacks
     from skyward.providers.aws import AWS
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
+    from skyward.providers.gcp import GCP
     from skyward.providers.local import Local
     from skyward.providers.ssh import SSH
 

@@ -16,6 +16,7 @@ EXPECTED = [
     "CollectiveHang",
     "Compute",
     "ComputePool",
+    "GCP",
     "HostKeyError",
     "Image",
     "InstanceInfo",

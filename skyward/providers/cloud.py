@@ -27,7 +27,7 @@ import json
 import shlex
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,6 +39,9 @@ from skyward.providers.base import Allocation
 A = TypeVar("A", bound=Allocation)
 
 WATCHDOG_PATH = "/usr/local/sbin/skyward-watchdog"
+# Run by the watchdog, when present, just before it powers the machine off: a cloud whose
+# powered-off machines are kept (and bill their disks) deletes the machine there (GCP).
+BEFORE_POWEROFF_PATH = "/usr/local/sbin/skyward-before-poweroff"
 # sshd drops a client that answers none of 4 probes 15 s apart: a vanished client's
 # connection ends within a minute, and the watchdog's idle time starts counting.
 SSHD_DROPIN_PATH = "/etc/ssh/sshd_config.d/60-skyward.conf"
@@ -125,6 +128,8 @@ while :; do
         bound=$idle
     elif [ $((now - last)) -ge "$bound" ]; then
         say "no SSH client for $((now - last))s: powering off"
+        hook=/usr/local/sbin/skyward-before-poweroff  # BEFORE_POWEROFF_PATH
+        [ -x "$hook" ] && "$hook"
         poweroff || shutdown -h now || halt -p
         sleep 60
     fi
@@ -140,10 +145,12 @@ def user_data(
     idle_timeout: float,
     first_client_timeout: float | None = None,
     ssh_port: int = 22,
+    files: Sequence[Mapping[str, str]] = (),
 ) -> str:
     """The ``#cloud-config`` a pool's machines boot with. The watchdog powers a machine off
     after ``idle_timeout`` without an SSH client, or ``first_client_timeout`` (default: the
-    same) while it waits for its first one."""
+    same) while it waits for its first one. ``files`` are more cloud-init ``write_files``
+    entries (a cloud's ``BEFORE_POWEROFF_PATH``)."""
     idle = max(1, round(idle_timeout))
     first = max(idle, round(first_client_timeout or 0))
     every = max(1, min(10, idle // 6))  # notice idleness within about a sixth of the bound
@@ -162,6 +169,7 @@ def user_data(
                 "content": watchdog_script(),
             },
             {"path": SSHD_DROPIN_PATH, "permissions": "0644", "content": SSHD_DROPIN},
+            *files,
         ],
         "runcmd": [
             # The drop-in may land after sshd started; a reload reads it (no systemd: no-op).

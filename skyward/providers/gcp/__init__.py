@@ -1,0 +1,323 @@
+"""``GCP(...)``: nodes are Compute Engine instances that the pool creates and always destroys.
+
+::
+
+    provision   the machine type (catalog) and the zones of the region that offer it → the
+                image (a family, resolved once) → the pool's SSH key and host key → two
+                firewall rules for the pool's network tag (SSH from the client; everything
+                within the pool) → an instance per node, inserted in parallel, in the first
+                zone with capacity (failover) → wait RUNNING → reach each over SSH with the
+                host key pinned (``reaching``: bootstrap, upload skyward, workers)
+    terminate   close the nodes → delete the instances and wait → sweep by label → delete
+                the rules; what is left is named, with ``skyward down --pool NAME``
+    inventory   instances labelled skyward-pool and skyward- rules, in the project
+
+google-cloud-compute is imported only when a pool uses GCP; its calls and error messages
+live in ``api``, the resources in ``resources``, the allocation in ``allocation``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from skyward._errors import ProvisionError
+from skyward._extras import check
+from skyward._phases import Reporter
+from skyward.providers import catalog
+from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.cloud import (
+    BEFORE_POWEROFF_PATH,
+    DEFAULT_IP_LOOKUP,
+    HostKey,
+    client_cidr,
+    open_or_destroy,
+    user_data,
+)
+from skyward.providers.failover import Unavailable, first_available
+from skyward.providers.gcp import resources as gce
+from skyward.providers.gcp.allocation import GCPAllocation
+from skyward.providers.gcp.api import Api, credentials_and_project, is_not_found
+from skyward.providers.gcp.inventory import GCPInventory
+from skyward.providers.reaching import reach
+from skyward.providers.ssh.connection import PoolKey
+from skyward.providers.ssh.hosts import Access
+
+# Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
+# machines, Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init and the guest agent.
+GPU_IMAGE = (
+    "projects/deeplearning-platform-release/global/images/family/"
+    "common-cu128-ubuntu-2204-nvidia-570"
+)
+CPU_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
+_PRIVATE_RANGES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+_MAX_SECONDS = 7 * 24 * 3600.0
+_NAME = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+class GCP(BaseModel):
+    """Run the pool's nodes on Compute Engine instances made for it, in one zone.
+
+    - ``project``: by default the application-default credentials' (``GOOGLE_CLOUD_PROJECT``,
+      gcloud's). ``credentials``: google-auth credentials; by default the ADC.
+    - ``zone``: the zone tried first; ``region``: where to look for zones (default: the
+      zone's). The instances go to the first zone of the region that offers the machine and
+      has capacity. Without either, ``CLOUDSDK_COMPUTE_ZONE`` / ``CLOUDSDK_COMPUTE_REGION``.
+    - ``machine_type``: wins over the pool's ``accelerator``, which otherwise picks it from
+      the catalog (``"H100"`` is an a3-highgpu-1g). ``image``: an image or a family
+      (``projects/P/global/images/family/F``); by default the Deep Learning VM for GPUs.
+    - ``spot``: Spot VMs, deleted when reclaimed. ``network``/``subnetwork``: where they go.
+    - ``ssh_cidr``, ``connect``, ``username``, ``disk_gb``, ``idle_timeout``,
+      ``boot_timeout``, ``release_timeout``: as for ``sky.AWS``.
+    - ``service_account``: the instances' service account, with the compute scope, so that
+      the watchdog can delete its own instance (``None``: no account; a powered-off machine
+      is then kept, and its disk billed, until ``skyward down``).
+    - ``endpoint``: where the Compute API calls go (a proxy, a test server).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    project: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9:.-]{4,62}$")
+    zone: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")
+    region: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+$")
+    machine_type: str | None = Field(default=None, pattern=r"^[a-z0-9]+-[a-z0-9-]+$")
+    image: str | None = Field(default=None, pattern=r"^projects/[^/]+/global/images/.+")
+    spot: bool = False
+    network: str = Field(default="default", pattern=_NAME)
+    subnetwork: str | None = Field(default=None, pattern=_NAME)
+    ssh_cidr: str = "auto"
+    connect: Literal["public", "private"] = "public"
+    username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]*$")
+    disk_gb: int = Field(default=100, ge=10, le=65536)
+    service_account: str | None = "default"
+    idle_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
+    boot_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
+    release_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
+    endpoint: str | None = None
+    credentials: Any = None
+    ip_lookup_url: str = DEFAULT_IP_LOOKUP
+    python: str | None = Field(default=None, min_length=1)
+    workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        if value == "auto":
+            return value
+        try:
+            return str(ipaddress.ip_network(value, strict=False))
+        except ValueError as exc:
+            message = "ssh_cidr must be 'auto' or a network such as '203.0.113.7/32'"
+            raise ValueError(message) from exc
+
+    @property
+    def kind(self) -> str:
+        return "gcp"
+
+    def machine_for(self, accelerator: str | None) -> catalog.Machine:
+        """The machine a pool with ``accelerator`` gets (``ValueError`` if none)."""
+        if self.machine_type is None:
+            return catalog.choose("gcp", accelerator)
+        known = [m for m in catalog.machines("gcp") if m.type == self.machine_type]
+        wanted = catalog.parse(accelerator).name if accelerator else None
+        fits = [m for m in known if m.accelerator == wanted] or known
+        if fits:
+            return fits[0]
+        return catalog.Machine("gcp", self.machine_type, wanted, 0, 0, 0)
+
+    def where(self) -> tuple[str | None, str]:
+        """(the zone tried first, the region), from the settings or gcloud's variables."""
+        zone = self.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE") or None
+        region = self.region or os.environ.get("CLOUDSDK_COMPUTE_REGION") or None
+        region = region or (zone.rsplit("-", 1)[0] if zone else None)
+        if region is None:
+            raise ProvisionError(
+                "no GCP zone or region: pass sky.GCP(zone='us-central1-a') or "
+                "region='us-central1', or set CLOUDSDK_COMPUTE_ZONE"
+            )
+        if zone is not None and not zone.startswith(region + "-"):
+            raise ValueError(f"zone {zone} is not in region {region}")
+        return zone, region
+
+    def check(self, request: ProvisionRequest) -> None:
+        """Called when the pool is built, before anything is touched."""
+        check("google.cloud.compute_v1", feature="sky.GCP")
+        check("paramiko", feature="sky.GCP")
+        self.machine_for(request.accelerator)
+        if request.allocation == "on-demand" and self.spot:
+            raise ValueError("sky.GCP(spot=True) contradicts allocation='on-demand'")
+        self.where()
+        credentials_and_project(self.project, self.credentials)
+
+    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
+        self.check(request)
+        credentials, project = credentials_and_project(self.project, self.credentials)
+        api = Api.connect(project=project, credentials=credentials, endpoint=self.endpoint)
+        allocation = GCPAllocation(
+            api,
+            request,
+            gce.Names.of(request.pool),
+            connect=self.connect,
+            username=self.username,
+            release_timeout=self.release_timeout,
+        )
+        return open_or_destroy(allocation, lambda made: self._build(made, reporter))
+
+    def inventory(self) -> Inventory | None:
+        return GCPInventory(self)
+
+    # ── the steps ──────────────────────────────────────────────────────────────────────
+
+    def _build(self, made: GCPAllocation, reporter: Reporter) -> None:
+        request, api, deadline = made.request, made.api, made.launching
+        machine = self.machine_for(request.accelerator)
+        first, region = self.where()
+        for rank in range(request.nodes):
+            reporter.phase(rank, "provisioning", f"{machine.type} in {region}")
+        deadline.check("finding the zones")
+        zones = self._zones(api, machine, first, region)
+        deadline.check("finding the image")
+        gpu = machine.accelerator is not None
+        image = self._image(api, self.image or (GPU_IMAGE if gpu else CPU_IMAGE))
+        key = PoolKey()
+        made.adopt_pool_key(key)
+        host_key = HostKey.generate()
+        made.host_key = host_key.public
+        made.access = Access(
+            key_file=key.path,
+            python=self.python,
+            workdir=self.workdir,
+            boot_timeout=self.boot_timeout,
+        )
+        cidrs = self._ssh_cidrs()
+        deadline.check("creating the firewall rules")
+        gce.open_firewalls(
+            api,
+            made.names,
+            network=self.network,
+            ssh_cidrs=cidrs,
+            tags=request.tags,
+            deadline=deadline,
+            adopt=made.adopt_firewall,
+        )
+        reporter.status(f"firewall rules {made.names.base}-*: SSH from {', '.join(cidrs)}")
+        hook = {"path": BEFORE_POWEROFF_PATH, "permissions": "0755"}
+        hook["content"] = gce.self_delete_script(self.endpoint)
+        boot = user_data(
+            host_key=host_key,
+            authorized_key=key.public,
+            idle_timeout=self.idle_timeout,
+            first_client_timeout=self.boot_timeout,
+            files=[hook] if self.service_account else [],
+        )
+        attach = (machine.attach, machine.count) if machine.attach else None
+        base = gce.InstanceSpec(
+            machine_type=machine.type,
+            attach=attach,
+            gpu=gpu,
+            image=image,
+            disk_gb=self.disk_gb,
+            network=self.network,
+            subnetwork=self.subnetwork,
+            tag=made.names.tag,
+            labels=gce.labels(request.tags),
+            metadata={"ssh-keys": f"{self.username}:{key.public}", "user-data": boot},
+            public=self.connect == "public",
+            spot=False,
+            service_account=self.service_account,
+        )
+
+        def attempt(place: tuple[str, bool]) -> tuple[str, list[str]]:
+            zone, spot = place
+            made.spec = dataclasses.replace(base, spot=spot)
+            deadline.check(f"launching {request.nodes} instance(s) in {zone}")
+            return zone, made.launch(zone, range(request.nodes), deadline)
+
+        def refused(place: tuple[str, bool], why: Unavailable) -> None:
+            reporter.status(f"{_describe(place)}: {why}; trying the next placement")
+
+        zone, names = first_available(
+            self._placements(zones, request), attempt, describe=_describe, on_refused=refused
+        )
+        made.instances = [(zone, name) for name in names]
+        for rank, name in enumerate(names):
+            reporter.phase(rank, "provisioning", f"{name} ({machine.type}, {zone})")
+        described = gce.running(api, zone, names, deadline)
+
+        def gone() -> str | None:
+            return next(filter(None, (made.loss_reason(r) for r in range(len(names)))), None)
+
+        made.nodes = list(
+            reach(
+                [made.target(d) for d in described],
+                made.access,
+                dataclasses.replace(request, deadline=deadline),
+                reporter,
+                gone=gone,
+                hint=f"check that this machine's address is inside the firewall rule's SSH "
+                f"range (ssh_cidr={self.ssh_cidr!r}) and that their {self.connect} addresses "
+                f"are reachable from this network.",
+            )
+        )
+
+    def _placements(self, zones: list[str], request: ProvisionRequest) -> list[tuple[str, bool]]:
+        """(zone, spot) in the order they are tried, as ``allocation`` asks."""
+        if request.allocation == "spot-if-available":
+            return [(z, True) for z in zones] + [(z, False) for z in zones]
+        spot = request.allocation == "spot" or (request.allocation is None and self.spot)
+        return [(z, spot) for z in zones]
+
+    def _zones(
+        self, api: Api, machine: catalog.Machine, first: str | None, region: str
+    ) -> list[str]:
+        """The zones of ``region`` that offer the machine, ``first`` first."""
+        described = api.call(
+            api.regions.get, f"reading region {region}", project=api.project, region=region
+        )
+        every = sorted(z.rsplit("/", 1)[-1] for z in described.zones)
+        if first is not None and first not in every:
+            raise ProvisionError(f"zone {first} is not in {region} (its zones: {', '.join(every)})")
+        ordered = ([first] if first else []) + [z for z in every if z != first]
+        offered = [z for z in ordered if self._offers(api, z, machine)]
+        if not offered:
+            raise ProvisionError(
+                f"no zone of {region} offers {machine.describe()} (zones: {', '.join(every)}); "
+                f"choose another region, machine_type or accelerator"
+            )
+        return offered
+
+    def _offers(self, api: Api, zone: str, machine: catalog.Machine) -> bool:
+        asks = [(api.machine_types.get, {"machine_type": machine.type})]
+        if machine.attach:
+            asks.append((api.accelerator_types.get, {"accelerator_type": machine.attach}))
+        for get, name in asks:
+            try:
+                api.call(get, f"checking {zone}", project=api.project, zone=zone, **name)
+            except ProvisionError as exc:
+                if is_not_found(exc):
+                    return False
+                raise
+        return True
+
+    def _image(self, api: Api, image: str) -> str:
+        """The image's selfLink (a family's newest image, once for every node)."""
+        parts = image.split("/")
+        doing = f"finding image {image}"
+        if len(parts) == 6 and parts[4] == "family":
+            found = api.call(api.images.get_from_family, doing, project=parts[1], family=parts[5])
+        else:
+            found = api.call(api.images.get, doing, project=parts[1], image=parts[-1])
+        return str(found.self_link)
+
+    def _ssh_cidrs(self) -> list[str]:
+        if self.ssh_cidr == "auto" and self.connect == "private":
+            return list(_PRIVATE_RANGES)
+        return [client_cidr(self.ssh_cidr, lookup_url=self.ip_lookup_url)]
+
+
+def _describe(place: tuple[str, bool]) -> str:
+    return f"{place[0]} ({'spot' if place[1] else 'on-demand'})"
