@@ -56,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "SkywardError": "skyward._errors",
     "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
+    "Terminated": "skyward._errors",
     "VersionMismatch": "skyward._errors",
     "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
@@ -94,6 +95,7 @@ if TYPE_CHECKING:
         SerializationError,
         SkywardError,
         StartError,
+        Terminated,
         VersionMismatch,
         WorkerLost,
     )

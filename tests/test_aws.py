@@ -186,7 +186,8 @@ def test_the_key_pair_is_the_pools_own_and_the_user_data_pins_a_host_key(
     assert document["ssh_authorized_keys"] == [key["PublicKey"].strip()]
     assert document["ssh_keys"]["ed25519_public"].startswith("ssh-ed25519 ")
     runcmd = " ".join(" ".join(c) for c in document["runcmd"])
-    assert f"{WATCHDOG_PATH} 600 22 10 900" in runcmd  # waits boot_timeout for a first client
+    # The first client is waited for boot_timeout and a margin, not idle_timeout.
+    assert f"{WATCHDOG_PATH} 600 22 10 1020" in runcmd
 
 
 def test_a_private_pool_gets_no_public_address_and_auto_ssh_is_the_vpc(

@@ -39,6 +39,7 @@ EXPECTED = [
     "SkywardError",
     "Stacks",
     "StartError",
+    "Terminated",
     "VersionMismatch",
     "Worker",
     "WorkerLost",

@@ -2,11 +2,11 @@
 
 ::
 
-    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (_spec)
+    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (pool/spec.py)
     start()    provider.provision(request) → Allocation, bounded by provision_timeout
-               → workers through the start-up barrier, bounded by start_timeout (_startup)
+               → workers through the start-up barrier, bounded by start_timeout (pool/startup.py)
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
-    failures   lost workers, call timeouts, gang restarts (_recovery)
+    failures   lost workers, call timeouts, gang restarts (pool/recovery.py)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
                → bounded wait → kill → allocation.terminate(), on every path
 
@@ -39,6 +39,7 @@ from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
 from skyward.pool import profile as _profile
+from skyward.pool import signals
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import PoolStatistics, Scheduler, Slot, tasks_for
@@ -69,8 +70,11 @@ class ComputePool(PoolCollections):
     included). ``console`` picks the progress display while nodes come up: ``"auto"``
     (Jupyter display in a kernel, live table on a terminal, timestamped lines otherwise),
     ``"rich"``, ``"plain"`` or ``"off"`` (``quiet=True`` is the older spelling of
-    ``"off"``). ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or
-    ``"none"``. Progress also goes to the ``logging`` logger ``"skyward"``.
+    ``"off"``). ``allocation`` picks the market of cloud machines (``"on-demand"``,
+    ``"spot"``, ``"spot-if-available"``, ``"cheapest"``); ``max_hourly_cost`` (USD) refuses,
+    before anything is created, a pool whose estimated price per hour is above it.
+    ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``.
+    Progress also goes to the ``logging`` logger ``"skyward"``.
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class ComputePool(PoolCollections):
         vcpus: float | None = None,
         memory_gb: float | None = None,
         allocation: AllocationStrategy | None = None,
+        max_hourly_cost: float | None = None,
         image: Image | None = None,
         plugins: Sequence[Plugin] = (),
         concurrency: int | None = None,
@@ -104,6 +109,7 @@ class ComputePool(PoolCollections):
             "vcpus": vcpus,
             "memory_gb": memory_gb,
             "allocation": allocation,
+            "max_hourly_cost": max_hourly_cost,
             "image": Image() if image is None else image,
             # A list is taken as a tuple; anything else is left to the validator to name.
             "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,
@@ -211,6 +217,8 @@ class ComputePool(PoolCollections):
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
         atexit.register(self._close_at_exit)
+        # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
+        signals.hold(self)
         self._started_at = time.monotonic()
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
@@ -384,6 +392,7 @@ class ComputePool(PoolCollections):
                     self._scheduler.idle.notify_all()
                 self._console.flush()
                 atexit.unregister(self._close_at_exit)
+                signals.release(self)
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):

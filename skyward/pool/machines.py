@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,7 @@ class Machines:
         self._allocation: Allocation | None = None  # guarded by lock
         self._provisioned = threading.Event()  # provision() has returned or raised
         self._replacing: set[Deadline] = set()  # guarded by lock: replacements under way
+        self._since = 0.0  # guarded by lock: when the allocation was handed over
 
     def provision(self, request: ProvisionRequest, nodes: int) -> Allocation:
         """Ask the provider for ``nodes`` machines. Anything but a ``SkywardError`` that
@@ -77,6 +79,7 @@ class Machines:
                 closed = self._closing()
                 if not closed:
                     self._allocation = allocation
+                    self._since = time.monotonic()
             if closed:  # closed by another thread while the provider worked
                 allocation.terminate()
                 raise PoolClosed(f"pool {self._pool!r} was closed while it started")
@@ -162,9 +165,24 @@ class Machines:
                     bound,
                 )
         with self._lock:
-            allocation = self._allocation
+            allocation, since = self._allocation, self._since
         if allocation is not None:
             self._shielded(allocation)
+            self._report_cost(allocation, time.monotonic() - since)
+
+    def _report_cost(self, allocation: Allocation, seconds: float) -> None:
+        """The pool's approximate cost, from the provider's hourly estimate (clouds bill
+        from boot, often per second, so this is close, not the bill)."""
+        hourly = allocation.hourly_cost
+        if not hourly:
+            return
+        what = f" ({allocation.describe})" if allocation.describe else ""
+        line = (
+            f"pool {self._pool}: about ${hourly * seconds / 3600:.2f} for "
+            f"{seconds / 60:.1f} min at about ${hourly:.2f}/h{what}"
+        )
+        self._reporter.status(line)
+        _log.info("%s", line)
 
     def _shielded(self, allocation: Allocation) -> None:
         """``allocation.terminate()`` through ``_shield.shielded``, so that one Ctrl-C (often

@@ -68,6 +68,7 @@ class PoolSpec(BaseModel):
     vcpus: float | None = Field(default=None, gt=0)
     memory_gb: float | None = Field(default=None, gt=0)
     allocation: AllocationStrategy | None = None
+    max_hourly_cost: float | None = Field(default=None, gt=0)
     accelerator: str | None = Field(default=None, min_length=1)
     image: Image = Field(default_factory=Image)
     plugins: tuple[Plugin, ...] = ()
@@ -163,6 +164,7 @@ class PoolSpec(BaseModel):
             vcpus=self.vcpus,
             memory_gb=self.memory_gb,
             allocation=self.allocation,
+            max_hourly_cost=self.max_hourly_cost,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),

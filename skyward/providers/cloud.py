@@ -47,6 +47,10 @@ BEFORE_POWEROFF_PATH = "/usr/local/sbin/skyward-before-poweroff"
 SSHD_DROPIN_PATH = "/etc/ssh/sshd_config.d/60-skyward.conf"
 SSHD_DROPIN = "ClientAliveInterval 15\nClientAliveCountMax 4\n"
 DEFAULT_IP_LOOKUP = "https://checkip.amazonaws.com"
+# On everything one provision creates, besides the pool's tags: a value unique to that
+# provision (the pool's name need not be unique), so that its clean-up can sweep for what
+# a create call cut off in flight made, and never touch another run's resources.
+TAG_ALLOCATION = "skyward-allocation"
 
 
 @dataclass(frozen=True)
@@ -149,10 +153,11 @@ def user_data(
 ) -> str:
     """The ``#cloud-config`` a pool's machines boot with. The watchdog powers a machine off
     after ``idle_timeout`` without an SSH client, or ``first_client_timeout`` (default: the
-    same) while it waits for its first one. ``files`` are more cloud-init ``write_files``
-    entries (a cloud's ``BEFORE_POWEROFF_PATH``)."""
+    same) while it waits for its first one: a client that gave up (or died) before it ever
+    connected costs that long, not ``idle_timeout`` (see ``first_client_bound``). ``files`` are more
+    cloud-init ``write_files`` entries (a cloud's ``BEFORE_POWEROFF_PATH``)."""
     idle = max(1, round(idle_timeout))
-    first = max(idle, round(first_client_timeout or 0))
+    first = idle if first_client_timeout is None else max(1, round(first_client_timeout))
     every = max(1, min(10, idle // 6))  # notice idleness within about a sixth of the bound
     watchdog = shlex.join([WATCHDOG_PATH, str(idle), str(ssh_port), str(every), str(first)])
     config = {
@@ -178,6 +183,17 @@ def user_data(
         ],
     }
     return "#cloud-config\n" + json.dumps(config, indent=1) + "\n"
+
+
+# Past the client's own boot_timeout: the client starts counting when the cloud says the
+# machine runs, the watchdog only once cloud-init runs, so this covers the boot between.
+FIRST_CLIENT_MARGIN = 120.0
+
+
+def first_client_bound(boot_timeout: float) -> float:
+    """How long a new machine waits for its first SSH client before powering itself off:
+    the client's ``boot_timeout`` (it stops trying after that) and a margin."""
+    return boot_timeout + FIRST_CLIENT_MARGIN
 
 
 def client_cidr(
