@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -28,20 +29,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from skyward._errors import ProvisionError
 from skyward._extras import check
 from skyward._phases import Reporter
-from skyward.providers import catalog
+from skyward.providers import capacity, catalog
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.capacity import Offer, Strategy
+from skyward.providers.catalog import Machine
 from skyward.providers.cloud import (
     BEFORE_POWEROFF_PATH,
     DEFAULT_IP_LOOKUP,
     HostKey,
     client_cidr,
+    first_client_bound,
     open_or_destroy,
     user_data,
 )
-from skyward.providers.failover import Unavailable, first_available
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.allocation import GCPAllocation
-from skyward.providers.gcp.api import Api, credentials_and_project, is_not_found
+from skyward.providers.gcp.api import Api, credentials_and_project
 from skyward.providers.gcp.inventory import GCPInventory
 from skyward.providers.reaching import reach
 from skyward.providers.ssh.connection import PoolKey
@@ -115,19 +118,39 @@ class GCP(BaseModel):
             raise ValueError(message) from exc
 
     @property
+    @property
     def kind(self) -> str:
         return "gcp"
 
-    def machine_for(self, accelerator: str | None) -> catalog.Machine:
-        """The machine a pool with ``accelerator`` gets (``ValueError`` if none)."""
-        if self.machine_type is None:
-            return catalog.choose("gcp", accelerator)
-        known = [m for m in catalog.machines("gcp") if m.type == self.machine_type]
-        wanted = catalog.parse(accelerator).name if accelerator else None
-        fits = [m for m in known if m.accelerator == wanted] or known
-        if fits:
-            return fits[0]
-        return catalog.Machine("gcp", self.machine_type, wanted, 0, 0, 0)
+    def strategy(self, request: ProvisionRequest) -> Strategy:
+        """The pool's ``allocation=``, or this provider's default (``spot``)."""
+        if request.allocation is None:
+            return "spot" if self.spot else "on-demand"
+        if request.allocation not in capacity.STRATEGIES:
+            raise ValueError(f"unknown allocation {request.allocation!r}")
+        if self.spot and request.allocation == "on-demand":
+            raise ValueError("sky.GCP(spot=True) contradicts allocation='on-demand'")
+        return request.allocation
+
+    def machines_for(self, request: ProvisionRequest) -> list[Machine]:
+        """The catalog's machines for the request, in the order to try them (the choice,
+        then what a capacity failover may move to). ``ValueError`` for a request no machine
+        satisfies, or a ``machine_type`` it contradicts."""
+        sizes = {"vcpus": request.vcpus, "memory_gb": request.memory_gb}
+        region = self.where()[1]
+        if self.machine_type is not None:
+            named = [m for m in catalog.machines("gcp") if m.type == self.machine_type]
+            wanted = catalog.parse(request.accelerator).name if request.accelerator else None
+            known = next((m for m in named if m.accelerator == wanted), None)
+            known = known or (named[0] if named else None)
+            if known is None:  # not in the catalog: GCE is asked before anything exists
+                return [Machine("gcp", self.machine_type, None, 0, 0, 0)]
+            catalog.refuse_contradiction(known, given="machine_type", **sizes)
+            return [known]
+        if self.strategy(request) == "cheapest":
+            return catalog.matching("gcp", request.accelerator, region=region, **sizes)
+        first = catalog.choose("gcp", request.accelerator, region=region, **sizes)
+        return [first, *catalog.alternatives(first, request.accelerator, region=region, **sizes)]
 
     def where(self) -> tuple[str | None, str]:
         """(the zone tried first, the region), from the settings or gcloud's variables."""
@@ -147,10 +170,13 @@ class GCP(BaseModel):
         """Called when the pool is built, before anything is touched."""
         check("google.cloud.compute_v1", feature="sky.GCP")
         check("paramiko", feature="sky.GCP")
-        self.machine_for(request.accelerator)
-        if request.allocation == "on-demand" and self.spot:
-            raise ValueError("sky.GCP(spot=True) contradicts allocation='on-demand'")
-        self.where()
+        machines = self.machines_for(request)
+        if self.strategy(request) == "on-demand" and request.max_hourly_cost is not None:
+            region = self.where()[1]
+            priced = [(m, catalog.machine_price(m, region)) for m in machines]
+            offers = [Offer(m, region, "on-demand", p) for m, p in priced if p is not None]
+            if offers:
+                capacity.affordable(offers, request.nodes, request.max_hourly_cost)
         credentials_and_project(self.project, self.credentials)
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
@@ -174,15 +200,32 @@ class GCP(BaseModel):
 
     def _build(self, made: GCPAllocation, reporter: Reporter) -> None:
         request, api, deadline = made.request, made.api, made.launching
-        machine = self.machine_for(request.accelerator)
-        first, region = self.where()
-        for rank in range(request.nodes):
-            reporter.phase(rank, "provisioning", f"{machine.type} in {region}")
+        # ── before anything exists: what, where, at what price ──
+        first_zone, region = self.where()
         deadline.check("finding the zones")
-        zones = self._zones(api, machine, first, region)
+        machines = self.machines_for(request)
+        zones = self._zones(api, machines, first_zone, region)
+
+        def price(machine: Machine, zone: str, market: capacity.Market) -> float | None:
+            # No spot prices without the billing API: on-demand is their ceiling.
+            return catalog.machine_price(machine, region)
+
+        offers = capacity.plan(machines, zones, strategy=self.strategy(request), price=price)
+        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        first = offers[0]
+        others = len({o.where for o in offers[1:]})
+        reporter.status(
+            f"{request.nodes} x {first.machine.describe()} {first.market} in {first.zone}: "
+            f"{capacity.estimate(offers, request.nodes)}"
+            + (f"; then {others} other place(s) if it has no capacity" if others else "")
+        )
+        for rank in range(request.nodes):
+            reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")
         deadline.check("finding the image")
-        gpu = machine.accelerator is not None
+        gpu = first.machine.accelerator is not None
         image = self._image(api, self.image or (GPU_IMAGE if gpu else CPU_IMAGE))
+        cidrs = self._ssh_cidrs()
+        # ── creating ──
         key = PoolKey()
         made.adopt_pool_key(key)
         host_key = HostKey.generate()
@@ -193,7 +236,6 @@ class GCP(BaseModel):
             workdir=self.workdir,
             boot_timeout=self.boot_timeout,
         )
-        cidrs = self._ssh_cidrs()
         deadline.check("creating the firewall rules")
         gce.open_firewalls(
             api,
@@ -211,13 +253,12 @@ class GCP(BaseModel):
             host_key=host_key,
             authorized_key=key.public,
             idle_timeout=self.idle_timeout,
-            first_client_timeout=self.boot_timeout,
+            first_client_timeout=first_client_bound(self.boot_timeout),
             files=[hook] if self.service_account else [],
         )
-        attach = (machine.attach, machine.count) if machine.attach else None
-        base = gce.InstanceSpec(
-            machine_type=machine.type,
-            attach=attach,
+        template = gce.InstanceSpec(
+            machine_type=first.machine.type,
+            attach=None,
             gpu=gpu,
             image=image,
             disk_gb=self.disk_gb,
@@ -231,22 +272,25 @@ class GCP(BaseModel):
             service_account=self.service_account,
         )
 
-        def attempt(place: tuple[str, bool]) -> tuple[str, list[str]]:
-            zone, spot = place
-            made.spec = dataclasses.replace(base, spot=spot)
-            deadline.check(f"launching {request.nodes} instance(s) in {zone}")
-            return zone, made.launch(zone, range(request.nodes), deadline)
+        def launch(offer: Offer) -> list[str]:
+            machine = offer.machine
+            made.spec = dataclasses.replace(
+                template,
+                machine_type=machine.type,
+                attach=(machine.attach, machine.count) if machine.attach else None,
+                spot=offer.market == "spot",
+            )
+            return made.launch(offer.zone, range(request.nodes), deadline)
 
-        def refused(place: tuple[str, bool], why: Unavailable) -> None:
-            reporter.status(f"{_describe(place)}: {why}; trying the next placement")
-
-        zone, names = first_available(
-            self._placements(zones, request), attempt, describe=_describe, on_refused=refused
+        offer, names = capacity.launch_first(
+            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
         )
-        made.instances = [(zone, name) for name in names]
+        made.hourly_cost = offer.pool_hourly(request.nodes)
+        made.describe = f"{request.nodes} x {offer.machine.type} {offer.market} in {offer.zone}"
+        made.instances = [(offer.zone, name) for name in names]
         for rank, name in enumerate(names):
-            reporter.phase(rank, "provisioning", f"{name} ({machine.type}, {zone})")
-        described = gce.running(api, zone, names, deadline)
+            reporter.phase(rank, "provisioning", f"{name} ({offer.where})")
+        described = gce.running(api, offer.zone, names, deadline)
 
         def gone() -> str | None:
             return next(filter(None, (made.loss_reason(r) for r in range(len(names)))), None)
@@ -264,17 +308,11 @@ class GCP(BaseModel):
             )
         )
 
-    def _placements(self, zones: list[str], request: ProvisionRequest) -> list[tuple[str, bool]]:
-        """(zone, spot) in the order they are tried, as ``allocation`` asks."""
-        if request.allocation == "spot-if-available":
-            return [(z, True) for z in zones] + [(z, False) for z in zones]
-        spot = request.allocation == "spot" or (request.allocation is None and self.spot)
-        return [(z, spot) for z in zones]
-
     def _zones(
-        self, api: Api, machine: catalog.Machine, first: str | None, region: str
-    ) -> list[str]:
-        """The zones of ``region`` that offer the machine, ``first`` first."""
+        self, api: Api, machines: Sequence[Machine], first: str | None, region: str
+    ) -> dict[str, list[str]]:
+        """Per machine type, the zones of ``region`` that offer it (``first`` first); a type
+        no zone there offers is an error before anything exists."""
         described = api.call(
             api.regions.get, f"reading region {region}", project=api.project, region=region
         )
@@ -282,26 +320,34 @@ class GCP(BaseModel):
         if first is not None and first not in every:
             raise ProvisionError(f"zone {first} is not in {region} (its zones: {', '.join(every)})")
         ordered = ([first] if first else []) + [z for z in every if z != first]
-        offered = [z for z in ordered if self._offers(api, z, machine)]
-        if not offered:
+        wanted = " OR ".join(f'(name = "{t}")' for t in dict.fromkeys(m.type for m in machines))
+        attached = {m.attach for m in machines if m.attach}
+        zones: dict[str, list[str]] = {m.type: [] for m in machines}
+        for zone in ordered:  # one list per zone, not one get per type and zone
+            doing = f"reading the machine types of {zone}"
+            found = {
+                t.name
+                for t in api.call(
+                    api.machine_types.list,
+                    doing,
+                    request={"project": api.project, "zone": zone, "filter": wanted},
+                )
+            }
+            if attached:
+                request = {"project": api.project, "zone": zone}
+                found |= {
+                    a.name for a in api.call(api.accelerator_types.list, doing, request=request)
+                }
+            for machine in machines:
+                if machine.type in found and (machine.attach is None or machine.attach in found):
+                    zones[machine.type].append(zone)
+        if not any(zones.values()):
             raise ProvisionError(
-                f"no zone of {region} offers {machine.describe()} (zones: {', '.join(every)}); "
-                f"choose another region, machine_type or accelerator"
+                f"no zone of {region} offers {', '.join(m.describe() for m in machines)} "
+                f"(zones: {', '.join(every)}); choose another region, machine_type or "
+                f"accelerator"
             )
-        return offered
-
-    def _offers(self, api: Api, zone: str, machine: catalog.Machine) -> bool:
-        asks = [(api.machine_types.get, {"machine_type": machine.type})]
-        if machine.attach:
-            asks.append((api.accelerator_types.get, {"accelerator_type": machine.attach}))
-        for get, name in asks:
-            try:
-                api.call(get, f"checking {zone}", project=api.project, zone=zone, **name)
-            except ProvisionError as exc:
-                if is_not_found(exc):
-                    return False
-                raise
-        return True
+        return zones
 
     def _image(self, api: Api, image: str) -> str:
         """The image's selfLink (a family's newest image, once for every node)."""
@@ -317,7 +363,3 @@ class GCP(BaseModel):
         if self.ssh_cidr == "auto" and self.connect == "private":
             return list(_PRIVATE_RANGES)
         return [client_cidr(self.ssh_cidr, lookup_url=self.ip_lookup_url)]
-
-
-def _describe(place: tuple[str, bool]) -> str:
-    return f"{place[0]} ({'spot' if place[1] else 'on-demand'})"

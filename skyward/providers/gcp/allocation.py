@@ -18,8 +18,8 @@ from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.base import Allocation, Node, ProvisionRequest, Resource
+from skyward.providers.capacity import CapacityError
 from skyward.providers.cloud import WatchedDeadline
-from skyward.providers.failover import Unavailable
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.api import Api
 from skyward.providers.ssh.connection import PoolKey, Target
@@ -74,8 +74,8 @@ class GCPAllocation(Allocation):
     def launch(self, zone: str, ranks: Sequence[int], deadline: Deadline) -> list[str]:
         """Insert one instance per rank in ``zone``, in parallel, and wait for all of them:
         their names. After every insert has settled, the first failure is raised; when every
-        failure was ``Unavailable`` (no capacity there) the instances made are deleted first,
-        so that the next zone starts clean."""
+        failure was a ``CapacityError`` (no room there) the instances made are deleted first,
+        so that the next place starts clean."""
         with self._guard:
             spec = self.spec
             if self._released or spec is None:
@@ -114,7 +114,7 @@ class GCPAllocation(Allocation):
         for _ in names:
             settled.acquire()  # a Ctrl-C here leaves the threads to release(), which waits
         errors = [f for f in failures if f is not None]
-        if errors and all(isinstance(e, Unavailable) for e in errors):
+        if errors and all(isinstance(e, CapacityError) for e in errors):
             self.discard([(zone, n) for n in names])
         if errors:
             raise errors[0]

@@ -11,7 +11,7 @@ Three traps of the SDK, avoided here (see TESTBED.md):
 - ``get`` and ``list`` retry a 503 for 600 s: reads are given a bounded retry.
 
 Errors that say what to do: a quota (named, with its region), a zone without capacity or
-without the machine type (``Unavailable``: the caller moves on to the next zone), a missing
+without the machine type (``CapacityError``: the pool moves on to the next place), a missing
 permission (named), the API not enabled, an image that does not exist, no credentials.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._extras import require
 from skyward._futures import Deadline
-from skyward.providers.failover import Unavailable
+from skyward.providers.capacity import CapacityError
 
 SCOPE = "https://www.googleapis.com/auth/compute"
 ROLES_HINT = "the minimal IAM roles are in docs/providers.md (GCP)"
@@ -203,7 +203,7 @@ def is_not_found(exc: BaseException | None) -> bool:
 
 
 def translate(exc: BaseException, doing: str, project: str) -> ProvisionError:
-    """A ``ProvisionError`` (``Unavailable`` for capacity) saying what to do about ``exc``."""
+    """A ``ProvisionError`` (``CapacityError`` for capacity) saying what to do about ``exc``."""
     name = type(exc).__name__
     if name in ("RefreshError", "DefaultCredentialsError", "TransportError"):
         return ProvisionError(
@@ -223,11 +223,11 @@ def translate(exc: BaseException, doing: str, project: str) -> ProvisionError:
 def failure(doing: str, project: str, *, status: int, reason: str, message: str) -> ProvisionError:
     """The error for a refusal of Compute Engine (HTTP status, GCE's reason, its message)."""
     if reason in _CAPACITY:
-        return Unavailable(f"no capacity right now ({message})")
+        return CapacityError(f"{doing}: no capacity there right now ({message})")
     if "does not exist in zone" in message or (
         reason == "invalid" and "is not available in" in message
     ):
-        return Unavailable(f"not offered there ({message})")
+        return CapacityError(f"{doing}: not offered there ({message})", refusal="unsupported")
     if reason in _QUOTA:
         quota = re.search(r"Quota '([^']+)'", message)
         region = re.search(r"in region ([a-z0-9-]+)", message)
