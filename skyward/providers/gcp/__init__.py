@@ -118,7 +118,6 @@ class GCP(BaseModel):
             raise ValueError(message) from exc
 
     @property
-    @property
     def kind(self) -> str:
         return "gcp"
 
