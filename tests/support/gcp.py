@@ -614,6 +614,11 @@ class GCPFake:
         with self._lock:
             self._rules.append(_Rule(method.upper(), path, fault, times))
 
+    def clear_faults(self) -> None:
+        """Forget every fault rule that is still waiting for its request."""
+        with self._lock:
+            self._rules.clear()
+
     def finish_operations(self) -> None:
         """Finish every running operation now (those held by ``operation_delay=None`` too)."""
         with self._lock:

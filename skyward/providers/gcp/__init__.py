@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import os
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -193,7 +194,12 @@ class GCP(BaseModel):
         return open_or_destroy(allocation, lambda made: self._build(made, reporter))
 
     def inventory(self) -> Inventory | None:
-        return GCPInventory(self)
+        return GCPInventory(
+            project=self.project,
+            credentials=self.credentials,
+            endpoint=self.endpoint,
+            release_timeout=self.release_timeout,
+        )
 
     # ── the steps ──────────────────────────────────────────────────────────────────────
 
@@ -265,7 +271,11 @@ class GCP(BaseModel):
             subnetwork=self.subnetwork,
             tag=made.names.tag,
             labels=gce.labels(request.tags),
-            metadata={"ssh-keys": f"{self.username}:{key.public}", "user-data": boot},
+            metadata={
+                "ssh-keys": f"{self.username}:{key.public}",
+                "user-data": boot,
+                gce.TAGS_KEY: json.dumps(dict(request.tags)),  # labels lose case and '@'
+            },
             public=self.connect == "public",
             spot=False,
             service_account=self.service_account,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
@@ -19,25 +19,24 @@ from skyward.providers.base import TAG_CREATED, TAG_OWNER, TAG_POOL, Leftover
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.api import Api, credentials_and_project
 
-if TYPE_CHECKING:
-    from skyward.providers.gcp import GCP
-
 
 class GCPInventory:
-    """Leftovers in the project of a ``GCP`` configuration (its credentials and endpoint)."""
+    """Leftovers in one project, reached with a ``GCP`` configuration's credentials and
+    endpoint (handed over as values: the configuration's module builds this one)."""
 
-    def __init__(self, config: GCP) -> None:
-        self._config = config
+    def __init__(
+        self, *, project: str | None, credentials: Any, endpoint: str | None, release_timeout: float
+    ) -> None:
+        self._project, self._credentials, self._endpoint = project, credentials, endpoint
+        self._release_timeout = release_timeout
         self._api: Api | None = None
 
     @property
     def api(self) -> Api:
         if self._api is None:
-            credentials, project = credentials_and_project(
-                self._config.project, self._config.credentials
-            )
+            credentials, project = credentials_and_project(self._project, self._credentials)
             self._api = Api.connect(
-                project=project, credentials=credentials, endpoint=self._config.endpoint
+                project=project, credentials=credentials, endpoint=self._endpoint
             )
         return self._api
 
@@ -45,11 +44,10 @@ class GCPInventory:
         api = self.api
         found = []
         for zone, instance in gce.live(api, pool):
-            values = dict(instance.labels)
-            kind = instance.machine_type.rsplit("/", 1)[-1]
+            values = gce.tags_of_instance(instance)
             spot = instance.scheduling.provisioning_model == "SPOT"
             running = instance.status not in ("TERMINATED", "SUSPENDED")
-            price = None if spot or not running else catalog.price("gcp", kind)
+            price = None if spot or not running else _price(instance, zone)
             found.append(_leftover("instance", instance.name, values, zone, instance.status, price))
         rules = api.call(
             api.firewalls.list,
@@ -70,11 +68,23 @@ class GCPInventory:
         for count, kind in ((len(instances), "instance"), (len(rules), "firewall rule")):
             if count:
                 reporter.status(f"deleting {count} {kind}(s) in project {self.api.project}")
-        timeout = self._config.release_timeout
+        timeout = self._release_timeout
         deadline = Deadline(timeout, f"release_timeout ({timeout:g} s)")
         left = gce.delete(self.api, instances=instances, firewalls=rules, deadline=deadline)
         if left:
             raise ProvisionError(f"could not delete {', '.join(left)} in {self.api.project}")
+
+
+def _price(instance: Any, zone: str) -> float | None:
+    """The catalog's price of an instance: its type, and for N1 its attached GPUs."""
+    kind = instance.machine_type.rsplit("/", 1)[-1]
+    gpus = [
+        (a.accelerator_type.rsplit("/", 1)[-1], a.accelerator_count)
+        for a in instance.guest_accelerators
+    ]
+    rows = [m for m in catalog.machines("gcp") if m.type == kind]
+    found = next((m for m in rows if [(m.attach, m.count)] == gpus or not (m.attach or gpus)), None)
+    return None if found is None else catalog.machine_price(found, zone.rsplit("-", 1)[0])
 
 
 def _leftover(

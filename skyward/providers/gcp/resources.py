@@ -34,6 +34,7 @@ from skyward.providers.gcp.api import Api, is_not_found
 POLL = 1.0  # seconds between reads while waiting for instances
 GOOGLE_API = "https://compute.googleapis.com"
 _DESCRIPTION = "Skyward pool "
+TAGS_KEY = "skyward-tags"  # the metadata item that keeps an instance's tags as they are
 
 
 def label_value(text: str) -> str:
@@ -136,6 +137,17 @@ def tags_of_rule(rule: Any) -> dict[str, str] | None:
     except ValueError:
         return None
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else None
+
+
+def tags_of_instance(instance: Any) -> dict[str, str]:
+    """The tags an instance was made with (its metadata), else its labels."""
+    for item in instance.metadata.items:
+        if item.key == TAGS_KEY:
+            try:
+                return {str(k): str(v) for k, v in json.loads(item.value).items()}
+            except (ValueError, AttributeError):
+                break
+    return dict(instance.labels)
 
 
 @dataclass(frozen=True)
@@ -269,14 +281,18 @@ def running(api: Api, zone: str, names: Sequence[str], deadline: Deadline) -> li
 def ended(api: Api, zone: str, name: str) -> str:
     """Why an instance stopped or vanished, in words, from the operations that ended it."""
     try:
+        kinds = " OR ".join(
+            f'(operationType = "{kind}")'
+            for kind in (
+                "compute.instances.preempted",
+                "compute.instances.guestTerminate",
+                "delete",
+            )
+        )
         operations = api.call(
             api.zone_operations.list,
             "reading operations",
-            project=api.project,
-            zone=zone,
-            filter='operationType = "compute.instances.preempted" OR '
-            'operationType = "compute.instances.guestTerminate" OR '
-            'operationType = "delete"',
+            request={"project": api.project, "zone": zone, "filter": kinds},
         )
     except ProvisionError:
         return "no reason given (the operations could not be read)"
