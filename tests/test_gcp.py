@@ -557,3 +557,61 @@ def test_the_inventory_finds_instances_in_every_zone_and_rules_by_their_descript
     assert all(x.hourly_cost == pytest.approx(0.539999) for x in instances)  # N1 + T4
     assert all(x.created is not None and x.owner for x in seen["pool"])
     assert seen["all"] == seen["pool"]
+
+
+# ── a client ended by a signal (a job scheduler's cancel, a closed terminal) ───────────
+
+_CLIENT = """
+from google.auth.credentials import AnonymousCredentials
+import skyward as sky
+gcp = sky.GCP(project={project!r}, zone={zone!r}, endpoint={url!r},
+              credentials=AnonymousCredentials(), ssh_cidr="10.123.0.0/16",
+              release_timeout=30, boot_timeout=120)
+with sky.ComputePool(provider=gcp, nodes=2, name={pool!r}, console="plain") as pool:
+    print("READY", flush=True)
+"""
+
+
+@pytest.mark.parametrize("stage", ["inserting", "connecting"])
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
+def test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing(
+    gce: GCPFake, tmp_path: Any, stage: str, signal_name: str
+) -> None:
+    import signal as signals
+    import time
+
+    pool = f"signalled-{stage[:3]}-{signal_name.lower()}"  # no phase name in it
+
+    def plan(project: str, zone: str, name: str) -> tuple[str, str]:
+        if stage == "inserting":  # from the first insert on, operations run until told
+            gce.operation_delay = None
+            return f"10.128.0.{10 + int(name[-1])}", ""
+        # Nothing listens there: SSH is refused and retried, as while a VM boots.
+        return f"127.0.0.{10 + int(name[-1])}", ""
+
+    gce.address_plan = plan
+    script = _CLIENT.format(project=PROJECT, zone=ZONE, url=gce.url, pool=pool)
+    log = tmp_path / "client.log"
+    with open(log, "wb") as out:
+        client = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=out)
+    try:
+        end = time.monotonic() + 60
+        while not (
+            len(gce.requests("POST", f"projects/{PROJECT}/zones/*/instances")) == 2
+            if stage == "inserting"
+            else "connecting" in log.read_text()
+        ):
+            assert client.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.05)
+        key = _key_file_of_pool(gce)
+        assert key is not None and key.exists(), (gce.instances(PROJECT), log.read_text())
+        gce.operation_delay = 0.0  # what the teardown asks for is done at once
+        client.send_signal(getattr(signals, signal_name))
+        status = client.wait(60)
+    finally:
+        client.kill()
+        client.wait(30)
+    assert status == -getattr(signals, signal_name), log.read_text()
+    assert nothing(held(gce, pool)), log.read_text()
+    assert not key.exists()

@@ -233,6 +233,7 @@ class GCP(BaseModel):
         # ── creating ──
         key = PoolKey()
         made.adopt_pool_key(key)
+        key.label({"provider": "gcp", "project": api.project, "pool": request.pool})
         host_key = HostKey.generate()
         made.host_key = host_key.public
         made.access = Access(
