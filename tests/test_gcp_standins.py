@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.gcpcloud import GCPStandIns, held, nothing
+from support.gcpcloud import GCPStandIns, TokenServer, held, nothing
 from support.gcpcloud import standin_provider as gcp
+from support.moto import MotoServer
 from support.sshhosts import PackageIndex
 
 import skyward as sky
@@ -59,3 +64,93 @@ def test_jax_multi_controller_toy_on_two_gce_stand_ins_leaves_nothing(
         30,
         "stand-ins stopped when their instances were deleted",
     )
+
+
+# ── a client killed: the watchdog deletes its machines; skyward ls / down the rest ─────
+
+_CLIENT = """
+import time
+from google.auth.credentials import AnonymousCredentials
+import skyward as sky
+gcp = sky.GCP(credentials=AnonymousCredentials(), **{settings!r})
+with sky.ComputePool(provider=gcp, nodes=2, image=sky.Image(index_url={index!r}),
+                     name={pool!r}, console="plain") as pool:
+    print("READY", flush=True)
+    pool.broadcast(time.sleep, 3600)  # a long job, its client attached
+"""
+
+
+def _skyward(cloud: GCPStandIns, key: Path, moto: MotoServer, *args: str) -> Any:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "CLOUDSDK_"))}
+    env.update(
+        GOOGLE_APPLICATION_CREDENTIALS=str(key),
+        SKYWARD_GCP_ENDPOINT=cloud.fake.url,
+        AWS_ENDPOINT_URL=moto.url,  # ls looks at AWS too: at moto, never at AWS
+        AWS_DEFAULT_REGION=moto.region,
+    )
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "skyward"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_clients_machines_delete_themselves_and_down_removes_the_rules(
+    gcp_standins: GCPStandIns, package_index: PackageIndex, moto: MotoServer, tmp_path: Path
+) -> None:
+    settings = gcp(gcp_standins, idle_timeout=3, boot_timeout=120).model_dump(
+        exclude_defaults=True, exclude={"credentials"}
+    )
+    script = _CLIENT.format(settings=settings, index=package_index.url, pool="orphan")
+    log = tmp_path / "client.log"
+    with open(log, "wb") as out:
+        client = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=out)
+    try:
+        end = time.monotonic() + 240
+        while "READY" not in log.read_text():
+            assert client.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.1)
+        # The job runs well past idle_timeout while its client is attached: nothing stops.
+        time.sleep(8)
+        assert client.poll() is None, log.read_text()
+        assert all(not s.ended for s in gcp_standins.standins.values()), gcp_standins.events
+        assert len(held(gcp_standins.fake, "orphan")["instances"]) == 2
+    finally:
+        client.kill()
+        client.wait(30)
+    for stale in Path(tempfile.gettempdir()).glob("skyward-key-*/about.json"):
+        if '"pool": "orphan"' in stale.read_text():
+            shutil.rmtree(stale.parent)  # a killed client cannot delete its pool key
+    gcp_standins.wait_for(
+        lambda: all(s.ended for s in gcp_standins.standins.values()),
+        90,
+        "the stand-ins powered themselves off",
+    )
+    left = held(gcp_standins.fake, "orphan")
+    assert left["instances"] == []
+    # Deleted by their own watchdog's hook, through the API (the client, SIGKILLed, could
+    # not), before it powered off: GCE keeps a powered-off instance, and bills its disk.
+    deletes = gcp_standins.fake.requests("DELETE", "projects/*/zones/*/instances/*")
+    assert sorted(r.path.rsplit("/", 1)[-1] for r in deletes) == sorted(gcp_standins.standins)
+    events = {what for what, _ in gcp_standins.events}
+    assert "powered-off-kept" not in events, gcp_standins.events
+    assert len(left["firewall rules"]) == 2
+
+    tokens = TokenServer()
+    try:
+        key = tokens.key_file(tmp_path)
+        listed = _skyward(gcp_standins, key, moto, "ls", "--pool", "orphan")
+        assert listed.returncode == 0, listed.stderr
+        rows = [line for line in listed.stdout.splitlines() if line.startswith("gcp ")]
+        assert len(rows) == 2, listed.stdout
+        assert all(any(rule in row for row in rows) for rule in left["firewall rules"])
+        removed = _skyward(gcp_standins, key, moto, "down", "--pool", "orphan", "--yes")
+        assert removed.returncode == 0, removed.stdout + removed.stderr
+        assert nothing(held(gcp_standins.fake, "orphan"))
+        assert "Nothing left" in _skyward(gcp_standins, key, moto, "ls").stdout
+    finally:
+        tokens.close()

@@ -4,8 +4,10 @@ every pool puts on its resources, and its removal.
 They work without the client that made the pool: a pool whose client was killed (SIGKILL, a
 laptop that died) is found by its ``skyward-pool`` tag, whoever made it. Each provider that
 creates things offers an inventory (``Provider.inventory()``); today that is AWS, in the
-regions named with ``--region`` (default: the one boto3 would use). Credentials and the
-endpoint come from the usual places (``AWS_PROFILE`` or ``--profile``, ``AWS_ENDPOINT_URL``).
+regions named with ``--region`` (default: the one boto3 would use), and GCP, in the projects
+named with ``--project`` (default: the application-default credentials'). Credentials and
+the endpoint come from the usual places (``AWS_PROFILE`` or ``--profile``,
+``AWS_ENDPOINT_URL``; ``GOOGLE_APPLICATION_CREDENTIALS``, ``SKYWARD_GCP_ENDPOINT``).
 """
 
 from __future__ import annotations
@@ -50,11 +52,42 @@ def _inventories(regions: Sequence[str], profile: str | None) -> list[tuple[str,
     return found
 
 
+def _gcp_inventories(projects: Sequence[str]) -> list[tuple[str, Inventory]]:
+    """(where, inventory) for each GCP project asked about, by default the credentials'
+    (``SKYWARD_GCP_ENDPOINT``: where the Compute calls go, a proxy or a test server)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("google.cloud.compute_v1") is None:
+        if projects:
+            click.echo("gcp: not checked; install it with: pip install 'skyward[gcp]'", err=True)
+        return []
+    from skyward.providers.gcp import GCP
+    from skyward.providers.gcp.api import credentials_and_project
+
+    endpoint = os.environ.get("SKYWARD_GCP_ENDPOINT") or None
+    found: list[tuple[str, Inventory]] = []
+    asked_for: list[str | None] = list(projects) or [None]
+    for asked in asked_for:
+        try:
+            credentials, project = credentials_and_project(asked, None)
+        except SkywardError as exc:
+            if projects:
+                raise click.ClickException(f"gcp: {exc}") from exc
+            click.echo("gcp: not checked (no credentials or project; see skyward doctor)", err=True)
+            continue
+        config = GCP(project=project, credentials=credentials, endpoint=endpoint)
+        inventory = config.inventory()
+        if inventory is not None:
+            found.append((f"gcp {project}", inventory))
+    return found
+
+
 def _collect(
-    regions: Sequence[str], profile: str | None, pool: str | None
+    regions: Sequence[str], profile: str | None, pool: str | None, projects: Sequence[str] = ()
 ) -> list[tuple[Inventory, list[Leftover]]]:
     collected = []
-    for where, inventory in _inventories(regions, profile):
+    for where, inventory in [*_inventories(regions, profile), *_gcp_inventories(projects)]:
         try:
             leftovers = inventory.leftovers(pool=pool)
         except SkywardError as exc:
@@ -102,15 +135,21 @@ _regions = click.option(
     "--region", "regions", multiple=True, help="A region to look in (repeatable)."
 )
 _profile = click.option("--profile", default=None, help="The AWS profile to use.")
+_projects = click.option(
+    "--project", "projects", multiple=True, help="A GCP project to look in (repeatable)."
+)
 
 
 @click.command("ls")
 @click.option("--pool", default=None, help="Only this pool's resources.")
 @_regions
 @_profile
-def ls(pool: str | None, regions: tuple[str, ...], profile: str | None) -> None:
-    """List what Skyward created and is still there (instances, groups, keys)."""
-    everything = [x for _, found in _collect(regions, profile, pool) for x in found]
+@_projects
+def ls(
+    pool: str | None, regions: tuple[str, ...], profile: str | None, projects: tuple[str, ...]
+) -> None:
+    """List what Skyward created and is still there (instances, groups, keys, rules)."""
+    everything = [x for _, found in _collect(regions, profile, pool, projects) for x in found]
     if not everything:
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
         return
@@ -123,17 +162,19 @@ def ls(pool: str | None, regions: tuple[str, ...], profile: str | None) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask first.")
 @_regions
 @_profile
+@_projects
 def down(
     pool: str | None,
     everything: bool,
     yes: bool,
     regions: tuple[str, ...],
     profile: str | None,
+    projects: tuple[str, ...],
 ) -> None:
     """Remove what Skyward created: one pool's resources, or every pool's."""
     if (pool is None) == (not everything):
         raise click.UsageError("give --pool NAME or --all (one of them)")
-    collected = _collect(regions, profile, pool)
+    collected = _collect(regions, profile, pool, projects)
     total = [x for _, found in collected for x in found]
     if not total:
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))

@@ -288,3 +288,60 @@ class GCPStandIns(StandInCloud):
             if time.monotonic() > end:
                 raise AssertionError(f"{pool} still holds {held(self.fake, pool)}: {self.events}")
             time.sleep(0.1)
+
+
+class TokenServer:
+    """Google's OAuth token endpoint, for service-account credentials made by the tests: a
+    client outside the test process (``skyward ls``) authenticates the real way, here."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                token = {"access_token": "ya29.cli", "expires_in": 3600, "token_type": "Bearer"}
+                data = json.dumps(token).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/token"
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        self.thread.start()
+
+    def key_file(self, directory: Path, project: str = PROJECT) -> Path:
+        """A service account key file whose tokens come from this server."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ).decode()
+        path = directory / "service-account.json"
+        path.write_text(
+            json.dumps(
+                {
+                    "type": "service_account",
+                    "project_id": project,
+                    "private_key_id": "0" * 40,
+                    "private_key": pem,
+                    "client_email": f"skyward@{project}.iam.gserviceaccount.com",
+                    "client_id": "1" * 21,
+                    "token_uri": self.url,
+                }
+            )
+        )
+        return path
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+        self.thread.join(5)

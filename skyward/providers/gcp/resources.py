@@ -281,7 +281,7 @@ def running(api: Api, zone: str, names: Sequence[str], deadline: Deadline) -> li
 def ended(api: Api, zone: str, name: str) -> str:
     """Why an instance stopped or vanished, in words, from the operations that ended it."""
     try:
-        kinds = " OR ".join(
+        wanted = " OR ".join(
             f'(operationType = "{kind}")'
             for kind in (
                 "compute.instances.preempted",
@@ -292,7 +292,7 @@ def ended(api: Api, zone: str, name: str) -> str:
         operations = api.call(
             api.zone_operations.list,
             "reading operations",
-            request={"project": api.project, "zone": zone, "filter": kinds},
+            request={"project": api.project, "zone": zone, "filter": wanted},
         )
     except ProvisionError:
         return "no reason given (the operations could not be read)"
