@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -160,11 +159,13 @@ with sky.ComputePool(provider=aws, nodes=2, image=sky.Image(index_url={index!r})
 
 
 def _client(cloud: StandInCloud, index: str, pool: str, log: Path, **options: Any) -> Any:
+    """The client, its temporary directory (where its pool key goes) beside ``log``."""
     settings = aws(cloud, **options).model_dump(exclude_defaults=True)
     script = _CLIENT.format(settings=settings, index=index, pool=pool)
+    env = {**os.environ, "TMPDIR": str(log.parent)}
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT, env=env
         )
 
 
@@ -176,8 +177,12 @@ def _wait_for_line(log: Path, text: str, process: Any, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def _skyward(moto: MotoServer, *args: str, answer: str = "") -> subprocess.CompletedProcess[str]:
+def _skyward(
+    moto: MotoServer, *args: str, answer: str = "", tmp: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "AWS_ENDPOINT_URL": moto.url, "AWS_DEFAULT_REGION": moto.region}
+    if tmp is not None:  # where the clients of the test put their pool keys
+        env["TMPDIR"] = str(tmp)
     return subprocess.run(
         [str(Path(sys.executable).parent / "skyward"), *args],
         input=answer,
@@ -203,12 +208,12 @@ def test_a_killed_clients_machines_power_themselves_off_and_down_removes_the_res
         assert client.poll() is None, log.read_text()
         assert all(not s.ended for s in standin_cloud.standins.values()), standin_cloud.events
         assert len(held(standin_cloud.moto, "orphan")["instances"]) == 2
-        key_file = pool_key_of(standin_cloud.moto, "orphan")
+        key_file = pool_key_of(standin_cloud.moto, "orphan", tmp_path)
         assert key_file is not None
     finally:
         client.kill()
         client.wait(30)
-    shutil.rmtree(key_file.parent)  # a killed client cannot delete its pool key
+    assert key_file.exists()  # a killed client cannot delete its pool key: down does
     standin_cloud.wait_for(
         lambda: all(s.ended for s in standin_cloud.standins.values()),
         90,
@@ -226,10 +231,11 @@ def test_a_killed_clients_machines_power_themselves_off_and_down_removes_the_res
     refused = _skyward(standin_cloud.moto, "down", "--pool", "orphan", answer="n\n")
     assert refused.returncode != 0
     assert held(standin_cloud.moto, "orphan") == left
-    removed = _skyward(standin_cloud.moto, "down", "--pool", "orphan", "--yes")
+    removed = _skyward(standin_cloud.moto, "down", "--pool", "orphan", "--yes", tmp=tmp_path)
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert nothing(held(standin_cloud.moto, "orphan"))
-    assert "Nothing left" in _skyward(standin_cloud.moto, "ls").stdout
+    assert not key_file.parent.exists(), removed.stdout
+    assert "Nothing left" in _skyward(standin_cloud.moto, "ls", tmp=tmp_path).stdout
 
 
 @pytest.mark.timeout(180)
@@ -241,12 +247,11 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
         client = _client(cloud, "http://127.0.0.1:9/simple/", "killed", log)
         try:
             _wait_for_line(log, "connecting", client, 120)
-            key_file = pool_key_of(moto, "killed")
+            key_file = pool_key_of(moto, "killed", tmp_path)
             assert key_file is not None
         finally:
             client.kill()
             client.wait(30)
-        shutil.rmtree(key_file.parent)  # a killed client cannot delete its pool key
         left = held(moto, "killed")
         assert len(left["instances"]) == 2, log.read_text()
         listed = _skyward(moto, "ls")
@@ -256,9 +261,10 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
         instances = [r for r in rows if "instance" in r]
         assert all("running" in r and "0.20" in r for r in instances), listed.stdout
         assert "about $0.40/h" in listed.stdout
-        removed = _skyward(moto, "down", "--all", "--yes")
+        removed = _skyward(moto, "down", "--all", "--yes", tmp=tmp_path)
         assert removed.returncode == 0, removed.stdout + removed.stderr
         assert nothing(held(moto, "killed"))
+        assert not key_file.parent.exists()
 
 
 # ── a machine lost (as AWS reclaims a spot instance) is replaced ───────────────────────

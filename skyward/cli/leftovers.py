@@ -3,11 +3,15 @@ every pool puts on its resources, and its removal.
 
 They work without the client that made the pool: a pool whose client was killed (SIGKILL, a
 laptop that died) is found by its ``skyward-pool`` tag, whoever made it. Each provider that
-creates things offers an inventory (``Provider.inventory()``); today that is AWS, in the
-regions named with ``--region`` (default: the one boto3 would use), and GCP, in the projects
-named with ``--project`` (default: the application-default credentials'). Credentials and
-the endpoint come from the usual places (``AWS_PROFILE`` or ``--profile``,
+creates things offers an inventory (``Provider.inventory()``); today that is AWS, in every
+region the account has enabled, or in those named with ``--region``, and GCP, in the
+projects named with ``--project`` (default: the application-default credentials').
+Credentials and the endpoint come from the usual places (``AWS_PROFILE`` or ``--profile``,
 ``AWS_ENDPOINT_URL``; ``GOOGLE_APPLICATION_CREDENTIALS``, ``SKYWARD_GCP_ENDPOINT``).
+
+A killed client also leaves its pool's private key in ``/tmp/skyward-key-*``: ``ls`` lists
+those whose key pair is gone from the cloud (stale), ``down`` removes them once it has
+removed, or found gone, the pool's key pair.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import click
 
 from skyward._errors import SkywardError
 from skyward.providers.base import Inventory, Leftover
+from skyward.providers.cloud import LocalKey, local_keys, remove_local_key
 
 
 class _Echo:
@@ -44,11 +49,11 @@ def _inventories(regions: Sequence[str], profile: str | None) -> list[tuple[str,
     from skyward.providers.aws import AWS
 
     found: list[tuple[str, Inventory]] = []
-    asked: list[str | None] = list(regions) or [None]
+    asked: list[str | None] = list(regions) or [None]  # None: every enabled region
     for region in asked:
         inventory = AWS(region=region, profile=profile).inventory()
         if inventory is not None:
-            found.append((f"aws {region or 'default region'}", inventory))
+            found.append((f"aws {region or '(every enabled region)'}", inventory))
     return found
 
 
@@ -92,8 +97,54 @@ def _collect(
             leftovers = inventory.leftovers(pool=pool)
         except SkywardError as exc:
             raise click.ClickException(f"{where}: {exc}") from exc
+        for problem in getattr(inventory, "problems", []):
+            click.echo(f"{where}: not searched: {problem}", err=True)
         collected.append((inventory, leftovers))
     return collected
+
+
+def _stale_keys(
+    leftovers: Sequence[Leftover], regions: Sequence[str], pool: str | None
+) -> list[LocalKey]:
+    """Pool keys on this machine whose key pair the search did not find (in a region it
+    searched): their pool is gone, or going."""
+    import os
+
+    pairs = {(x.provider, x.region, x.id) for x in leftovers if x.kind == "key pair"}
+    # Only keys made through the endpoint searched here (another account's or a test
+    # server's keys are not judged by this search), and never one whose client still runs.
+    endpoints = {
+        "aws": os.environ.get("AWS_ENDPOINT_URL", ""),
+        "gcp": os.environ.get("SKYWARD_GCP_ENDPOINT", ""),
+    }
+    # A GCP pool has no key pair: its key is in use while resources named after it remain.
+    gcp = [x.id for x in leftovers if x.provider == "gcp"]
+    return [
+        key
+        for key in local_keys()
+        if (pool is None or key.pool == pool)
+        and (not regions or key.region in regions)
+        and key.endpoint == endpoints.get(key.provider, "")
+        and not key.client_alive
+        and (key.provider, key.region, key.key_pair) not in pairs
+        and not (key.provider == "gcp" and any(i.startswith(key.key_pair) for i in gcp))
+    ]
+
+
+def _key_rows(keys: Sequence[LocalKey]) -> list[Leftover]:
+    return [
+        Leftover(
+            provider="local",
+            kind="key file",
+            id=str(key.directory),
+            pool=key.pool,
+            owner="",
+            created=None,
+            state=f"stale: {key.provider} key pair gone",
+            region=key.region,
+        )
+        for key in keys
+    ]
 
 
 def _age(created: datetime | None) -> str:
@@ -148,8 +199,10 @@ _projects = click.option(
 def ls(
     pool: str | None, regions: tuple[str, ...], profile: str | None, projects: tuple[str, ...]
 ) -> None:
-    """List what Skyward created and is still there (instances, groups, keys, rules)."""
+    """List what Skyward created and is still there (instances, groups, keys, rules), in
+    every enabled region unless --region is given, and pool keys left on this machine."""
     everything = [x for _, found in _collect(regions, profile, pool, projects) for x in found]
+    everything += _key_rows(_stale_keys(everything, regions, pool))
     if not everything:
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
         return
@@ -171,25 +224,38 @@ def down(
     profile: str | None,
     projects: tuple[str, ...],
 ) -> None:
-    """Remove what Skyward created: one pool's resources, or every pool's."""
+    """Remove what Skyward created: one pool's resources, or every pool's, in every enabled
+    region unless --region is given; then the pool keys on this machine whose key pair is
+    gone."""
     if (pool is None) == (not everything):
         raise click.UsageError("give --pool NAME or --all (one of them)")
     collected = _collect(regions, profile, pool, projects)
     total = [x for _, found in collected for x in found]
     if not total:
+        stale = _stale_keys(total, regions, pool)
+        for key in stale:
+            remove_local_key(key)
+            click.echo(f"Removed the stale pool key {key.directory}")
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
         return
-    _table(total)
+    _table(total + _key_rows(_stale_keys(total, regions, pool)))
     if not yes:
         click.confirm(f"Delete these {len(total)} resource(s)?", abort=True)
     failed = []
+    deleted: list[Leftover] = []
     for inventory, found in collected:
         if not found:
             continue
         try:
             inventory.delete(found, _Echo())
+            deleted += found
         except SkywardError as exc:
             failed.append(str(exc))
+    # The keys of pools whose key pair is now gone (deleted here, or gone before).
+    remaining = [x for x in total if x not in deleted]
+    for key in _stale_keys(remaining, regions, pool):
+        remove_local_key(key)
+        click.echo(f"Removed the pool key {key.directory}")
     if failed:
         raise click.ClickException("; ".join(failed))
     click.echo(f"Deleted {len(total)} resource(s).")

@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shlex
+import shutil
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from skyward._errors import ProvisionError
@@ -239,6 +243,77 @@ def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:
             exc.add_note(f"and cleaning up failed: {failure}")
         raise
     return allocation
+
+
+@dataclass(frozen=True)
+class LocalKey:
+    """A pool key left on this machine (``/tmp/skyward-key-*``) and whose it is, from the
+    ``about.json`` its provider wrote beside it (``PoolKey.label``)."""
+
+    directory: Path
+    provider: str
+    region: str
+    pool: str
+    key_pair: str
+    endpoint: str = ""  # the API endpoint the pool was made through ("" for the cloud's own)
+    pid: int = 0  # the client that made it
+
+    @property
+    def client_alive(self) -> bool:
+        """Whether the client that made it still runs (then the key is in use)."""
+        if self.pid <= 0:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def key_label(
+    provider: str, region: str, pool: str, key_pair: str, endpoint: str
+) -> dict[str, str]:
+    """What a provider writes beside its pool key (``PoolKey.label``)."""
+    return {
+        "provider": provider,
+        "region": region,
+        "pool": pool,
+        "key_pair": key_pair,
+        "endpoint": endpoint,
+        "pid": str(os.getpid()),
+    }
+
+
+def local_keys(root: Path | None = None) -> list[LocalKey]:
+    """Every labelled pool key under ``root`` (default: the temporary directory). A client
+    that ends normally deletes its own; those found belong to running pools or to clients
+    that were killed."""
+    from skyward.providers.ssh.connection import ABOUT_FILE, KEY_PREFIX
+
+    found: list[LocalKey] = []
+    for directory in sorted((root or Path(tempfile.gettempdir())).glob(f"{KEY_PREFIX}*")):
+        try:
+            about = json.loads((directory / ABOUT_FILE).read_text())
+            found.append(
+                LocalKey(
+                    directory,
+                    str(about["provider"]),
+                    str(about["region"]),
+                    str(about["pool"]),
+                    str(about["key_pair"]),
+                    str(about.get("endpoint", "")),
+                    int(about.get("pid", 0)),
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unlabelled (an older client) or being written: not ours to judge
+    return found
+
+
+def remove_local_key(key: LocalKey) -> None:
+    shutil.rmtree(key.directory, ignore_errors=True)
 
 
 class WatchedDeadline(Deadline):

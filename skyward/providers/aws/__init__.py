@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Literal, cast
@@ -53,6 +54,7 @@ from skyward.providers.cloud import (
     WatchedDeadline,
     client_cidr,
     first_client_bound,
+    key_label,
     open_or_destroy,
     user_data,
 )
@@ -241,9 +243,8 @@ class AWS(BaseModel):
         key = PoolKey()
         made.adopt_pool_key(key)
         name = made.name
-        key.label(
-            {"provider": "aws", "region": api.region, "pool": request.pool, "key_pair": name}
-        )
+        endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL", "")
+        key.label(key_label("aws", api.region, request.pool, name, endpoint))
         tags = {**request.tags, TAG_ALLOCATION: name, "Name": f"skyward {request.pool}"}
         made.adopt_key_pair(name)  # before the call: an answer lost in flight still counts
         ec2.import_key_pair(api, name, key.public, tags)
@@ -339,7 +340,8 @@ class AWS(BaseModel):
         """Per type, the zones that offer it and where the pool has a subnet, in subnet
         order. When EC2 cannot say (a permission), every subnet's zone: a launch where the
         type is missing is refused and the failover moves on."""
-        offered = api.zones_offering_each([m.type for m in machines])
+        # A subnet the user named is taken as it is: EC2 itself says if the type is missing.
+        offered = None if self.subnet_id else api.zones_offering_each([m.type for m in machines])
         zones: dict[str, list[str]] = {}
         for machine in machines:
             where = offered.get(machine.type) if offered is not None else None

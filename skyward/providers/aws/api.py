@@ -72,18 +72,23 @@ class Api:
 
     @classmethod
     def connect(cls, *, region: str | None, profile: str | None, endpoint_url: str | None) -> Api:
+        session = cls.session(region=region, profile=profile)
+        return cls.in_region(session, str(session.region_name), endpoint_url=endpoint_url)
+
+    @classmethod
+    def in_region(cls, session: Any, region: str, *, endpoint_url: str | None) -> Api:
+        """Clients of ``region`` made from an existing session (cheap after the first: the
+        session keeps botocore's models). Not thread-safe: make them one at a time."""
         from botocore.config import Config
 
-        session = cls.session(region=region, profile=profile)
-        name = str(session.region_name)
         config = Config(
             retries={"mode": "standard", "max_attempts": 5},
             connect_timeout=10,
             read_timeout=60,
         )
-        ec2 = session.client("ec2", endpoint_url=endpoint_url, config=config)
-        ssm = session.client("ssm", endpoint_url=endpoint_url, config=config)
-        return cls(ec2=ec2, ssm=ssm, region=name)
+        ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+        ssm = session.client("ssm", region_name=region, endpoint_url=endpoint_url, config=config)
+        return cls(ec2=ec2, ssm=ssm, region=region)
 
     def call(self, operation: Callable[..., Any], doing: str, /, **kwargs: Any) -> Any:
         """``operation(**kwargs)``; any SDK error becomes a ``ProvisionError`` about

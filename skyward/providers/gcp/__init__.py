@@ -40,6 +40,7 @@ from skyward.providers.cloud import (
     HostKey,
     client_cidr,
     first_client_bound,
+    key_label,
     open_or_destroy,
     user_data,
 )
@@ -233,7 +234,8 @@ class GCP(BaseModel):
         # ── creating ──
         key = PoolKey()
         made.adopt_pool_key(key)
-        key.label({"provider": "gcp", "project": api.project, "pool": request.pool})
+        # The "key pair" of a GCP pool is its names' base (its rules are <base>-ssh, -pool).
+        key.label(key_label("gcp", api.project, request.pool, made.names.base, self.endpoint or ""))
         host_key = HostKey.generate()
         made.host_key = host_key.public
         made.access = Access(
