@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.gcpcloud import GCPStandIns, TokenServer, held, nothing
+from support.gcpcloud import PROJECT, ZONE, GCPStandIns, TokenServer, held, nothing
 from support.gcpcloud import standin_provider as gcp
 from support.moto import MotoServer
 from support.sshhosts import PackageIndex
@@ -154,3 +154,49 @@ def test_a_killed_clients_machines_delete_themselves_and_down_removes_the_rules(
         assert "Nothing left" in _skyward(gcp_standins, key, moto, "ls").stdout
     finally:
         tokens.close()
+
+
+# ── a Spot VM Google reclaims is replaced ──────────────────────────────────────────────
+
+
+def _sleep_on(rank: int) -> None:
+    if sky.instance_info().node == rank:
+        time.sleep(600)
+
+
+@pytest.mark.timeout(300)
+def test_a_reclaimed_spot_vm_is_named_in_worker_lost_and_replaced(
+    gcp_standins: GCPStandIns, package_index: PackageIndex
+) -> None:
+    from skyward._compute import PendingCall
+
+    fake = gcp_standins.fake
+    with sky.ComputePool(
+        provider=gcp(gcp_standins, spot=True, boot_timeout=60),
+        nodes=2,
+        image=sky.Image(index_url=package_index.url),
+        name="reclaimed",
+        quiet=True,
+    ) as pool:
+        before = pool.broadcast(lambda: os.uname().nodename)
+        first = {s.address: s.instance for s in gcp_standins.standins.values()}
+        lost = first["-".join(before[1].split("-")[1:]).replace("-", ".")]
+        in_flight = pool._broadcast_call(PendingCall(_sleep_on, (1,), {}))
+        time.sleep(0.5)
+        fake.preempt(PROJECT, ZONE, lost)  # Google reclaims node 1, and deletes it
+        failure = in_flight.exception(timeout=120)
+        assert isinstance(failure, sky.WorkerLost)
+        assert f"instance {lost} is gone: reclaimed by GCP (spot preemption)" in str(failure)
+        end = time.monotonic() + 180
+        while pool.statistics().ready_nodes < 2 or len(gcp_standins.standins) < 3:
+            assert time.monotonic() < end, gcp_standins.events
+            time.sleep(0.2)
+        after = pool.broadcast(lambda: os.uname().nodename)
+        (replacement,) = [
+            s for s in gcp_standins.standins.values() if s.instance not in first.values()
+        ]
+        assert replacement.instance.endswith("-n1-r1") and not replacement.ended
+        assert gcp_standins.standins[lost].ended == "terminated"
+    assert after[0] == before[0]
+    assert after[1] == "ip-" + replacement.address.replace(".", "-")
+    assert nothing(held(fake, "reclaimed"))
