@@ -147,7 +147,7 @@ class GCPAllocation(Allocation):
             pool_key = self.pool_key
         deadline = Deadline(self.release_timeout, f"release_timeout ({self.release_timeout:g} s)")
         try:
-            left = gce.delete(self.api, instances=instances, deadline=deadline)
+            left = gce.delete(self.api, instances=instances, firewalls=firewalls, deadline=deadline)
             if instances:  # a second sweep, by label: anything the names missed
                 try:
                     labelled = gce.live(self.api, self.request.pool)
@@ -156,7 +156,6 @@ class GCPAllocation(Allocation):
                     labelled = []
                 mine = [(z, i.name) for z, i in labelled if i.name.startswith(self.names.base)]
                 left += gce.delete(self.api, instances=mine, deadline=deadline)
-            left += gce.delete(self.api, firewalls=firewalls, deadline=deadline)
         finally:
             if pool_key is not None:
                 pool_key.delete()

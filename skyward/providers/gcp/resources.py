@@ -328,36 +328,28 @@ def delete(
     firewalls: Sequence[str] = (),
     deadline: Deadline,
 ) -> list[str]:
-    """Delete instances ((zone, name); all asked at once, then waited for), then firewall
-    rules; what could not be deleted, as ``"kind name (why)"``. Already gone counts as done."""
+    """Delete instances ((zone, name)) and firewall rules (GCE orders nothing between them):
+    all asked at once, then waited for. What could not be deleted, as ``"kind name (why)"``;
+    already gone counts as done."""
+    asks: list[tuple[str, Any, dict[str, str]]] = [
+        (f"instance {name} in {zone}", api.instances.delete, {"zone": zone, "instance": name})
+        for zone, name in dict.fromkeys(instances)
+    ]
+    asks += [(f"firewall rule {r}", api.firewalls.delete, {"firewall": r}) for r in firewalls]
     left: list[str] = []
     asked = []
-    for zone, name in dict.fromkeys(instances):
+    for named, call, where in asks:
         try:
-            operation = api.instances.delete(
-                project=api.project, zone=zone, instance=name, retry=None, timeout=60.0
+            asked.append(
+                (named, api.start(call, f"deleting {named}", project=api.project, **where))
             )
-        except Exception as exc:
+        except ProvisionError as exc:
             if not is_not_found(exc):
-                left.append(f"instance {name} in {zone} ({type(exc).__name__}: {exc})")
-            continue
-        asked.append((zone, name, operation))
-    for zone, name, operation in asked:
+                left.append(f"{named} ({exc})")
+    for named, operation in asked:
         try:
-            api.wait(operation, f"deleting instance {name}", deadline)
-        except Exception as exc:
+            api.wait(operation, f"deleting {named}", deadline)
+        except (ProvisionError, TimeoutError) as exc:
             if not is_not_found(exc):
-                left.append(f"instance {name} in {zone} ({exc})")
-    for rule in dict.fromkeys(firewalls):
-        try:
-            api.run(
-                api.firewalls.delete,
-                f"deleting {rule}",
-                deadline,
-                project=api.project,
-                firewall=rule,
-            )
-        except Exception as exc:
-            if not is_not_found(exc):
-                left.append(f"firewall rule {rule} ({exc})")
+                left.append(f"{named} ({exc})")
     return left
