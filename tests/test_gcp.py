@@ -615,3 +615,24 @@ def test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing(
     assert status == -getattr(signals, signal_name), log.read_text()
     assert nothing(held(gce, pool)), log.read_text()
     assert not key.exists()
+
+
+def test_instances_that_never_answer_fail_the_start_in_time_and_leave_nothing(
+    gce: GCPFake,
+) -> None:
+    # Nothing listens on these addresses: SSH is refused, and retried as while VMs boot.
+    gce.address_plan = lambda project, zone, name: (f"127.0.0.{20 + int(name[-1])}", "")
+    with pytest.raises(sky.ProvisionError) as caught:
+        with sky.ComputePool(
+            provider=provider(gce, connect="private"),
+            nodes=2,
+            name="unreachable",
+            provision_timeout=4,
+            quiet=True,
+        ):
+            pass
+    error = caught.value.__cause__ or caught.value
+    message = str(error) + "".join(getattr(error, "__notes__", []))
+    assert "provision_timeout (4 s)" in message, message
+    assert "SSH did not answer from here" in message and "ssh_cidr" in message, message
+    assert nothing(held(gce, "unreachable"))
