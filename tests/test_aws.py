@@ -577,3 +577,31 @@ def test_ls_and_down_find_a_pool_in_another_region_and_its_stale_key_file(
     assert not key.directory.exists() and not live.directory.exists()
     assert running.directory.exists()
     assert "Nothing left" in _cli(moto, "ls", tmp=tmp_path).stdout
+
+
+@pytest.mark.parametrize(
+    ("error", "words"),
+    [
+        ("ConnectionClosedError", "AWS closed the connection before answering"),
+        ("EndpointConnectionError", "cannot reach AWS"),
+        ("ReadTimeoutError", "AWS did not answer in time"),
+        ("ConnectTimeoutError", "connecting timed out"),
+        ("NoRegionError", "no AWS region"),
+        ("ParamValidationError", "this is a Skyward bug"),
+    ],
+)
+def test_botocore_errors_without_an_answer_are_readable(error: str, words: str) -> None:
+    import botocore.exceptions as bex
+
+    kind = getattr(bex, error)
+    made = (
+        kind(report="bad")
+        if error == "ParamValidationError"
+        else kind()
+        if error == "NoRegionError"
+        else kind(endpoint_url="https://ec2.us-east-1.amazonaws.com")
+    )
+    translated = translate(made, "launching 2 m7i.xlarge instance(s)", "us-east-1")
+    assert str(translated).startswith("launching 2 m7i.xlarge instance(s): ")
+    assert words in str(translated)
+    assert "NoneType" not in str(translated)
