@@ -19,13 +19,12 @@ live in ``api``, the resources in ``resources``, the allocation in ``allocation`
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 import os
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field
 
 from skyward._errors import ProvisionError
 from skyward._extras import check
@@ -36,9 +35,8 @@ from skyward.providers.capacity import Offer, Strategy
 from skyward.providers.catalog import Machine
 from skyward.providers.cloud import (
     BEFORE_POWEROFF_PATH,
-    DEFAULT_IP_LOOKUP,
+    CloudOptions,
     HostKey,
-    client_cidr,
     first_client_bound,
     key_label,
     open_or_destroy,
@@ -50,7 +48,6 @@ from skyward.providers.gcp.api import Api, credentials_and_project
 from skyward.providers.gcp.inventory import GCPInventory
 from skyward.providers.reaching import reach
 from skyward.providers.ssh.connection import PoolKey
-from skyward.providers.ssh.hosts import Access
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
 # machines, Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init and the guest agent.
@@ -60,11 +57,10 @@ GPU_IMAGE = (
 )
 CPU_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
 _PRIVATE_RANGES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
-_MAX_SECONDS = 7 * 24 * 3600.0
 _NAME = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
-class GCP(BaseModel):
+class GCP(CloudOptions):
     """Run the pool's nodes on Compute Engine instances made for it, in one zone.
 
     - ``project``: by default the application-default credentials' (``GOOGLE_CLOUD_PROJECT``,
@@ -73,18 +69,16 @@ class GCP(BaseModel):
       zone's). The instances go to the first zone of the region that offers the machine and
       has capacity. Without either, ``CLOUDSDK_COMPUTE_ZONE`` / ``CLOUDSDK_COMPUTE_REGION``.
     - ``machine_type``: wins over the pool's ``accelerator``, which otherwise picks it from
-      the catalog (``"H100"`` is an a3-highgpu-1g). ``image``: an image or a family
+      the catalog (``"H100"`` is an a3-highgpu-8g). ``image``: an image or a family
       (``projects/P/global/images/family/F``); by default the Deep Learning VM for GPUs.
     - ``spot``: Spot VMs, deleted when reclaimed. ``network``/``subnetwork``: where they go.
-    - ``ssh_cidr``, ``connect``, ``username``, ``disk_gb``, ``idle_timeout``,
-      ``boot_timeout``, ``release_timeout``: as for ``sky.AWS``.
+    - ``username``: the login user (Google's guest agent makes it from ``ssh-keys``).
+      ``disk_gb``: the boot disk. The other options are ``sky.AWS``'s (``CloudOptions``).
     - ``service_account``: the instances' service account, with the compute scope, so that
       the watchdog can delete its own instance (``None``: no account; a powered-off machine
       is then kept, and its disk billed, until ``skyward down``).
     - ``endpoint``: where the Compute API calls go (a proxy, a test server).
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     project: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9:.-]{4,62}$")
     zone: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")
@@ -94,64 +88,33 @@ class GCP(BaseModel):
     spot: bool = False
     network: str = Field(default="default", pattern=_NAME)
     subnetwork: str | None = Field(default=None, pattern=_NAME)
-    ssh_cidr: str = "auto"
-    connect: Literal["public", "private"] = "public"
     username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]*$")
     disk_gb: int = Field(default=100, ge=10, le=65536)
     service_account: str | None = "default"
-    idle_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
-    boot_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
-    release_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
     endpoint: str | None = None
     credentials: Any = None
-    ip_lookup_url: str = DEFAULT_IP_LOOKUP
-    python: str | None = Field(default=None, min_length=1)
-    workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
-
-    @field_validator("ssh_cidr")
-    @classmethod
-    def _cidr(cls, value: str) -> str:
-        if value == "auto":
-            return value
-        try:
-            return str(ipaddress.ip_network(value, strict=False))
-        except ValueError as exc:
-            message = "ssh_cidr must be 'auto' or a network such as '203.0.113.7/32'"
-            raise ValueError(message) from exc
 
     @property
     def kind(self) -> str:
         return "gcp"
 
     def strategy(self, request: ProvisionRequest) -> Strategy:
-        """The pool's ``allocation=``, or this provider's default (``spot``)."""
-        if request.allocation is None:
-            return "spot" if self.spot else "on-demand"
-        if request.allocation not in capacity.STRATEGIES:
-            raise ValueError(f"unknown allocation {request.allocation!r}")
-        if self.spot and request.allocation == "on-demand":
-            raise ValueError("sky.GCP(spot=True) contradicts allocation='on-demand'")
-        return request.allocation
+        return capacity.strategy_of(request.allocation, spot=self.spot, provider="sky.GCP")
 
     def machines_for(self, request: ProvisionRequest) -> list[Machine]:
-        """The catalog's machines for the request, in the order to try them (the choice,
-        then what a capacity failover may move to). ``ValueError`` for a request no machine
-        satisfies, or a ``machine_type`` it contradicts."""
-        sizes = {"vcpus": request.vcpus, "memory_gb": request.memory_gb}
-        region = self.where()[1]
-        if self.machine_type is not None:
-            named = [m for m in catalog.machines("gcp") if m.type == self.machine_type]
-            wanted = catalog.parse(request.accelerator).name if request.accelerator else None
-            known = next((m for m in named if m.accelerator == wanted), None)
-            known = known or (named[0] if named else None)
-            if known is None:  # not in the catalog: GCE is asked before anything exists
-                return [Machine("gcp", self.machine_type, None, 0, 0, 0)]
-            catalog.refuse_contradiction(known, given="machine_type", **sizes)
-            return [known]
-        if self.strategy(request) == "cheapest":
-            return catalog.matching("gcp", request.accelerator, region=region, **sizes)
-        first = catalog.choose("gcp", request.accelerator, region=region, **sizes)
-        return [first, *catalog.alternatives(first, request.accelerator, region=region, **sizes)]
+        """The catalog's machines for the request, in the order to try them."""
+        found = capacity.machines_for(
+            "gcp",
+            request.accelerator,
+            strategy=self.strategy(request),
+            vcpus=request.vcpus,
+            memory_gb=request.memory_gb,
+            named=self.machine_type,
+            given="machine_type",
+            region=self.where()[1],
+        )
+        # A type the catalog lacks: GCE says whether a zone offers it, before anything exists.
+        return found or [Machine("gcp", str(self.machine_type), None, 0, 0, 0)]
 
     def where(self) -> tuple[str | None, str]:
         """(the zone tried first, the region), from the settings or gcloud's variables."""
@@ -172,12 +135,13 @@ class GCP(BaseModel):
         check("google.cloud.compute_v1", feature="sky.GCP")
         check("paramiko", feature="sky.GCP")
         machines = self.machines_for(request)
-        if self.strategy(request) == "on-demand" and request.max_hourly_cost is not None:
-            region = self.where()[1]
-            priced = [(m, catalog.machine_price(m, region)) for m in machines]
-            offers = [Offer(m, region, "on-demand", p) for m, p in priced if p is not None]
-            if offers:
-                capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        if self.strategy(request) == "on-demand":
+            capacity.refuse_above(
+                machines,
+                nodes=request.nodes,
+                max_hourly_cost=request.max_hourly_cost,
+                region=self.where()[1],
+            )
         credentials_and_project(self.project, self.credentials)
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
@@ -218,19 +182,12 @@ class GCP(BaseModel):
 
         offers = capacity.plan(machines, zones, strategy=self.strategy(request), price=price)
         offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        capacity.announce(offers, request.nodes, reporter, region)
         first = offers[0]
-        others = len({o.where for o in offers[1:]})
-        reporter.status(
-            f"{request.nodes} x {first.machine.describe()} {first.market} in {first.zone}: "
-            f"{capacity.estimate(offers, request.nodes)}"
-            + (f"; then {others} other place(s) if it has no capacity" if others else "")
-        )
-        for rank in range(request.nodes):
-            reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")
         deadline.check("finding the image")
         gpu = first.machine.accelerator is not None
         image = self._image(api, self.image or (GPU_IMAGE if gpu else CPU_IMAGE))
-        cidrs = self._ssh_cidrs()
+        cidrs = self.ssh_cidrs(_PRIVATE_RANGES)
         # ── creating ──
         key = PoolKey()
         made.adopt_pool_key(key)
@@ -238,12 +195,7 @@ class GCP(BaseModel):
         key.label(key_label("gcp", api.project, request.pool, made.names.base, self.endpoint or ""))
         host_key = HostKey.generate()
         made.host_key = host_key.public
-        made.access = Access(
-            key_file=key.path,
-            python=self.python,
-            workdir=self.workdir,
-            boot_timeout=self.boot_timeout,
-        )
+        made.access = self.access(key.path)
         deadline.check("creating the firewall rules")
         gce.open_firewalls(
             api,
@@ -370,8 +322,3 @@ class GCP(BaseModel):
         else:
             found = api.call(api.images.get, doing, project=parts[1], image=parts[-1])
         return str(found.self_link)
-
-    def _ssh_cidrs(self) -> list[str]:
-        if self.ssh_cidr == "auto" and self.connect == "private":
-            return list(_PRIVATE_RANGES)
-        return [client_cidr(self.ssh_cidr, lookup_url=self.ip_lookup_url)]
