@@ -187,8 +187,11 @@ def test_instances_carry_labels_keys_user_data_tag_and_a_disk_deleted_with_them(
         ]
         interface = instance["networkInterfaces"][0]
         assert interface["accessConfigs"][0]["type"] == "ONE_TO_ONE_NAT"  # connect="public"
-    user, key = metadata_of(instances[0], "ssh-keys").split(":", 1)
+    user, entry = metadata_of(instances[0], "ssh-keys").split(":", 1)
+    key = " ".join(entry.split()[:2])
     assert user == "skyward" and key.startswith("ssh-ed25519 ")
+    assert metadata_of(instances[0], "block-project-ssh-keys") == "TRUE"
+    assert metadata_of(instances[0], "enable-oslogin") == "FALSE"
     text = metadata_of(instances[0], "user-data")
     document = yaml.safe_load(text)
     schema = cloudinit.schema()
@@ -438,7 +441,8 @@ def test_a_start_stopped_at_any_step_leaves_nothing(
 
 def _key_file_of_pool(gce: GCPFake) -> Any:
     for instance in gce.instances(PROJECT):
-        return key_file_of(metadata_of(instance, "ssh-keys").split(":", 1)[1])
+        entry = metadata_of(instance, "ssh-keys").split(":", 1)[1]
+        return key_file_of(" ".join(entry.split()[:2]))
     return None
 
 

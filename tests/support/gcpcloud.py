@@ -265,7 +265,7 @@ class GCPStandIns(StandInCloud):
         config = dict(yaml.safe_load(text) or {}) if text.startswith("#cloud-config") else {}
         keys = []
         for line in metadata_of(found[0], "ssh-keys").splitlines():
-            user, _, key = line.partition(":")
+            user, _, key = line.partition(":")  # "user:ssh-ed25519 AAAA... comment"
             if user == USER and key.strip():
                 keys.append(key.strip())
         config["ssh_authorized_keys"] = keys

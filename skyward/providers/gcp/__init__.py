@@ -227,7 +227,10 @@ class GCP(CloudOptions):
             tag=made.names.tag,
             labels=gce.labels(request.tags),
             metadata={
-                "ssh-keys": f"{self.username}:{key.public}",
+                "ssh-keys": f"{self.username}:{key.public} {self.username}",
+                # Only the pool's key logs in: not the project's keys, not OS Login's users.
+                "block-project-ssh-keys": "TRUE",
+                "enable-oslogin": "FALSE",
                 "user-data": boot,
                 gce.TAGS_KEY: json.dumps(dict(request.tags)),  # labels lose case and '@'
             },

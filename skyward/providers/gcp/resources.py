@@ -205,7 +205,7 @@ def instance(spec: InstanceSpec, name: str, zone: str) -> Any:
                 initialize_params=compute_v1.AttachedDiskInitializeParams(
                     source_image=spec.image,
                     disk_size_gb=spec.disk_gb,
-                    disk_type=f"zones/{zone}/diskTypes/pd-balanced",
+                    disk_type=f"zones/{zone}/diskTypes/{_disk_type(spec.machine_type)}",
                 ),
             )
         ],
@@ -225,6 +225,11 @@ def instance(spec: InstanceSpec, name: str, zone: str) -> Any:
 
 
 SCOPE_COMPUTE = "https://www.googleapis.com/auth/compute"
+
+
+def _disk_type(machine_type: str) -> str:
+    # A3 Ultra (H200) machines take Hyperdisk only; every other catalog type takes pd-balanced.
+    return "hyperdisk-balanced" if machine_type.startswith("a3-ultragpu") else "pd-balanced"
 
 
 def self_delete_script(endpoint: str | None) -> str:
