@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from support.aws import Checkpoint, held, nothing, pool_key_of, request
 from support.aws import standin_provider as aws
+from support.ec2proxy import Ec2Proxy, in_subnet
 from support.moto import MotoServer
 from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex
@@ -77,6 +78,39 @@ def test_jax_multi_controller_toy_on_two_stand_ins(
         results = toy() @ pool
     assert [value for value, _ in results] == [-0.12398731708526611, -0.12398731708526611]
     assert nothing(held(standin_cloud.moto, "jax-standins"))
+
+
+@pytest.mark.timeout(300)
+def test_with_no_capacity_in_one_zone_the_pool_starts_in_the_next(
+    moto: MotoServer, ssh_hosts: Hosts, package_index: PackageIndex
+) -> None:
+    with StandInCloud(moto, ssh_hosts, second_zone="us-east-1b") as cloud:
+        first, second = cloud.subnets
+        with Ec2Proxy(moto.url) as proxy:
+            proxy.refuse(
+                "RunInstances",
+                "InsufficientInstanceCapacity",
+                "We currently do not have sufficient m7i.xlarge capacity in the Availability "
+                "Zone you requested (us-east-1a).",
+                when=in_subnet(first),
+                status=500,
+            )
+            # The VPC, not a subnet: the provider picks among its zones.
+            provider = aws(cloud, endpoint_url=proxy.url, vpc_id=cloud.vpc, subnet_id=None)
+            with sky.ComputePool(
+                provider=provider,
+                nodes=2,
+                image=sky.Image(index_url=package_index.url),
+                name="failover",
+                quiet=True,
+            ) as pool:
+                infos = pool.broadcast(sky.instance_info)
+            tried = [p["NetworkInterface.1.SubnetId"] for p in proxy.calls("RunInstances")]
+        assert tried[0] == first and tried[-1] == second
+        addresses = sorted(s.address for s in cloud.standins.values())
+        assert [i.head_addr for i in infos] == [addresses[0]] * 2
+        assert all(a.startswith(f"{ssh_hosts.subnet}.6") for a in addresses), addresses
+        assert nothing(held(moto, "failover"))
 
 
 # ── the leak matrix, from the SSH stage on ─────────────────────────────────────────────

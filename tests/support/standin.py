@@ -6,6 +6,7 @@
     ────────────────       ───────────────────────────────────────────────────────────────
     VPC 10.123.N.0/24      a running instance in our subnet, not yet booted ─> boot it:
     subnet .128/25           namespace + veth on the test bridge at its PrivateIpAddress;
+    (and .64/26, .68, ...    with second_zone: the same, in another availability zone)
     instances .132, ...      in a sandbox (own PID, mount, UTS namespaces; poweroff shimmed):
                              cloud-init's parts the provider uses, read from moto: the
                              host key (ssh_keys), the key pair's public key and
@@ -81,6 +82,9 @@ class StandInCloud:
     hosts: Hosts
     boot_delay: float = 0.0  # seconds between a stand-in's network and its sshd
     boot: bool = True  # False: instances run but no machine ever answers (unreachable)
+    # A second subnet (.64/26) in this zone, for tests of a pool moving between zones; the
+    # first subnet is then in "us-east-1a".
+    second_zone: str | None = None
     standins: dict[str, StandIn] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (what, instance)
     booted_at: dict[str, float] = field(default_factory=dict)  # instance -> monotonic time
@@ -89,9 +93,19 @@ class StandInCloud:
         ensure_user()
         self.ec2 = self.moto.client("ec2")
         self.vpc = self.ec2.create_vpc(CidrBlock=f"{self.hosts.subnet}.0/24")["Vpc"]["VpcId"]
+        zone = {"AvailabilityZone": "us-east-1a"} if self.second_zone else {}
         self.subnet = self.ec2.create_subnet(
-            VpcId=self.vpc, CidrBlock=f"{self.hosts.subnet}.128/25"
+            VpcId=self.vpc, CidrBlock=f"{self.hosts.subnet}.128/25", **zone
         )["Subnet"]["SubnetId"]
+        self.subnets = [self.subnet]
+        if self.second_zone is not None:
+            self.subnets.append(
+                self.ec2.create_subnet(
+                    VpcId=self.vpc,
+                    CidrBlock=f"{self.hosts.subnet}.64/26",
+                    AvailabilityZone=self.second_zone,
+                )["Subnet"]["SubnetId"]
+            )
         self.root = Path(tempfile.mkdtemp(prefix="skyward-standins-"))
         self.root.chmod(0o755)
         self._tag = os.getpid() % 250
@@ -119,7 +133,7 @@ class StandInCloud:
             self._stop.wait(_POLL)
 
     def _step(self) -> None:
-        mine = [{"Name": "subnet-id", "Values": [self.subnet]}]
+        mine = [{"Name": "subnet-id", "Values": self.subnets}]
         answer = self.ec2.describe_instances(Filters=mine)
         for instance in (i for r in answer["Reservations"] for i in r["Instances"]):
             state, ident = instance["State"]["Name"], instance["InstanceId"]
