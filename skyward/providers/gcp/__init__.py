@@ -2,14 +2,16 @@
 
 ::
 
-    provision   the machine type (catalog) and the zones of the region that offer it → the
-                image (a family, resolved once) → the pool's SSH key and host key → two
+    provision   the machine types (catalog, ``allocation=``) and the zones of the region that
+                offer each, the offers and their price (``capacity``) → the image (a family,
+                resolved once) → the pool's SSH key and host key → two
                 firewall rules for the pool's network tag (SSH from the client; everything
                 within the pool) → an instance per node, inserted in parallel, in the first
-                zone with capacity (failover) → wait RUNNING → reach each over SSH with the
+                place with capacity (``capacity.launch_first``) → wait RUNNING → reach each over SSH with the
                 host key pinned (``reaching``: bootstrap, upload skyward, workers)
-    terminate   close the nodes → delete the instances and wait → sweep by label → delete
-                the rules; what is left is named, with ``skyward down --pool NAME``
+    terminate   close the nodes → delete the instances and the rules, all at once, and wait
+                → sweep for instances labelled with the pool; what is left is named, with
+                ``skyward down --pool NAME --project P``
     inventory   instances labelled skyward-pool and skyward- rules, in the project
 
 google-cloud-compute is imported only when a pool uses GCP; its calls and error messages
