@@ -2,13 +2,13 @@
 
 ::
 
-    provision   the machine types (catalog, ``allocation=``) and the zones of the region that
-                offer each, the offers and their price (``capacity``) → the image (a family,
-                resolved once) → the pool's SSH key and host key → two
-                firewall rules for the pool's network tag (SSH from the client; everything
-                within the pool) → an instance per node, inserted in parallel, in the first
-                place with capacity (``capacity.launch_first``) → wait RUNNING → reach each over SSH with the
-                host key pinned (``reaching``: bootstrap, upload skyward, workers)
+    provision   the machine types (catalog, ``allocation=``) and the zones of the region
+                that offer each, the offers and their price (``capacity``) → the image (a
+                family, resolved once) → the pool's SSH key and host key → two firewall
+                rules for the pool's network tag (SSH from the client; everything within the
+                pool) → an instance per node, inserted in parallel, in the first place with
+                capacity (``capacity.launch_first``) → wait RUNNING → reach each over SSH
+                with the host key pinned (``reaching``: bootstrap, upload skyward, workers)
     terminate   close the nodes → delete the instances and the rules, all at once, and wait
                 → sweep for instances labelled with the pool; what is left is named, with
                 ``skyward down --pool NAME --project P``
