@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "CollectiveHang": "skyward._errors",
     "Compute": "skyward._compute",
     "ComputePool": "skyward.pool",
+    "GCP": "skyward.providers.gcp",
     "HostKeyError": "skyward._errors",
     "Image": "skyward._image",
     "InstanceInfo": "skyward._info",
@@ -113,6 +114,7 @@ if TYPE_CHECKING:
     from skyward.providers.aws import AWS
     from skyward.providers.azure import Azure
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
+    from skyward.providers.gcp import GCP
     from skyward.providers.local import Local
     from skyward.providers.slurm import Slurm
     from skyward.providers.ssh import SSH

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 from support import netguard
+from support.gcp import GCPFake
+from support.gcpcloud import GCPStandIns, MetadataServer
 from support.moto import MotoServer
 from support.pools import PoolFactory, pool_factory
 from support.processes import describe, our_namespaces, worker_processes
@@ -215,3 +217,50 @@ def azure_standins(azure_bridge_fake: AzureFake, ssh_hosts: Hosts) -> Iterator[A
         cloud.close()
     assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
     assert not azure_bridge_fake.errors, azure_bridge_fake.errors[0]
+
+
+# ── the Compute Engine fake ─────────────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="session")
+def gce_server() -> Iterator[GCPFake]:
+    with GCPFake() as fake, pytest.MonkeyPatch.context() as patch:
+        for name, value in fake.environ().items():  # no metadata server for google.auth
+            patch.setenv(name, value)
+        yield fake
+
+
+@pytest.fixture
+def gce(gce_server: GCPFake) -> GCPFake:
+    """The Compute Engine fake on loopback, empty, operations done at once."""
+    gce_server.reset()
+    return gce_server
+
+
+@pytest.fixture(scope="session")
+def gce_bridge(ssh_hosts: Hosts) -> Iterator[tuple[GCPFake, MetadataServer]]:
+    """A Compute Engine fake and a metadata server on the test bridge, where stand-ins can
+    call them (the watchdog's hook deletes its own instance)."""
+    with GCPFake(host=ssh_hosts.bridge_address) as fake, pytest.MonkeyPatch.context() as patch:
+        for name, value in fake.environ().items():
+            patch.setenv(name, value)
+        metadata = MetadataServer(fake, ssh_hosts.bridge_address)
+        try:
+            yield fake, metadata
+        finally:
+            metadata.close()
+
+
+@pytest.fixture
+def gcp_standins(
+    gce_bridge: tuple[GCPFake, MetadataServer], ssh_hosts: Hosts
+) -> Iterator[GCPStandIns]:
+    """The bridge's Compute Engine fake with stand-in VMs for the instances it runs."""
+    fake, metadata = gce_bridge
+    fake.reset()
+    cloud = GCPStandIns.start(fake, ssh_hosts, metadata=metadata)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"

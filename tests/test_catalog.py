@@ -90,7 +90,20 @@ def test_prices_are_per_region_and_unknown_where_the_table_has_none() -> None:
     assert catalog.price("aws", "m7i.xlarge", "eu-west-1") == pytest.approx(0.2247)
     assert catalog.price("aws", "x9.unknown") is None
     assert catalog.price("aws", "p5.48xlarge", "xx-nowhere-1") is None
-    assert catalog.price("gcp", "a2-highgpu-1g") is None
+    # GCP's table is its reference region's (us-central1) only.
+    assert catalog.price("gcp", "a2-highgpu-1g") == pytest.approx(3.673385)
+    assert catalog.price("gcp", "a2-highgpu-1g", "europe-west4") is None
+
+
+def test_gcp_n1_machines_are_priced_by_their_gpus_not_by_their_shared_type() -> None:
+    t4, v100 = catalog.choose("gcp", "T4:2"), catalog.choose("gcp", "V100:1")
+    assert t4.type == v100.type == "n1-standard-8"
+    assert catalog.machine_price(t4) == pytest.approx(0.38 + 2 * 0.35, abs=0.001)
+    assert catalog.machine_price(v100) == pytest.approx(0.38 + 2.48, abs=0.001)
+    assert v100.hourly == catalog.machine_price(v100)
+    assert catalog.machine_price(v100, "europe-west4") is None
+    unpriced = {m.type for m in catalog.machines("gcp") if m.hourly is None}
+    assert unpriced == {"a3-megagpu-8g", "a3-ultragpu-8g"}  # not published per machine
 
 
 def test_every_aws_machine_has_a_price_in_the_reference_region() -> None:

@@ -17,6 +17,7 @@ EXPECTED = [
     "CollectiveHang",
     "Compute",
     "ComputePool",
+    "GCP",
     "HostKeyError",
     "Image",
     "InstanceInfo",

@@ -7,7 +7,9 @@ creates things offers an inventory (``Provider.inventory()``): AWS, in every reg
 account has enabled or in those named with ``--region``, and Azure, in the subscriptions named
 with ``--subscription`` (default: ``AZURE_SUBSCRIPTION_ID``). Credentials and endpoints come
 from the usual places (``AWS_PROFILE`` or ``--profile``, ``AWS_ENDPOINT_URL``; Azure's
-``DefaultAzureCredential``: the environment, a managed identity, ``az login``); and the
+``DefaultAzureCredential``: the environment, a managed identity, ``az login``); GCP, in the
+projects named with ``--project`` (default: the application-default credentials'; the
+Compute calls go to ``SKYWARD_GCP_ENDPOINT`` when it is set); and the
 Slurm clusters named with ``--slurm LOGIN`` (``local`` for this machine's Slurm commands),
 where Skyward's jobs are this user's jobs named ``skyward-<pool>``. Given only ``--slurm``,
 AWS is not asked.
@@ -41,11 +43,14 @@ class _SlurmLogins:
 
 
 def _clouds_asked(
-    slurm: _SlurmLogins, regions: Sequence[str], subscriptions: Sequence[str]
+    slurm: _SlurmLogins,
+    regions: Sequence[str],
+    subscriptions: Sequence[str],
+    projects: Sequence[str] = (),
 ) -> bool:
     """Whether the clouds were searched (not only --slurm clusters): local pool keys are
     judged stale only against a search of the clouds that made them."""
-    return not (slurm.logins and not regions and not subscriptions)
+    return not (slurm.logins and not regions and not subscriptions and not projects)
 
 
 class _Echo:
@@ -67,18 +72,19 @@ def _inventories(
     subscriptions: Sequence[str] = (),
     azure_base_url: str | None = None,
     slurm: _SlurmLogins = _SlurmLogins(),
+    projects: Sequence[str] = (),
 ) -> list[tuple[str, Inventory]]:
     """(where, inventory) for every place asked about; an SDK that is not installed is said."""
     from skyward.providers.azure.inventory import inventories as azure
 
     found = _slurm_inventories(slurm)
-    if slurm.logins and not regions and not subscriptions:
+    if not _clouds_asked(slurm, regions, subscriptions, projects):
         return found  # only the clusters were asked about
     found += _aws_inventories(regions, profile)
     on_azure, note = azure(subscriptions, azure_base_url)
     if note:
         click.echo(note, err=True)
-    return found + list(on_azure)
+    return found + list(on_azure) + _gcp_inventories(projects)
 
 
 def _slurm_inventories(slurm: _SlurmLogins) -> list[tuple[str, Inventory]]:
@@ -110,6 +116,37 @@ def _aws_inventories(regions: Sequence[str], profile: str | None) -> list[tuple[
     return found
 
 
+def _gcp_inventories(projects: Sequence[str]) -> list[tuple[str, Inventory]]:
+    """(where, inventory) for each GCP project asked about, by default the credentials'
+    (``SKYWARD_GCP_ENDPOINT``: where the Compute calls go, a proxy or a test server)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("google.cloud.compute_v1") is None:
+        if projects:
+            click.echo("gcp: not checked; install it with: pip install 'skyward[gcp]'", err=True)
+        return []
+    from skyward.providers.gcp import GCP
+    from skyward.providers.gcp.api import credentials_and_project
+
+    endpoint = os.environ.get("SKYWARD_GCP_ENDPOINT") or None
+    found: list[tuple[str, Inventory]] = []
+    asked_for: list[str | None] = list(projects) or [None]
+    for asked in asked_for:
+        try:
+            credentials, project = credentials_and_project(asked, None)
+        except SkywardError as exc:
+            if projects:
+                raise click.ClickException(f"gcp: {exc}") from exc
+            click.echo("gcp: not checked (no credentials or project; see skyward doctor)", err=True)
+            continue
+        config = GCP(project=project, credentials=credentials, endpoint=endpoint)
+        inventory = config.inventory()
+        if inventory is not None:
+            found.append((f"gcp {project}", inventory))
+    return found
+
+
 def _collect(
     regions: Sequence[str],
     profile: str | None,
@@ -117,9 +154,11 @@ def _collect(
     subscriptions: Sequence[str] = (),
     azure_base_url: str | None = None,
     slurm: _SlurmLogins = _SlurmLogins(),
+    projects: Sequence[str] = (),
 ) -> list[tuple[Inventory, list[Leftover]]]:
     collected = []
-    for where, inventory in _inventories(regions, profile, subscriptions, azure_base_url, slurm):
+    asked = _inventories(regions, profile, subscriptions, azure_base_url, slurm, projects)
+    for where, inventory in asked:
         try:
             leftovers = inventory.leftovers(pool=pool)
         except SkywardError as exc:
@@ -145,12 +184,19 @@ def _stale_keys(
     pairs = {(x.provider, x.region, x.id) for x in leftovers if x.kind in kinds}
     # Only keys made through the endpoint searched here (another account's or a test
     # server's keys are not judged by this search), and never one whose client still runs.
-    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+    endpoints = {
+        "aws": os.environ.get("AWS_ENDPOINT_URL", ""),
+        "gcp": os.environ.get("SKYWARD_GCP_ENDPOINT", ""),
+    }
+    # A GCP pool has no key pair: its key is in use while resources named after it remain.
+    gcp = [x.id for x in leftovers if x.provider == "gcp"]
 
     def searched(key: LocalKey) -> bool:
         if key.provider == "azure":
             return azure_endpoint is not None and key.endpoint == azure_endpoint
-        return (not regions or key.region in regions) and key.endpoint == endpoint
+        if key.provider == "gcp":
+            return key.endpoint == endpoints["gcp"]
+        return (not regions or key.region in regions) and key.endpoint == endpoints["aws"]
 
     return [
         key
@@ -159,6 +205,7 @@ def _stale_keys(
         and searched(key)
         and not key.client_alive
         and (key.provider, key.region, key.key_pair) not in pairs
+        and not (key.provider == "gcp" and any(i.startswith(key.key_pair) for i in gcp))
     ]
 
 
@@ -235,6 +282,9 @@ _subscriptions = click.option(
     multiple=True,
     help="An Azure subscription to look in (repeatable; default: AZURE_SUBSCRIPTION_ID).",
 )
+_projects = click.option(
+    "--project", "projects", multiple=True, help="A GCP project to look in (repeatable)."
+)
 _slurm = click.option(
     "--slurm",
     "slurm_logins",
@@ -264,6 +314,7 @@ _azure_base_url = click.option(
 @_profile
 @_subscriptions
 @_azure_base_url
+@_projects
 @_slurm
 @_ssh_key
 @_known_hosts
@@ -273,6 +324,7 @@ def ls(
     profile: str | None,
     subscriptions: tuple[str, ...],
     azure_base_url: str | None,
+    projects: tuple[str, ...],
     slurm_logins: tuple[str, ...],
     ssh_key: Path | None,
     known_hosts: Path | None,
@@ -280,10 +332,10 @@ def ls(
     """List what Skyward created and is still there (instances, groups, keys, Slurm jobs), in
     every enabled region unless --region is given, and pool keys left on this machine."""
     slurm = _SlurmLogins(slurm_logins, ssh_key, known_hosts)
-    collected = _collect(regions, profile, pool, subscriptions, azure_base_url, slurm)
+    collected = _collect(regions, profile, pool, subscriptions, azure_base_url, slurm, projects)
     everything = [x for _, found in collected for x in found]
     azure = _azure_searched(collected, azure_base_url)
-    if _clouds_asked(slurm, regions, subscriptions):
+    if _clouds_asked(slurm, regions, subscriptions, projects):
         everything += _key_rows(_stale_keys(everything, regions, pool, azure))
     if not everything:
         click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
@@ -299,6 +351,7 @@ def ls(
 @_profile
 @_subscriptions
 @_azure_base_url
+@_projects
 @_slurm
 @_ssh_key
 @_known_hosts
@@ -310,6 +363,7 @@ def down(
     profile: str | None,
     subscriptions: tuple[str, ...],
     azure_base_url: str | None,
+    projects: tuple[str, ...],
     slurm_logins: tuple[str, ...],
     ssh_key: Path | None,
     known_hosts: Path | None,
@@ -320,10 +374,10 @@ def down(
     if (pool is None) == (not everything):
         raise click.UsageError("give --pool NAME or --all (one of them)")
     slurm = _SlurmLogins(slurm_logins, ssh_key, known_hosts)
-    collected = _collect(regions, profile, pool, subscriptions, azure_base_url, slurm)
+    collected = _collect(regions, profile, pool, subscriptions, azure_base_url, slurm, projects)
     total = [x for _, found in collected for x in found]
     azure = _azure_searched(collected, azure_base_url)
-    clouds = _clouds_asked(slurm, regions, subscriptions)
+    clouds = _clouds_asked(slurm, regions, subscriptions, projects)
     if not total:
         stale = _stale_keys(total, regions, pool, azure) if clouds else []
         for key in stale:

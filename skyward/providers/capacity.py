@@ -41,7 +41,8 @@ from typing import Literal, TypeVar
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
-from skyward.providers.catalog import Machine
+from skyward.providers import catalog
+from skyward.providers.catalog import Cloud, Machine
 
 T = TypeVar("T")
 Market = Literal["on-demand", "spot"]
@@ -196,3 +197,74 @@ def _short(why: str) -> str:
     """The part of an error that says why (after the ``doing:`` prefix), first sentence."""
     reason = why.split(": ", 1)[-1]
     return reason.split(". ", 1)[0].rstrip(".")
+
+
+# ── what every cloud provider asks of the request (AWS has the same as methods) ──────────
+
+
+def strategy_of(allocation: str | None, *, spot: bool, provider: str) -> Strategy:
+    """The pool's ``allocation=``, or the provider's default (its ``spot=`` setting)."""
+    if allocation is None:
+        return "spot" if spot else "on-demand"
+    if allocation not in STRATEGIES:
+        raise ValueError(f"unknown allocation {allocation!r}")
+    if spot and allocation == "on-demand":
+        raise ValueError(f"{provider}(spot=True) contradicts allocation='on-demand'")
+    return allocation
+
+
+def machines_for(
+    cloud: Cloud,
+    accelerator: str | None,
+    *,
+    strategy: Strategy,
+    vcpus: float | None,
+    memory_gb: float | None,
+    named: str | None,
+    given: str,
+    region: str | None,
+) -> list[Machine]:
+    """The catalog's machines for a request, in the order to try them (the choice, then
+    what a failover may move to). A type the user ``named`` (the provider's option
+    ``given``) is the only one, refused if it contradicts ``vcpus``/``memory_gb``; empty
+    when the catalog does not know it (the cloud is asked). ``ValueError`` for a request
+    no machine satisfies."""
+    sizes = {"vcpus": vcpus, "memory_gb": memory_gb}
+    if named is not None:
+        rows = [m for m in catalog.machines(cloud) if m.type == named]
+        wanted = catalog.parse(accelerator).name if accelerator else None
+        known = next((m for m in rows if m.accelerator == wanted), rows[0] if rows else None)
+        if known is not None:
+            catalog.refuse_contradiction(known, given=given, **sizes)
+        return [known] if known is not None else []
+    if strategy == "cheapest":
+        return catalog.matching(cloud, accelerator, region=region, **sizes)
+    first = catalog.choose(cloud, accelerator, region=region, **sizes)
+    return [first, *catalog.alternatives(first, accelerator, region=region, **sizes)]
+
+
+def refuse_above(
+    machines: Sequence[Machine], *, nodes: int, max_hourly_cost: float | None, region: str
+) -> None:
+    """When the pool is built: an on-demand pool whose every known price is above
+    ``max_hourly_cost`` is refused (the table needs no network; unknown prices are judged
+    at provision, still before anything is created)."""
+    if max_hourly_cost is None:
+        return
+    priced = [(m, catalog.machine_price(m, region)) for m in machines]
+    offers = [Offer(m, region, "on-demand", p) for m, p in priced if p is not None]
+    if offers:
+        affordable(offers, nodes, max_hourly_cost)
+
+
+def announce(offers: Sequence[Offer], nodes: int, reporter: Reporter, where: str) -> None:
+    """The choice, where and the price, before anything is created."""
+    first = offers[0]
+    others = len({o.where for o in offers[1:]})
+    fallback = f"; then {others} other place(s) if it has no capacity" if others else ""
+    reporter.status(
+        f"{nodes} x {first.machine.describe()} {first.market} in {where} ({first.zone}): "
+        f"{estimate(offers, nodes)}{fallback}"
+    )
+    for rank in range(nodes):
+        reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")

@@ -74,7 +74,7 @@ class Machine:
     @property
     def hourly(self) -> float | None:
         """The on-demand list price in the cloud's reference region (USD per hour)."""
-        return price(self.cloud, self.type)
+        return machine_price(self)
 
     def describe(self) -> str:
         if self.accelerator is None:
@@ -106,6 +106,17 @@ def _m(
 
 def _m7i(size: str, vcpus: int) -> Machine:
     return _m("aws", f"m7i.{size}", None, 0, 0, vcpus, ram=vcpus * 4)
+
+
+def _n2(vcpus: str, hourly: float) -> Machine:
+    return _m("gcp", f"n2-standard-{vcpus}", None, 0, 0, int(vcpus), hourly, ram=4 * int(vcpus))
+
+
+def _n1(vcpus: str, gpu: str, count: int, memory: int, gpu_hourly: float) -> Machine:
+    """An N1 machine with ``count`` attached GPUs (3.75 GB of RAM and $0.0475/h per vCPU)."""
+    n, attach = int(vcpus), f"nvidia-tesla-{gpu.lower()}"
+    hourly = round(n * 0.0474998 + count * gpu_hourly, 6)
+    return _m("gcp", f"n1-standard-{vcpus}", gpu, count, memory, n, hourly, attach, ram=3.75 * n)
 
 
 # Per cloud, per accelerator: the default machine for a bare name first (``choose`` with
@@ -163,33 +174,67 @@ MACHINES: tuple[Machine, ...] = (
     _m("aws", "p3.8xlarge", "V100", 4, 16, 32, ram=244),
     _m("aws", "p3.16xlarge", "V100", 8, 16, 64, ram=488),
     _m("aws", "p3dn.24xlarge", "V100", 8, 32, 96, ram=768),
-    # ── GCP (Compute Engine GPU machine types; N1 with attached GPUs) ──────────────────
-    _m("gcp", "n2-standard-4", None, 0, 0, 4),
-    _m("gcp", "a2-highgpu-1g", "A100", 1, 40, 12),
-    _m("gcp", "a2-highgpu-2g", "A100", 2, 40, 24),
-    _m("gcp", "a2-highgpu-4g", "A100", 4, 40, 48),
-    _m("gcp", "a2-highgpu-8g", "A100", 8, 40, 96),
-    _m("gcp", "a2-megagpu-16g", "A100", 16, 40, 96),
-    _m("gcp", "a2-ultragpu-1g", "A100", 1, 80, 12),
-    _m("gcp", "a2-ultragpu-2g", "A100", 2, 80, 24),
-    _m("gcp", "a2-ultragpu-4g", "A100", 4, 80, 48),
-    _m("gcp", "a2-ultragpu-8g", "A100", 8, 80, 96),
-    _m("gcp", "a3-highgpu-1g", "H100", 1, 80, 26),
-    _m("gcp", "a3-highgpu-2g", "H100", 2, 80, 52),
-    _m("gcp", "a3-highgpu-4g", "H100", 4, 80, 104),
-    _m("gcp", "a3-highgpu-8g", "H100", 8, 80, 208),
-    _m("gcp", "a3-ultragpu-8g", "H200", 8, 141, 224),
-    _m("gcp", "g2-standard-4", "L4", 1, 24, 4),
-    _m("gcp", "g2-standard-24", "L4", 2, 24, 24),
-    _m("gcp", "g2-standard-48", "L4", 4, 24, 48),
-    _m("gcp", "g2-standard-96", "L4", 8, 24, 96),
-    _m("gcp", "n1-standard-4", "T4", 1, 16, 4, attach="nvidia-tesla-t4"),
-    _m("gcp", "n1-standard-8", "T4", 2, 16, 8, attach="nvidia-tesla-t4"),
-    _m("gcp", "n1-standard-16", "T4", 4, 16, 16, attach="nvidia-tesla-t4"),
-    _m("gcp", "n1-standard-8", "V100", 1, 16, 8, attach="nvidia-tesla-v100"),
-    _m("gcp", "n1-standard-16", "V100", 2, 16, 16, attach="nvidia-tesla-v100"),
-    _m("gcp", "n1-standard-32", "V100", 4, 16, 32, attach="nvidia-tesla-v100"),
-    _m("gcp", "n1-standard-64", "V100", 8, 16, 64, attach="nvidia-tesla-v100"),
+    # ── GCP (Compute Engine; N2 for CPU pools, N1 with attached GPUs) ────────────────
+    # Prices: on-demand in us-central1 (the reference region; elsewhere unknown), USD per
+    # hour, from cloud.google.com/compute/vm-instance-pricing and /gpus-pricing, late 2025;
+    # N1 rows add the attached GPUs' price to the machine's. None where not published.
+    _n2("4", 0.194236),
+    _n2("2", 0.097118),
+    _n2("8", 0.388472),
+    _n2("16", 0.776944),
+    _n2("32", 1.553888),
+    _n2("48", 2.330832),
+    _n2("64", 3.107776),
+    _n2("96", 4.661664),
+    _n2("128", 6.215552),
+    _m("gcp", "a2-highgpu-1g", "A100", 1, 40, 12, 3.673385, ram=85),
+    _m("gcp", "a2-highgpu-2g", "A100", 2, 40, 24, 7.34677, ram=170),
+    _m("gcp", "a2-highgpu-4g", "A100", 4, 40, 48, 14.69354, ram=340),
+    _m("gcp", "a2-highgpu-8g", "A100", 8, 40, 96, 29.38708, ram=680),
+    _m("gcp", "a2-megagpu-16g", "A100", 16, 40, 96, 55.739504, ram=1360),
+    _m("gcp", "a2-ultragpu-1g", "A100", 1, 80, 12, 5.06879, ram=170),
+    _m("gcp", "a2-ultragpu-2g", "A100", 2, 80, 24, 10.13758, ram=340),
+    _m("gcp", "a2-ultragpu-4g", "A100", 4, 80, 48, 20.27516, ram=680),
+    _m("gcp", "a2-ultragpu-8g", "A100", 8, 80, 96, 40.55032, ram=1360),
+    # A3 High with 1, 2 or 4 GPUs is sold as Spot (or flex-start) only: a bare "H100" is
+    # the 8-GPU machine, which on-demand pools can get.
+    _m("gcp", "a3-highgpu-8g", "H100", 8, 80, 208, 88.253776, ram=1872),
+    _m("gcp", "a3-highgpu-1g", "H100", 1, 80, 26, 11.031722, ram=234),
+    _m("gcp", "a3-highgpu-2g", "H100", 2, 80, 52, 22.063444, ram=468),
+    _m("gcp", "a3-highgpu-4g", "H100", 4, 80, 104, 44.126888, ram=936),
+    _m("gcp", "a3-megagpu-8g", "H100", 8, 80, 208, ram=1872),
+    _m("gcp", "a3-ultragpu-8g", "H200", 8, 141, 224, ram=2952),
+    _m("gcp", "g2-standard-4", "L4", 1, 24, 4, 0.70683, ram=16),
+    _m("gcp", "g2-standard-8", "L4", 1, 24, 8, 0.85349, ram=32),
+    _m("gcp", "g2-standard-12", "L4", 1, 24, 12, 1.00015, ram=48),
+    _m("gcp", "g2-standard-16", "L4", 1, 24, 16, 1.14681, ram=64),
+    _m("gcp", "g2-standard-32", "L4", 1, 24, 32, 1.73345, ram=128),
+    _m("gcp", "g2-standard-24", "L4", 2, 24, 24, 2.0003, ram=96),
+    _m("gcp", "g2-standard-48", "L4", 4, 24, 48, 4.0006, ram=192),
+    _m("gcp", "g2-standard-96", "L4", 8, 24, 96, 8.0012, ram=384),
+    _n1("4", "T4", 1, 16, 0.35),
+    _n1("8", "T4", 2, 16, 0.35),
+    _n1("16", "T4", 4, 16, 0.35),
+    _n1("8", "V100", 1, 16, 2.48),
+    _n1("16", "V100", 2, 16, 2.48),
+    _n1("32", "V100", 4, 16, 2.48),
+    _n1("64", "V100", 8, 16, 2.48),
+    _n1("4", "P100", 1, 16, 1.46),
+    _n1("8", "P100", 2, 16, 1.46),
+    _n1("16", "P100", 4, 16, 1.46),
+    # ── Azure (N-series VM sizes; NCv3 V100 sizes were retired in 2025) ────────────────
+    _m("azure", "Standard_D4s_v5", None, 0, 0, 4),
+    _m("azure", "Standard_NC24ads_A100_v4", "A100", 1, 80, 24),
+    _m("azure", "Standard_NC48ads_A100_v4", "A100", 2, 80, 48),
+    _m("azure", "Standard_NC96ads_A100_v4", "A100", 4, 80, 96),
+    _m("azure", "Standard_ND96asr_v4", "A100", 8, 40, 96),
+    _m("azure", "Standard_ND96amsr_A100_v4", "A100", 8, 80, 96),
+    _m("azure", "Standard_NC40ads_H100_v5", "H100", 1, 94, 40),
+    _m("azure", "Standard_NC80adis_H100_v5", "H100", 2, 94, 80),
+    _m("azure", "Standard_ND96isr_H100_v5", "H100", 8, 80, 96),
+    _m("azure", "Standard_ND96isr_H200_v5", "H200", 8, 141, 96),
+    _m("azure", "Standard_NC4as_T4_v3", "T4", 1, 16, 4),
+    _m("azure", "Standard_NC64as_T4_v3", "T4", 4, 16, 64),
     # ── Azure (N-series VM sizes; NCv3 V100 sizes were retired in 2025; eastus prices) ─
     _m("azure", "Standard_D4s_v5", None, 0, 0, 4, 0.192, ram=16),
     _m("azure", "Standard_D8s_v5", None, 0, 0, 8, 0.384, ram=32),
@@ -283,8 +328,18 @@ def _named(cloud: Cloud, accelerator: str | None) -> tuple[Accelerator | None, l
     return wanted, pinned
 
 
+def machine_price(machine: Machine, region: str | None = None) -> float | None:
+    """``price`` of this very machine: GCP's N1 machines with attached GPUs share a type
+    and differ by their GPUs, so their price is the catalog row's (reference region only)."""
+    if machine.attach is None:
+        return price(machine.cloud, machine.type, region)
+    if region is None or region == REFERENCE_REGION[machine.cloud]:
+        return machine.hourly_list
+    return None
+
+
 def _cost(machine: Machine, region: str | None) -> float:
-    known = price(machine.cloud, machine.type, region)
+    known = machine_price(machine, region)
     if known is None:
         known = machine.hourly
     return known if known is not None else float("inf")

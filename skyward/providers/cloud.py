@@ -33,16 +33,22 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._shield import finish
 from skyward.providers.base import Allocation
+from skyward.providers.ssh.hosts import Access
 
 A = TypeVar("A", bound=Allocation)
 
 WATCHDOG_PATH = "/usr/local/sbin/skyward-watchdog"
+# Run by the watchdog, when present, just before it powers the machine off: a cloud whose
+# powered-off machines are kept (and bill their disks) deletes the machine there (GCP).
+BEFORE_POWEROFF_PATH = "/usr/local/sbin/skyward-before-poweroff"
 # sshd drops a client that answers none of 4 probes 15 s apart: a vanished client's
 # connection ends within a minute, and the watchdog's idle time starts counting.
 SSHD_DROPIN_PATH = "/etc/ssh/sshd_config.d/60-skyward.conf"
@@ -141,6 +147,8 @@ while :; do
             "$action" || say "$action failed; trying again in a minute"
         else
             say "no SSH client for $((now - last))s: powering off"
+            hook=/usr/local/sbin/skyward-before-poweroff  # BEFORE_POWEROFF_PATH
+            [ -x "$hook" ] && "$hook"
             poweroff || shutdown -h now || halt -p
         fi
         sleep 60
@@ -164,8 +172,8 @@ def user_data(
     after ``idle_timeout`` without an SSH client, or ``first_client_timeout`` (default: the
     same) while it waits for its first one: a client that gave up (or died) before it ever
     connected costs that long, not ``idle_timeout`` (see ``first_client_bound``). Or it runs
-    ``idle_action`` (a command's path) instead of powering off. ``files`` are more
-    ``write_files`` entries (a cloud's own scripts)."""
+    ``idle_action`` (a command's path) instead of powering off. ``files`` are more cloud-init
+    ``write_files`` entries (a cloud's own scripts, such as its ``BEFORE_POWEROFF_PATH``)."""
     idle = max(1, round(idle_timeout))
     first = idle if first_client_timeout is None else max(1, round(first_client_timeout))
     every = max(1, min(10, idle // 6))  # notice idleness within about a sixth of the bound
@@ -346,3 +354,50 @@ class WatchedDeadline(Deadline):
         if self._failure is not None:
             raise ProvisionError(f"{doing}: {self._failure}")
         super().check(doing)
+
+
+_MAX_SECONDS = 7 * 24 * 3600.0
+
+
+class CloudOptions(BaseModel):
+    """The options every cloud provider's configuration has, validated alike (``sky.GCP``
+    builds on it): who may reach SSH, how the nodes are reached, the watchdog's and the
+    waits' bounds, and how workers run on the nodes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    ssh_cidr: str = "auto"
+    connect: Literal["public", "private"] = "public"
+    idle_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
+    boot_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
+    release_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
+    ip_lookup_url: str = DEFAULT_IP_LOOKUP
+    python: str | None = Field(default=None, min_length=1)
+    workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        if value == "auto":
+            return value
+        try:
+            return str(ipaddress.ip_network(value, strict=False))
+        except ValueError as exc:
+            message = "ssh_cidr must be 'auto' or a network such as '203.0.113.7/32'"
+            raise ValueError(message) from exc
+
+    def ssh_cidrs(self, private_ranges: Sequence[str]) -> list[str]:
+        """Who may reach SSH: ``ssh_cidr``, or for ``"auto"`` this machine's public address
+        (``connect="public"``) or the network's own ``private_ranges``."""
+        if self.ssh_cidr == "auto" and self.connect == "private":
+            return list(private_ranges)
+        return [client_cidr(self.ssh_cidr, lookup_url=self.ip_lookup_url)]
+
+    def access(self, key_file: Path) -> Access:
+        """How the pool's machines are reached and prepared (the shared SSH-host layer)."""
+        return Access(
+            key_file=key_file,
+            python=self.python,
+            workdir=self.workdir,
+            boot_timeout=self.boot_timeout,
+        )

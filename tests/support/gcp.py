@@ -501,7 +501,9 @@ class GCPFake:
         accelerator_types: Iterable[AcceleratorType] = ACCELERATOR_TYPES,
         images: Iterable[Image] = IMAGES,
         networks: Iterable[str] = ("default",),
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host  # where it listens: a test bridge's address lets stand-ins call it
         self.default_operation_delay = operation_delay
         self.operation_delay = operation_delay
         self.default_wait_limit = wait_limit
@@ -546,9 +548,9 @@ class GCPFake:
         class Handler(_RequestHandler):
             owner = fake
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer((self.host, 0), Handler)
         self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.url = f"http://{self.host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -611,6 +613,11 @@ class GCPFake:
         """
         with self._lock:
             self._rules.append(_Rule(method.upper(), path, fault, times))
+
+    def clear_faults(self) -> None:
+        """Forget every fault rule that is still waiting for its request."""
+        with self._lock:
+            self._rules.clear()
 
     def finish_operations(self) -> None:
         """Finish every running operation now (those held by ``operation_delay=None`` too)."""
