@@ -88,6 +88,13 @@ def main() -> int:
         print(f"no price found for {', '.join(missing)}", file=sys.stderr)
     text = render(table, datetime.date.today().isoformat())
     if options.check:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as scratch:
+            fresh = Path(scratch) / "prices.py"
+            fresh.write_text(text)
+            subprocess.run([sys.executable, "-m", "ruff", "format", str(fresh)], check=False)
+            text = fresh.read_text()
         old = TABLE.read_text()
         same = old[old.index("ON_DEMAND") :] == text[text.index("ON_DEMAND") :]
         print("up to date" if same else "out of date")
