@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$")
 TABLE = ROOT / "skyward" / "providers" / "prices.py"
 
 
@@ -43,7 +46,7 @@ def on_demand_prices(instance_type: str, client: Any) -> dict[str, float]:
         for text in page["PriceList"]:
             product = json.loads(text)
             region = product["product"]["attributes"].get("regionCode", "")
-            if not region or "-wl" in region or region.count("-") > 2:
+            if not REGION.match(region):
                 continue  # Wavelength and Local Zones are not regions a pool runs in
             for term in product.get("terms", {}).get("OnDemand", {}).values():
                 for dimension in term["priceDimensions"].values():
@@ -85,11 +88,20 @@ def main() -> int:
         print(f"no price found for {', '.join(missing)}", file=sys.stderr)
     text = render(table, datetime.date.today().isoformat())
     if options.check:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as scratch:
+            fresh = Path(scratch) / "prices.py"
+            fresh.write_text(text)
+            subprocess.run([sys.executable, "-m", "ruff", "format", str(fresh)], check=False)
+            text = fresh.read_text()
         old = TABLE.read_text()
         same = old[old.index("ON_DEMAND") :] == text[text.index("ON_DEMAND") :]
         print("up to date" if same else "out of date")
         return 0 if same else 1
     TABLE.write_text(text)
+    # The committed table is ruff-formatted; format it the same way so the diff is the prices.
+    subprocess.run([sys.executable, "-m", "ruff", "format", str(TABLE)], check=False)
     print(f"wrote {TABLE} ({len(table)} types)")
     return 0
 

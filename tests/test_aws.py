@@ -128,7 +128,10 @@ def _stopped_after_launch(
 
 
 def test_instances_are_launched_as_one_tagged_all_or_nothing_request(moto: MotoServer) -> None:
-    seen, pool = _stopped_after_launch(moto, provider(moto, disk_gb=120), accelerator="L4:4")
+    # g6.12xlarge has EFA: without cluster_network=False it would get a placement group,
+    # which moto lacks (test_aws_capacity.py checks that shape through its proxy).
+    aws = provider(moto, disk_gb=120, cluster_network=False)
+    seen, pool = _stopped_after_launch(moto, aws, accelerator="L4:4")
     instances = seen["instances"]
     assert len(instances) == 2
     assert {i["InstanceType"] for i in instances} == {"g6.12xlarge"}

@@ -371,3 +371,85 @@ def test_a_connection_closed_without_an_answer_is_a_readable_error(
     assert message.startswith("finding the default VPC: ")
     assert "AWS closed the connection before answering" in message or "cannot reach" in message
     assert "AttributeError" not in message
+
+
+# ── multi-node GPUs: placement group, EFA, instance profile ───────────────────────────
+
+
+def _interfaces(params: dict[str, str]) -> list[dict[str, str]]:
+    """RunInstances' NetworkInterface.N.* parameters, as one dict per interface."""
+    found: dict[int, dict[str, str]] = {}
+    for key, value in params.items():
+        if key.startswith("NetworkInterface."):
+            _, index, field = key.split(".", 2)
+            found.setdefault(int(index), {})[field] = value
+    return [found[i] for i in sorted(found)]
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "connect", "cards"),
+    [("A100:8", "private", 4), ("H100:8", "private", 32), ("A100:8", "public", 1)],
+)
+def test_a_multi_node_efa_pool_gets_a_cluster_group_and_efa_on_each_card(
+    moto: MotoServer, proxy: Ec2Proxy, accelerator: str, connect: str, cards: int
+) -> None:
+    moto.client("iam").create_instance_profile(InstanceProfileName="skyward-nodes")
+    options: dict[str, Any] = {"connect": connect, "iam_instance_profile": "skyward-nodes"}
+    if connect == "private":
+        options["ssh_cidr"] = "10.0.0.0/8"
+    seen: dict[str, Any] = {}
+
+    def look() -> None:
+        ec2 = moto.client("ec2")
+        tag = [{"Name": "tag:skyward-pool", "Values": [made.pool]}]
+        seen["placement"] = dict(proxy.placement_groups)  # moto has none: the proxy keeps them
+        seen["group"] = ec2.describe_security_groups(Filters=tag)["SecurityGroups"][0]
+
+    made = request(accelerator=accelerator, deadline=Checkpoint("waiting for", reached=look))
+    recorder = Recorder()
+    with pytest.raises(KeyboardInterrupt):
+        _aws(proxy, moto, **options).provision(made, recorder)
+    (launch,) = proxy.calls("RunInstances")
+    interfaces = _interfaces(launch)
+    assert len(interfaces) == cards
+    assert all(i["InterfaceType"] == "efa" for i in interfaces)
+    assert [i["NetworkCardIndex"] for i in interfaces] == [str(c) for c in range(cards)]
+    assert [i["DeviceIndex"] for i in interfaces] == ["0"] + ["1"] * (cards - 1)
+    ((group_name, (strategy, tags)),) = seen["placement"].items()
+    assert launch["Placement.GroupName"] == group_name
+    assert strategy == "cluster" and tags["skyward-pool"] == made.pool
+    assert launch["IamInstanceProfile.Name"] == "skyward-nodes"
+    egress = [r for r in seen["group"]["IpPermissionsEgress"] if r.get("UserIdGroupPairs")]
+    assert egress[0]["UserIdGroupPairs"][0]["GroupId"] == seen["group"]["GroupId"]
+    if connect == "public":
+        assert any("EFA on 1 of its 4 network cards" in s for s in recorder.statuses)
+    assert nothing(held(moto, made.pool))
+    assert proxy.placement_groups == {}  # deleted at teardown
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "nodes", "options"),
+    [("A100:8", 1, {}), ("L4:1", 2, {}), ("A100:8", 2, {"cluster_network": False}), (None, 2, {})],
+    ids=["one-node", "no-efa-type", "asked-not-to", "cpu"],
+)
+def test_single_nodes_and_types_without_efa_get_plain_instances(
+    moto: MotoServer, proxy: Ec2Proxy, accelerator: str | None, nodes: int, options: dict[str, Any]
+) -> None:
+    made = request(nodes=nodes, accelerator=accelerator, deadline=Checkpoint("waiting for"))
+    with pytest.raises(KeyboardInterrupt):
+        _aws(proxy, moto, **options).provision(made, Recorder())
+    (launch,) = proxy.calls("RunInstances")
+    assert [i.get("InterfaceType") for i in _interfaces(launch)] == [None]
+    assert "Placement.GroupName" not in launch
+    assert "CreatePlacementGroup" not in proxy.actions()
+    assert "IamInstanceProfile.Name" not in launch
+    assert nothing(held(moto, made.pool))
+
+
+def test_an_instance_profile_arn_is_passed_as_an_arn(moto: MotoServer, proxy: Ec2Proxy) -> None:
+    profile = moto.client("iam").create_instance_profile(InstanceProfileName="skyward-nodes")
+    arn = profile["InstanceProfile"]["Arn"]
+    made = request(nodes=1, deadline=Checkpoint("waiting for"))
+    with pytest.raises(KeyboardInterrupt):
+        _aws(proxy, moto, iam_instance_profile=arn).provision(made, Recorder())
+    assert proxy.calls("RunInstances")[0]["IamInstanceProfile.Arn"] == arn

@@ -267,9 +267,8 @@ def _table(leftovers: Sequence[Leftover]) -> None:
         click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     known = [x.hourly_cost for x in leftovers if x.hourly_cost]
     if known:
-        click.echo(
-            f"about ${sum(known):.2f}/h while these run (list prices; spot at its current price)"
-        )
+        prices = "list prices; spot at its current price"
+        click.echo(f"about ${sum(known):.2f}/h while these run ({prices})")
 
 
 _regions = click.option(

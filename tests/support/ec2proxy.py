@@ -11,6 +11,8 @@ points here, every call is logged, and a test can make EC2 refuse, withhold or d
                                              │                until release() (an answer lost
                                              │                in flight: the thing exists)
                                              │ close(action)  drop the connection unanswered
+                                             │ placement groups: answered here (moto has
+                                             │ none), Create/Describe/Delete, with tags
 
 EC2's query API is a form-encoded POST whose ``Action`` names the call; its errors are
 ``<Response><Errors><Error><Code>..`` documents (capacity errors are server errors, 500).
@@ -57,6 +59,8 @@ class Ec2Proxy:
         self._refusals: list[Refusal] = []
         self._held: set[str] = set()
         self._closing: set[str] = set()
+        # moto implements no placement groups: name -> (strategy, tags), answered here.
+        self.placement_groups: dict[str, tuple[str, dict[str, str]]] = {}
         self.reached = threading.Event()  # a held call is being held
         self._release = threading.Event()
         target = urllib.parse.urlsplit(self.upstream)
@@ -153,6 +157,10 @@ class Ec2Proxy:
             handler.close_connection = True
             handler.connection.close()
             return
+        if refusal is None and action in _PLACEMENT:
+            status, text = self._placement(action, params)
+            self._answer(handler, status, {"Content-Type": "text/xml"}, text.encode())
+            return
         if refusal is not None:
             text = _ERROR.format(
                 code=escape(refusal.code), message=escape(refusal.message), request="test"
@@ -164,6 +172,43 @@ class Ec2Proxy:
             self.reached.set()
             self._release.wait(120)
         self._answer(handler, status, headers, answer)
+
+    def _placement(self, action: str, params: Params) -> tuple[int, str]:
+        """EC2's placement-group calls, answered from ``placement_groups``."""
+        namespace = 'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
+        name = params.get("GroupName", "")
+        with self._lock:
+            if action == "CreatePlacementGroup":
+                tags = {
+                    params[key]: params.get(key.replace(".Key", ".Value"), "")
+                    for key in params
+                    if key.startswith("TagSpecification.1.Tag.") and key.endswith(".Key")
+                }
+                self.placement_groups[name] = (params.get("Strategy", ""), tags)
+                body = f"<placementGroup>{_group_xml(name, *self.placement_groups[name])}"
+                return 200, (
+                    f"<CreatePlacementGroupResponse {namespace}><requestId>t</requestId>"
+                    f"{body}</placementGroup></CreatePlacementGroupResponse>"
+                )
+            if action == "DeletePlacementGroup":
+                if self.placement_groups.pop(name, None) is None:
+                    code = "InvalidPlacementGroup.Unknown"
+                    return 400, _ERROR.format(code=code, message=name, request="t")
+                return 200, (
+                    f"<DeletePlacementGroupResponse {namespace}><requestId>t</requestId>"
+                    f"<return>true</return></DeletePlacementGroupResponse>"
+                )
+            wanted = _tag_filters(params)
+            items = "".join(
+                f"<item>{_group_xml(n, strategy, tags)}</item>"
+                for n, (strategy, tags) in self.placement_groups.items()
+                if all(tags.get(k) in values for k, values in wanted.items())
+            )
+            return 200, (
+                f"<DescribePlacementGroupsResponse {namespace}><requestId>t</requestId>"
+                f"<placementGroupSet>{items}</placementGroupSet>"
+                f"</DescribePlacementGroupsResponse>"
+            )
 
     def _forward(
         self, handler: http.server.BaseHTTPRequestHandler, body: bytes
@@ -201,6 +246,8 @@ class Ec2Proxy:
             pass  # the client gave up on this call (interrupted): nobody to answer
 
 
+_PLACEMENT = ("CreatePlacementGroup", "DeletePlacementGroup", "DescribePlacementGroups")
+
 CREATES = (
     "RunInstances",
     "ImportKeyPair",
@@ -222,3 +269,24 @@ def spot(params: Params) -> bool:
 
 def of_type(instance_type: str) -> Callable[[Params], bool]:
     return lambda params: params.get("InstanceType") == instance_type
+
+
+def _group_xml(name: str, strategy: str, tags: dict[str, str]) -> str:
+    tag_items = "".join(
+        f"<item><key>{escape(k)}</key><value>{escape(v)}</value></item>" for k, v in tags.items()
+    )
+    return (
+        f"<groupName>{escape(name)}</groupName><strategy>{escape(strategy)}</strategy>"
+        f"<state>available</state><groupId>pg-{abs(hash(name)) % 10**12:012d}</groupId>"
+        f"<tagSet>{tag_items}</tagSet>"
+    )
+
+
+def _tag_filters(params: Params) -> dict[str, list[str]]:
+    """``Filter.N.Name=tag:K`` / ``Filter.N.Value.M=V`` as ``{K: [V, ...]}``."""
+    found: dict[str, list[str]] = {}
+    for key, value in params.items():
+        if key.startswith("Filter.") and key.endswith(".Name") and value.startswith("tag:"):
+            prefix = key[: -len("Name")]
+            found[value[4:]] = [v for k, v in params.items() if k.startswith(prefix + "Value.")]
+    return found

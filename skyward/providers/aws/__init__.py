@@ -98,6 +98,12 @@ class AWS(BaseModel):
     - ``connect``: reach the nodes at their ``"public"`` or ``"private"`` address (from inside
       the VPC, a VPN, a peered network). Private instances get no public address.
     - ``username``: the image's login user. ``disk_gb``: the root volume.
+    - ``iam_instance_profile``: an instance profile (ARN or name) the nodes run as, for S3
+      (data, checkpoints); none by default. Skyward never creates one.
+    - ``cluster_network``: multi-node pools on types with EFA get a cluster placement group
+      (made for the pool, deleted with it) and EFA interfaces (on every network card with
+      ``connect="private"``; on the first one with ``"public"``, which allows one interface).
+      ``False`` asks for plain instances.
     - ``endpoint_url``, ``profile``: where boto3 sends its calls, and with which credentials.
     - ``idle_timeout``: a node with no SSH client for this long powers itself off and is
       deleted (the watchdog): a crashed client's machines do not run on.
@@ -126,6 +132,10 @@ class AWS(BaseModel):
     ip_lookup_url: str = DEFAULT_IP_LOOKUP
     python: str | None = Field(default=None, min_length=1)
     workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
+    iam_instance_profile: str | None = Field(
+        default=None, pattern=r"^(arn:aws[\w-]*:iam::.+|[\w+=,.@-]+)$"
+    )
+    cluster_network: bool = True
 
     @field_validator("ssh_cidr")
     @classmethod
@@ -270,6 +280,9 @@ class AWS(BaseModel):
         group = ec2.create_group(api, name, vpc, tags, made.adopt_group)
         ec2.allow(api, group, cidrs, tags)
         reporter.status(f"security group {group}: SSH from {', '.join(cidrs)}")
+        efa = self._efa(api, offers, request.nodes, reporter)
+        if efa:
+            ec2.allow_efa(api, group, tags)
         host_key = HostKey.generate()
         made.host_key = host_key.public
         made.access = Access(
@@ -300,15 +313,25 @@ class AWS(BaseModel):
             public_ip=self.connect == "public",
             spot=first.market == "spot",
             tags=tags,
+            iam_instance_profile=self.iam_instance_profile,
         )
+        placed: dict[str, str] = {}  # zone -> the pool's cluster placement group there
 
         def launch(offer: Offer) -> ec2.LaunchSpec:
+            cards = efa.get(offer.machine.type, 0)
+            if cards and offer.zone not in placed:  # a cluster group stays in one zone
+                made.placing = True
+                placed[offer.zone] = ec2.create_placement(
+                    api, f"{name}-{offer.zone}", tags, made.adopt_placement_group
+                )
             spec = dataclasses.replace(
                 template,
                 instance_type=offer.machine.type,
                 subnet_id=subnets[offer.zone],
                 zone=offer.zone,
                 spot=offer.market == "spot",
+                placement_group=placed.get(offer.zone) if cards else None,
+                efa_cards=cards if self.connect == "private" else min(cards, 1),
             )
             made.adopt_instances(self._launch(api, spec, request.nodes))
             return spec
@@ -322,6 +345,23 @@ class AWS(BaseModel):
             reporter.phase(rank, "provisioning", f"{instance} ({offer.where})")
         described = ec2.wait_running(api, made.instances, deadline, public=self.connect == "public")
         made.nodes = list(self._open(made, described, reporter))
+
+    def _efa(
+        self, api: Api, offers: Sequence[Offer], nodes: int, reporter: Reporter
+    ) -> dict[str, int]:
+        """Per type of the offers that gets EFA (and a cluster placement group), its
+        network cards: multi-node pools only, and only when asked."""
+        if nodes < 2 or not self.cluster_network:
+            return {}
+        types = sorted({o.machine.type for o in offers})
+        efa = api.efa_cards(types)
+        for kind, cards in efa.items():
+            if cards > 1 and self.connect != "private":
+                reporter.status(
+                    f"{kind}: EFA on 1 of its {cards} network cards (a public address allows "
+                    f"one interface); connect='private' gives every card one"
+                )
+        return efa
 
     def _described(self, api: Api, request: ProvisionRequest) -> list[Machine]:
         """The machines to try; an ``instance_type`` is described by EC2 first, so that a
@@ -393,9 +433,7 @@ class AWS(BaseModel):
 
         return capacity.plan(machines, zones, strategy=strategy, price=price)
 
-    def _announce(
-        self, api: Api, offers: Sequence[Offer], nodes: int, reporter: Reporter
-    ) -> None:
+    def _announce(self, api: Api, offers: Sequence[Offer], nodes: int, reporter: Reporter) -> None:
         """The choice, where and the price, before anything is created."""
         first = offers[0]
         others = sorted({o.where for o in offers[1:]})
@@ -451,9 +489,7 @@ class AWS(BaseModel):
                 raise
             raise CapacityError(str(exc), refusal=cast(capacity.Refusal, why)) from exc.__cause__
 
-    def _image(
-        self, api: Api, machine: Machine, request: ProvisionRequest
-    ) -> tuple[str, str, int]:
+    def _image(self, api: Api, machine: Machine, request: ProvisionRequest) -> tuple[str, str, int]:
         """The AMI id, its root device name and its root snapshot's size in GB."""
         # Graviton types run arm64 images; EC2 lists x86 types as ("i386", "x86_64").
         architecture = "arm64" if machine.arch == "arm64" else "x86_64"

@@ -56,6 +56,8 @@ class AWSAllocation(Allocation):
         self.pool_key: PoolKey | None = None
         self.key_name: str | None = None
         self.group: str | None = None
+        self.placement_groups: list[str] = []
+        self.placing = False  # a placement group may have been asked for: sweep for them
         self.instances: list[str] = []  # by rank
         self._retired: list[str] = []  # replaced instances, terminated but not yet waited for
         self._released = False
@@ -77,6 +79,11 @@ class AWSAllocation(Allocation):
             self.group = group
             self.resources.append(Resource("security group", group))
 
+    def adopt_placement_group(self, name: str) -> None:
+        with self._guard:
+            self.placement_groups.append(name)
+            self.resources.append(Resource("placement group", name))
+
     def adopt_instances(self, ids: list[str]) -> None:
         with self._guard:
             self.instances += ids
@@ -96,19 +103,25 @@ class AWSAllocation(Allocation):
             instances = [*self.instances, *self._retired]
             groups = [self.group] if self.group else []
             keys = [self.key_name] if self.key_name else []
+            placed = list(self.placement_groups)
             pool_key = self.pool_key
         swept = ec2.sweep(
-            self.api, key_name=keys[0] if keys else None, tag=(TAG_ALLOCATION, self.name)
+            self.api,
+            key_name=keys[0] if keys else None,
+            tag=(TAG_ALLOCATION, self.name),
+            placement_groups=self.placing,
         )
         instances += [i for i in swept.instances if i not in instances]
         groups += [g for g in swept.groups if g not in groups]
         keys += [k for k in swept.key_pairs if k not in keys]
+        placed += [g for g in swept.placement_groups if g not in placed]
         try:
             left = ec2.delete(
                 self.api,
                 instances=instances,
                 groups=groups,
                 key_pairs=keys,
+                placement_groups=placed,
                 timeout=self.release_timeout,
             )
         finally:

@@ -123,6 +123,23 @@ class Api:
             raise
         return found
 
+    def efa_cards(self, instance_types: list[str]) -> dict[str, int]:
+        """Per type that supports EFA, its number of network cards (an EFA interface goes
+        on each); types without EFA are left out, and so is everything when EC2 cannot be
+        asked (the pool then runs on plain interfaces)."""
+        found: dict[str, int] = {}
+        try:
+            answer = self.ec2.describe_instance_types(InstanceTypes=cast(Any, instance_types))
+        except Exception as exc:
+            if _is_sdk_error(exc):
+                return found
+            raise
+        for described in answer["InstanceTypes"]:
+            network = described.get("NetworkInfo", {})
+            if network.get("EfaSupported"):
+                found[str(described["InstanceType"])] = int(network.get("MaximumNetworkCards", 1))
+        return found
+
     def spot_prices(self, instance_types: list[str]) -> dict[tuple[str, str], float]:
         """The current spot price per (type, zone) for Linux; empty when EC2 cannot be asked
         (an estimate only: the launch does not depend on it)."""

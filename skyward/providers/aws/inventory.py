@@ -4,7 +4,8 @@ A pool's resources carry ``skyward-pool``; that tag alone finds them, whoever ma
 whether or not the client that made them still runs. With no region named, every region the
 account has enabled is searched (``describe_regions``), in parallel: a pool made in
 us-west-2 is found from a shell whose default is us-east-1. Instances go first, then
-security groups (in use until the instances' interfaces are gone), then key pairs.
+security groups (in use until the instances' interfaces are gone), placement groups, then
+key pairs.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class AWSInventory:
         self._release_timeout = release_timeout
         self._apis: dict[str, Api] = {}
         self.problems: list[str] = []
+        self._unlisted: list[tuple[str, str]] = []  # (region, why) placement groups unlisted
 
     @property
     def where(self) -> str:
@@ -92,6 +94,8 @@ class AWSInventory:
             except SkywardError as exc:
                 return f"{region}: {exc}"
 
+        self._unlisted = []
+
         with ThreadPoolExecutor(max_workers=_PARALLEL) as workers:
             results = list(workers.map(search, regions))
         found: list[Leftover] = []
@@ -102,6 +106,10 @@ class AWSInventory:
                 found += result
         if self.problems and len(self.problems) == len(regions):
             raise ProvisionError("; ".join(self.problems))
+        if self._unlisted:  # one line, not one per region
+            names = sorted(r for r, _ in self._unlisted)
+            where = ", ".join(names) if len(names) <= 3 else f"{len(names)} regions"
+            self.problems.append(f"placement groups not listed in {where}: {self._unlisted[0][1]}")
         return found
 
     def _leftovers_in(self, api: Api, pool: str | None) -> list[Leftover]:
@@ -150,6 +158,19 @@ class AWSInventory:
         )["KeyPairs"]
         for key in keys:
             found.append(_leftover(api, "key pair", key["KeyName"], key.get("Tags", [])))
+        try:
+            placed = api.call(
+                api.ec2.describe_placement_groups,
+                f"listing placement groups in {api.region}",
+                Filters=[tag],
+            )["PlacementGroups"]
+        except ProvisionError as exc:  # the rest stands: said, not fatal
+            self._unlisted.append((api.region, str(exc)))
+            placed = []
+        for group in placed:
+            found.append(
+                _leftover(api, "placement group", group["GroupName"], group.get("Tags", []))
+            )
         return found
 
     def delete(self, leftovers: Sequence[Leftover], reporter: Reporter) -> None:
@@ -159,7 +180,7 @@ class AWSInventory:
             here = [x for x in mine if x.region == region]
             by_kind = {
                 kind: [x.id for x in here if x.kind == kind]
-                for kind in ("instance", "security group", "key pair")
+                for kind in ("instance", "security group", "key pair", "placement group")
             }
             for kind, ids in by_kind.items():
                 if ids:
@@ -169,6 +190,7 @@ class AWSInventory:
                 instances=by_kind["instance"],
                 groups=by_kind["security group"],
                 key_pairs=by_kind["key pair"],
+                placement_groups=by_kind["placement group"],
                 timeout=self._release_timeout,
             )
             if left:
