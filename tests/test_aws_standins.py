@@ -18,6 +18,7 @@ import pytest
 from support.aws import Checkpoint, held, nothing, pool_key_of, request
 from support.aws import standin_provider as aws
 from support.moto import MotoServer
+from support.pools import broadcast_in_background
 from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
@@ -279,7 +280,7 @@ def test_an_instance_aws_takes_away_is_replaced_and_the_pool_goes_on(
         first = {s.address: s.instance for s in standin_cloud.standins.values()}
         lost = first["-".join(before[1].split("-")[1:]).replace("-", ".")]
         # A call in flight on node 1 when its machine goes.
-        in_flight = pool._broadcast_call(_pending(_sleep_on, 1))
+        in_flight = broadcast_in_background(pool, _sleep_on, 1)
         time.sleep(0.5)
         standin_cloud.ec2.terminate_instances(InstanceIds=[lost])  # AWS reclaims node 1
         failure = in_flight.exception(timeout=120)
@@ -331,12 +332,6 @@ def test_an_instance_that_ends_while_it_is_reached_fails_the_start_with_why(
         assert f"instance {reclaimed[0]} is terminated" in str(caught.value)
         assert "SSH did not answer" not in "".join(getattr(caught.value, "__notes__", []))
         assert nothing(held(moto, made.pool))
-
-
-def _pending(fn: object, *args: object) -> object:
-    from skyward._compute import PendingCall
-
-    return PendingCall(fn, args, {})  # type: ignore[arg-type]
 
 
 def _sleep_on(rank: int) -> None:

@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
 
 import pytest
-from support.pools import PoolFactory
+from support.pools import PoolFactory, broadcast_in_background
 
 import skyward as sky
 
@@ -260,9 +260,9 @@ def test_a_gang_broadcast_runs_on_one_generation_of_workers(
     plugins = [sky.Plugin(name="tied", gang=True)]
     with sky.ComputePool(nodes=3, plugins=plugins, console="off") as pool:
         before = pool.broadcast(pid)
-        dropping = pool._scheduler.slots[1].channel
+        dropping = pool._scheduler.workers()[1]
         assert dropping is not None
-        dropped = pool._broadcast_call(drop_link_on_node_1())
+        dropped = broadcast_in_background(pool, drop_link_on_node_1)
         deadline = time.monotonic() + 20
         while not dropping.broken and time.monotonic() < deadline:
             time.sleep(0.01)

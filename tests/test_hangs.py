@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.pools import broadcast_in_background
 
 import skyward as sky
 
@@ -25,7 +26,7 @@ def long_job(gate: str) -> str:
 def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     with sky.ComputePool(nodes=4, quiet=True) as pool:
-        running = pool._broadcast_call(_call(long_job, str(gate)))
+        running = broadcast_in_background(pool, long_job, str(gate))
         time.sleep(0.5)
         stacks = pool.stacks()
         gate.touch()
@@ -34,15 +35,10 @@ def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> Non
     assert list(stacks) == [0, 1, 2, 3]
     for node in range(4):
         assert "in long_job" in stacks[node] and "in waiting_for_the_gate" in stacks[node]
-        assert "skyward/worker/__main__.py" not in stacks[node], "the worker's own frames are left out"
+        own = "skyward/worker/__main__.py"
+        assert own not in stacks[node], "the worker's own frames are left out"
     assert "── node 3 ──" in str(stacks)
     assert all(text == "idle (no call running)" for text in idle.values())
-
-
-def _call(fn: object, *args: object) -> object:
-    from skyward._compute import PendingCall
-
-    return PendingCall(fn, args, {})  # type: ignore[arg-type]
 
 
 def _rank_1_lags(seconds: float) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pydantic
 import pytest
-from support.pools import ssh_provider
+from support.pools import broadcast_in_background, ssh_provider
 from support.processes import our_namespaces, shared_pool, worker_processes
 from support.sshhosts import Hosts, PackageIndex
 
@@ -276,7 +276,7 @@ def test_killing_a_rank_fails_every_call_and_restarts_the_pool_as_one(
     plugin = sky.plugins.jax(cpu_devices=1, heartbeat_timeout=10)
     with sky.ComputePool(nodes=3, plugins=[plugin]) as pool:
         pids = pool.broadcast(os.getpid)
-        running = pool._broadcast_call(collectives_forever())
+        running = broadcast_in_background(pool, collectives_forever)
         time.sleep(1.0)
         before = pool.statistics().failed
         os.kill(pids[1], signal.SIGKILL)
@@ -492,7 +492,7 @@ def test_stopping_ranks_mid_collective_says_so_in_one_line_instead_of_jaxs_fatal
     pool = sky.ComputePool(nodes=2, plugins=[plugin], quiet=True)
     pool.start()
     try:
-        running = pool._broadcast_call(announce_then_collectives_forever())
+        running = broadcast_in_background(pool, announce_then_collectives_forever)
         seen = ""
         deadline = time.monotonic() + 60
         while seen.count("in the collective loop") < 2 and time.monotonic() < deadline:

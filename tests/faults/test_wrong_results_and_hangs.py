@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from support.pools import start_in_thread
+from support.pools import broadcast_in_background, start_in_thread
 
 import skyward as sky
 from skyward.providers.local import PipeTransport
@@ -37,7 +37,7 @@ def test_a_gang_broadcast_never_starts_while_an_earlier_one_still_runs_on_a_rank
     with sky.ComputePool(nodes=2, plugins=[tied], quiet=True) as pool:
         first = pool.submit(lambda: None)  # warm
         first.result()
-        lagging = pool._broadcast_call(_pending(_stamp, 1, 2.0))
+        lagging = broadcast_in_background(pool, _stamp, 1, 2.0)
         time.sleep(0.3)  # the second is sent while rank 1 sleeps
         second = pool.broadcast(_stamp, 1, 0.0)
         (_, ends) = zip(*lagging.result(), strict=True)
@@ -45,15 +45,9 @@ def test_a_gang_broadcast_never_starts_while_an_earlier_one_still_runs_on_a_rank
     assert min(starts) >= max(ends), "a part of the second ran while the first still ran"
 
 
-def _pending(fn: object, *args: object) -> object:
-    from skyward._compute import PendingCall
-
-    return PendingCall(fn, args, {})  # type: ignore[arg-type]
-
-
 def test_a_non_gang_broadcast_is_not_held_back() -> None:
     with sky.ComputePool(nodes=2, quiet=True) as pool:
-        lagging = pool._broadcast_call(_pending(_stamp, 1, 2.0))
+        lagging = broadcast_in_background(pool, _stamp, 1, 2.0)
         time.sleep(0.3)
         starts, _ = zip(*pool.broadcast(_stamp, 1, 0.0), strict=True)
         (_, ends) = zip(*lagging.result(), strict=True)
@@ -186,18 +180,21 @@ def test_durations_past_a_week_are_refused_with_the_field_named(value: float) ->
             sky.ComputePool(**{field: value})  # type: ignore[arg-type]
 
 
-def test_a_close_during_a_plugins_start_is_pool_closed() -> None:
+def test_a_close_during_a_plugins_start_is_pool_closed(tmp_path: Path) -> None:
+    inside = tmp_path / "inside around_app"
+
     @contextlib.contextmanager
     def slow_start(info: sky.InstanceInfo) -> Iterator[None]:
+        inside.touch()
         time.sleep(60)
         yield
 
     pool = sky.ComputePool(plugins=[sky.Plugin(name="slow", around_app=slow_start)], quiet=True)
     starter, errors = start_in_thread(pool)
     deadline = time.monotonic() + 30
-    while not pool._pending_channels and time.monotonic() < deadline:
+    while not inside.exists():
+        assert time.monotonic() < deadline, "the plugin's around_app was not entered"
         time.sleep(0.02)
-    time.sleep(0.5)  # inside around_app
     pool.close(wait=False)
     starter.join(30)
     assert len(errors) == 1 and isinstance(errors[0], sky.PoolClosed), errors

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -53,3 +55,26 @@ def start_in_thread(pool: sky.ComputePool) -> tuple[threading.Thread, list[BaseE
     starter = threading.Thread(target=start)
     starter.start()
     return starter, errors
+
+
+def broadcast_in_background(
+    pool: sky.ComputePool, fn: Callable[..., Any], *args: Any
+) -> Future[list[Any]]:
+    """``pool.broadcast(fn, *args)`` on a thread of its own, for a test that acts while it
+    runs: returns once the pool has taken it (its parts show in ``statistics().submitted``),
+    with a future of its values."""
+    outcome: Future[list[Any]] = Future()
+    before = pool.statistics().submitted
+
+    def broadcast() -> None:
+        try:
+            outcome.set_result(pool.broadcast(fn, *args))
+        except BaseException as exc:
+            outcome.set_exception(exc)
+
+    threading.Thread(target=broadcast, name="test-broadcast", daemon=True).start()
+    deadline = time.monotonic() + 30
+    while pool.statistics().submitted < before + pool.spec.nodes and not outcome.done():
+        assert time.monotonic() < deadline, "the pool did not take the broadcast"
+        time.sleep(0.01)
+    return outcome
