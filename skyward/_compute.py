@@ -174,7 +174,7 @@ class PendingCall(Generic[R]):
 
     def serialize_function(self) -> bytes:
         try:
-            # Made once and reused while it would come out the same (see _pickling).
+            # Made once and reused while it would come out the same (see skyward.link.pickling).
             return dumps_function(self.fn)
         except Exception as exc:
             raise SerializationError(
