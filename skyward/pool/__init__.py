@@ -13,15 +13,19 @@
 
 The path of a call, in one line (⇢ crosses the wire)::
 
-    f(x) >> pool → pool.run(call) → _pickle → Scheduler.submit → Channel.submit ⇢ worker ⇢
-    Result → Channel (read by the caller, who waits: link.turns) → the scheduler's books → value
+    f(x) >> pool → pool.run → _pickle → Scheduler.submit → Channel.submit ⇢ worker ⇢ value
 
-The parts, made in this order, each from those above it; arrows are the calls each makes::
+and back: the caller, waiting, reads the Result off the link itself (link.turns), the
+scheduler's books are settled, then the call's future. ``@``, ``>`` and groups are
+``broadcast``, ``submit`` and ``submit_all`` on the same path; pickling happens in
+``_pickle`` only, before the scheduler.
+
+The parts, made in this order, each from those above it (◄── called by, ──► calls)::
 
     ComputePool    its state: new → starting → running → draining → closing → closed
-     ├ Console     progress, status lines, workers' output     ◄── every part reports here
+     ├ Console     progress, status lines, workers' output     ◄── every part
      ├ Machines    the allocation; each node's machine         ◄── Startup, Scheduler (addresses)
-     ├ Scheduler   slots, queue, books, call timeouts          (calls no other part)
+     ├ Scheduler   slots, queue, books, call timeouts          ◄── the pool, Recovery, HangWatch
      ├ Startup     the start-up barrier                        ──► pool._open(rank): a worker
      ├ Recovery    lost workers, replacement, gang restart     ──► Scheduler, Startup
      └ HangWatch   collectives that never complete (gangs)     ──► Scheduler
