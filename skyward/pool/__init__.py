@@ -457,7 +457,8 @@ class ComputePool(CallTarget):
                 f"{call.name} streams (a generator, or an iterator argument): send it to one "
                 f"node with >>; a broadcast of a stream is not supported yet"
             )
-        (pickled,) = self._pickle([call])  # once, for every node
+        self._before_pickling()
+        pickled = _pickle(call)  # once, for every node
         futures = self._scheduler.broadcast(pickled, self._console.route())
         if futures is None:
             raise self._refused()
@@ -496,45 +497,33 @@ class ComputePool(CallTarget):
         round trip. ``waited``: the caller waits for the result at once, reading it itself.
         A generator function's caller gets a future that already holds its ``ResultStream``.
         """
-        sent: list[PendingCall[Any]] = []  # as sent: iterator arguments replaced
-        owns: list[tuple[Future[Any], Streams | None]] = []  # each call's future and stream
+        self._before_pickling()
+        function = calls[0].serialize_function() if same_function and calls else None
+        route = self._console.route()
+        tasks: list[Task] = []
         futures: list[Future[Any]] = []  # what the callers get
         for call in calls:
             future: Future[Any] = CallFuture()
-            call, state = prepare(call, future)  # a generator, or iterator arguments
-            sent.append(call)
-            owns.append((future, state))
+            sent, state = prepare(call, future)  # a generator, or iterator arguments
+            tasks.append(
+                Task(
+                    _pickle(sent, function),
+                    future,
+                    route=route,
+                    prefetch=prefetch,
+                    streams=state,
+                    waited=waited and state is None,
+                )
+            )
             if state is not None:
                 self._streams.add(state)  # a close ends it
                 if state.window:  # a generator's values: the caller gets them at once
                     future = CallFuture()
                     future.set_result(ResultStream(state, call.name))
             futures.append(future)
-        route = self._console.route()
-        pickled = self._pickle(sent, same_function=same_function)
-        tasks = [
-            Task(
-                call,
-                future,
-                route=route,
-                prefetch=prefetch,
-                streams=state,
-                waited=waited and state is None,
-            )
-            for call, (future, state) in zip(pickled, owns, strict=True)
-        ]
-        if not self._scheduler.submit(tasks):
+        if not self._scheduler.submit(tasks):  # every call is pickled by now
             raise self._refused()
         return futures
-
-    def _pickle(
-        self, calls: Sequence[PendingCall[Any]], *, same_function: bool = False
-    ) -> list[Pickled]:
-        """Calls as the scheduler sends them: the one place calls are pickled, before the
-        scheduler sees them. ``same_function`` (a map): the function is pickled once."""
-        self._before_pickling()
-        function = calls[0].serialize_function() if same_function and calls else None
-        return [Pickled(call.name, call.timeout, call.serialize(function)) for call in calls]
 
     def _before_pickling(self) -> None:
         if self._remote:
@@ -595,3 +584,10 @@ class ComputePool(CallTarget):
 
     def lock(self, name: str) -> LockProxy:
         return LockProxy(name, self._shared.request)
+
+
+def _pickle(call: PendingCall[Any], function: bytes | None = None) -> Pickled:
+    """A call as the scheduler sends it: the one place calls are pickled (``_submit`` and
+    ``broadcast`` come here), before the scheduler sees them. ``function``: the function's
+    pickle, made once for a map's many calls."""
+    return Pickled(call.name, call.timeout, call.serialize(function))

@@ -224,7 +224,8 @@ class Scheduler:
             self._queue.extend(tasks)
             self._pump()
             failures = self._take_failures()
-        _settle(failures)
+        if failures:
+            _settle(failures)
         return True
 
     def broadcast(self, call: Pickled, route: Route | None) -> list[Future[Any]] | None:
@@ -245,7 +246,8 @@ class Scheduler:
             else:
                 self._dispatch_broadcast(call, route, futures)
             failures = self._take_failures()
-        _settle(failures)
+        if failures:
+            _settle(failures)
         return futures
 
     def wait_idle(self) -> bool:
@@ -336,7 +338,8 @@ class Scheduler:
                     self._send(slot, task)
             self._pump()
             failures = self._take_failures()
-        _settle(failures)
+        if failures:
+            _settle(failures)
         return True
 
     def broken(self, channel: Channel, *, everyone: bool) -> None:
@@ -379,7 +382,8 @@ class Scheduler:
             self._pump()
             self._idle.notify_all()
             failures = self._take_failures()
-        _settle(failures)
+        if failures:
+            _settle(failures)
 
     def take_all(self) -> tuple[list[Future[Any]], list[Channel]]:
         """The pool is closing (``stop`` came first): empty the queue and every backlog, and
@@ -491,7 +495,8 @@ class Scheduler:
             while self._gang_running == 0 and self._gang_waiting:
                 self._dispatch_broadcast(*self._gang_waiting.popleft())
             failures = self._take_failures()
-        _settle(failures)
+        if failures:
+            _settle(failures)
 
     def _pump(self) -> None:
         """Send queued calls to the least busy ready nodes with a free slot."""
@@ -589,7 +594,8 @@ class Scheduler:
             if self._watchers:
                 self._idle.notify_all()
             failures = self._take_failures()
-        _settle(failures)
+        if failures:
+            _settle(failures)
 
     def _expired(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
         """A call outlived its timeout: fail it, and kill the worker running it (which is
@@ -608,7 +614,8 @@ class Scheduler:
                     slot.ready = True
                 self._pump()
                 failures = self._take_failures()
-            _settle(failures)
+            if failures:
+                _settle(failures)
             return
         channel.kill(f"{name} exceeded its timeout of {timeout:g} s")
 
