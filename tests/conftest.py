@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,8 @@ os.environ.update(
         "NO_GCE_CHECK": "True",
     }
 )
+# Pools keep their logs under the user's cache; the suite's thousand pools keep theirs apart.
+os.environ.setdefault("SKYWARD_LOG_DIR", tempfile.mkdtemp(prefix="skyward-test-logs-"))
 
 
 def _allowed_host(host: Any) -> bool:

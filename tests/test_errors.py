@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import sys
 import threading
@@ -172,7 +174,7 @@ def test_timeout_raises_timeout_error_and_recycles_the_worker(
 
 
 def test_version_mismatch_is_reported_before_user_code_is_sent(tmp_path: Path) -> None:
-    other = _other_python()
+    other, minor = _other_python()
     marker = tmp_path / "entered"
 
     def record(_info: sky.InstanceInfo) -> object:
@@ -180,18 +182,27 @@ def test_version_mismatch_is_reported_before_user_code_is_sent(tmp_path: Path) -
         return open(os.devnull)
 
     plugin = sky.Plugin(name="record", around_app=record)
-    with pytest.raises(sky.VersionMismatch, match=r"node 0 runs Python 3\.12"):
+    with pytest.raises(sky.VersionMismatch, match=rf"node 0 runs Python {re.escape(minor)}"):
         with sky.ComputePool(sky.Local(python=other), plugins=[plugin]):
             pass
     assert not marker.exists()
 
 
-def _other_python() -> str:
-    for root in sorted(Path("/root/.pyenv/versions").glob("3.12*")):
-        candidate = root / "bin" / "python3.12"
-        if candidate.exists():
-            return str(candidate)
-    pytest.fail("this test needs a Python 3.12 interpreter (pyenv's) to play a mismatched worker")
+def _other_python() -> tuple[str, str]:
+    """An interpreter of another minor version than this client's, and that version: the
+    suite runs on 3.11, 3.12 and 3.13 clients, each finding one of the others."""
+    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for minor in ("3.12", "3.11", "3.13"):
+        if minor == ours:
+            continue
+        for root in sorted(Path("/root/.pyenv/versions").glob(f"{minor}.*")):
+            candidate = root / "bin" / f"python{minor}"
+            if candidate.exists():
+                return str(candidate), minor
+        found = shutil.which(f"python{minor}")
+        if found:
+            return found, minor
+    pytest.fail(f"this test needs a Python other than {ours} (3.11, 3.12 or 3.13) to play a worker")
 
 
 def test_remote_system_exit_does_not_exit_the_client(pool: sky.ComputePool) -> None:

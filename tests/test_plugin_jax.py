@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from importlib import metadata
@@ -24,7 +23,7 @@ from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
 from skyward.plugins._jax import collectives_address, distributed
-from skyward.plugins._jax_output import GlooFilter
+from skyward.plugins._jax_output import LOG_DIR, GlooFilter
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 
@@ -508,7 +507,7 @@ def test_stopping_ranks_mid_collective_says_so_in_one_line_instead_of_jaxs_fatal
     assert noise == [], noise
     [line] = [x for x in err.splitlines() if "stopping JAX in the middle of a call" in x]
     assert line.startswith("[node 0] skyward:") and "verbose=True" in line
-    for log in Path(tempfile.gettempdir()).glob(f"skyward-jax-{pool.name}-node*.log"):
+    for log in Path(os.path.expanduser(LOG_DIR)).glob(f"{pool.name}-node*.log"):
         log.unlink()  # what jax logged while it stopped, when it did
 
 

@@ -50,6 +50,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
@@ -70,6 +71,7 @@ from skyward.collections.proxies import (
 )
 from skyward.collections.state import SharedState
 from skyward.console import Console, ConsoleMode, OutputMode
+from skyward.console.logs import PoolLog, secrets_of
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
@@ -164,7 +166,12 @@ class ComputePool(CallTarget):
         self._remote = not isinstance(spec.provider, Local)
         self._before_pickling()
         mode: ConsoleMode = "off" if spec.quiet else spec.console
-        self._console = Console(mode=mode, output=spec.output)
+        log = PoolLog.open(
+            spec.name,
+            meta={"provider": spec.provider_kind, "nodes": spec.nodes},
+            secrets=secrets_of(self.image.env),
+        )
+        self._console = Console(mode=mode, output=spec.output, log=log)
         out = self._console  # (``console`` is the option)
 
         self._lock = threading.Lock()  # guards: _state, _opening, _started_at
@@ -210,6 +217,13 @@ class ComputePool(CallTarget):
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def log_dir(self) -> Path | None:
+        """Where this pool writes its nodes' output and its events (``skyward logs`` reads
+        them); None when logs could not be written on this machine."""
+        log = self._console.log_file
+        return None if log is None else log.directory
 
     def __repr__(self) -> str:
         return (
@@ -404,6 +418,7 @@ class ComputePool(CallTarget):
                     self._state = "closed"
                     self._changed.notify_all()
                 self._console.flush()
+                self._console.closed()
                 atexit.unregister(self._close_at_exit)
 
     def _close_at_exit(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Literal
 
 from skyward._errors import SkywardError
 from skyward.link import protocol as proto
@@ -104,3 +105,55 @@ def in_framework(frame: proto.Frame) -> bool:
 def in_framework_call(report: proto.StacksReport) -> bool:
     """Whether some thread is inside jax (where a collective waits), not in plain Python."""
     return any(any(in_framework(f) for f in user_frames(frames)) for _, frames in report.threads)
+
+
+# What a rank inside jax is doing, read from where its Python stack ends.
+Wait = Literal["collective", "callback", "compile", "transfer"]
+# jax turns a Python function into a program here; a first call, or a new shape, waits here.
+_COMPILING = frozenset(
+    {"compile_or_get_cached", "backend_compile", "_cached_compilation", "from_hlo", "compile"}
+)
+_TRANSFERRING = frozenset({"device_put", "_device_put_impl", "make_array_from_callback"})
+def framework_wait(report: proto.StacksReport) -> tuple[Wait, str] | None:
+    """What the rank's thread inside jax waits in, and the frame that says so; None when no
+    thread is inside jax, or its stack does not tell (the hang watch then gives no verdict).
+
+    - ``callback``: jax called back into Python (``jax.debug.callback``, ``io_callback``,
+      ``pure_callback``): the stack leaves jax again into code that is not jax's. The user's
+      own function runs (data loading, I/O, a sleep); that is no collective.
+    - ``compile``: jax is compiling a program.
+    - ``transfer``: jax is moving data to devices.
+    - ``collective``: the stack ends inside jax, in C++ below it: jax runs a compiled
+      program or waits for its result, with nothing of the user's running; where a rank
+      waits for ranks that left. (A long computation there burns CPU, which the hang watch
+      checks apart.)
+    """
+    verdicts: list[tuple[Wait, str]] = []
+    for _, frames in report.threads:
+        mine = user_frames(frames)
+        entered = next((i for i, f in enumerate(mine) if in_framework(f)), None)
+        if entered is None:
+            continue
+        inside = mine[entered:]
+        back_out = next(
+            (f for f in inside if not in_framework(f) and not f[0].endswith(_THREADING)), None
+        )
+        names = [f[2] for f in inside if in_framework(f)]
+        if back_out is not None:
+            verdicts.append(("callback", f"{back_out[2]} ({back_out[0]}:{back_out[1]})"))
+        elif any(n in _COMPILING for n in names) or any("compiler.py" in f[0] for f in inside):
+            verdicts.append(("compile", names[-1]))
+        elif any(n in _TRANSFERRING for n in names):
+            verdicts.append(("transfer", names[-1]))
+        else:
+            # The Python stack ends inside jax: the rest is C++ (jit's fast path, XLA running
+            # the program, a wait for its result), where a collective waits for the others.
+            last = inside[-1]
+            verdicts.append(("collective", f"{last[2]} ({last[0]}:{last[1]})"))
+    # One thread in the user's callback, compile or transfer says the rank is not stuck in
+    # a collective, whatever another thread waits on.
+    for kind in ("callback", "compile", "transfer", "collective"):
+        for verdict in verdicts:
+            if verdict[0] == kind:
+                return verdict
+    return None

@@ -166,7 +166,7 @@ class PipeTransport:
         self._stdin = process.stdin
         # Buffered: a frame is several small reads (count, lengths, parts); large parts
         # still go straight into their destination buffer. An Inbox can also say whether a
-        # read would wait, so a caller may read its own result (see _turns).
+        # read would wait, so a caller may read its own result (see skyward.link.turns).
         self._stdout = process.stdout
         self._inbox = Inbox(process.stdout.fileno())
         self._stderr = process.stderr

@@ -13,7 +13,7 @@
     inventory   everything tagged skyward-pool in the region (``skyward ls`` / ``down``)
 
 Every resource carries the pool's tags. boto3 is imported only when a pool uses AWS; the
-calls and their error messages live in ``_aws_api``, the resources in ``_aws_resources``.
+calls and their error messages live in ``api``, the resources in ``resources``.
 """
 
 from __future__ import annotations
