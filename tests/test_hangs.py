@@ -14,8 +14,9 @@ from support.pools import broadcast_in_background
 import skyward as sky
 
 
-def long_job(gate: str) -> str:
+def long_job(gate: str, started: str) -> str:
     def waiting_for_the_gate() -> None:
+        Path(started, str(sky.instance_info().node)).touch()
         while not Path(gate).exists():
             time.sleep(0.02)
 
@@ -25,10 +26,14 @@ def long_job(gate: str) -> str:
 
 @pytest.mark.timeout(60)
 def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    started.mkdir()
     with sky.ComputePool(nodes=4, quiet=True) as pool:
-        running = broadcast_in_background(pool, long_job, str(gate))
-        time.sleep(0.5)
+        running = broadcast_in_background(pool, long_job, str(gate), str(started))
+        deadline = time.monotonic() + 30
+        while len(list(started.iterdir())) < 4:  # every node is inside the function
+            assert time.monotonic() < deadline, "the broadcast did not start on every node"
+            time.sleep(0.02)
         stacks = pool.stacks()
         gate.touch()
         assert running.result(timeout=30) == ["done"] * 4
