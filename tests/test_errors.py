@@ -14,6 +14,7 @@ from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
 
 import pytest
+from support.markers import per_node, wait_for_markers
 from support.pools import PoolFactory, broadcast_in_background
 
 import skyward as sky
@@ -42,7 +43,10 @@ def pid() -> int:
 
 
 @sky.compute
-def wait_for(path: str, seconds: float = 60) -> str:
+def wait_for(path: str, seconds: float = 60, started: str = "") -> str:
+    """Wait for ``path``; first make ``{started}-{node}``, if given, to say it runs."""
+    if started:
+        Path(f"{started}-{sky.instance_info().node}").touch()
     deadline = time.monotonic() + seconds
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -103,8 +107,9 @@ def test_sigkill_during_a_call_raises_worker_lost_promptly(
 ) -> None:
     victim = pool.broadcast(pid)[1]
     gate = tmp_path / "gate"
-    futures = [wait_for(str(gate)) > pool for _ in range(2)]  # one per node
-    time.sleep(0.3)  # both are running
+    started = tmp_path / "started"
+    futures = [wait_for(str(gate), started=str(started)) > pool for _ in range(2)]  # one a node
+    wait_for_markers(*per_node(started, 2))  # both are running
     os.kill(victim, signal.SIGKILL)
     done, _ = wait(futures, timeout=5, return_when=FIRST_EXCEPTION)
     gate.touch()
@@ -230,8 +235,9 @@ def test_a_gang_plugin_restarts_every_worker_when_one_is_lost(
     gate = tmp_path / "never"
     with make_pool(nodes=3, plugins=[sky.Plugin(name="tied", gang=True)]) as pool:
         before = pool.broadcast(pid)
-        futures = [wait_for(str(gate)) > pool for _ in range(3)]  # one per node
-        time.sleep(0.3)
+        started = tmp_path / "started"
+        futures = [wait_for(str(gate), started=str(started)) > pool for _ in range(3)]
+        wait_for_markers(*per_node(started, 3))  # one per node, each running
         os.kill(before[1], signal.SIGKILL)
         errors = [f.exception(timeout=30) for f in futures]
         assert all(isinstance(e, sky.WorkerLost) for e in errors)

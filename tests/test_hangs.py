@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.markers import per_node, wait_for_markers
 from support.pools import broadcast_in_background
 
 import skyward as sky
@@ -16,7 +17,7 @@ import skyward as sky
 
 def long_job(gate: str, started: str) -> str:
     def waiting_for_the_gate() -> None:
-        Path(started, str(sky.instance_info().node)).touch()
+        Path(f"{started}-{sky.instance_info().node}").touch()
         while not Path(gate).exists():
             time.sleep(0.02)
 
@@ -27,13 +28,9 @@ def long_job(gate: str, started: str) -> str:
 @pytest.mark.timeout(60)
 def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> None:
     gate, started = tmp_path / "gate", tmp_path / "started"
-    started.mkdir()
     with sky.ComputePool(nodes=4, quiet=True) as pool:
         running = broadcast_in_background(pool, long_job, str(gate), str(started))
-        deadline = time.monotonic() + 30
-        while len(list(started.iterdir())) < 4:  # every node is inside the function
-            assert time.monotonic() < deadline, "the broadcast did not start on every node"
-            time.sleep(0.02)
+        wait_for_markers(*per_node(started, 4))  # every node is in waiting_for_the_gate
         stacks = pool.stacks()
         gate.touch()
         assert running.result(timeout=30) == ["done"] * 4
@@ -44,7 +41,7 @@ def test_stacks_show_every_node_inside_the_users_function(tmp_path: Path) -> Non
         # the worker's own frames are left out
         assert "skyward/worker/__main__.py" not in stacks[node]
     assert "── node 3 ──" in str(stacks)
-    assert all(text == "idle (no call running)" for text in idle.values())
+    assert all(text == "idle (no call running)" for text in idle.values()), dict(idle)
 
 
 def _rank_1_lags(seconds: float) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import signal
@@ -13,16 +14,18 @@ import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import get_type_hints
 
 import numpy as np
 import pydantic
 import pytest
+from support.markers import per_node, wait_for_markers
 from support.pools import broadcast_in_background, ssh_provider
 from support.processes import our_namespaces, shared_pool, worker_processes
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
-from skyward.plugins._jax import collectives_address, distributed
+from skyward.plugins._jax import JaxOptions, _Options, collectives_address, distributed
 from skyward.plugins._jax_output import LOG_DIR, GlooFilter
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
@@ -173,6 +176,44 @@ def test_options_of_the_wrong_type_or_range_name_the_option(options: dict[str, o
         sky.plugins.jax(**options)  # type: ignore[arg-type]
 
 
+# ── each option spelled once: JaxOptions (names, types) against _Options (defaults) ─────────
+
+_JAX_OPTIONS = get_type_hints(JaxOptions)
+
+
+def test_jax_options_name_and_type_every_field_of_the_options_model() -> None:
+    # The model is strict, so what a caller may give is exactly what it keeps.
+    fields = {name: field.annotation for name, field in _Options.model_fields.items()}
+    assert fields == _JAX_OPTIONS
+
+
+def test_the_jax_signature_shows_each_option_with_the_model_default() -> None:
+    parameters = inspect.signature(sky.plugins.jax).parameters
+    assert list(parameters) == list(_JAX_OPTIONS)
+    for name, field in _Options.model_fields.items():
+        assert parameters[name].default == field.default, name
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+
+
+def test_a_misspelled_jax_option_is_a_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"jax\(\) got an unexpected keyword argument 'cpu_device'"):
+        sky.plugins.jax(cpu_device=2)  # type: ignore[call-arg]
+
+
+def test_every_jax_option_is_documented_with_its_default() -> None:
+    doc = sky.plugins.jax.__doc__ or ""
+    assert {name for name in _JAX_OPTIONS if f"``{name}``" not in doc} == set()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    section = page.split("## `sky.plugins.jax(...)`", 1)[1].split("\n\n**", 1)[0]
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| ([^|]*) \|", section, re.M)
+    }
+    assert list(rows) == list(_JAX_OPTIONS)
+    for name, field in _Options.model_fields.items():
+        if field.default is not None:  # None reads "newest", "none", or the CUDA it picks
+            assert str(field.default) in rows[name], name
+
+
 def test_a_loopback_coordinator_is_refused_when_nodes_are_on_different_hosts() -> None:
     info = sky.InstanceInfo(
         node=1,
@@ -254,7 +295,8 @@ def test_an_image_that_sets_the_cpu_device_count_keeps_working() -> None:
 
 
 @sky.compute
-def collectives_forever() -> None:
+def collectives_forever(started: str = "") -> None:
+    """Collectives until the worker goes; after the first, make ``{started}-{node}``."""
     import jax
     import jax.numpy as jnp
 
@@ -264,19 +306,23 @@ def collectives_forever() -> None:
     from jax.sharding import PartitionSpec as P
 
     array = jax.device_put(np.ones(jax.device_count()), NamedSharding(mesh, P("d")))
+    total(array).block_until_ready()
+    if started:
+        Path(f"{started}-{sky.instance_info().node}").touch()
     while True:
         total(array).block_until_ready()
 
 
 @pytest.mark.timeout(120)
 def test_killing_a_rank_fails_every_call_and_restarts_the_pool_as_one(
-    capfd: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     plugin = sky.plugins.jax(cpu_devices=1, heartbeat_timeout=10)
     with sky.ComputePool(nodes=3, plugins=[plugin]) as pool:
         pids = pool.broadcast(os.getpid)
-        running = broadcast_in_background(pool, collectives_forever)
-        time.sleep(1.0)
+        started = tmp_path / "in-the-collectives"
+        running = broadcast_in_background(pool, collectives_forever, str(started))
+        wait_for_markers(*per_node(started, 3))  # every rank is in the collective loop
         before = pool.statistics().failed
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(sky.WorkerLost) as caught:

@@ -2,12 +2,13 @@
 
 ::
 
-    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (spec)
+    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (pool/spec.py)
     start()    provider.provision(request) → Allocation, bounded by provision_timeout
-               (machines) → workers through the start-up barrier, bounded by start_timeout
-               (startup) → running
+               (pool/machines.py) → workers through the start-up barrier, bounded by
+               start_timeout (pool/startup.py) → running
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
-    failures   lost workers, gang restarts, hangs (recovery); call timeouts (the scheduler)
+    failures   lost workers, gang restarts, hangs (pool/recovery.py); call timeouts (the
+               scheduler)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
                → bounded wait → kill → allocation.terminate(), on every path
 
@@ -44,6 +45,7 @@ that started it.
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import threading
 import time
@@ -52,13 +54,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 
 from skyward._compute import CallTarget, PendingCall, pending_call
 from skyward._errors import PoolClosed
 from skyward._futures import CallFuture, Deadline, fail, gather
-from skyward._image import Image
-from skyward._plugin import Plugin
+from skyward._options import refuse_unknown
 from skyward.collections.proxies import (
     BarrierProxy,
     CounterProxy,
@@ -70,17 +71,24 @@ from skyward.collections.proxies import (
     unregister,
 )
 from skyward.collections.state import SharedState
-from skyward.console import Console, ConsoleMode, OutputMode
+from skyward.console import Console, ConsoleMode
 from skyward.console.logs import PoolLog, secrets_of
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
 from skyward.pool import profile as _profile
+from skyward.pool import signals
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
-from skyward.pool.spec import AllocationStrategy, PoolSpec, Worker, apply_transforms, pickle_plugins
+from skyward.pool.spec import (
+    PoolOptions,
+    PoolSpec,
+    apply_transforms,
+    pickle_plugins,
+    pool_signature,
+)
 from skyward.pool.stacks import Stacks, collect
 from skyward.pool.startup import Startup
 from skyward.pool.streams import ResultStream, Streams, is_streaming, prepare
@@ -107,57 +115,23 @@ class ComputePool(CallTarget):
     included). ``console`` picks the progress display while nodes come up: ``"auto"``
     (Jupyter display in a kernel, live table on a terminal, timestamped lines otherwise),
     ``"rich"``, ``"plain"`` or ``"off"`` (``quiet=True`` is the older spelling of
-    ``"off"``). ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or
-    ``"none"``. Progress also goes to the ``logging`` logger ``"skyward"``.
+    ``"off"``). ``allocation`` picks the market of cloud machines (``"on-demand"``,
+    ``"spot"``, ``"spot-if-available"``, ``"cheapest"``); ``max_hourly_cost`` (USD) refuses,
+    before anything is created, a pool whose estimated price per hour is above it.
+    ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``.
+    Progress also goes to the ``logging`` logger ``"skyward"``.
     """
 
-    def __init__(
-        self,
-        provider: Provider | None = None,
-        *,
-        nodes: int | tuple[int, int] = 1,
-        accelerator: str | None = None,
-        vcpus: float | None = None,
-        memory_gb: float | None = None,
-        allocation: AllocationStrategy | None = None,
-        image: Image | None = None,
-        plugins: Sequence[Plugin] = (),
-        concurrency: int | None = None,
-        worker: Worker | None = None,
-        name: str | None = None,
-        provision_timeout: float = 1800.0,
-        start_timeout: float = 120.0,
-        shutdown_timeout: float = 10.0,
-        hang_timeout: float | None = 60.0,
-        console: ConsoleMode = "auto",
-        output: OutputMode = "all",
-        quiet: bool = False,
-    ) -> None:
+    # help(), notebooks and inspect show every option with PoolSpec's default.
+    __signature__: ClassVar[inspect.Signature] = pool_signature()
+
+    def __init__(self, provider: Provider | None = None, **options: Unpack[PoolOptions]) -> None:
         from skyward.providers.local import Local
 
-        options: dict[str, Any] = {
-            "provider": Local() if provider is None else provider,
-            "nodes": nodes,
-            "accelerator": accelerator,
-            "vcpus": vcpus,
-            "memory_gb": memory_gb,
-            "allocation": allocation,
-            "image": Image() if image is None else image,
-            # A list is taken as a tuple; anything else is left to the validator to name.
-            "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,
-            "concurrency": concurrency,
-            "worker": worker,
-            "provision_timeout": provision_timeout,
-            "start_timeout": start_timeout,
-            "shutdown_timeout": shutdown_timeout,
-            "hang_timeout": hang_timeout,
-            "console": console,
-            "output": output,
-            "quiet": quiet,
-        }
-        if name is not None:
-            options["name"] = name
-        self.spec = spec = PoolSpec(**options)
+        refuse_unknown(options, PoolOptions, "ComputePool")
+        # Only what the caller gave: every default is PoolSpec's.
+        given = {"provider": Local() if provider is None else provider, **options}
+        self.spec = spec = PoolSpec.model_validate(given)
         self._plugin_payload = pickle_plugins(spec.plugins)
         self.image = apply_transforms(spec.image, spec)
         # Provider-specific limits and missing SDKs, before anything is touched.
@@ -255,6 +229,8 @@ class ComputePool(CallTarget):
             self._state = "starting"
             self._started_at = time.monotonic()
         atexit.register(self._close_at_exit)
+        # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
+        signals.hold(self)
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
         )
@@ -420,6 +396,7 @@ class ComputePool(CallTarget):
                 self._console.flush()
                 self._console.closed()
                 atexit.unregister(self._close_at_exit)
+                signals.release(self)
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):

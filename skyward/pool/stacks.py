@@ -17,8 +17,9 @@ from skyward._errors import SkywardError
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 
-# Frames of Skyward's worker and of the machinery that runs threads are not the user's.
-_WORKER = ("/skyward/worker/__main__.py",)
+# Frames of Skyward's worker (its loop, its call runners, its end of the link) and of the
+# machinery that runs threads are not the user's.
+_WORKER = ("/skyward/worker/", "/skyward/link/")
 _THREADING = ("/threading.py", "/queue.py")
 _FRAMEWORKS = ("/jax/", "/jaxlib/")
 
@@ -83,19 +84,24 @@ def describe(report: proto.StacksReport, *, to_framework: bool = False) -> str:
 
 
 def user_frames(frames: Sequence[proto.Frame], *, to_framework: bool = False) -> list[proto.Frame]:
-    """The user's part of a stack: below the worker's last frame (where it called the user's
-    function), or below a thread's start-up; none for a thread that only waits for work."""
-    ours = [i for i, frame in enumerate(frames) if frame[0].endswith(_WORKER)]
-    kept = list(frames[ours[-1] + 1 :] if ours else frames)
-    while kept and kept[0][0].endswith(_THREADING):
-        kept.pop(0)
-    if all(frame[0].endswith(_THREADING) for frame in kept):
-        return []  # an idle thread, waiting on the worker's queue
+    """The user's part of a stack: from the first frame past the worker's own (and a
+    thread's start-up) down, where the worker called the user's function; none for a thread
+    that runs no user code (one waiting for work, or the worker sending a call's result)."""
+    entry = next((i for i, frame in enumerate(frames) if _worker(frame)), 0)
+    user = (i for i in range(entry, len(frames)) if not _worker(frames[i]))
+    first = next((i for i in user if not frames[i][0].endswith(_THREADING)), None)
+    if first is None:
+        return []
+    kept = list(frames[first:])
     if to_framework:
         inside = next((i for i, f in enumerate(kept) if in_framework(f)), None)
         if inside is not None:
             kept = kept[: inside + 1]
     return kept
+
+
+def _worker(frame: proto.Frame) -> bool:
+    return any(part in frame[0] for part in _WORKER)
 
 
 def in_framework(frame: proto.Frame) -> bool:

@@ -306,12 +306,12 @@ class _TlsServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, fake: AzureFake, context: ssl.SSLContext) -> None:
+    def __init__(self, fake: AzureFake, context: ssl.SSLContext, host: str) -> None:
         self.fake = fake
         self.context = context
         self.open: set[socket.socket] = set()
         self.open_lock = threading.Lock()  # guards `open`, added to by connection threads
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__((host, 0), _Handler)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         request.settimeout(10)
@@ -353,9 +353,17 @@ _TYPES = {
         "Microsoft.Network/networkInterfaces",
         "Microsoft.Compute/virtualMachines",
         "Microsoft.Compute/disks",
+        "Microsoft.ManagedIdentity/userAssignedIdentities",
+        "Microsoft.Authorization/roleAssignments",
     )
 }
 VM_TYPE = "Microsoft.Compute/virtualMachines"
+IDENTITY_TYPE = "Microsoft.ManagedIdentity/userAssignedIdentities"
+ROLE_TYPE = "Microsoft.Authorization/roleAssignments"
+_ROLE_DEFINITION = re.compile(
+    r"/subscriptions/[^/]+/providers/Microsoft\.Authorization/roleDefinitions/[0-9a-f-]{36}", re.I
+)
+_GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
 RG_TYPE = "Microsoft.Resources/resourceGroups"
 # Child collections kept inline in their parent, as ARM returns them.
 _CHILDREN = {
@@ -515,6 +523,9 @@ class AzureFake:
     - ``page_size``: items per page of every list, with ``nextLink`` beyond (100);
     - ``addresses``: an ``AddressSource`` choosing NIC and public IP addresses.
 
+    ``host`` is the address it listens on (loopback by default; a test bridge's address
+    when stand-in VMs must call it from their own network namespaces, as a VM calls ARM).
+
     What a test has besides the SDK (all thread-safe; inspection returns deep copies):
 
     - ``url``, ``ca_path``, ``client_kwargs()``, ``client(cls)``; ``sdk_clients(fake)`` below;
@@ -537,7 +548,9 @@ class AzureFake:
         operation_seconds: float | None = 1.0,
         page_size: int = 100,
         addresses: AddressSource | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host
         self.locations = tuple(_normal_location(loc) for loc in locations)
         self.skus = {s.name.lower(): s for s in skus}
         self.operation_polls = operation_polls
@@ -571,9 +584,9 @@ class AzureFake:
         ca_path = Path(self._dir.name) / "ca.pem"
         ca.cert_pem.write_to_path(str(ca_path))
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
-        self._server = _TlsServer(self, context)
-        self.url = f"https://127.0.0.1:{self._server.server_address[1]}"
+        ca.issue_cert(*dict.fromkeys((self.host, "127.0.0.1", "localhost"))).configure_cert(context)
+        self._server = _TlsServer(self, context, self.host)
+        self.url = f"https://{self.host}:{self._server.server_address[1]}"
         self.ca_path = str(ca_path)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
@@ -1104,6 +1117,8 @@ class AzureFake:
         found = []
         for record in records:
             body = record.body
+            if body["type"] == ROLE_TYPE:
+                continue  # not a tracked resource: ARM lists role assignments elsewhere
             if not _matches(body, clauses):
                 continue
             generic: Json = {k: body[k] for k in ("id", "name", "type", "location") if k in body}
@@ -1272,6 +1287,8 @@ class AzureFake:
                 f"The resource group '{rg_record.body['name']}' is in deprovisioning state and "
                 "cannot perform this operation.",
             )
+        if kind == ROLE_TYPE:  # an extension resource: no location, made at once
+            return self._put_role_assignment(rg_record, resource_id, name, body)
         location = body.get("location")
         if not location:
             raise ArmError(400, "LocationRequired", "The location property is required.")
@@ -1315,6 +1332,13 @@ class AzureFake:
                 stored[extra] = copy.deepcopy(body[extra])
         if kind == VM_TYPE:
             return self._put_vm(stored, existing)
+        if kind == IDENTITY_TYPE:
+            old = existing.body["properties"] if existing else {}
+            stored["properties"] = {
+                "tenantId": old.get("tenantId", str(uuid.uuid4())),
+                "principalId": old.get("principalId", str(uuid.uuid4())),
+                "clientId": old.get("clientId", str(uuid.uuid4())),
+            }
         if kind.startswith("Microsoft.Network/"):
             stored["etag"] = f'W/"{uuid.uuid4()}"'
             shape = {
@@ -1325,6 +1349,55 @@ class AzureFake:
             }[kind]
             shape(stored, existing)
         return self._store_with_operation(stored, existing)
+
+    def _put_role_assignment(
+        self, rg_record: _Record, resource_id: str, name: str, body: Json
+    ) -> Reply:
+        """A role assignment at the resource group's scope. Like ARM: its name is a GUID, the
+        role a role definition's id, the principal one the directory knows (here: a managed
+        identity of the fake); answered at once, no operation."""
+        if not _GUID.fullmatch(name):
+            raise ArmError(
+                400,
+                "InvalidRoleAssignmentId",
+                f"The role assignment ID '{name}' is not valid. The role assignment ID must be "
+                "a GUID.",
+            )
+        props = body.get("properties") or {}
+        role = str(props.get("roleDefinitionId", ""))
+        if not _ROLE_DEFINITION.fullmatch(role):
+            raise ArmError(
+                400, "InvalidRoleDefinitionId", f"The role definition ID '{role}' is not valid."
+            )
+        principal = str(props.get("principalId", ""))
+        principals = {
+            r.body["properties"].get("principalId")
+            for r in self._resources.values()
+            if r.body["type"] == IDENTITY_TYPE
+        }
+        if principal not in principals:
+            raise ArmError(
+                400,
+                "PrincipalNotFound",
+                f"Principal {principal.replace('-', '')} does not exist in the directory "
+                f"{uuid.UUID(int=0)}. Check that you have the correct principal ID.",
+            )
+        if resource_id.lower() in self._resources:
+            raise ArmError(409, "RoleAssignmentExists", "The role assignment already exists.")
+        stored: Json = {
+            "id": resource_id,
+            "name": name,
+            "type": ROLE_TYPE,
+            "properties": {
+                "roleDefinitionId": role,
+                "principalId": principal,
+                "principalType": props.get("principalType", "ServicePrincipal"),
+                "scope": rg_record.body["id"],
+                "createdOn": _now(),
+            },
+        }
+        self._resources[resource_id.lower()] = _Record(stored)
+        return Reply(201, copy.deepcopy(stored))
 
     def _store_with_operation(self, stored: Json, existing: _Record | None) -> Reply:
         """Store a (non-VM) resource as Updating and finish it through an operation."""
@@ -1359,6 +1432,9 @@ class AzureFake:
         if record is None:
             return Reply(204)  # ARM: deleting what is not there succeeds
         kind = record.body["type"]
+        if kind == ROLE_TYPE:  # deleted at once, its last state in the answer
+            del self._resources[resource_id.lower()]
+            return Reply(200, copy.deepcopy(record.body))
         if kind in _IN_USE:
             users = self._referrers(record.body["id"])
             if kind == "Microsoft.Compute/disks" and record.body.get("managedBy"):
@@ -1708,6 +1784,21 @@ class AzureFake:
                     f"value {expected} due to a known issue in Linux provisioning agent.",
                     "linuxConfiguration.ssh.publicKeys.path",
                 )
+        identities = (vm.get("identity") or {}).get("userAssignedIdentities") or {}
+        for reference in identities:
+            record = self._resources.get(reference.lower())
+            if record is None or record.body["type"] != IDENTITY_TYPE:
+                raise ArmError(
+                    400,
+                    "FailedIdentityOperation",
+                    f"Identity operation for resource '{vm['id']}' failed with error 'Failed to "
+                    f"perform resource identity operation. Status: 'NotFound'. Response: "
+                    f"'Resource '{reference}' was not found.''.",
+                )
+            identities[reference] = {
+                "principalId": record.body["properties"]["principalId"],
+                "clientId": record.body["properties"]["clientId"],
+            }
         nics = (props.get("networkProfile") or {}).get("networkInterfaces") or []
         if not nics:
             raise ArmError(

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 import skyward as sky
 from support.sshhosts import Hosts, PackageIndex
+
+R = TypeVar("R")
 
 
 def ssh_provider(hosts: Hosts, *targets: str, **options: Any) -> sky.SSH:
@@ -58,23 +59,17 @@ def start_in_thread(pool: sky.ComputePool) -> tuple[threading.Thread, list[BaseE
 
 
 def broadcast_in_background(
-    pool: sky.ComputePool, fn: Callable[..., Any], *args: Any
-) -> Future[list[Any]]:
-    """``pool.broadcast(fn, *args)`` on a thread of its own, for a test that acts while it
-    runs: returns once the pool has taken it (its parts show in ``statistics().submitted``),
-    with a future of its values."""
-    outcome: Future[list[Any]] = Future()
-    before = pool.statistics().submitted
+    pool: sky.ComputePool, fn: Callable[..., R], /, *args: Any
+) -> Future[list[R]]:
+    """``pool.broadcast(fn, *args)`` on a thread of its own, its outcome in a Future: a
+    broadcast the test acts on while it runs, through the public API."""
+    outcome: Future[list[R]] = Future()
 
-    def broadcast() -> None:
+    def run() -> None:
         try:
             outcome.set_result(pool.broadcast(fn, *args))
         except BaseException as exc:
             outcome.set_exception(exc)
 
-    threading.Thread(target=broadcast, name="test-broadcast", daemon=True).start()
-    deadline = time.monotonic() + 30
-    while pool.statistics().submitted < before + pool.spec.nodes and not outcome.done():
-        assert time.monotonic() < deadline, "the pool did not take the broadcast"
-        time.sleep(0.01)
+    threading.Thread(target=run, name="broadcast-in-background", daemon=True).start()
     return outcome

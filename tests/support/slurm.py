@@ -43,9 +43,10 @@ survives ``scancel``. Batch jobs are scheduled on the controller's one-second ti
 Several test runs share the machine. A cluster takes the subnet ``10.123.T.0/24`` only while it
 holds an ``flock`` on ``/run/lock/skyward-net-10.123.T.lock`` and after checking that no
 address, route, namespace or link it would make exists already; it tries T = 250..254 first,
-which ``support.sshhosts`` (PID % 250, no lock) never picks. ``close()`` cancels every job,
-stops every process in its namespaces by PID (zombies count as gone), and deletes only the
-namespaces, links and files it made.
+which ``support.sshhosts`` (the same locks, from PID % 250 on) never picks. While it is up,
+its bridge is one the suite's network guard lets tests reach (``support.netguard``).
+``close()`` cancels every job, stops every process in its namespaces by PID (zombies count
+as gone), and deletes only the namespaces, links and files it made.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from typing import Any, Literal
 
 import pytest
 
+from support import netguard
 from support.sshhosts import USER, ensure_user
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "openssh-server")
@@ -500,6 +502,7 @@ class SlurmCluster:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        netguard.our_bridges.add(self.bridge)
         for host in self.hosts:
             self._links.append(host.veth)
             _run("ip", "netns", "add", host.netns)
@@ -626,6 +629,7 @@ class SlurmCluster:
         for host in self.hosts:
             if Path(f"/run/netns/{host.netns}").exists():
                 _run("ip", "netns", "del", host.netns, check=False)
+        netguard.our_bridges.discard(self.bridge)  # nothing goes to it from here on
         for link in reversed(self._links):  # veths (gone with their namespaces), the bridge
             if Path(f"/sys/class/net/{link}").exists():
                 _run("ip", "link", "del", link, check=False)
