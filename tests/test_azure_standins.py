@@ -19,7 +19,9 @@ from support.aws import Checkpoint, request
 from support.azure_pools import groups_of, only_group, signed_in_env, skyward_cli
 from support.azure_pools import standin_provider as azure
 from support.azure_standin import AzureStandIns
+from support.markers import wait_for_markers
 from support.moto import MotoServer
+from support.pools import broadcast_in_background
 from support.reporter import Recorder
 from support.sshhosts import PackageIndex
 
@@ -233,7 +235,7 @@ def test_a_killed_clients_vms_delete_themselves_and_down_removes_the_group(
 
 @pytest.mark.timeout(300)
 def test_an_evicted_spot_vm_is_replaced_and_the_pool_goes_on(
-    azure_standins: AzureStandIns, package_index: PackageIndex
+    azure_standins: AzureStandIns, package_index: PackageIndex, tmp_path: Path
 ) -> None:
     fake = azure_standins.fake
     assert fake is not None
@@ -246,8 +248,9 @@ def test_an_evicted_spot_vm_is_replaced_and_the_pool_goes_on(
     ) as pool:
         before = pool.broadcast(lambda: os.uname().nodename)
         group = only_group(fake, "evicted")
-        in_flight = pool._broadcast_call(_pending(_sleep_on, 1))
-        time.sleep(0.5)
+        started = tmp_path / "started"
+        in_flight = broadcast_in_background(pool, _sleep_on, 1, str(started))
+        wait_for_markers(started)
         fake.evict(group, "node-1")  # Azure takes node 1 back (eviction policy Delete)
         failure = in_flight.exception(timeout=120)
         assert isinstance(failure, sky.WorkerLost)
@@ -264,12 +267,7 @@ def test_an_evicted_spot_vm_is_replaced_and_the_pool_goes_on(
     assert groups_of(fake, "evicted") == []
 
 
-def _pending(fn: object, *args: object) -> object:
-    from skyward._compute import PendingCall
-
-    return PendingCall(fn, args, {})  # type: ignore[arg-type]
-
-
-def _sleep_on(rank: int) -> None:
+def _sleep_on(rank: int, started: str) -> None:
     if sky.instance_info().node == rank:
+        Path(started).touch()
         time.sleep(600)

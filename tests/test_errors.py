@@ -277,7 +277,7 @@ def test_a_gang_broadcast_runs_on_one_generation_of_workers(
     plugins = [sky.Plugin(name="tied", gang=True)]
     with sky.ComputePool(nodes=3, plugins=plugins, console="off") as pool:
         before = pool.broadcast(pid)
-        dropping = pool._scheduler.slots[1].channel
+        dropping = pool._scheduler.workers()[1]
         assert dropping is not None
         dropped = broadcast_in_background(pool, drop_link_on_node_1)
         deadline = time.monotonic() + 20

@@ -4,6 +4,9 @@ A close can come from another thread at any moment of a start, including while t
 is still creating machines. The rule that keeps anything from leaking: the close cancels the
 provision's deadline and waits for it to end; whoever holds the allocation last (the
 starting thread, if the close came first) terminates it.
+
+It also knows each node's current machine (``node(rank)``): a lost machine's replacement
+takes its place here, and the start-up barrier and relays ask here where a node is.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
@@ -22,7 +25,6 @@ from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
 
 if TYPE_CHECKING:
     from skyward.link.channel import Transport
-    from skyward.pool.scheduler import Slot
 
 # How long a close waits, past the provision deadline, for a provider that is still
 # provisioning to notice it was cancelled and destroy what it made.
@@ -31,28 +33,21 @@ _log = logging.getLogger("skyward")
 
 
 class Machines:
-    """One pool's allocation. ``closing()`` answers, under the pool's lock, whether the pool
-    is closing; ``lock`` is that lock. Thread-safe."""
+    """One pool's allocation and its nodes. ``cancel`` (the pool closes) stops a provision
+    or a replacement under way. Thread-safe."""
 
-    def __init__(
-        self,
-        provider: Provider,
-        *,
-        pool: str,
-        reporter: Reporter,
-        lock: threading.RLock,
-        closing: Callable[[], bool],
-    ) -> None:
+    def __init__(self, provider: Provider, *, pool: str, reporter: Reporter) -> None:
         self._provider = provider
         self._pool = pool
         self._reporter = reporter
-        self._lock = lock
-        self._closing = closing
-        self._request: ProvisionRequest | None = None  # guarded by lock
-        self._allocation: Allocation | None = None  # guarded by lock
+        self._lock = threading.Lock()  # guards: everything below but _provisioned
+        self._request: ProvisionRequest | None = None
+        self._allocation: Allocation | None = None
+        self._nodes: list[Node] = []  # by rank, the machine each node is now
+        self._cancelled = False  # the pool is closing: what a provider returns is terminated
+        self._replacing: set[Deadline] = set()  # replacements under way
         self._provisioned = threading.Event()  # provision() has returned or raised
-        self._replacing: set[Deadline] = set()  # guarded by lock: replacements under way
-        self._since = 0.0  # guarded by lock: when the allocation was handed over
+        self._since = 0.0  # when the allocation was handed over
 
     def provision(self, request: ProvisionRequest, nodes: int) -> Allocation:
         """Ask the provider for ``nodes`` machines. Anything but a ``SkywardError`` that
@@ -76,9 +71,10 @@ class Machines:
                     f"provider {kind} failed: {type(exc).__name__}: {exc}"
                 ) from exc
             with self._lock:
-                closed = self._closing()
+                closed = self._cancelled
                 if not closed:
                     self._allocation = allocation
+                    self._nodes = list(allocation.nodes)
                     self._since = time.monotonic()
             if closed:  # closed by another thread while the provider worked
                 allocation.terminate()
@@ -91,26 +87,27 @@ class Machines:
             )
         return allocation
 
-    def spawn(self, slot: Slot, env: Mapping[str, str], *, replace: bool) -> Transport:
-        """A worker on ``slot``'s node; with ``replace``, on a new machine in its place if
+    def node(self, rank: int) -> Node:
+        """Node ``rank``'s machine now."""
+        with self._lock:
+            return self._nodes[rank]
+
+    def address(self, rank: int) -> str:
+        """Where node ``rank`` is now (its machine's address)."""
+        return self.node(rank).address
+
+    def spawn(self, rank: int, env: Mapping[str, str], *, replace: bool) -> Transport:
+        """A worker on node ``rank``; with ``replace``, on a new machine in its place if
         that node's machine is gone and the provider can make another."""
         try:
-            return slot.node.spawn_worker(slot.rank, env)
+            return self.node(rank).spawn_worker(rank, env)
         except ProvisionError as error:
             with self._lock:
                 allocation = self._allocation
             if not replace or allocation is None or not allocation.can_replace:
                 raise
-            self._reporter.status(f"node {slot.rank}: its machine is lost ({error}); replacing it")
-        node = self.replace(slot.rank)
-        with self._lock:
-            slot.node = node
-            if slot.info is not None:  # its new worker is told its new address
-                peers = list(slot.info.peers)
-                peers[slot.rank] = node.address
-                update = {"peers": tuple(peers), "head_addr": peers[0]}
-                slot.info = slot.info.model_copy(update=update)
-        return node.spawn_worker(slot.rank, env)
+            self._reporter.status(f"node {rank}: its machine is lost ({error}); replacing it")
+        return self.replace(rank).spawn_worker(rank, env)
 
     def replace(self, rank: int) -> Node:
         """A new machine for node ``rank``, whose machine was lost; bounded by a fresh
@@ -122,10 +119,13 @@ class Machines:
         with self._lock:
             self._replacing.add(deadline)
         try:
-            return allocation.replace(rank, self._reporter, deadline)
+            node = allocation.replace(rank, self._reporter, deadline)
         finally:
             with self._lock:
                 self._replacing.discard(deadline)
+        with self._lock:
+            self._nodes[rank] = node
+        return node
 
     def loss_reason(self, rank: int) -> str | None:
         """Why node ``rank``'s machine is gone, if the provider can tell."""
@@ -139,8 +139,10 @@ class Machines:
             return None
 
     def cancel(self, reason: str) -> None:
-        """Stop a provision under way (its deadline's flag); harmless otherwise."""
+        """The pool closes: stop a provision or replacement under way (their deadlines'
+        flags), and have what a provider still returns terminated. Idempotent."""
         with self._lock:
+            self._cancelled = True
             request = self._request
             replacing = list(self._replacing)
         if request is not None:
