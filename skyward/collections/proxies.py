@@ -221,6 +221,11 @@ class BarrierProxy(_Shared):
     def reset(self) -> None:
         self._call("reset")
 
+    @property
+    def n_waiting(self) -> int:
+        """How many participants wait in the current round (``threading.Barrier``'s name)."""
+        return int(self._call("waiting"))
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.name, self.n))
 

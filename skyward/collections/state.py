@@ -218,6 +218,10 @@ class SharedState:
             waiter(True, None)
         return True, None
 
+    def _barrier_waiting(self, owner: object, name: str, reply: Reply) -> Any:
+        barrier = self._barriers.get(name)
+        return True, 0 if barrier is None else len(barrier.waiting)
+
     def _barrier_reset(self, owner: object, name: str, reply: Reply) -> Any:
         barrier = self._barriers.get(name)
         if barrier is not None:
