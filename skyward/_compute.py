@@ -190,7 +190,7 @@ class PendingCall(Generic[R]):
             except Exception:
                 return (
                     f"argument {names[i]!r} (position {i}) of {self.name}, "
-                    f"a {type(value).__name__},"
+                    f"{_a(type(value).__name__)},"
                 )
         for key, value in self.kwargs.items():
             try:
@@ -324,7 +324,7 @@ def _target(target: object, operator: str) -> CallTarget:
     if inspect.ismodule(target):
         what = f"the module {target.__name__!r}"
     else:
-        what = "None" if target is None else f"a {type(target).__name__}"
+        what = "None" if target is None else _a(type(target).__name__)
     hint = ""
     if inspect.ismodule(target) and target.__name__ == "skyward":
         # skyward 0.5 sent `>> sky` to the pool of the enclosing `with` block.
@@ -350,3 +350,8 @@ def _parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
     except (TypeError, ValueError):
         pass
     return (names + [f"#{i}" for i in range(len(names), count)])[:count]
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its article: "an int", "a list"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"

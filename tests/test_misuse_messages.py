@@ -45,3 +45,8 @@ def test_a_decorated_function_called_inside_another_fails_on_the_node_with_the_h
             quadruple(3) >> pool
         assert double(3) >> pool == 6  # the operators that send a call still work
         assert (double(1) & double(2)) >> pool == (2, 4)
+
+
+def test_messages_give_a_type_its_article() -> None:
+    with pytest.raises(TypeError, match=r"got an int$"):
+        double(1) >> 3  # type: ignore[operator]
