@@ -68,7 +68,9 @@ class AWS(BaseModel):
     - ``instance_type``: wins over the pool's ``accelerator``, which otherwise picks it from
       the catalog (``"A100"`` is a p4d.24xlarge, 8 GPUs).
     - ``ami`` or ``ami_parameter`` (an SSM parameter holding an AMI id): by default AWS's Deep
-      Learning Base OSS Nvidia Driver AMI for GPU machines, Canonical's Ubuntu for CPU ones.
+      Learning Base OSS Nvidia Driver AMI for GPU machines, Canonical's Ubuntu for CPU ones,
+      for the type's architecture (arm64 on Graviton). Types with GPUs older than Turing
+      (V100) have no default: that driver does not run them.
     - ``spot``: spot instances (interruptible, cheaper).
     - ``subnet_id`` / ``vpc_id``: where the instances go; by default a subnet of the region's
       default VPC in a zone that offers the instance type.
