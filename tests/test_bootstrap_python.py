@@ -15,8 +15,9 @@ Python at all, from a 3.11 client and from a 3.13 one.
 
 AWS stand-in VMs (moto's instances, played by namespace hosts on the same bridge) boot with
 h0's system too. The hosts reach nothing but the bridge: uv, every package and the managed
-CPython come from the index and the mirror this module serves (``support/hostimage.py`` says how the hosts'
-systems are made to look like the stock image; ``support/pythons.py`` how the mirror is).
+CPython come from the index and the mirror this module serves (``support/hostimage.py``
+says how the hosts' systems are made to look like the stock image; ``support/pythons.py``
+how the mirror is).
 """
 
 from __future__ import annotations
