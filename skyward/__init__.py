@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "AWS": "skyward.providers.aws",
     "Allocation": "skyward.providers.base",
+    "Azure": "skyward.providers.azure",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
     "ChannelError": "skyward._errors",
@@ -53,8 +54,10 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
+    "Slurm": "skyward.providers.slurm",
     "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
+    "Terminated": "skyward._errors",
     "VersionMismatch": "skyward._errors",
     "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
@@ -93,6 +96,7 @@ if TYPE_CHECKING:
         SerializationError,
         SkywardError,
         StartError,
+        Terminated,
         VersionMismatch,
         WorkerLost,
     )
@@ -107,8 +111,10 @@ if TYPE_CHECKING:
     from skyward.pool.spec import PoolSpec, Worker
     from skyward.pool.stacks import Stacks
     from skyward.providers.aws import AWS
+    from skyward.providers.azure import Azure
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.local import Local
+    from skyward.providers.slurm import Slurm
     from skyward.providers.ssh import SSH
 
 

@@ -183,6 +183,35 @@ class PendingCall(Generic[R]):
         return f"the call {self.name}"
 
 
+def _not_a_value(operator: str) -> Callable[..., Any]:
+    """A PendingCall used as if it were its value (``f(x) + 1``, ``a, b = f(x)``, a decorated
+    function called inside another): a TypeError that says how to get the value."""
+
+    def misused(self: PendingCall[Any], *args: Any) -> Any:
+        raise TypeError(
+            f"{self.name}(...) is a call waiting to be sent to a pool, not its value, so "
+            f"`{operator}` cannot use it. Send it (`{self.name}(...) >> pool`) and use what "
+            f"comes back; inside another @sky.compute function, where it already runs on a "
+            f"node, call `{self.name}.local(...)` instead"
+        )
+
+    misused.__name__ = f"not_a_value_{operator}"
+    return misused
+
+
+# Everything a value would support that a PendingCall does not; `>`, `>>`, `@` and `&` are
+# the operators that send it.
+for _dunder, _operator in {
+    "__add__": "+", "__radd__": "+", "__sub__": "-", "__rsub__": "-", "__mul__": "*",
+    "__rmul__": "*", "__truediv__": "/", "__rtruediv__": "/", "__floordiv__": "//",
+    "__rfloordiv__": "//", "__mod__": "%", "__rmod__": "%", "__pow__": "**", "__rpow__": "**",
+    "__neg__": "-", "__pos__": "+", "__abs__": "abs()", "__lt__": "<", "__le__": "<=",
+    "__ge__": ">=", "__iter__": "iteration", "__getitem__": "[...]", "__float__": "float()",
+    "__int__": "int()", "__index__": "an index", "__round__": "round()",
+}.items():
+    setattr(PendingCall, _dunder, _not_a_value(_operator))
+
+
 @dataclass(frozen=True, eq=False)
 class CallGroup:
     """Calls to run in parallel: ``(a() & b()) >> pool`` returns ``(a_value, b_value)``.

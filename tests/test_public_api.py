@@ -10,6 +10,7 @@ import skyward as sky
 EXPECTED = [
     "AWS",
     "Allocation",
+    "Azure",
     "BootstrapError",
     "CallGroup",
     "ChannelError",
@@ -36,8 +37,10 @@ EXPECTED = [
     "SSH",
     "SerializationError",
     "SkywardError",
+    "Slurm",
     "Stacks",
     "StartError",
+    "Terminated",
     "VersionMismatch",
     "Worker",
     "WorkerLost",

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.markers import wait_for_markers
 from support.pools import ssh_provider
 from support.processes import worker_processes
 from support.reporter import Recorder
@@ -323,21 +324,23 @@ def test_a_changed_host_key_is_always_refused(
 # ── a dropped link ────────────────────────────────────────────────────────────────────────
 
 
-def _sleep_then_answer(seconds: float) -> str:
+def _sleep_then_answer(seconds: float, started: str) -> str:
+    Path(started).touch()
     time.sleep(seconds)
     return os.uname().nodename
 
 
 @pytest.mark.timeout(180)
 def test_a_link_that_goes_down_during_a_call_ends_it_with_worker_lost(
-    ssh_hosts: Hosts, package_index: PackageIndex
+    ssh_hosts: Hosts, package_index: PackageIndex, tmp_path: Path
 ) -> None:
     host = ssh_hosts.hosts[1]
     provider = ssh_provider(ssh_hosts, host.target, keepalive=1, link_timeout=5, connect_timeout=3)
     try:
         with _pool(provider, package_index) as pool:
-            future = pool.submit(_sleep_then_answer, 600)
-            time.sleep(1.0)  # the call is running on the host
+            started = tmp_path / "started"
+            future = pool.submit(_sleep_then_answer, 600, str(started))
+            wait_for_markers(started)  # the call is running on the host
             host.link_down()
             down = time.monotonic()
             with pytest.raises(sky.WorkerLost) as caught:

@@ -2,11 +2,11 @@
 
 ::
 
-    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (_spec)
+    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (pool/spec.py)
     start()    provider.provision(request) → Allocation, bounded by provision_timeout
-               → workers through the start-up barrier, bounded by start_timeout (_startup)
+               → workers through the start-up barrier, bounded by start_timeout (pool/startup.py)
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
-    failures   lost workers, call timeouts, gang restarts (_recovery)
+    failures   lost workers, call timeouts, gang restarts (pool/recovery.py)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
                → bounded wait → kill → allocation.terminate(), on every path
 
@@ -18,31 +18,40 @@ it, and whatever it returns anyway is terminated by the thread that started it.
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, Unpack
 
 from skyward._compute import PendingCall, pending_call
 from skyward._errors import PoolClosed
 from skyward._futures import Deadline, fail, gather
-from skyward._image import Image
-from skyward._plugin import Plugin
+from skyward._options import refuse_unknown
 from skyward.collections.proxies import PoolCollections, register, unregister
 from skyward.collections.state import SharedState
-from skyward.console import Console, ConsoleMode, OutputMode
+from skyward.console import Console, ConsoleMode
+from skyward.console.logs import PoolLog, secrets_of
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
 from skyward.pool import profile as _profile
+from skyward.pool import signals
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import PoolStatistics, Scheduler, Slot, tasks_for
-from skyward.pool.spec import AllocationStrategy, PoolSpec, Worker, apply_transforms, pickle_plugins
+from skyward.pool.spec import (
+    PoolOptions,
+    PoolSpec,
+    apply_transforms,
+    pickle_plugins,
+    pool_signature,
+)
 from skyward.pool.stacks import Stacks, collect
 from skyward.pool.startup import Startup
 from skyward.pool.streams import Streams, prepare, route
@@ -69,57 +78,23 @@ class ComputePool(PoolCollections):
     included). ``console`` picks the progress display while nodes come up: ``"auto"``
     (Jupyter display in a kernel, live table on a terminal, timestamped lines otherwise),
     ``"rich"``, ``"plain"`` or ``"off"`` (``quiet=True`` is the older spelling of
-    ``"off"``). ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or
-    ``"none"``. Progress also goes to the ``logging`` logger ``"skyward"``.
+    ``"off"``). ``allocation`` picks the market of cloud machines (``"on-demand"``,
+    ``"spot"``, ``"spot-if-available"``, ``"cheapest"``); ``max_hourly_cost`` (USD) refuses,
+    before anything is created, a pool whose estimated price per hour is above it.
+    ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``.
+    Progress also goes to the ``logging`` logger ``"skyward"``.
     """
 
-    def __init__(
-        self,
-        provider: Provider | None = None,
-        *,
-        nodes: int | tuple[int, int] = 1,
-        accelerator: str | None = None,
-        vcpus: float | None = None,
-        memory_gb: float | None = None,
-        allocation: AllocationStrategy | None = None,
-        image: Image | None = None,
-        plugins: Sequence[Plugin] = (),
-        concurrency: int | None = None,
-        worker: Worker | None = None,
-        name: str | None = None,
-        provision_timeout: float = 1800.0,
-        start_timeout: float = 120.0,
-        shutdown_timeout: float = 10.0,
-        hang_timeout: float | None = 60.0,
-        console: ConsoleMode = "auto",
-        output: OutputMode = "all",
-        quiet: bool = False,
-    ) -> None:
+    # help(), notebooks and inspect show every option with PoolSpec's default.
+    __signature__: ClassVar[inspect.Signature] = pool_signature()
+
+    def __init__(self, provider: Provider | None = None, **options: Unpack[PoolOptions]) -> None:
         from skyward.providers.local import Local
 
-        options: dict[str, Any] = {
-            "provider": Local() if provider is None else provider,
-            "nodes": nodes,
-            "accelerator": accelerator,
-            "vcpus": vcpus,
-            "memory_gb": memory_gb,
-            "allocation": allocation,
-            "image": Image() if image is None else image,
-            # A list is taken as a tuple; anything else is left to the validator to name.
-            "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,
-            "concurrency": concurrency,
-            "worker": worker,
-            "provision_timeout": provision_timeout,
-            "start_timeout": start_timeout,
-            "shutdown_timeout": shutdown_timeout,
-            "hang_timeout": hang_timeout,
-            "console": console,
-            "output": output,
-            "quiet": quiet,
-        }
-        if name is not None:
-            options["name"] = name
-        self.spec = spec = PoolSpec(**options)
+        refuse_unknown(options, PoolOptions, "ComputePool")
+        # Only what the caller gave: every default is PoolSpec's.
+        given = {"provider": Local() if provider is None else provider, **options}
+        self.spec = spec = PoolSpec.model_validate(given)
         self._plugin_payload = pickle_plugins(spec.plugins)
         self.image = apply_transforms(spec.image, spec)
         # Provider-specific limits and missing SDKs, before anything is touched.
@@ -128,7 +103,12 @@ class ComputePool(PoolCollections):
         self._remote = not isinstance(spec.provider, Local)
         self._before_pickling()
         mode: ConsoleMode = "off" if spec.quiet else spec.console
-        self._console = Console(mode=mode, output=spec.output)
+        log = PoolLog.open(
+            spec.name,
+            meta={"provider": spec.provider_kind, "nodes": spec.nodes},
+            secrets=secrets_of(self.image.env),
+        )
+        self._console = Console(mode=mode, output=spec.output, log=log)
 
         self._state: State = "new"  # guarded by the scheduler's lock
         self._pending_channels: set[Channel] = set()  # spawned, not yet ready
@@ -182,6 +162,13 @@ class ComputePool(PoolCollections):
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def log_dir(self) -> Path | None:
+        """Where this pool writes its nodes' output and its events (``skyward logs`` reads
+        them); None when logs could not be written on this machine."""
+        log = self._console.log_file
+        return None if log is None else log.directory
+
     def __repr__(self) -> str:
         return (
             f"<ComputePool {self.name!r} {self.spec.provider_kind} "
@@ -211,6 +198,8 @@ class ComputePool(PoolCollections):
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
         atexit.register(self._close_at_exit)
+        # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
+        signals.hold(self)
         self._started_at = time.monotonic()
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
@@ -383,7 +372,9 @@ class ComputePool(PoolCollections):
                     self._state = "closed"
                     self._scheduler.idle.notify_all()
                 self._console.flush()
+                self._console.closed()
                 atexit.unregister(self._close_at_exit)
+                signals.release(self)
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
+from skyward._shield import shielded
 from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ class Machines:
         self._allocation: Allocation | None = None  # guarded by lock
         self._provisioned = threading.Event()  # provision() has returned or raised
         self._replacing: set[Deadline] = set()  # guarded by lock: replacements under way
+        self._since = 0.0  # guarded by lock: when the allocation was handed over
 
     def provision(self, request: ProvisionRequest, nodes: int) -> Allocation:
         """Ask the provider for ``nodes`` machines. Anything but a ``SkywardError`` that
@@ -76,6 +79,7 @@ class Machines:
                 closed = self._closing()
                 if not closed:
                     self._allocation = allocation
+                    self._since = time.monotonic()
             if closed:  # closed by another thread while the provider worked
                 allocation.terminate()
                 raise PoolClosed(f"pool {self._pool!r} was closed while it started")
@@ -161,49 +165,46 @@ class Machines:
                     bound,
                 )
         with self._lock:
-            allocation = self._allocation
+            allocation, since = self._allocation, self._since
         if allocation is not None:
             self._shielded(allocation)
+            self._report_cost(allocation, time.monotonic() - since)
+
+    def _report_cost(self, allocation: Allocation, seconds: float) -> None:
+        """The pool's approximate cost, from the provider's hourly estimate (clouds bill
+        from boot, often per second, so this is close, not the bill)."""
+        hourly = allocation.hourly_cost
+        if not hourly:
+            return
+        what = f" ({allocation.describe})" if allocation.describe else ""
+        line = (
+            f"pool {self._pool}: about ${hourly * seconds / 3600:.2f} for "
+            f"{seconds / 60:.1f} min at about ${hourly:.2f}/h{what}"
+        )
+        self._reporter.status(line)
+        _log.info("%s", line)
 
     def _shielded(self, allocation: Allocation) -> None:
-        """``allocation.terminate()`` on a thread of its own, so that one Ctrl-C (often
+        """``allocation.terminate()`` through ``_shield.shielded``, so that one Ctrl-C (often
         pressed again while a cloud takes a minute to delete things) does not stop it
         half-way: the first is noted and the wait goes on; a second leaves, and says what
         may be left."""
-        errors: list[BaseException] = []
-        # An Event, not Thread.join: on Python 3.11 a join interrupted by Ctrl-C marks the
-        # thread as stopped while it still runs.
-        done = threading.Event()
 
-        def run() -> None:
-            try:
-                allocation.terminate()
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                done.set()
+        def noted(count: int) -> None:
+            self._reporter.status(
+                f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
+                f"now (then `skyward down --pool {self._pool}`)"
+            )
 
-        thread = threading.Thread(target=run, name="skyward-terminate")
-        interrupted = started = False
-        while not done.is_set():
-            try:
-                if not started:  # inside the try: start() waits, and a Ctrl-C may land there
-                    started = True
-                    thread.start()
-                done.wait(0.2)
-            except KeyboardInterrupt:
-                if interrupted:
-                    _log.warning(
-                        "pool %s: left while its machines were being destroyed; "
-                        "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
-                        self._pool,
-                        self._pool,
-                    )
-                    raise
-                interrupted = True
-                self._reporter.status(
-                    f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
-                    f"now (then `skyward down --pool {self._pool}`)"
-                )
-        if errors:
-            raise errors[0]
+        try:
+            shielded(
+                allocation.terminate, name="skyward-terminate", on_interrupt=noted, leave_after=2
+            )
+        except KeyboardInterrupt:
+            _log.warning(
+                "pool %s: left while its machines were being destroyed; "
+                "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
+                self._pool,
+                self._pool,
+            )
+            raise

@@ -21,7 +21,7 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -31,7 +31,7 @@ from skyward._futures import Deadline, fail
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.pool.scheduler import Scheduler, Slot, Task
-from skyward.pool.stacks import describe, in_framework_call
+from skyward.pool.stacks import describe, framework_wait
 
 
 class Recovery:
@@ -283,8 +283,11 @@ def _split_error(rank: int, task: Task) -> WorkerLost:
 #                       while others still run it; or a single call running longer than
 #                       hang_timeout while every other rank is idle
 #     then, to be sure  ask the suspects for their stacks twice, a second apart: a rank is
-#                       blocked if it is inside jax and used almost no CPU meanwhile (a long
-#                       computation, in Python or in XLA, burns CPU and is left alone)
+#                       blocked if its stack ends in jax running a program or waiting for its
+#                       result, and it used almost no CPU meanwhile (a long computation, in
+#                       Python or in XLA, burns CPU and is left alone); a rank whose stack
+#                       shows a host callback (jax calling back into the user's Python), a
+#                       compile or a transfer is no hang: a one-line note, and no verdict
 #     if blocked        fail those calls with CollectiveHang (who finished, where each
 #                       blocked rank waits) and kill the blocked workers: the gang restarts
 #
@@ -304,6 +307,7 @@ class HangWatch:
         self._status = status
         self._stop = threading.Event()
         self._first_done: dict[int, float] = {}  # a broadcast (id of its parts) -> when seen
+        self._noted: set[str] = set()  # calls already said to trail outside a collective
         self._thread = threading.Thread(target=self._run, name="skyward-hang-watch", daemon=True)
 
     def start(self) -> None:
@@ -354,13 +358,23 @@ class HangWatch:
         second = _sample(channels)  # type: ignore[arg-type]
         if first is None or second is None:
             return
-        blocked = {
-            slot.rank: describe(after, to_framework=True)
-            for slot, before, after in zip(suspects, first, second, strict=True)
-            if in_framework_call(after) and after.cpu_seconds - before.cpu_seconds < _IDLE_CPU
-        }
-        if len(blocked) != len(suspects) or any(t.future.done() for t in tasks):
-            return  # computing, or it finished meanwhile
+        blocked = {}
+        elsewhere = {}  # rank -> what its stack says it waits in, when not a collective
+        for slot, before, after in zip(suspects, first, second, strict=True):
+            wait = framework_wait(after)
+            if after.cpu_seconds - before.cpu_seconds >= _IDLE_CPU or wait is None:
+                continue  # computing, or not inside jax at all: nothing to say
+            if wait[0] == "collective":
+                blocked[slot.rank] = describe(after, to_framework=True)
+            else:
+                elsewhere[slot.rank] = wait
+        if any(t.future.done() for t in tasks):
+            return  # it finished meanwhile
+        if elsewhere:
+            self._note_not_a_hang(tasks[0].call.name, elsewhere)
+            return
+        if len(blocked) != len(suspects):
+            return
         name = tasks[0].call.name
         ranks = ", ".join(map(str, sorted(blocked)))
         where = "\n".join(
@@ -383,9 +397,30 @@ class HangWatch:
                 slot.ready = False
             for task in tasks:
                 fail(task.future, error)
+        with self._scheduler.lock:
+            gang = self._scheduler.channels()
+        for other in gang:
+            # Every rank hears first that it is being stopped (the jax plugin then sends what
+            # JAX logs as its runtime falls apart to a file): killing a blocked rank ends the
+            # others' runtime too, before their own turn in the gang restart comes.
+            other.interrupt()
         for channel in channels:
             assert channel is not None
             channel.kill(f"it was blocked in a collective the other ranks had left ({name})")
+
+    def _note_not_a_hang(self, name: str, waits: Mapping[int, tuple[str, str]]) -> None:
+        """A rank past ``hang_timeout`` whose stack shows it in a host callback, a compile or
+        a transfer: said once per call, and left alone."""
+        if name in self._noted:
+            return
+        self._noted.add(name)
+        seen = "; ".join(
+            f"node {rank}: in a {kind} ({where})" for rank, (kind, where) in waits.items()
+        )
+        self._status(
+            f"{name}: trails the other ranks by more than hang_timeout ({self._bound:g} s), "
+            f"but not in a collective ({seen}); left running"
+        )
 
 
 def _sample(channels: Sequence[Channel]) -> list[proto.StacksReport] | None:

@@ -1,8 +1,12 @@
 """What one AWS pool made, and how it is unmade, replaced, and asked why a node was lost.
 
 Resources are recorded the moment they exist (``provision`` calls ``adopt_*`` right after
-each create call returns), so a failure or a Ctrl-C at any point releases exactly what was
-made. ``release`` is also safe to call on a half-made allocation, and more than once.
+each create call returns; the key pair's name, which we choose, even before), so a failure
+or a Ctrl-C at any point releases what was made. A create call cut off in flight (Ctrl-C,
+SIGTERM, a lost connection) may have made something whose id never came back: ``release``
+sweeps for those twice, by key pair and by the allocation's own tag
+(``skyward-allocation``), and names a sweep that failed. ``release`` is safe to call on a
+half-made allocation, and more than once.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from skyward._phases import Reporter
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.api import Api
 from skyward.providers.base import Allocation, Node, ProvisionRequest, Resource
+from skyward.providers.cloud import TAG_ALLOCATION
 from skyward.providers.ssh.hosts import Access, HostTarget, open_hosts
 
 if TYPE_CHECKING:
@@ -39,6 +44,9 @@ class AWSAllocation(Allocation):
         super().__init__([])
         self.api = api
         self.request = request
+        # Unique per provision: the key pair's and group's name, and the value of the
+        # skyward-allocation tag on everything made (the sweep's handle).
+        self.name = ec2.resource_name(request.pool)
         self.connect = connect
         self.username = username
         self.release_timeout = release_timeout
@@ -89,9 +97,12 @@ class AWSAllocation(Allocation):
             groups = [self.group] if self.group else []
             keys = [self.key_name] if self.key_name else []
             pool_key = self.pool_key
-        if keys:
-            found = ec2.instances_of(self.api, keys[0])
-            instances += [i for i in found if i not in instances]
+        swept = ec2.sweep(
+            self.api, key_name=keys[0] if keys else None, tag=(TAG_ALLOCATION, self.name)
+        )
+        instances += [i for i in swept.instances if i not in instances]
+        groups += [g for g in swept.groups if g not in groups]
+        keys += [k for k in swept.key_pairs if k not in keys]
         try:
             left = ec2.delete(
                 self.api,
@@ -103,11 +114,16 @@ class AWSAllocation(Allocation):
         finally:
             if pool_key is not None:
                 pool_key.delete()
+        left += swept.failed
         if left:
             raise ProvisionError(
                 f"pool {self.request.pool}: could not delete {', '.join(left)} in "
-                f"{self.api.region}. Remove them with: skyward down --pool {self.request.pool}"
+                f"{self.api.region}. Remove what is left with: {self.down_command}"
             )
+
+    @property
+    def down_command(self) -> str:
+        return f"skyward down --pool {self.request.pool} --region {self.api.region}"
 
     @property
     def can_replace(self) -> bool:

@@ -20,7 +20,7 @@ import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from skyward._errors import ProvisionError
@@ -201,19 +201,57 @@ def describe_reason(instance: Mapping[str, Any]) -> str:
     return str(message)
 
 
-def instances_of(api: Api, key_name: str) -> list[str]:
-    """Live instances launched with this key pair: one allocation's, including any whose
-    ``run_instances`` answer never arrived (the request was interrupted in flight)."""
-    try:
-        answer = api.ec2.describe_instances(
-            Filters=[
-                {"Name": "key-name", "Values": [key_name]},
-                {"Name": "instance-state-name", "Values": _LIVE},
-            ]
-        )
-    except Exception:
-        return []  # a best effort on top of the ids we know
-    return [str(i["InstanceId"]) for r in answer["Reservations"] for i in r["Instances"]]
+@dataclass
+class Swept:
+    """What the sweeps found of one allocation, and the sweeps that failed (with why)."""
+
+    instances: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    key_pairs: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def sweep(api: Api, *, key_name: str | None, tag: tuple[str, str] | None) -> Swept:
+    """Everything of one allocation that EC2 has, found two ways: instances launched with
+    its key pair, and instances, groups and key pairs carrying its tag (``(key, value)``).
+    Either finds what a launch whose answer never arrived made (interrupted in flight); the
+    second also finds a group or key pair whose create call was cut off the same way. A
+    sweep that fails is named in ``failed``, never dropped."""
+    found = Swept()
+    live: Any = {"Name": "instance-state-name", "Values": _LIVE}
+    searches: list[tuple[str, list[Any]]] = []
+    if key_name is not None:
+        searches.append((f"key pair {key_name}", [{"Name": "key-name", "Values": [key_name]}]))
+    if tag is not None:
+        by_tag = [{"Name": f"tag:{tag[0]}", "Values": [tag[1]]}]
+        searches.append((f"tag {tag[0]}={tag[1]}", by_tag))
+    for label, filters in searches:
+        try:
+            answer = api.ec2.describe_instances(Filters=[*filters, live])
+        except Exception as exc:
+            found.failed.append(f"the search for instances by {label} failed ({_why(exc)})")
+            continue
+        for reservation in answer["Reservations"]:
+            for instance in reservation["Instances"]:
+                if instance["InstanceId"] not in found.instances:
+                    found.instances.append(str(instance["InstanceId"]))
+    if tag is not None:
+        tagged: list[Any] = [{"Name": f"tag:{tag[0]}", "Values": [tag[1]]}]
+        try:
+            groups = api.ec2.describe_security_groups(Filters=tagged)["SecurityGroups"]
+            found.groups += [str(g["GroupId"]) for g in groups]
+        except Exception as exc:
+            found.failed.append(f"the search for security groups by tag failed ({_why(exc)})")
+        try:
+            keys = api.ec2.describe_key_pairs(Filters=tagged)["KeyPairs"]
+            found.key_pairs += [str(k["KeyName"]) for k in keys]
+        except Exception as exc:
+            found.failed.append(f"the search for key pairs by tag failed ({_why(exc)})")
+    return found
+
+
+def _why(exc: BaseException) -> str:
+    return error_code(exc) or f"{type(exc).__name__}: {exc}"
 
 
 def delete(

@@ -28,7 +28,7 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from skyward._errors import BootstrapError, HostKeyError, ProvisionError
 from skyward._extras import require
@@ -320,6 +320,29 @@ class HostNode:
 # skyward package there, count its GPUs. Each step is cached on the host by hash, so a second
 # pool with the same image and the same skyward costs two quick commands.
 
+
+class Shell(Protocol):
+    """What preparing a host needs of it: run a command, write a file. A ``Connection``;
+    for Slurm, a job step on a compute node (``providers.slurm.steps``)."""
+
+    @property
+    def target(self) -> object: ...  # named in messages
+
+    @property
+    def alive(self) -> bool: ...
+
+    def run(
+        self,
+        command: str,
+        *,
+        on_line: Callable[[str], None] | None = None,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+    ) -> tuple[int, str]: ...
+
+    def upload(self, data: bytes, path: str, *, mode: int = 0o644) -> None: ...
+
+
 _LOG_TAIL_LINES = 30
 _TIMED_OUT = 124  # coreutils' timeout: the command ran past its bound
 
@@ -334,7 +357,7 @@ def runtime_requirements() -> tuple[str, ...]:
     return tuple(f"{name}=={metadata.version(name)}" for name in ("cloudpickle", "pydantic"))
 
 
-def bootstrap(connection: Connection, plan: Plan, on_line: Any) -> None:
+def bootstrap(connection: Shell, plan: Plan, on_line: Any) -> None:
     """Run the image's script on the host, streaming its output; ``BootstrapError`` if it
     fails or outlasts the image's ``bootstrap_timeout``."""
     tail: list[str] = []
@@ -417,14 +440,14 @@ def package_archive() -> tuple[str, bytes]:
         return _package
 
 
-def upload_package(connection: Connection, plan: Plan, on_line: Callable[[str], None]) -> str:
+def upload_package(connection: Shell, plan: Plan, on_line: Callable[[str], None]) -> str:
     """Put this skyward on the host, unless the same one is there; returns its directory."""
     digest, data = package_archive()
     return _upload(connection, plan, "pkg", digest, data, "this skyward", on_line)
 
 
 def upload_includes(
-    connection: Connection, plan: Plan, image: Image, on_line: Callable[[str], None]
+    connection: Shell, plan: Plan, image: Image, on_line: Callable[[str], None]
 ) -> str | None:
     """Put the image's ``includes`` on the host, unless the same files are there; returns
     the directory to put on the workers' path (None: nothing to include)."""
@@ -440,7 +463,7 @@ def upload_includes(
 
 
 def _upload(
-    connection: Connection,
+    connection: Shell,
     plan: Plan,
     kind: str,
     digest: str,
