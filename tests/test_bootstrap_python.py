@@ -13,9 +13,11 @@ Python at all, from a 3.11 client and from a 3.13 one.
     PythonMirror  bridge:port  CPython 3.11, 3.13            that says the lock is held once
       built here from pyenv (uv's layout + list)
 
-The hosts reach nothing but the bridge: uv, every package and the managed CPython come from
-the index and the mirror this module serves (``support/hostimage.py`` says how the hosts'
-systems are made to look like the stock image; ``support/pythons.py`` how the mirror is).
+AWS stand-in VMs (moto's instances, played by namespace hosts on the same bridge) boot with
+h0's system too. The hosts reach nothing but the bridge: uv, every package and the managed
+CPython come from the index and the mirror this module serves (``support/hostimage.py``
+says how the hosts' systems are made to look like the stock image; ``support/pythons.py``
+how the mirror is).
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.aws import held, nothing, standin_provider
 from support.hostimage import FAKE_SUDO, HostImage, fake_apt_get
+from support.moto import MotoServer
 from support.pools import ssh_provider
 from support.processes import our_namespaces
 from support.pythons import PythonMirror, build_install_only, pyenv_python, venv_uv
 from support.reporter import Recorder
 from support.sshhosts import USER, Hosts, PackageIndex
+from support.standin import StandInCloud
 
 import skyward as sky
 from skyward.pool.spec import PoolSpec
@@ -196,6 +201,26 @@ def test_a_host_with_no_python_and_no_unzip_gets_uv_and_cpython_with_the_shell_a
     assert "skyward: downloading uv" in recorder.text(0)
     with sky.ComputePool(provider=provider, nodes=1, image=image, quiet=True) as pool:
         assert pool.run(_where)[0] == (3, 11)
+
+
+@pytest.mark.timeout(300)
+def test_an_aws_pool_starts_on_stand_ins_that_boot_like_the_default_ami(
+    moto: MotoServer, hosts: Hosts, index: PackageIndex, mirror: PythonMirror
+) -> None:
+    """The same through the AWS provider: moto makes the instances, stand-ins whose system
+    is stock Ubuntu's play them (cloud-init's parts, the watchdog, the pinned host key)."""
+    with StandInCloud(moto, hosts, image=_UBUNTU) as cloud:
+        with sky.ComputePool(
+            provider=standin_provider(cloud),
+            nodes=2,
+            image=_image(index, mirror),
+            name="ubuntu-standins",
+            quiet=True,
+        ) as pool:
+            assert [v for v, _, _ in pool.broadcast(_where)] == [(3, 11), (3, 11)]
+        cloud.wait_for(lambda: all(s.ended for s in cloud.standins.values()), 30, "stand-ins down")
+        assert nothing(held(moto, "ubuntu-standins"))
+    assert not cloud.leftovers()
 
 
 def _client_313(tmp: Path) -> tuple[Path, float]:

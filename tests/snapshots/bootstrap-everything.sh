@@ -124,19 +124,18 @@ install_uv() {
     rm -rf "$u_dir"; return 69
   fi
   case $(ldd --version 2>&1 || true) in *musl*) u_libc=musllinux ;; *) u_libc=manylinux ;; esac
-  u_arch=$(uname -m); u_best=""; u_url=""
-  for u_href in $(tr '<' '\n' <"$u_dir/page.html" | grep -v data-yanked |
-      sed -n 's/^[aA][[:space:]].*[hH][rR][eE][fF]="\([^"]*\)".*/\1/p'); do
+  u_arch=$(uname -m)
+  tr '<' '\n' <"$u_dir/page.html" | grep -v data-yanked |
+    sed -n 's/^[aA][[:space:]].*[hH][rR][eE][fF]="\([^"]*\)".*/\1/p' >"$u_dir/links"
+  while read -r u_href; do
     u_name=${u_href%%#*}; u_name=${u_name##*/}
     case $u_name in uv-*-py3-none-*"$u_libc"*_"$u_arch".whl) ;; *) continue ;; esac
     u_version=${u_name#uv-}; u_version=${u_version%%-*}
     case $u_version in ""|*[!0-9.]*) continue ;; esac
-    at_least "$u_version" 0.8.0 || continue
-    if [ -z "$u_best" ] || ! at_least "$u_best" "$u_version"; then
-      u_best=$u_version; u_url=$u_href
-    fi
-  done
-  if [ -z "$u_best" ]; then
+    printf '%s %s\n' "$u_version" "$u_href"
+  done <"$u_dir/links" | sort -t. -k1,1n -k2,2n -k3,3n >"$u_dir/wheels"
+  u_best=$(tail -n 1 "$u_dir/wheels"); u_url=${u_best#* }; u_best=${u_best%% *}
+  if ! at_least "$u_best" 0.8.0; then
     echo "skyward: error: $u_page lists no uv wheel 0.8.0 or newer for $u_libc $u_arch:" \
       "$u_hint" >&2
     rm -rf "$u_dir"; return 69

@@ -86,7 +86,9 @@ class AWS(BaseModel):
       cheapest machine of that kind that has them). A type smaller than the pool's
       ``vcpus``/``memory_gb`` is refused.
     - ``ami`` or ``ami_parameter`` (an SSM parameter holding an AMI id): by default AWS's Deep
-      Learning Base OSS Nvidia Driver AMI for GPU machines, Canonical's Ubuntu for CPU ones.
+      Learning Base OSS Nvidia Driver AMI for GPU machines, Canonical's Ubuntu for CPU ones,
+      for the type's architecture (arm64 on Graviton). Types with GPUs older than Turing
+      (V100) have no default: that driver does not run them.
     - ``spot``: spot instances (interruptible, cheaper): the default when the pool gives no
       ``allocation=`` (which is ``"on-demand"``, ``"spot"``, ``"spot-if-available"`` or
       ``"cheapest"``).
