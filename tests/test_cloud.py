@@ -374,9 +374,7 @@ def test_the_pool_reports_its_approximate_cost_at_close() -> None:
             return None
 
     recorder = Recorder()
-    machines = Machines(
-        Priced(), pool="p", reporter=recorder, lock=threading.RLock(), closing=lambda: False
-    )
+    machines = Machines(Priced(), pool="p", reporter=recorder)
     machines.provision(request(nodes=0), 0)
     machines.terminate()
     (line,) = [s for s in recorder.statuses if "about $" in s]
