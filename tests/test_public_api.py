@@ -29,6 +29,7 @@ EXPECTED = [
     "PoolSpec",
     "PoolStatistics",
     "Provider",
+    "ProvisionCancelled",
     "ProvisionError",
     "ProvisionRequest",
     "RemoteError",

@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 Requester = Callable[[str, str, str, tuple[Any, ...]], Any]
 
 
-class Link(Protocol):
-    """A worker's channel (``_channel.Channel``), as what the pool answers it needs."""
+class FrameSender(Protocol):
+    """A worker's channel (``skyward.link.channel.Channel``), as what the pool needs to
+    answer it: a way to send it a frame."""
 
     def send(self, message: object, payload: proto.Parts | None = None) -> None: ...
 
@@ -331,7 +332,9 @@ def local_request(state: SharedState, kind: str, name: str, op: str, args: tuple
     return value
 
 
-def serve(state: SharedState, channel: Link, message: proto.Shared, parts: proto.Parts) -> None:
+def serve(
+    state: SharedState, channel: FrameSender, message: proto.Shared, parts: proto.Parts
+) -> None:
     """An operation from a worker (its channel's reader thread): answer it, now or later."""
 
     def reply(ok: bool, value: Any) -> None:

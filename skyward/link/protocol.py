@@ -53,7 +53,8 @@ class Start:
     info: Any  # InstanceInfo; typed loosely so this module stays import-light
     sys_path: list[str]
     concurrency: int
-    executor: str = "thread"  # or "process": calls run in child processes (skyward.worker.processes)
+    # or "process": calls run in child processes (skyward.worker.processes)
+    executor: str = "thread"
     relay_key: bytes = b""
 
 

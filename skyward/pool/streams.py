@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from skyward._compute import PendingCall
 from skyward._errors import PoolClosed, RemoteError, SerializationError
-from skyward.collections.proxies import Link, serve
+from skyward.collections.proxies import FrameSender, serve
 from skyward.link import protocol as proto
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Streams:
         self._values: collections.deque[proto.Parts] = collections.deque()
         self._error: BaseException | None = None  # ends the stream before the call does
         self._send: Send | None = None
-        self._channel: Link | None = None
+        self._channel: FrameSender | None = None
         self._call_id = 0
         self._taken = 0  # values taken since the last More
         self._feeders = [_Feeder(self, arg, it) for arg, it in enumerate(inputs)]
@@ -74,7 +74,7 @@ class Streams:
 
     # ── the channel's side ───────────────────────────────────────────────────────────────
 
-    def call(self, channel: Link, call_id: int) -> proto.Call:
+    def call(self, channel: FrameSender, call_id: int) -> proto.Call:
         """The call is being handed to ``channel``'s worker: its ``Call`` message. From now
         on the channel's frames for it come here (``route``)."""
         with _routes_lock:
@@ -255,11 +255,11 @@ class _Feeder:
 
 # Each channel's streaming calls, by call id, while they run: where its reader thread sends
 # their Yield and Want frames. Weak: a channel that is gone takes its entries along.
-_routes: weakref.WeakKeyDictionary[Link, dict[int, Streams]] = weakref.WeakKeyDictionary()
+_routes: weakref.WeakKeyDictionary[FrameSender, dict[int, Streams]] = weakref.WeakKeyDictionary()
 _routes_lock = threading.Lock()  # guards: _routes
 
 
-def route(shared: SharedState, channel: Link, message: Any, parts: proto.Parts) -> None:
+def route(shared: SharedState, channel: FrameSender, message: Any, parts: proto.Parts) -> None:
     """A frame the pool answers (the channel's ``on_frame``, its reader thread): a shared
     collection's request, or a streaming call's value or demand."""
     if isinstance(message, proto.Shared):

@@ -209,14 +209,15 @@ def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:
     try:
         build(allocation)
     except BaseException as exc:
-        failure = _finish(allocation.terminate)
+        failure = _run_shielded(allocation.terminate)
         if failure is not None:
             exc.add_note(f"and cleaning up failed: {failure}")
         raise
     return allocation
 
 
-def _finish(fn: Callable[[], None]) -> BaseException | None:
+def _run_shielded(fn: Callable[[], None]) -> BaseException | None:
+    """Run ``fn`` on its own thread to the end, through any Ctrl-C; what it raised."""
     errors: list[BaseException] = []
 
     def run() -> None:
