@@ -268,8 +268,9 @@ class _NthStep:
         return self.count > self._n
 
 
-def _shortest_path(pool: sky.ComputePool) -> int:
-    """The fewest steps, of a few, of a warm `>>` with another caller's call in flight."""
+def _longest_path(pool: sky.ComputePool) -> int:
+    """The most steps, of a few, of a warm `>>` with another caller's call in flight (a
+    path is shorter when the result was in before its caller waited)."""
     steps = []
     for _ in range(5):
         other = echo(0) > pool
@@ -278,7 +279,7 @@ def _shortest_path(pool: sky.ComputePool) -> int:
             echo(1) >> pool
         steps.append(counter.count)
         other.result(timeout=10)
-    return min(steps)
+    return max(steps)
 
 
 def test_a_sigint_before_any_step_of_a_calls_path_leaves_the_pool_whole() -> None:
@@ -288,11 +289,10 @@ def test_a_sigint_before_any_step_of_a_calls_path_leaves_the_pool_whole() -> Non
     # lost wake-up: a caller that read ahead another call's result and left could leave it
     # in the pipe's buffer while the reader thread slept on the empty pipe.
     with _bounded_pool(concurrency=2) as pool:
-        stride = max(1, _shortest_path(pool) // 150)
+        targets = range(0, _longest_path(pool), max(1, _longest_path(pool) // 200))
         others: list[Future[int]] = []
-        points: list[str] = []
-        target = missed = 0
-        while missed < 3:  # past the end of the path
+        points: set[str] = set()
+        for target in targets:
             others.append(echo(target) > pool)  # another caller's call, in flight
             injector = _Injector(_NthStep(target))
             try:
@@ -300,11 +300,9 @@ def test_a_sigint_before_any_step_of_a_calls_path_leaves_the_pool_whole() -> Non
                     assert echo(target) >> pool == target
             except KeyboardInterrupt:
                 assert injector.fired
-            missed = 0 if injector.fired else missed + 1
-            points.append(injector.where)
-            target += stride
-        assert len(points) > 100
-        _assert_healthy(pool, others, list(range(0, target, stride)))
+            points.add(injector.where)
+        assert len(points) > 50, sorted(points)  # distinct places where it landed
+        _assert_healthy(pool, others, list(targets))
 
 
 # ── a storm of real SIGINTs ──────────────────────────────────────────────────────────────────
