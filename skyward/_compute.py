@@ -27,6 +27,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import SerializationError
+from skyward._interrupts import hold_interrupts
 from skyward.link import protocol as proto
 from skyward.link.pickling import dumps_function
 
@@ -128,7 +129,11 @@ class PendingCall(Generic[R]):
         return dataclasses.replace(self, timeout=timeout)
 
     def __rshift__(self, pool: ComputePool) -> R:
-        return _pool(pool, ">>")._run_call(self, waited=True).result()
+        target = _pool(pool, ">>")
+        # One hold for the whole call (the pool's books and the wait hold it too, nested):
+        # a Ctrl-C lands only where the caller waits. See skyward._interrupts.
+        with hold_interrupts:
+            return target._run_call(self, waited=True).result()
 
     def __matmul__(self, pool: ComputePool) -> list[R]:
         return _pool(pool, "@")._broadcast_call(self).result()

@@ -10,6 +10,7 @@ whole, and the only place a ``KeyboardInterrupt`` can land is the wait itself.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ _POLL = 0.05
 # A future's states once it is settled (``concurrent.futures._base``'s names).
 _SETTLED = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED", "FINISHED"))
 _sleepers_lock = threading.Lock()  # guards: every CallFuture's _sleepers
+_NO_HOLD = contextlib.nullcontext()
 
 
 # Set on the threads that deliver results (the channels' readers): done-callbacks run there,
@@ -54,12 +56,14 @@ class CallFuture(Future[T]):
     at once (``>>``, ``run``) has its ``link`` set when it is sent: waiting, the caller reads
     its result off that link itself.
 
-    Safe against Ctrl-C on the main thread: every method that takes the future's lock does
-    so inside ``hold_interrupts`` (``threading.Condition.__enter__`` is Python code, and an
-    interrupt landing in it would leave the lock held and the next thread to settle this
-    future stuck), and a waiter sleeps on a lock of its own, outside the future's, so an
-    interrupt ends the wait and leaves nothing held. ``done``, ``running`` and
-    ``cancelled`` read the state without the lock (one attribute read, atomic under the GIL).
+    Safe against Ctrl-C on the main thread: every method a user may call that takes the
+    future's lock does so inside ``hold_interrupts`` (``threading.Condition.__enter__`` is
+    Python code, and an interrupt landing in it would leave the lock held and the next
+    thread to settle this future stuck; ``set_running_or_notify_cancel`` is the pool's, which
+    calls it holding interrupts already), and a waiter sleeps on a lock of its own, outside
+    the future's, so an interrupt ends the wait and leaves nothing held. ``done``,
+    ``running`` and ``cancelled`` read the state without the lock (one attribute read,
+    atomic under the GIL).
     """
 
     def __init__(self) -> None:
@@ -73,12 +77,17 @@ class CallFuture(Future[T]):
         _refuse_reentrant_wait(self)
         with hold_interrupts:
             self._wait(timeout)
-            return super().result(0)
+            if self._state == "FINISHED" and self._exception is None:
+                result: T = self._result  # settled for good: read without the lock
+                return result
+            return super().result(0)  # failed, cancelled or not settled in time: raises
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         _refuse_reentrant_wait(self)
         with hold_interrupts:
             self._wait(timeout)
+            if self._state == "FINISHED":
+                return self._exception
             return super().exception(0)
 
     def _wait(self, timeout: float | None) -> None:
@@ -109,8 +118,8 @@ class CallFuture(Future[T]):
                     self._sleepers.remove(waiter)
 
     def _wake(self) -> None:
-        # Read after the state changed (see _wait); a cancel() that failed changed nothing.
-        if self._sleepers and self._state in _SETTLED:
+        # Called after the state changed (see _wait); a cancel() that failed changed nothing.
+        if self._state in _SETTLED:
             with _sleepers_lock:
                 sleepers, self._sleepers = self._sleepers, None
             for waiter in sleepers or ():
@@ -134,25 +143,24 @@ class CallFuture(Future[T]):
             try:
                 super().set_result(result)
             finally:
-                self._wake()
+                if self._sleepers:
+                    self._wake()
 
     def set_exception(self, exception: BaseException | None) -> None:
         with hold_interrupts:
             try:
                 super().set_exception(exception)
             finally:
-                self._wake()
+                if self._sleepers:
+                    self._wake()
 
     def cancel(self) -> bool:
         with hold_interrupts:
             try:
                 return super().cancel()
             finally:
-                self._wake()
-
-    def set_running_or_notify_cancel(self) -> bool:
-        with hold_interrupts:
-            return super().set_running_or_notify_cancel()
+                if self._sleepers:
+                    self._wake()
 
     def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
         with hold_interrupts:
@@ -170,8 +178,9 @@ def _refuse_reentrant_wait(future: Future[Any]) -> None:
 
 
 def resolve(future: Future[Any], value: Any) -> None:
-    """Settle ``future`` with ``value`` unless it is already done; a Ctrl-C waits for it."""
-    with hold_interrupts:
+    """Settle ``future`` with ``value`` unless it is already done; a Ctrl-C waits for it
+    (a ``CallFuture`` holds it back itself)."""
+    with hold_interrupts if type(future) is not CallFuture else _NO_HOLD:
         try:
             future.set_result(value)
         except InvalidStateError:
@@ -180,8 +189,8 @@ def resolve(future: Future[Any], value: Any) -> None:
 
 def fail(future: Future[Any], error: BaseException) -> bool:
     """Fail ``future`` unless it is already done; True if this call failed it. A Ctrl-C
-    waits for it."""
-    with hold_interrupts:
+    waits for it (a ``CallFuture`` holds it back itself)."""
+    with hold_interrupts if type(future) is not CallFuture else _NO_HOLD:
         try:
             future.set_exception(error)
         except InvalidStateError:

@@ -281,7 +281,7 @@ class Channel:
                 payload = [] if relay is not None and relay.inbound else payload
             if self._turns is not None and not waited:
                 self._turns.want_reader()  # nobody reads for it: the reader must
-            self._send(message, payload)
+            self._send_held(message, payload)
             return True
 
     def wait_for(self, future: Future[Any], timeout: float | None) -> float | None:

@@ -325,8 +325,11 @@ class PipeReader:
             poll.register(self._fd, _READABLE)
             poll.register(self._wake_r, select.POLLIN)
             self._polls.poll = poll  # stored only once registered
+        events = poll.poll(None if timeout is None else max(0, int(timeout * 1000)))
+        if len(events) == 1 and events[0][0] == self._fd:
+            return True  # the usual answer, without the loop below
         readable = False
-        for fd, _ in poll.poll(None if timeout is None else max(0, int(timeout * 1000))):
+        for fd, _ in events:
             if fd == self._wake_r:
                 with contextlib.suppress(OSError):
                     os.read(self._wake_r, 4096)
