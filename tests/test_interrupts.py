@@ -91,6 +91,81 @@ def _bounded_pool(**options: Any) -> Iterator[sky.ComputePool]:
             pytest.fail(f"a normal close() did not return within 20 s (wedged):\n{stacks}")
 
 
+# ── holding Ctrl-C back ──────────────────────────────────────────────────────────────────────
+
+
+def _sigint_now() -> None:
+    """A SIGINT to this (the main) thread, its handler run before this returns."""
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+    time.sleep(0)  # a call: Python runs pending signal handlers after it
+
+
+def test_a_hold_delays_ctrl_c_to_its_end_and_lets_it_through_where_allowed() -> None:
+    from skyward._interrupts import allow_interrupts, hold_interrupts, holding
+
+    steps: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        with hold_interrupts:
+            assert holding()
+            _sigint_now()
+            steps.append("held")
+            with hold_interrupts:  # nested: still held, and the end of this one is not the end
+                _sigint_now()
+            steps.append("still held")
+    assert steps == ["held", "still held"]
+    assert not holding()
+    with pytest.raises(KeyboardInterrupt), hold_interrupts, allow_interrupts:
+        _sigint_now()
+        steps.append("never")
+    with pytest.raises(KeyboardInterrupt), hold_interrupts:
+        _sigint_now()
+        with allow_interrupts:  # the one held back is raised on the way in
+            steps.append("never")
+    assert steps == ["held", "still held"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_hold_calls_the_programs_own_handler_and_respects_an_ignored_sigint() -> None:
+    from skyward._interrupts import hold_interrupts
+
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        with hold_interrupts:
+            _sigint_now()
+            assert seen == []
+        assert seen == [signal.SIGINT]
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with hold_interrupts:
+            _sigint_now()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_hold_leaving_on_a_keyboard_interrupt_does_not_raise_a_second() -> None:
+    from skyward._interrupts import hold_interrupts
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with hold_interrupts:
+            _sigint_now()  # held
+            raise KeyboardInterrupt("the first")
+    assert str(raised.value) == "the first"
+    time.sleep(0)  # nothing left over to raise
+
+
+def test_a_hold_off_the_main_thread_changes_nothing() -> None:
+    from skyward._interrupts import hold_interrupts, holding
+
+    def elsewhere() -> None:
+        with hold_interrupts:
+            assert not holding()
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(elsewhere).result(timeout=10)
+
+
 # ── a SIGINT at a chosen instant ─────────────────────────────────────────────────────────────
 
 # Frames worth following: skyward's, and the standard library's futures and threading (a

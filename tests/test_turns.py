@@ -134,3 +134,27 @@ def test_an_interrupt_inside_a_frame_tears_the_link_and_goes_on() -> None:
     turns.wait_for(Future().done, 5)  # the link is over: nobody reads it again
     assert time.monotonic() - began < 1
     os.close(w)
+
+
+def test_unblock_wakes_a_thread_polling_the_pipe_for_bytes_already_buffered() -> None:
+    # A leader can read ahead, in one read, a frame another thread is waiting for; the pipe
+    # is then empty and would never wake that thread. unblock does (the race itself is
+    # caught by test_interrupts' sweep; here the read-ahead is written into the buffer).
+    r, w = os.pipe()
+    pipe = PipeReader(r)
+    answered: list[bool] = []
+    waiter = threading.Thread(target=lambda: answered.append(pipe.ready(None)))
+    waiter.start()
+    time.sleep(0.2)  # polling the empty pipe by now
+    pipe.unblock()  # nothing buffered: nothing to say
+    waiter.join(0.3)
+    assert waiter.is_alive() and answered == []
+    pipe._buffer[:1] = b"x"  # what a leader's read of two frames leaves behind
+    pipe._end = 1
+    pipe.unblock()
+    waiter.join(5)
+    assert answered == [True]
+    view = bytearray(1)
+    assert pipe.readinto(view) == 1 and view == b"x"
+    os.close(w)
+    os.close(r)
