@@ -78,8 +78,7 @@ class CallFuture(Future[T]):
         with hold_interrupts:
             self._wait(timeout)
             if self._state == "FINISHED" and self._exception is None:
-                result: T = self._result  # settled for good: read without the lock
-                return result
+                return self._result  # type: ignore[return-value]  # settled: no lock needed
             return super().result(0)  # failed, cancelled or not settled in time: raises
 
     def exception(self, timeout: float | None = None) -> BaseException | None:

@@ -200,7 +200,7 @@ class Channel:
                 read=lambda: proto.read_frame(transport.readinto),
                 dispatch=self._dispatch,
                 needs_reader=lambda: bool(self._pending),
-                torn=lambda: self.kill("the client was interrupted while reading its frame"),
+                torn=self.kill,
                 recheck=CHECK,  # a call can also end by a timeout or a close
                 unblock=transport.unblock,
                 shielded=True,

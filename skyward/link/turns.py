@@ -73,6 +73,10 @@ def _nothing() -> None:
     pass
 
 
+def _ignore(why: str) -> None:
+    pass
+
+
 _NO_HOLD = contextlib.nullcontext()
 
 
@@ -82,7 +86,9 @@ class Turns:
     ``ready(timeout)``: whether a read would not wait (data, or the end of the stream),
     waiting up to ``timeout`` (None: until it would); ``read``: one frame; ``dispatch``:
     handle one frame; ``needs_reader``: whether the reader must read once the last waiter
-    leaves (calls nobody waits for are in flight); ``torn``: a frame was left half read;
+    leaves (calls nobody waits for are in flight); ``torn(why)``: a waiter left the stream
+    unusable (a frame half read, or one it could not decode): end it (the reader thread,
+    perhaps polling the pipe, learns it from the pipe's end);
     ``recheck``: how often a leader looks whether its wait ended without a frame (None: it
     cannot); ``unblock``: make a ``ready(None)`` blocked on another thread look again, for
     what a leader read ahead and left buffered (``PipeReader.unblock``); ``shielded``:
@@ -97,7 +103,7 @@ class Turns:
         read: Callable[[], Frame],
         dispatch: Callable[[Any, list[Any]], None],
         needs_reader: Callable[[], bool] = _never,
-        torn: Callable[[], None] = _nothing,
+        torn: Callable[[str], None] = _ignore,
         recheck: float | None = None,
         unblock: Callable[[], None] = _nothing,
         shielded: bool = False,
@@ -218,12 +224,16 @@ class Turns:
                     return
             try:
                 frame = self._read()
-            except Exception as exc:  # the end (EOF, a closed pipe) or a frame we cannot decode
-                self._end(exc)  # the reader thread reports it
+            except (EOFError, OSError, ValueError) as exc:  # the end: the reader reports it
+                self._end(exc)
+                return
+            except Exception as exc:  # a frame we cannot decode: the link is unusable
+                self._end(exc)
+                self._torn(f"a frame from it could not be read ({type(exc).__name__}: {exc})")
                 return
             except BaseException:  # interrupted mid-frame: where the next frame starts is lost
                 self._end(EOFError("a frame was left half read"))
-                self._torn()
+                self._torn("the client was interrupted while reading its frame")
                 raise
             was = getattr(delivering, "active", False)
             delivering.active = True  # callbacks run here too: see CallFuture
