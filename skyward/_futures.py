@@ -37,9 +37,13 @@ _sleepers_lock = threading.Lock()  # guards: every CallFuture's _sleepers
 _NO_HOLD = contextlib.nullcontext()
 
 
+class _Delivering(threading.local):
+    active = False  # a class default: read on every wait, it must be cheap to find
+
+
 # Set on the threads that deliver results (the channels' readers): done-callbacks run there,
 # and a callback that waited there for another call would wait for itself.
-delivering = threading.local()
+delivering = _Delivering()
 
 
 class ReadableLink(Protocol):
@@ -66,14 +70,15 @@ class CallFuture(Future[T]):
     atomic under the GIL).
     """
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.link: ReadableLink | None = None
-        self._sleepers: list[Any] | None = None  # locks of waiters, released when settled
+    # Class defaults, set on an instance only when used: a map makes thousands of these.
+    link: ReadableLink | None = None
+    _sleepers: list[Any] | None = None  # locks of waiters, released when settled
 
     # ── waiting ──────────────────────────────────────────────────────────────────────────
 
     def result(self, timeout: float | None = None) -> T:
+        if self._state == "FINISHED" and self._exception is None:
+            return self._result  # type: ignore[return-value]  # settled: no lock needed
         _refuse_reentrant_wait(self)
         with hold_interrupts:
             self._wait(timeout)
@@ -167,7 +172,7 @@ class CallFuture(Future[T]):
 
 
 def _refuse_reentrant_wait(future: Future[Any]) -> None:
-    if getattr(delivering, "active", False) and not future.done():
+    if delivering.active and not future.done():
         raise RuntimeError(
             "waiting for a Skyward call inside a Future's done-callback would deadlock: "
             "callbacks run on the thread that delivers results, so the result you wait for "

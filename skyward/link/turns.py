@@ -235,7 +235,7 @@ class Turns:
                 self._end(EOFError("a frame was left half read"))
                 self._torn("the client was interrupted while reading its frame")
                 raise
-            was = getattr(delivering, "active", False)
+            was = delivering.active
             delivering.active = True  # callbacks run here too: see CallFuture
             try:
                 self._dispatch(*frame)
