@@ -308,10 +308,10 @@ def test_ctrl_c_inside_a_futures_lock_while_the_leader_settles_it() -> None:
 def test_ctrl_c_while_waiting_for_a_submitted_future_leaves_it_to_settle() -> None:
     # Waiting for a `>` future's result on the main thread: the interrupt ends the wait at
     # once; the future still settles, and waiting for it again returns the value. One that
-    # lands once the value is in is raised too (the program asked to stop), and the value
+    # lands as the value is returned is raised (the program asked to stop), and the value
     # stays for the next wait.
     def when(frame: FrameType, event: str) -> bool:
-        return event == "call" and _in(frame, "skyward/_futures.py", "_wait")
+        return event == "return" and _in(frame, "skyward/_futures.py", "result")
 
     with _bounded_pool() as pool:
         future = nap(2.0, 4) > pool
