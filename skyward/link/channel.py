@@ -173,7 +173,7 @@ class Channel:
         self._on_lost = on_lost
         self._on_broken = on_broken
         self._on_frame = on_frame  # Shared, Yield, Want, RelayFailed: for the pool
-        self._on_result = on_result  # before a result is handed over: flush partial output
+        self._flush_output = on_result  # before a result is handed over: flush partial output
         self._diagnose = diagnose  # why a node's link dropped, if its provider can tell
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
@@ -408,43 +408,52 @@ class Channel:
         self._lose()
 
     def _dispatch(self, message: object, parts: proto.Parts) -> None:
-        if isinstance(message, proto.Log):
-            self._output(self.node, "stdout", message.data)
-        elif isinstance(message, proto.Shared | proto.Yield | proto.Want | RelayFailed):
-            self._on_frame(self, message, parts)
-        elif isinstance(message, proto.Result):
-            with self._lock:
-                entry = self._pending.pop(message.call_id, None)
-            if entry is None:
-                return
-            if self._on_result is not None:
-                self._on_result(self.node)
-            if not message.ok:
-                _settle(entry[1], proto.decode_error(parts), None)
-                return
-            try:
-                value = proto.loads(parts)
-            except BaseException as exc:  # even SystemExit: it must not end this thread
-                text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
-                _settle(entry[1], RemoteError(type(exc).__name__, text, ""), None)
-                return
-            _settle(entry[1], None, value)
-        elif isinstance(message, proto.StartFailed):
-            error = proto.decode_error(parts)
-            failure = StartError(
-                f"node {self.node}: a plugin's around_app failed: {type(error).__name__}: {error}"
-            )
-            failure.__cause__ = error
-            self._control.put(failure)
-        elif isinstance(message, proto.StacksReport):
-            with self._lock:
-                request = self._stack_requests.pop(message.request_id, None)
-            if request is not None:
-                resolve(request, message)
-        elif isinstance(message, proto.Bye):
-            pass
-        else:
-            self._control.put(message)
+        # A table, not a chain of isinstance: a result, the usual frame, costs one lookup.
+        _HANDLERS.get(type(message), Channel._on_control)(self, message, parts)
+
+    def _on_result(self, message: proto.Result, parts: proto.Parts) -> None:
+        with self._lock:
+            entry = self._pending.pop(message.call_id, None)
+        if entry is None:
+            return
+        if self._flush_output is not None:
+            self._flush_output(self.node)
+        if not message.ok:
+            _settle(entry[1], proto.decode_error(parts), None)
+            return
+        try:
+            value = proto.loads(parts)
+        except BaseException as exc:  # even SystemExit: it must not end this thread
+            text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
+            _settle(entry[1], RemoteError(type(exc).__name__, text, ""), None)
+            return
+        _settle(entry[1], None, value)
+
+    def _on_log(self, message: proto.Log, parts: proto.Parts) -> None:
+        self._output(self.node, "stdout", message.data)
+
+    def _on_pool_frame(self, message: object, parts: proto.Parts) -> None:
+        self._on_frame(self, message, parts)  # Shared, Yield, Want, RelayFailed
+
+    def _on_start_failed(self, message: proto.StartFailed, parts: proto.Parts) -> None:
+        error = proto.decode_error(parts)
+        failure = StartError(
+            f"node {self.node}: a plugin's around_app failed: {type(error).__name__}: {error}"
+        )
+        failure.__cause__ = error
+        self._control.put(failure)
+
+    def _on_stacks(self, message: proto.StacksReport, parts: proto.Parts) -> None:
+        with self._lock:
+            request = self._stack_requests.pop(message.request_id, None)
+        if request is not None:
+            resolve(request, message)
+
+    def _on_bye(self, message: proto.Bye, parts: proto.Parts) -> None:
+        pass
+
+    def _on_control(self, message: object, parts: proto.Parts) -> None:
+        self._control.put(message)  # Hello, Ready: the handshake waits for them
 
     def _read_stderr(self) -> None:
         partial = b""
@@ -513,3 +522,17 @@ class Channel:
         self._transport.close()
         if self._on_lost is not None and not closing:
             self._on_lost(self, self.lost)
+
+
+# How the channel handles each frame it reads, by the frame's type (see Channel._dispatch).
+_HANDLERS: dict[type, Callable[[Channel, Any, proto.Parts], None]] = {
+    proto.Result: Channel._on_result,
+    proto.Log: Channel._on_log,
+    proto.Shared: Channel._on_pool_frame,
+    proto.Yield: Channel._on_pool_frame,
+    proto.Want: Channel._on_pool_frame,
+    RelayFailed: Channel._on_pool_frame,
+    proto.StartFailed: Channel._on_start_failed,
+    proto.StacksReport: Channel._on_stacks,
+    proto.Bye: Channel._on_bye,
+}
