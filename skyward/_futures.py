@@ -10,7 +10,6 @@ whole, and the only place a ``KeyboardInterrupt`` can land is the wait itself.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +33,6 @@ _POLL = 0.05
 # A future's states once it is settled (``concurrent.futures._base``'s names).
 _SETTLED = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED", "FINISHED"))
 _sleepers_lock = threading.Lock()  # guards: every CallFuture's _sleepers
-_NO_HOLD = contextlib.nullcontext()
 
 
 class _Delivering(threading.local):
@@ -184,22 +182,28 @@ def _refuse_reentrant_wait(future: Future[Any]) -> None:
 def resolve(future: Future[Any], value: Any) -> None:
     """Settle ``future`` with ``value`` unless it is already done; a Ctrl-C waits for it
     (a ``CallFuture`` holds it back itself)."""
-    with hold_interrupts if type(future) is not CallFuture else _NO_HOLD:
-        try:
+    try:
+        if type(future) is CallFuture:
             future.set_result(value)
-        except InvalidStateError:
-            pass  # already failed by a timeout or a close
+        else:
+            with hold_interrupts:
+                future.set_result(value)
+    except InvalidStateError:
+        pass  # already failed by a timeout or a close
 
 
 def fail(future: Future[Any], error: BaseException) -> bool:
     """Fail ``future`` unless it is already done; True if this call failed it. A Ctrl-C
     waits for it (a ``CallFuture`` holds it back itself)."""
-    with hold_interrupts if type(future) is not CallFuture else _NO_HOLD:
-        try:
+    try:
+        if type(future) is CallFuture:
             future.set_exception(error)
-        except InvalidStateError:
-            return False
-        return True
+        else:
+            with hold_interrupts:
+                future.set_exception(error)
+    except InvalidStateError:
+        return False
+    return True
 
 
 class Deadline:

@@ -203,7 +203,6 @@ class Channel:
                 torn=self.kill,
                 recheck=CHECK,  # a call can also end by a timeout or a close
                 unblock=transport.unblock,
-                shielded=True,
             )
         self._stderr_thread = threading.Thread(
             target=self._read_stderr, name=f"skyward-stderr-{node}", daemon=True
@@ -286,7 +285,8 @@ class Channel:
 
     def wait_for(self, future: Future[Any], timeout: float | None) -> float | None:
         """Read this link until ``future`` (a call sent here) is settled, the link ends, or
-        ``timeout`` passes; the time left of ``timeout``. See ``turns``."""
+        ``timeout`` passes; the time left of ``timeout``. See ``turns``. On the main thread,
+        called inside ``hold_interrupts`` (``CallFuture.result`` holds)."""
         if self._turns is None:
             return timeout
         return self._turns.wait_for(future.done, timeout)

@@ -28,14 +28,15 @@ work in flight (``needs_reader``).
 A frame is read whole by one thread (``baton``) and dispatched before the next is read, so
 frames are handled in the order they came.
 
-Ctrl-C (the client's main thread, ``shielded``): a waiter's bookkeeping, its reading of a
-frame and the frame's dispatch run inside ``hold_interrupts``; a Ctrl-C is let through
+Ctrl-C (a waiter on the client's main thread): the waiter runs inside ``hold_interrupts``
+(its caller's: ``CallFuture.result``), so its bookkeeping, its reading of a frame and the
+frame's dispatch are never split by a ``KeyboardInterrupt``; ``wait_for`` lets one through
 only where the waiter blocks holding nothing shared (polling the link, sleeping as a
 follower), so a waiter interrupted anywhere leaves the turns balanced: the reader or a
 follower takes over, and every other call's frame is dispatched. Without a hold (a
-transport of another kind, a program that ignores SIGINT), an interrupt that lands inside
-a frame leaves the stream torn: ``torn`` is called (the channel kills the worker, whose
-calls then fail with ``WorkerLost``) and the interrupt goes on.
+program whose SIGINT handler is not Python's), an interrupt that lands inside a frame
+leaves the stream torn: ``torn`` is called (the channel kills the worker, whose calls then
+fail with ``WorkerLost``) and the interrupt goes on.
 
 ``PipeReader`` (below) is the buffered pipe reader both ends read through: it can say
 whether a read would wait, which a leader needs and ``io.BufferedReader`` cannot tell.
@@ -54,7 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 from skyward._futures import delivering
-from skyward._interrupts import allow_interrupts, hold_interrupts
+from skyward._interrupts import allow_interrupts
 
 # How long the reader thread stays parked after a waiter read for itself.
 LINGER = 0.05
@@ -77,9 +78,6 @@ def _ignore(why: str) -> None:
     pass
 
 
-_NO_HOLD = contextlib.nullcontext()
-
-
 class Turns:
     """Turns at reading one link.
 
@@ -91,9 +89,8 @@ class Turns:
     perhaps polling the pipe, learns it from the pipe's end);
     ``recheck``: how often a leader looks whether its wait ended without a frame (None: it
     cannot); ``unblock``: make a ``ready(None)`` blocked on another thread look again, for
-    what a leader read ahead and left buffered (``PipeReader.unblock``); ``shielded``:
-    waiters may be a program's main thread, whose Ctrl-C must not break the turns (see the
-    module docstring). Thread-safe.
+    what a leader read ahead and left buffered (``PipeReader.unblock``). Thread-safe; a
+    waiter on the main thread waits inside ``hold_interrupts`` (see the module docstring).
     """
 
     def __init__(
@@ -106,7 +103,6 @@ class Turns:
         torn: Callable[[str], None] = _ignore,
         recheck: float | None = None,
         unblock: Callable[[], None] = _nothing,
-        shielded: bool = False,
     ) -> None:
         self._ready = ready
         self._read = read
@@ -115,9 +111,6 @@ class Turns:
         self._torn = torn
         self._recheck = recheck
         self._unblock = unblock
-        self._hold: contextlib.AbstractContextManager[Any] = (
-            hold_interrupts if shielded else _NO_HOLD
-        )
         self._baton = threading.Lock()  # guards: reading a frame, and dispatching it
         self._lock = threading.Lock()  # guards: the fields below
         self._sleepers: list[Any] = []  # locks of threads asleep until the next _wake
@@ -175,45 +168,44 @@ class Turns:
         left of ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         recheck = self._recheck
-        with self._hold:
-            with self._lock:
-                self._waiting += 1
-                self._wanted = False  # the leader reads for everyone meanwhile
-            try:
-                while not done() and not self._ended:
-                    step = recheck
-                    if deadline is not None:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            break
-                        step = left if step is None else min(left, step)
-                    if self._baton.acquire(blocking=False):
-                        try:
-                            self._lead(done, step)
-                        finally:
-                            self._baton.release()
-                        continue
-                    with self._lock:  # follow: woken by a frame, or to lead
-                        asleep = not done() and self._baton.locked() and not self._ended
-                        if asleep:
-                            waiter = self._sleeper()
+        with self._lock:
+            self._waiting += 1
+            self._wanted = False  # the leader reads for everyone meanwhile
+        try:
+            while not done() and not self._ended:
+                step = recheck
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    step = left if step is None else min(left, step)
+                if self._baton.acquire(blocking=False):
+                    try:
+                        self._lead(done, step)
+                    finally:
+                        self._baton.release()
+                    continue
+                with self._lock:  # follow: woken by a frame, or to lead
+                    asleep = not done() and self._baton.locked() and not self._ended
                     if asleep:
-                        self._sleep(waiter, step)
-            finally:
-                with self._lock:
-                    self._waiting -= 1
-                    last = not self._waiting
-                    if not last:
-                        self._wake()  # a follower leads next
-                    elif self._needs_reader():
-                        self._wanted = True  # calls nobody waits for: the reader reads them
-                        self._wake()
-                    else:
-                        self._quiet_until = time.monotonic() + LINGER
-                if last:
-                    # The reader may be polling the pipe while frames this waiter read ahead
-                    # sit in the buffer: the pipe would never wake it for them.
-                    self._unblock()
+                        waiter = self._sleeper()
+                if asleep:
+                    self._sleep(waiter, step)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+                last = not self._waiting
+                if not last:
+                    self._wake()  # a follower leads next
+                elif self._needs_reader():
+                    self._wanted = True  # calls nobody waits for: the reader reads them
+                    self._wake()
+                else:
+                    self._quiet_until = time.monotonic() + LINGER
+            if last:
+                # The reader may be polling the pipe while frames this waiter read ahead sit
+                # in the buffer: the pipe would never wake it for them.
+                self._unblock()
         return None if deadline is None else deadline - time.monotonic()
 
     def _lead(self, done: Callable[[], bool], timeout: float | None) -> None:

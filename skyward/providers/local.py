@@ -172,6 +172,7 @@ class PipeTransport:
         # still go straight into their destination buffer.
         self._stdout = process.stdout
         self._pipe = PipeReader(process.stdout.fileno())
+        self.unblock = self._pipe.unblock  # bound once: asked after every caller's wait
         self._stderr = process.stderr
         for stream in (process.stdin, process.stdout):
             _widen_pipe(stream.fileno())
@@ -191,9 +192,6 @@ class PipeTransport:
 
     def ready(self, timeout: float | None) -> bool:
         return self._pipe.ready(timeout)
-
-    def unblock(self) -> None:
-        self._pipe.unblock()
 
     def read_stderr(self) -> bytes:
         data = os.read(self._stderr.fileno(), 1 << 16)
