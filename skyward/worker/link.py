@@ -36,7 +36,7 @@ class WorkerLink:
         message, lengths = proto.read_message(readinto)
         relay = getattr(message, "relay", None)
         if relay is not None and relay.chain and self.relays is not None:
-            # A broadcast's payload, passed on down the relay chain as it arrives (_relay).
+            # A broadcast's payload, passed on down the relay chain as it arrives (relay).
             parts = self.relays.forward_from(relay.token, relay.chain, lengths, readinto)
             return message, [*parts]
         return message, [proto.read_exact(readinto, n) for n in lengths]
