@@ -859,12 +859,7 @@ def _ssh_fixtures(stack: ExitStack, count: int = 1) -> tuple[Any, Any]:
 
     from support.sshhosts import Hosts, PackageIndex
 
-    tag = os.getpid() % 250
-    taken = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    if f"skyward-{tag}-h0" in taken.split():
-        # Another run with the same tag (a test suite) owns these names; do not clobber it.
-        raise RuntimeError(f"namespace skyward-{tag}-h0 exists already; run again")
-    hosts = Hosts.start(count)
+    hosts = Hosts.start(count)  # on a subnet no other run holds (it takes a lock)
     stack.callback(hosts.close)
     index = PackageIndex(hosts.root / "index", hosts.bridge_address)
     stack.callback(index.close)

@@ -27,12 +27,14 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "AWS": "skyward.providers.aws",
     "Allocation": "skyward.providers.base",
+    "Azure": "skyward.providers.azure",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
     "ChannelError": "skyward._errors",
     "CollectiveHang": "skyward._errors",
     "Compute": "skyward._compute",
     "ComputePool": "skyward.pool",
+    "GCP": "skyward.providers.gcp",
     "HostKeyError": "skyward._errors",
     "Image": "skyward._image",
     "InstanceInfo": "skyward._info",
@@ -54,8 +56,10 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
+    "Slurm": "skyward.providers.slurm",
     "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
+    "Terminated": "skyward._errors",
     "VersionMismatch": "skyward._errors",
     "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
@@ -95,6 +99,7 @@ if TYPE_CHECKING:
         SerializationError,
         SkywardError,
         StartError,
+        Terminated,
         VersionMismatch,
         WorkerLost,
     )
@@ -109,8 +114,11 @@ if TYPE_CHECKING:
     from skyward.pool.spec import PoolSpec, Worker
     from skyward.pool.stacks import Stacks
     from skyward.providers.aws import AWS
+    from skyward.providers.azure import Azure
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
+    from skyward.providers.gcp import GCP
     from skyward.providers.local import Local
+    from skyward.providers.slurm import Slurm
     from skyward.providers.ssh import SSH
 
 

@@ -10,8 +10,10 @@
     gather(*calls) >> pool -> (fx, ...)        the same, for any number of calls
     gather(*calls, stream=True) >> pool        an iterator of their values as they finish
 
-The operators only hand the call to the pool (``ComputePool.run`` and friends); all
-scheduling lives there. ``f.local(x)`` runs ``f`` in this process, unchanged.
+The operators only hand the call to the pool's public methods: ``>>`` is ``pool.run(call)``,
+``@`` is ``pool.broadcast(call)``, ``>`` is ``pool.submit(call)``, and a group is
+``pool.submit_all(calls)``; pickling and scheduling live there. ``f.local(x)`` runs ``f`` in
+this process, unchanged.
 """
 
 from __future__ import annotations
@@ -20,15 +22,16 @@ import dataclasses
 import functools
 import inspect
 import queue
-from collections.abc import Callable, Iterator, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import SerializationError
-from skyward._interrupts import hold_interrupts
+from skyward._futures import gather as gather_futures
 from skyward.link import protocol as proto
 from skyward.link.pickling import dumps_function
 
@@ -55,14 +58,26 @@ class _Options(BaseModel):
         return value
 
 
-class ComputePool(Protocol):
-    """What the operators need of a pool (``skyward.pool.ComputePool`` is the one); named
-    here so that this module does not import the pool, which imports it."""
+class CallTarget(ABC):
+    """What the operators send calls to: ``skyward.pool.ComputePool`` is the one. Its public
+    methods, declared here so that this module does not import the pool (which imports it).
+    """
 
-    def _run_call(self, call: PendingCall[R], *, waited: bool = False) -> Future[R]: ...
-    def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]: ...
-    def _run_group(self, calls: tuple[PendingCall[Any], ...]) -> Future[tuple[Any, ...]]: ...
-    def _run_calls(self, calls: Sequence[PendingCall[Any]]) -> list[Future[Any]]: ...
+    @abstractmethod
+    def run(self, call: PendingCall[R], /) -> R:
+        """Run ``call`` on one node and return its value."""
+
+    @abstractmethod
+    def submit(self, call: PendingCall[R], /) -> Future[R]:
+        """Send ``call`` to one node; its future at once."""
+
+    @abstractmethod
+    def broadcast(self, call: PendingCall[R], /) -> list[R]:
+        """Run ``call`` on every node; the values by node rank."""
+
+    @abstractmethod
+    def submit_all(self, calls: Iterable[PendingCall[Any]], /) -> list[Future[Any]]:
+        """Send every call, each to one node; their futures, in order."""
 
 
 class Compute(Generic[P, R]):
@@ -75,9 +90,10 @@ class Compute(Generic[P, R]):
         self.fn = fn
         self.timeout = timeout
         functools.update_wrapper(self, fn)
+        self._call_name = _name(fn)  # once: f(x) in a loop of >> is on every call's path
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> PendingCall[R]:
-        return PendingCall(self.fn, args, kwargs, timeout=self.timeout)
+        return PendingCall(self.fn, args, kwargs, timeout=self.timeout, name=self._call_name)
 
     def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run in this process, as a plain call."""
@@ -129,18 +145,14 @@ class PendingCall(Generic[R]):
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         return dataclasses.replace(self, timeout=timeout)
 
-    def __rshift__(self, pool: ComputePool) -> R:
-        target = _pool(pool, ">>")
-        # One hold for the whole call (the pool's books and the wait hold it too, nested):
-        # a Ctrl-C lands only where the caller waits. See skyward._interrupts.
-        with hold_interrupts:
-            return target._run_call(self, waited=True).result()
+    def __rshift__(self, pool: CallTarget) -> R:
+        return _target(pool, ">>").run(self)
 
-    def __matmul__(self, pool: ComputePool) -> list[R]:
-        return _pool(pool, "@")._broadcast_call(self).result()
+    def __matmul__(self, pool: CallTarget) -> list[R]:
+        return _target(pool, "@").broadcast(self)
 
-    def __gt__(self, pool: ComputePool) -> Future[R]:
-        return _pool(pool, ">")._run_call(self)
+    def __gt__(self, pool: CallTarget) -> Future[R]:
+        return _target(pool, ">").submit(self)
 
     def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
         return CallGroup((self,)) & other
@@ -163,7 +175,7 @@ class PendingCall(Generic[R]):
 
     def serialize_function(self) -> bytes:
         try:
-            # Made once and reused while it would come out the same (see _pickling).
+            # Made once and reused while it would come out the same (see skyward.link.pickling).
             return dumps_function(self.fn)
         except Exception as exc:
             raise SerializationError(
@@ -179,7 +191,7 @@ class PendingCall(Generic[R]):
             except Exception:
                 return (
                     f"argument {names[i]!r} (position {i}) of {self.name}, "
-                    f"a {type(value).__name__},"
+                    f"{_a(type(value).__name__)},"
                 )
         for key, value in self.kwargs.items():
             try:
@@ -187,6 +199,35 @@ class PendingCall(Generic[R]):
             except Exception:
                 return f"argument {key!r} of {self.name}, a {type(value).__name__},"
         return f"the call {self.name}"
+
+
+def _not_a_value(operator: str) -> Callable[..., Any]:
+    """A PendingCall used as if it were its value (``f(x) + 1``, ``a, b = f(x)``, a decorated
+    function called inside another): a TypeError that says how to get the value."""
+
+    def misused(self: PendingCall[Any], *args: Any) -> Any:
+        raise TypeError(
+            f"{self.name}(...) is a call waiting to be sent to a pool, not its value, so "
+            f"`{operator}` cannot use it. Send it (`{self.name}(...) >> pool`) and use what "
+            f"comes back; inside another @sky.compute function, where it already runs on a "
+            f"node, call `{self.name}.local(...)` instead"
+        )
+
+    misused.__name__ = f"not_a_value_{operator}"
+    return misused
+
+
+# Everything a value would support that a PendingCall does not; `>`, `>>`, `@` and `&` are
+# the operators that send it.
+for _dunder, _operator in {
+    "__add__": "+", "__radd__": "+", "__sub__": "-", "__rsub__": "-", "__mul__": "*",
+    "__rmul__": "*", "__truediv__": "/", "__rtruediv__": "/", "__floordiv__": "//",
+    "__rfloordiv__": "//", "__mod__": "%", "__rmod__": "%", "__pow__": "**", "__rpow__": "**",
+    "__neg__": "-", "__pos__": "+", "__abs__": "abs()", "__lt__": "<", "__le__": "<=",
+    "__ge__": ">=", "__iter__": "iteration", "__getitem__": "[...]", "__float__": "float()",
+    "__int__": "int()", "__index__": "an index", "__round__": "round()",
+}.items():
+    setattr(PendingCall, _dunder, _not_a_value(_operator))
 
 
 @dataclass(frozen=True, eq=False)
@@ -208,18 +249,18 @@ class CallGroup:
             return CallGroup((*self.calls, other), self.stream, self.ordered)
         return NotImplemented
 
-    def __rshift__(self, pool: ComputePool) -> Any:
-        target = _pool(pool, ">>")
+    def __rshift__(self, pool: CallTarget) -> Any:
+        futures = _target(pool, ">>").submit_all(self.calls)
         if self.stream:
             # Every call is queued now; the iterator only waits for them.
-            return _as_they_finish(target._run_calls(self.calls), ordered=self.ordered)
-        return target._run_group(self.calls).result()
+            return _as_they_finish(futures, ordered=self.ordered)
+        return gather_futures(futures, tuple).result()
 
-    def __gt__(self, pool: ComputePool) -> Future[tuple[Any, ...]]:
-        target = _pool(pool, ">")
+    def __gt__(self, pool: CallTarget) -> Future[tuple[Any, ...]]:
+        target = _target(pool, ">")
         if self.stream:
             raise TypeError("gather(..., stream=True) yields values: iterate `group >> pool`")
-        return target._run_group(self.calls)
+        return gather_futures(target.submit_all(self.calls), tuple)
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -267,7 +308,15 @@ def _as_they_finish(futures: list[Future[Any]], *, ordered: bool) -> Iterator[An
 
 
 def pending_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``fn(*args, **kwargs)`` as a pending call, for the pool's methods (``pool.run(fn)``)."""
+    """``fn(*args, **kwargs)`` as a pending call, for the pool's methods (``pool.run(fn)``);
+    a pending call given alone is itself (``pool.run(f(x))``, what ``>>`` does)."""
+    if isinstance(fn, PendingCall):
+        if args or kwargs:
+            raise TypeError(
+                f"{fn.name}(...) is a call with its arguments already: pass it alone, as in "
+                f"pool.run(f(x)), or pass the function, as in pool.run(f, x)"
+            )
+        return fn
     if isinstance(fn, Compute):
         return PendingCall(fn.fn, args, kwargs, timeout=fn.timeout)
     if not callable(fn):
@@ -275,17 +324,17 @@ def pending_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     return PendingCall(fn, args, kwargs)
 
 
-def _pool(target: object, operator: str) -> ComputePool:
+def _target(target: object, operator: str) -> CallTarget:
     """``target`` if it is a pool; else a TypeError that says what the right side must be.
 
-    Without it, ``f(x) >> None`` fails with an AttributeError about a private method.
+    Without it, ``f(x) >> None`` fails with an AttributeError about ``run``.
     """
-    if hasattr(target, "_run_call") and hasattr(target, "_broadcast_call"):
-        return target  # type: ignore[return-value]
+    if isinstance(target, CallTarget):
+        return target
     if inspect.ismodule(target):
         what = f"the module {target.__name__!r}"
     else:
-        what = "None" if target is None else f"a {type(target).__name__}"
+        what = "None" if target is None else _a(type(target).__name__)
     hint = ""
     if inspect.ismodule(target) and target.__name__ == "skyward":
         # skyward 0.5 sent `>> sky` to the pool of the enclosing `with` block.
@@ -311,3 +360,8 @@ def _parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
     except (TypeError, ValueError):
         pass
     return (names + [f"#{i}" for i in range(len(names), count)])[:count]
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its article: "an int", "a list"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"

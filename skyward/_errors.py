@@ -19,6 +19,10 @@
      │                      the extra that installs it (also an ImportError)
      └─ PoolClosed          the pool is not running (never started, or already closed)
 
+``Terminated`` is no ``SkywardError``: it is a ``KeyboardInterrupt`` that SIGTERM or SIGHUP
+raise in the main thread while a pool is open (``pool/signals.py``), so that everything that
+cleans up after Ctrl-C cleans up after them too.
+
 Configuration mistakes are pydantic ``ValidationError``s (they name the field); a call that
 exceeds its ``timeout=`` raises the builtin ``TimeoutError``. A remote exception that pickles
 is re-raised as its own type with a ``RemoteTraceback`` as ``__cause__``.
@@ -166,6 +170,22 @@ class MissingDependency(SkywardError, ImportError):
 
 class PoolClosed(SkywardError):
     """The pool is not running: it was never started, or it has been closed."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived while a pool was open (a job scheduler's cancel, a closed
+    terminal, ``kill PID``). Raised in the main thread, like Ctrl-C's ``KeyboardInterrupt``,
+    so that open pools close on the way out; if nothing catches it, the process then ends
+    as killed by ``signal``."""
+
+    def __init__(self, signal: int) -> None:
+        import signal as signals
+
+        super().__init__(f"{signals.Signals(signal).name}: the process was asked to stop")
+        self.signal = signal
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Terminated, (self.signal,))
 
 
 class RemoteTraceback(Exception):

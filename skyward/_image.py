@@ -112,8 +112,14 @@ class Image(BaseModel):
       ``"3.X"``.
     - ``pip``: requirement strings, direct references included (``name @ git+https://...``);
       a path to a wheel file on this machine becomes ``name @ file:///...`` and is carried
-      to the hosts. ``index_url`` replaces the default index (a company mirror);
-      ``pip_indexes`` adds indexes scoped to named packages.
+      to the hosts. ``index_url`` replaces the default index (a company mirror), uv's own
+      download included; ``pip_indexes`` adds indexes scoped to named packages.
+    - ``python_mirror``: where a remote host that lacks the client's Python version
+      downloads a uv-managed CPython of that version: a mirror of python-build-standalone's
+      releases (uv's ``python-install-mirror``), by default its GitHub releases.
+      ``python_downloads_json_url``: the list of builds uv may install (uv's
+      ``python-downloads-json-url``), needed only when the mirror serves builds other than
+      the official ones.
     - ``apt``: Debian/Ubuntu packages; ``setup``: shell commands run after installs.
     - ``env``: environment variables every worker process starts with.
     - ``includes``: local directories or ``.py`` files (relative to the current directory,
@@ -128,7 +134,7 @@ class Image(BaseModel):
 
     The local provider uses the client's own interpreter: it applies ``env``, checks ``pip``
     against what is installed, puts ``includes`` on the workers' path, and ignores
-    ``python``, ``apt``, ``setup``, the indexes and ``bootstrap_timeout``.
+    ``python``, ``apt``, ``setup``, the indexes, the Python mirror and ``bootstrap_timeout``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
@@ -137,6 +143,8 @@ class Image(BaseModel):
     pip: tuple[str, ...] = ()
     index_url: str | None = None
     pip_indexes: tuple[PipIndex, ...] = ()
+    python_mirror: str | None = None
+    python_downloads_json_url: str | None = None
     apt: tuple[str, ...] = ()
     env: Mapping[str, str] = Field(default_factory=dict)
     setup: tuple[str, ...] = ()
@@ -197,6 +205,15 @@ class Image(BaseModel):
         if python != "auto" and not re.fullmatch(r"3\.\d{1,2}", python):
             raise ValueError(f"python must be 'auto' or '3.X', not {python!r}")
         return python
+
+    @field_validator("python_mirror", "python_downloads_json_url")
+    @classmethod
+    def _download_url(cls, url: str | None) -> str | None:
+        # uv takes these as URLs (file:// for a directory on the host); a bare path or a
+        # typo would fail only on the host, after the machines were made.
+        if url is not None and not re.match(r"(https?|file)://[^\s]+$", url):
+            raise ValueError(f"{url!r} is not an http://, https:// or file:// URL")
+        return None if url is None else url.rstrip("/")
 
     @field_validator("pip")
     @classmethod

@@ -1,27 +1,34 @@
 """Shared fixtures: a network guard, fake cloud credentials, and a leaked-worker check.
 
-The guard refuses any connection or name lookup that is not loopback or the test
-namespaces' range, so a mistake fails fast instead of leaving the machine. The leak check
-runs after every test: a test that leaves a ``skyward.worker`` process alive fails, by name.
+The guard refuses any connection or name lookup that is not loopback or routed to a bridge
+this run made (``support/netguard.py``), so a mistake fails fast instead of leaving the
+machine. The leak check runs after every test: a test that leaves a ``skyward.worker``
+process alive fails, by name.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
+from support import netguard
+from support.gcp import GCPFake
+from support.gcpcloud import GCPStandIns, MetadataServer
 from support.moto import MotoServer
 from support.pools import PoolFactory, pool_factory
 from support.processes import describe, our_namespaces, worker_processes
 from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
+
+if TYPE_CHECKING:
+    from support.azure import AzureFake
+    from support.azure_standin import AzureStandIns
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,11 +56,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = kept
 
 
-# Addresses tests may reach: loopback, and the bridge range of network namespaces that tests
-# create themselves (see TESTBED.md).
-_ALLOWED = [ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128", "10.123.0.0/16")]
-_ALLOWED_NAMES = {"localhost", "localhost.localdomain", "", None}
-
 os.environ.update(
     {
         "AWS_ACCESS_KEY_ID": "testing",
@@ -63,49 +65,11 @@ os.environ.update(
         "NO_GCE_CHECK": "True",
     }
 )
+# Pools keep their logs under the user's cache; the suite's thousand pools keep theirs apart.
+os.environ.setdefault("SKYWARD_LOG_DIR", tempfile.mkdtemp(prefix="skyward-test-logs-"))
 
-
-def _allowed_host(host: Any) -> bool:
-    if host in _ALLOWED_NAMES or host == socket.gethostname():
-        return True
-    try:
-        address = ipaddress.ip_address(str(host).split("%")[0])
-    except ValueError:
-        return False
-    return any(address in network for network in _ALLOWED)
-
-
-def _guard(address: Any) -> None:
-    if isinstance(address, tuple) and not _allowed_host(address[0]):
-        raise ConnectionRefusedError(f"test network guard: refusing to connect to {address!r}")
-
-
-_connect = socket.socket.connect
-_connect_ex = socket.socket.connect_ex
-_getaddrinfo = socket.getaddrinfo
-
-
-def _guarded_connect(self: socket.socket, address: Any) -> None:
-    _guard(address)
-    _connect(self, address)
-
-
-def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
-    _guard(address)
-    return _connect_ex(self, address)
-
-
-def _guarded_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-    if isinstance(host, bytes):
-        host = host.decode()
-    if not _allowed_host(host):
-        raise socket.gaierror(f"test network guard: refusing to look up {host!r}")
-    return _getaddrinfo(host, *args, **kwargs)
-
-
-socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
-socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
-socket.getaddrinfo = _guarded_getaddrinfo
+# Loopback, and addresses only while they route to a bridge this run made (support/netguard).
+netguard.install()
 
 
 @pytest.fixture(autouse=True)
@@ -219,6 +183,82 @@ def moto(moto_server: MotoServer) -> MotoServer:
 def standin_cloud(moto: MotoServer, ssh_hosts: Hosts) -> Iterator[StandInCloud]:
     """moto with stand-in VMs for the instances it runs in ``standin_cloud.subnet``."""
     cloud = StandInCloud(moto, ssh_hosts)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
+
+
+# ── the fake Azure Resource Manager, and stand-in VMs for its VMs ──────────────────────
+
+
+@pytest.fixture(scope="session")
+def azure_bridge_fake(ssh_hosts: Hosts) -> Iterator[AzureFake]:
+    """The fake ARM server listening on the test bridge, where stand-in VMs reach it too
+    (their watchdog calls it to delete their VM)."""
+    from support.azure import AzureFake
+
+    with AzureFake(host=ssh_hosts.bridge_address) as fake:
+        yield fake
+
+
+@pytest.fixture
+def azure_standins(azure_bridge_fake: AzureFake, ssh_hosts: Hosts) -> Iterator[AzureStandIns]:
+    """The fake ARM server, emptied, with stand-in VMs for the VMs it runs."""
+    from support.azure_standin import AzureStandIns
+
+    azure_bridge_fake.reset()
+    azure_bridge_fake.operation_polls, azure_bridge_fake.operation_seconds = 1, 1.0
+    cloud = AzureStandIns(moto=None, hosts=ssh_hosts, fake=azure_bridge_fake)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
+    assert not azure_bridge_fake.errors, azure_bridge_fake.errors[0]
+
+
+# ── the Compute Engine fake ─────────────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="session")
+def gce_server() -> Iterator[GCPFake]:
+    with GCPFake() as fake, pytest.MonkeyPatch.context() as patch:
+        for name, value in fake.environ().items():  # no metadata server for google.auth
+            patch.setenv(name, value)
+        yield fake
+
+
+@pytest.fixture
+def gce(gce_server: GCPFake) -> GCPFake:
+    """The Compute Engine fake on loopback, empty, operations done at once."""
+    gce_server.reset()
+    return gce_server
+
+
+@pytest.fixture(scope="session")
+def gce_bridge(ssh_hosts: Hosts) -> Iterator[tuple[GCPFake, MetadataServer]]:
+    """A Compute Engine fake and a metadata server on the test bridge, where stand-ins can
+    call them (the watchdog's hook deletes its own instance)."""
+    with GCPFake(host=ssh_hosts.bridge_address) as fake, pytest.MonkeyPatch.context() as patch:
+        for name, value in fake.environ().items():
+            patch.setenv(name, value)
+        metadata = MetadataServer(fake, ssh_hosts.bridge_address)
+        try:
+            yield fake, metadata
+        finally:
+            metadata.close()
+
+
+@pytest.fixture
+def gcp_standins(
+    gce_bridge: tuple[GCPFake, MetadataServer], ssh_hosts: Hosts
+) -> Iterator[GCPStandIns]:
+    """The bridge's Compute Engine fake with stand-in VMs for the instances it runs."""
+    fake, metadata = gce_bridge
+    fake.reset()
+    cloud = GCPStandIns.start(fake, ssh_hosts, metadata=metadata)
     try:
         yield cloud
     finally:

@@ -128,7 +128,10 @@ def _stopped_after_launch(
 
 
 def test_instances_are_launched_as_one_tagged_all_or_nothing_request(moto: MotoServer) -> None:
-    seen, pool = _stopped_after_launch(moto, provider(moto, disk_gb=120), accelerator="L4:4")
+    # g6.12xlarge has EFA: without cluster_network=False it would get a placement group,
+    # which moto lacks (test_aws_capacity.py checks that shape through its proxy).
+    aws = provider(moto, disk_gb=120, cluster_network=False)
+    seen, pool = _stopped_after_launch(moto, aws, accelerator="L4:4")
     instances = seen["instances"]
     assert len(instances) == 2
     assert {i["InstanceType"] for i in instances} == {"g6.12xlarge"}
@@ -186,7 +189,8 @@ def test_the_key_pair_is_the_pools_own_and_the_user_data_pins_a_host_key(
     assert document["ssh_authorized_keys"] == [key["PublicKey"].strip()]
     assert document["ssh_keys"]["ed25519_public"].startswith("ssh-ed25519 ")
     runcmd = " ".join(" ".join(c) for c in document["runcmd"])
-    assert f"{WATCHDOG_PATH} 600 22 10 900" in runcmd  # waits boot_timeout for a first client
+    # The first client is waited for boot_timeout and a margin, not idle_timeout.
+    assert f"{WATCHDOG_PATH} 600 22 10 1020" in runcmd
 
 
 def test_a_private_pool_gets_no_public_address_and_auto_ssh_is_the_vpc(
@@ -515,3 +519,92 @@ def test_what_teardown_cannot_delete_is_named_with_the_command_that_removes_it(
     )
     assert down.returncode == 0, down.stdout + down.stderr
     assert nothing(held(moto, "undeletable"))
+
+
+# ── skyward ls / down: every region, and the keys a killed client left ─────────────────
+
+
+def _cli(moto: MotoServer, *args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": moto.url,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "TMPDIR": str(tmp),
+    }
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "skyward"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_ls_and_down_find_a_pool_in_another_region_and_its_stale_key_file(
+    moto: MotoServer, tmp_path: Path
+) -> None:
+    west = moto.client("ec2", region="us-west-2")
+    tags = [{"Key": "skyward-pool", "Value": "west"}, {"Key": "skyward-owner", "Value": "me@x"}]
+    west.create_key_pair(
+        KeyName="skyward-west-abc", TagSpecifications=[{"ResourceType": "key-pair", "Tags": tags}]
+    )
+    group = west.create_security_group(
+        GroupName="skyward-west-abc",
+        Description="x",
+        TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
+    )["GroupId"]
+    # The key a client killed mid-start left, labelled as the provider labels it.
+    from skyward.providers.ssh.connection import PoolKey
+
+    about = {"provider": "aws", "region": "us-west-2", "pool": "west", "endpoint": moto.url}
+    key = PoolKey(directory=tmp_path)
+    key.label({**about, "key_pair": "gone", "pid": "0"})
+    live = PoolKey(directory=tmp_path)
+    live.label({**about, "key_pair": "skyward-west-abc", "pid": "0"})
+    running = PoolKey(directory=tmp_path)  # its client (this process) still runs
+    running.label({**about, "key_pair": "gone", "pid": str(os.getpid())})
+
+    listed = _cli(moto, "ls", tmp=tmp_path)  # no --region: every enabled region
+    assert listed.returncode == 0, listed.stderr
+    assert group in listed.stdout and "us-west-2" in listed.stdout
+    assert str(key.directory) in listed.stdout and "stale" in listed.stdout
+    assert str(live.directory) not in listed.stdout  # its key pair is still there
+    assert str(running.directory) not in listed.stdout
+    narrowed = _cli(moto, "ls", "--region", "eu-west-1", tmp=tmp_path)
+    assert group not in narrowed.stdout
+
+    removed = _cli(moto, "down", "--pool", "west", "--yes", tmp=tmp_path)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    tagged = [{"Name": "tag:skyward-pool", "Values": ["west"]}]
+    assert west.describe_security_groups(Filters=tagged)["SecurityGroups"] == []
+    assert not key.directory.exists() and not live.directory.exists()
+    assert running.directory.exists()
+    assert "Nothing left" in _cli(moto, "ls", tmp=tmp_path).stdout
+
+
+@pytest.mark.parametrize(
+    ("error", "words"),
+    [
+        ("ConnectionClosedError", "AWS closed the connection before answering"),
+        ("EndpointConnectionError", "cannot reach AWS"),
+        ("ReadTimeoutError", "AWS did not answer in time"),
+        ("ConnectTimeoutError", "connecting timed out"),
+        ("NoRegionError", "no AWS region"),
+        ("ParamValidationError", "this is a Skyward bug"),
+    ],
+)
+def test_botocore_errors_without_an_answer_are_readable(error: str, words: str) -> None:
+    import botocore.exceptions as bex
+
+    kind = getattr(bex, error)
+    made = (
+        kind(report="bad")
+        if error == "ParamValidationError"
+        else kind()
+        if error == "NoRegionError"
+        else kind(endpoint_url="https://ec2.us-east-1.amazonaws.com")
+    )
+    translated = translate(made, "launching 2 m7i.xlarge instance(s)", "us-east-1")
+    assert str(translated).startswith("launching 2 m7i.xlarge instance(s): ")
+    assert words in str(translated)
+    assert "NoneType" not in str(translated)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -17,7 +16,10 @@ from typing import Any
 import pytest
 from support.aws import Checkpoint, held, nothing, pool_key_of, request
 from support.aws import standin_provider as aws
+from support.ec2proxy import Ec2Proxy, in_subnet
+from support.markers import wait_for_markers
 from support.moto import MotoServer
+from support.pools import broadcast_in_background
 from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
@@ -78,6 +80,39 @@ def test_jax_multi_controller_toy_on_two_stand_ins(
         results = toy() @ pool
     assert [value for value, _ in results] == [-0.12398731708526611, -0.12398731708526611]
     assert nothing(held(standin_cloud.moto, "jax-standins"))
+
+
+@pytest.mark.timeout(300)
+def test_with_no_capacity_in_one_zone_the_pool_starts_in_the_next(
+    moto: MotoServer, ssh_hosts: Hosts, package_index: PackageIndex
+) -> None:
+    with StandInCloud(moto, ssh_hosts, second_zone="us-east-1b") as cloud:
+        first, second = cloud.subnets
+        with Ec2Proxy(moto.url) as proxy:
+            proxy.refuse(
+                "RunInstances",
+                "InsufficientInstanceCapacity",
+                "We currently do not have sufficient m7i.xlarge capacity in the Availability "
+                "Zone you requested (us-east-1a).",
+                when=in_subnet(first),
+                status=500,
+            )
+            # The VPC, not a subnet: the provider picks among its zones.
+            provider = aws(cloud, endpoint_url=proxy.url, vpc_id=cloud.vpc, subnet_id=None)
+            with sky.ComputePool(
+                provider=provider,
+                nodes=2,
+                image=sky.Image(index_url=package_index.url),
+                name="failover",
+                quiet=True,
+            ) as pool:
+                infos = pool.broadcast(sky.instance_info)
+            tried = [p["NetworkInterface.1.SubnetId"] for p in proxy.calls("RunInstances")]
+        assert tried[0] == first and tried[-1] == second
+        addresses = sorted(s.address for s in cloud.standins.values())
+        assert [i.head_addr for i in infos] == [addresses[0]] * 2
+        assert all(a.startswith(f"{ssh_hosts.subnet}.6") for a in addresses), addresses
+        assert nothing(held(moto, "failover"))
 
 
 # ── the leak matrix, from the SSH stage on ─────────────────────────────────────────────
@@ -160,11 +195,13 @@ with sky.ComputePool(provider=aws, nodes=2, image=sky.Image(index_url={index!r})
 
 
 def _client(cloud: StandInCloud, index: str, pool: str, log: Path, **options: Any) -> Any:
+    """The client, its temporary directory (where its pool key goes) beside ``log``."""
     settings = aws(cloud, **options).model_dump(exclude_defaults=True)
     script = _CLIENT.format(settings=settings, index=index, pool=pool)
+    env = {**os.environ, "TMPDIR": str(log.parent)}
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT, env=env
         )
 
 
@@ -176,8 +213,12 @@ def _wait_for_line(log: Path, text: str, process: Any, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def _skyward(moto: MotoServer, *args: str, answer: str = "") -> subprocess.CompletedProcess[str]:
+def _skyward(
+    moto: MotoServer, *args: str, answer: str = "", tmp: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "AWS_ENDPOINT_URL": moto.url, "AWS_DEFAULT_REGION": moto.region}
+    if tmp is not None:  # where the clients of the test put their pool keys
+        env["TMPDIR"] = str(tmp)
     return subprocess.run(
         [str(Path(sys.executable).parent / "skyward"), *args],
         input=answer,
@@ -203,12 +244,12 @@ def test_a_killed_clients_machines_power_themselves_off_and_down_removes_the_res
         assert client.poll() is None, log.read_text()
         assert all(not s.ended for s in standin_cloud.standins.values()), standin_cloud.events
         assert len(held(standin_cloud.moto, "orphan")["instances"]) == 2
-        key_file = pool_key_of(standin_cloud.moto, "orphan")
+        key_file = pool_key_of(standin_cloud.moto, "orphan", tmp_path)
         assert key_file is not None
     finally:
         client.kill()
         client.wait(30)
-    shutil.rmtree(key_file.parent)  # a killed client cannot delete its pool key
+    assert key_file.exists()  # a killed client cannot delete its pool key: down does
     standin_cloud.wait_for(
         lambda: all(s.ended for s in standin_cloud.standins.values()),
         90,
@@ -226,10 +267,11 @@ def test_a_killed_clients_machines_power_themselves_off_and_down_removes_the_res
     refused = _skyward(standin_cloud.moto, "down", "--pool", "orphan", answer="n\n")
     assert refused.returncode != 0
     assert held(standin_cloud.moto, "orphan") == left
-    removed = _skyward(standin_cloud.moto, "down", "--pool", "orphan", "--yes")
+    removed = _skyward(standin_cloud.moto, "down", "--pool", "orphan", "--yes", tmp=tmp_path)
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert nothing(held(standin_cloud.moto, "orphan"))
-    assert "Nothing left" in _skyward(standin_cloud.moto, "ls").stdout
+    assert not key_file.parent.exists(), removed.stdout
+    assert "Nothing left" in _skyward(standin_cloud.moto, "ls", tmp=tmp_path).stdout
 
 
 @pytest.mark.timeout(180)
@@ -241,12 +283,11 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
         client = _client(cloud, "http://127.0.0.1:9/simple/", "killed", log)
         try:
             _wait_for_line(log, "connecting", client, 120)
-            key_file = pool_key_of(moto, "killed")
+            key_file = pool_key_of(moto, "killed", tmp_path)
             assert key_file is not None
         finally:
             client.kill()
             client.wait(30)
-        shutil.rmtree(key_file.parent)  # a killed client cannot delete its pool key
         left = held(moto, "killed")
         assert len(left["instances"]) == 2, log.read_text()
         listed = _skyward(moto, "ls")
@@ -256,9 +297,10 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
         instances = [r for r in rows if "instance" in r]
         assert all("running" in r and "0.20" in r for r in instances), listed.stdout
         assert "about $0.40/h" in listed.stdout
-        removed = _skyward(moto, "down", "--all", "--yes")
+        removed = _skyward(moto, "down", "--all", "--yes", tmp=tmp_path)
         assert removed.returncode == 0, removed.stdout + removed.stderr
         assert nothing(held(moto, "killed"))
+        assert not key_file.parent.exists()
 
 
 # ── a machine lost (as AWS reclaims a spot instance) is replaced ───────────────────────
@@ -266,7 +308,7 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
 
 @pytest.mark.timeout(300)
 def test_an_instance_aws_takes_away_is_replaced_and_the_pool_goes_on(
-    standin_cloud: StandInCloud, package_index: PackageIndex
+    standin_cloud: StandInCloud, package_index: PackageIndex, tmp_path: Path
 ) -> None:
     with sky.ComputePool(
         provider=aws(standin_cloud, boot_timeout=60),
@@ -279,8 +321,9 @@ def test_an_instance_aws_takes_away_is_replaced_and_the_pool_goes_on(
         first = {s.address: s.instance for s in standin_cloud.standins.values()}
         lost = first["-".join(before[1].split("-")[1:]).replace("-", ".")]
         # A call in flight on node 1 when its machine goes.
-        in_flight = pool._broadcast_call(_pending(_sleep_on, 1))
-        time.sleep(0.5)
+        started = tmp_path / "started"
+        in_flight = broadcast_in_background(pool, _sleep_on, 1, str(started))
+        wait_for_markers(started)
         standin_cloud.ec2.terminate_instances(InstanceIds=[lost])  # AWS reclaims node 1
         failure = in_flight.exception(timeout=120)
         assert isinstance(failure, sky.WorkerLost)
@@ -333,12 +376,7 @@ def test_an_instance_that_ends_while_it_is_reached_fails_the_start_with_why(
         assert nothing(held(moto, made.pool))
 
 
-def _pending(fn: object, *args: object) -> object:
-    from skyward._compute import PendingCall
-
-    return PendingCall(fn, args, {})  # type: ignore[arg-type]
-
-
-def _sleep_on(rank: int) -> None:
+def _sleep_on(rank: int, started: str) -> None:
     if sky.instance_info().node == rank:
+        Path(started).touch()
         time.sleep(600)

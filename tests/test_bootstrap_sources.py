@@ -2,8 +2,8 @@
 
 MPMD libraries such as JaxPP are installed from a git revision or a wheel, not from an index.
 Here a git repository made by the test is served over HTTP from the test bridge, and a
-wheel built by the test sits on the client; an SSH host installs both, with uv and with pip,
-while an index scoped to one package still serves it, also as a dependency of the git one.
+wheel built by the test sits on the client; an SSH host installs both with uv, while an
+index scoped to one package still serves it, also as a dependency of the git one.
 """
 
 from __future__ import annotations
@@ -115,9 +115,7 @@ def _where() -> tuple[tuple[str, str], str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("installer", ["uv", "pip"])
 def test_a_git_revision_and_a_local_wheel_install_on_a_host_with_index_scoping_intact(
-    installer: str,
     ssh_hosts: Hosts,
     package_index: PackageIndex,
     git_repository: tuple[str, str],
@@ -126,37 +124,25 @@ def test_a_git_revision_and_a_local_wheel_install_on_a_host_with_index_scoping_i
 ) -> None:
     url, revision = git_repository
     main, extra = scoped_indexes
-    index = main
-    if installer == "pip":  # an index without uv: the bootstrap falls back to venv and pip
-        no_uv = PackageIndex(tmp_path / "no-uv", ssh_hosts.bridge_address, port=8713)
-        no_uv.add(w for w in package_index.simple.glob("*/*.whl") if not w.name.startswith("uv-"))
-        index = no_uv.url
-    try:
-        wheel = _large_wheel(tmp_path)
-        image = sky.Image(
-            pip=[f"skygit @ git+{url}@{revision}", str(wheel)],
-            pip_indexes=[sky.PipIndex(url=extra, packages=["skyscope"])],
-            index_url=index,
-        )
-        assert image.pip[1] == f"skywheel @ {wheel.as_uri()}"
-        provider = ssh_provider(ssh_hosts, workdir=f"~/.cache/skyward-{uuid.uuid4().hex[:8]}")
+    wheel = _large_wheel(tmp_path)
+    image = sky.Image(
+        pip=[f"skygit @ git+{url}@{revision}", str(wheel)],
+        pip_indexes=[sky.PipIndex(url=extra, packages=["skyscope"])],
+        index_url=main,
+    )
+    assert image.pip[1] == f"skywheel @ {wheel.as_uri()}"
+    provider = ssh_provider(ssh_hosts, workdir=f"~/.cache/skyward-{uuid.uuid4().hex[:8]}")
 
-        first = _provision(provider, image)
-        again = _provision(provider, image)  # the script, wheel included, is sent again
+    first = _provision(provider, image)
+    again = _provision(provider, image)  # the script, wheel included, is sent again
 
-        assert re.search(r"write skywheel-1.0-py3-none-any.whl \(307\d KiB\)", first), first
-        if installer == "uv":
-            assert "uv pip install" in first
-        else:
-            assert "using python -m venv and pip" in first and "/bin/pip install" in first
-        assert re.search(r"^skyward: image \w+ installed$", first, re.M), first
-        assert "is already installed" in again and "write skywheel" not in again
-        with sky.ComputePool(provider=provider, image=image, quiet=True) as pool:
-            # skyscope, which only skygit asks for, comes from the index scoped to it
-            assert pool.run(_where) == (("git", "2.0"), "wheel")
-    finally:
-        if installer == "pip":
-            no_uv.close()
+    assert re.search(r"write skywheel-1.0-py3-none-any.whl \(307\d KiB\)", first), first
+    assert "uv pip install" in first
+    assert re.search(r"^skyward: image \w+ installed$", first, re.M), first
+    assert "is already installed" in again and "write skywheel" not in again
+    with sky.ComputePool(provider=provider, image=image, quiet=True) as pool:
+        # skyscope, which only skygit asks for, comes from the index scoped to it
+        assert pool.run(_where) == (("git", "2.0"), "wheel")
 
 
 def test_a_wheel_path_is_a_requirement_on_the_file_and_unusable_sources_are_refused(

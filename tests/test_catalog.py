@@ -83,15 +83,78 @@ def test_an_accelerator_a_cloud_lacks_lists_what_it_has() -> None:
     assert "L4" in str(caught.value)
 
 
-def test_prices_are_known_for_aws_only_where_the_catalog_has_them() -> None:
-    assert catalog.price("aws", "g5.xlarge") == pytest.approx(1.006)
+def test_prices_are_per_region_and_unknown_where_the_table_has_none() -> None:
+    assert catalog.price("aws", "g5.xlarge") == pytest.approx(1.006)  # us-east-1
+    assert catalog.price("aws", "g5.xlarge", "us-east-1") == pytest.approx(1.006)
+    assert catalog.price("aws", "g5.xlarge", "eu-west-1") > 1.006  # dearer in Ireland
+    assert catalog.price("aws", "m7i.xlarge", "eu-west-1") == pytest.approx(0.2247)
     assert catalog.price("aws", "x9.unknown") is None
-    assert catalog.price("gcp", "a2-highgpu-1g") is None
+    assert catalog.price("aws", "p5.48xlarge", "xx-nowhere-1") is None
+    # GCP's table is its reference region's (us-central1) only.
+    assert catalog.price("gcp", "a2-highgpu-1g") == pytest.approx(3.673385)
+    assert catalog.price("gcp", "a2-highgpu-1g", "europe-west4") is None
 
 
-def test_each_cloud_lists_one_machine_per_accelerator_count_and_memory() -> None:
-    seen: set[tuple[str, str | None, int, int]] = set()
+def test_gcp_n1_machines_are_priced_by_their_gpus_not_by_their_shared_type() -> None:
+    t4, v100 = catalog.choose("gcp", "T4:2"), catalog.choose("gcp", "V100:1")
+    assert t4.type == v100.type == "n1-standard-8"
+    assert catalog.machine_price(t4) == pytest.approx(0.38 + 2 * 0.35, abs=0.001)
+    assert catalog.machine_price(v100) == pytest.approx(0.38 + 2.48, abs=0.001)
+    assert v100.hourly == catalog.machine_price(v100)
+    assert catalog.machine_price(v100, "europe-west4") is None
+    unpriced = {m.type for m in catalog.machines("gcp") if m.hourly is None}
+    assert unpriced == {"a3-megagpu-8g", "a3-ultragpu-8g"}  # not published per machine
+
+
+def test_every_aws_machine_has_a_price_in_the_reference_region() -> None:
+    assert all(m.hourly for m in catalog.machines("aws")), "prices.py lacks a type"
+
+
+def test_each_machine_type_is_listed_once_per_accelerator() -> None:
+    seen: set[tuple[str, str, str | None]] = set()
     for machine in catalog.MACHINES:
-        key = (machine.cloud, machine.accelerator, machine.count, machine.memory_gb)
+        key = (machine.cloud, machine.type, machine.accelerator)
         assert key not in seen, machine
         seen.add(key)
+
+
+def test_vcpus_and_memory_pick_the_cheapest_machine_that_has_them() -> None:
+    assert catalog.choose("aws", None, vcpus=64, memory_gb=256).type == "m7i.16xlarge"
+    assert catalog.choose("aws", None, vcpus=2).type == "m7i.large"
+    assert catalog.choose("aws", None).type == "m7i.xlarge"  # the default, unasked
+    assert catalog.choose("aws", "L4", vcpus=16).type == "g6.4xlarge"
+    assert catalog.choose("aws", "L4:4", memory_gb=300).type == "g6.24xlarge"
+    assert catalog.choose("aws", "A10G", memory_gb=100).type == "g5.8xlarge"
+
+
+def test_a_request_no_machine_satisfies_names_the_largest() -> None:
+    with pytest.raises(ValueError) as caught:
+        catalog.choose("aws", "L4:1", vcpus=128)
+    assert "g6.16xlarge (64 vCPUs" in str(caught.value)
+
+
+def test_matching_lists_every_fitting_machine_cheapest_first() -> None:
+    found = [m.type for m in catalog.matching("aws", "T4", vcpus=8)]
+    assert found[0] == "g4dn.2xlarge"
+    assert "g4dn.xlarge" not in found
+    assert found == sorted(found, key=lambda t: catalog.price("aws", t) or 0)
+
+
+def test_failover_alternatives_keep_the_accelerator_count_and_grow_only() -> None:
+    a100 = catalog.choose("aws", "A100:8")
+    assert [m.type for m in catalog.alternatives(a100, "A100:8")] == ["p4de.24xlarge"]
+    assert catalog.alternatives(a100, "A100-40GB:8") == []  # memory pinned
+    l4 = catalog.choose("aws", "L4")
+    moved = [m.type for m in catalog.alternatives(l4, "L4")]
+    assert moved[0] == "g6.2xlarge" and all(catalog.find("aws", t).count == 1 for t in moved)
+    assert catalog.alternatives(catalog.choose("aws", None), None) == []
+
+
+def test_an_instance_type_smaller_than_the_request_is_refused() -> None:
+    small = catalog.find("aws", "m7i.xlarge")
+    assert small is not None
+    with pytest.raises(ValueError, match="fewer than vcpus=64"):
+        catalog.refuse_contradiction(small, vcpus=64, memory_gb=None, given="instance_type")
+    with pytest.raises(ValueError, match="less than memory_gb=256"):
+        catalog.refuse_contradiction(small, vcpus=None, memory_gb=256, given="instance_type")
+    catalog.refuse_contradiction(small, vcpus=4, memory_gb=16, given="instance_type")

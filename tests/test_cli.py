@@ -45,10 +45,11 @@ def test_doctor_on_a_machine_without_credentials_says_what_is_missing(tmp_path: 
     assert "fix: `ssh-keygen -t ed25519` and `ssh-copy-id user@host`" in out
     assert "· AWS credentials: none found" in out
     assert "fix: run `aws configure`" in out
-    assert "· GCP credentials: none found" in out
-    assert "fix: run `gcloud auth application-default login`" in out
-    assert "· Azure credentials: none found" in out
-    assert "fix: run `az login`" in out
+    # Credentials are checked for the clouds this release has a provider for, and only those.
+    assert ("· GCP credentials: none found" in out) == ("GCP" in sky.__all__)
+    assert ("fix: run `gcloud auth application-default login`" in out) == ("GCP" in sky.__all__)
+    assert ("· Azure credentials: none found" in out) == ("Azure" in sky.__all__)
+    assert ("fix: run `az login`" in out) == ("Azure" in sky.__all__)
 
 
 def test_doctor_finds_credentials_in_config_files_and_never_prints_secrets(
@@ -74,9 +75,11 @@ def test_doctor_finds_credentials_in_config_files_and_never_prints_secrets(
     out = result.stdout
     assert result.returncode == 0, result.stderr
     assert f"✔ AWS credentials: profile 'default' in {aws / 'credentials'}; region eu-west-1" in out
-    assert "✔ GCP credentials: application default credentials in" in out
-    assert "project my-project" in out
-    assert "✔ Azure credentials: Azure CLI login in" in out and "subscription sub-1" in out
+    if "GCP" in sky.__all__:
+        assert "✔ GCP credentials: application default credentials in" in out
+        assert "project my-project" in out
+    if "Azure" in sky.__all__:
+        assert "✔ Azure credentials: Azure CLI login in" in out and "subscription sub-1" in out
     assert "s3cr3t" not in out and "AKIDEXAMPLE" not in out
 
 
@@ -108,7 +111,7 @@ def test_doctor_reports_a_malformed_config_instead_of_failing(tmp_path: Path) ->
     assert result.returncode == 0
     assert "Traceback" not in result.stdout + result.stderr
     assert "· AWS credentials: could not read its configuration" in result.stdout
-    assert "GCP credentials" in result.stdout  # the report carried on
+    assert "Local pools need nothing more" in result.stdout  # the report carried on
 
 
 def test_doctor_never_opens_a_socket_or_resolves_a_name(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ client's address, and "create, then open, or destroy"."""
 from __future__ import annotations
 
 import http.server
+import signal
 import socket
 import threading
 import time
@@ -262,3 +263,119 @@ def test_a_successful_build_keeps_everything() -> None:
     allocation = _Recording()
     assert cloud.open_or_destroy(allocation, lambda made: None) is allocation
     assert allocation.released == 0
+
+
+@pytest.mark.timeout(30)
+def test_ctrl_c_during_the_cleanup_of_a_failed_start_waits_for_the_cleanup_to_finish() -> None:
+    # On Python 3.11 an interrupted Thread.join marks a running thread as stopped: a wait
+    # built on join would return here while the clean-up is still deleting things.
+    started, may_end = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    class Slow(Allocation):
+        def release(self) -> None:
+            started.set()
+            may_end.wait(20)
+            finished.append("released")
+
+    main = threading.get_ident()
+
+    def press_ctrl_c_three_times() -> None:
+        assert started.wait(20)
+        for _ in range(3):
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.3)
+        may_end.set()
+
+    presser = threading.Thread(target=press_ctrl_c_three_times)
+    presser.start()
+
+    def build(made: Slow) -> None:
+        raise RuntimeError("no capacity")
+
+    try:
+        with pytest.raises(RuntimeError, match="no capacity"):
+            cloud.open_or_destroy(Slow([]), build)
+        assert finished == ["released"]
+    finally:
+        may_end.set()
+        presser.join(20)
+
+
+def test_the_first_client_is_waited_for_its_own_bound_not_the_idle_one() -> None:
+    key = cloud.HostKey.generate()
+    text = cloud.user_data(
+        host_key=key,
+        authorized_key=_CLIENT_KEY,
+        idle_timeout=1800,
+        first_client_timeout=cloud.first_client_bound(600),
+    )
+    started = [" ".join(c) for c in yaml.safe_load(text)["runcmd"] if cloud.WATCHDOG_PATH in c[-1]]
+    # A client killed before it ever connected costs boot_timeout + 2 min, not 30 min.
+    assert f"{cloud.WATCHDOG_PATH} 1800 22 10 720 " in started[0]
+
+
+# ── a port that accepts and never speaks ───────────────────────────────────────────────
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_ssh_port_is_retried_within_boot_timeout_then_named() -> None:
+    from skyward._futures import Deadline
+    from skyward.providers.ssh.connection import Target
+    from skyward.providers.ssh.hosts import Access, HostTarget, connect
+
+    accepted: list[socket.socket] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+
+        def accept() -> None:
+            while True:
+                try:
+                    connection, _ = server.accept()
+                except OSError:
+                    return
+                accepted.append(connection)  # held open, never a byte: no SSH banner
+
+        threading.Thread(target=accept, daemon=True).start()
+        target = HostTarget(
+            Target("127.0.0.1", server.getsockname()[1], "me"),
+            host_key=cloud.HostKey.generate().public,
+        )
+        started = time.monotonic()
+        with pytest.raises(ProvisionError) as caught:
+            connect(target, Access(boot_timeout=4, connect_timeout=1.5), Deadline(30, "test"))
+        took = time.monotonic() - started
+    for connection in accepted:
+        connection.close()
+    message = str(caught.value)
+    assert "accepted the connection but no SSH server answered" in message
+    assert "still failing after 4 s of retries" in message
+    assert len(accepted) >= 2, "retried, as a refused port is"
+    assert 3 < took < 15
+
+
+def test_the_pool_reports_its_approximate_cost_at_close() -> None:
+    from support.aws import request
+    from support.reporter import Recorder
+
+    from skyward.pool.machines import Machines
+
+    class Priced:
+        kind = "priced"
+
+        def check(self, request: object) -> None:
+            pass
+
+        def provision(self, request: object, reporter: object) -> Allocation:
+            made = Allocation([])
+            made.hourly_cost, made.describe = 3.6, "2 x m7i.xlarge on-demand in us-east-1a"
+            return made
+
+        def inventory(self) -> None:
+            return None
+
+    recorder = Recorder()
+    machines = Machines(Priced(), pool="p", reporter=recorder)
+    machines.provision(request(nodes=0), 0)
+    machines.terminate()
+    (line,) = [s for s in recorder.statuses if "about $" in s]
+    assert line.startswith("pool p: about $0.00 for 0.0 min at about $3.60/h (2 x m7i.xlarge")

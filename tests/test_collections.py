@@ -256,7 +256,9 @@ def test_a_lost_worker_releases_its_locks_and_breaks_barriers_others_wait_at() -
         dying = pool.submit(hold_then_die, "l")
         wait_until(lambda: pool.dict("l").get("held"), "the lock to be taken")
         waiter = pool.submit(lambda: sky.barrier("b", 2).wait())  # the other node, alone
-        wait_until(lambda: sum(pool.statistics().in_flight) == 2, "both calls to run")
+        # The barrier must hold the waiter before the holder dies: a barrier made after the
+        # loss has lost no one, and rightly waits for the replaced node.
+        wait_until(lambda: pool.barrier("b", 2).n_waiting == 1, "the other node to wait")
         taker = threading.Thread(target=lambda: pool.lock("l").acquire())
         taker.start()
         pool.queue("l").put("die")

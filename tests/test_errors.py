@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import sys
 import threading
@@ -12,7 +14,8 @@ from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
 
 import pytest
-from support.pools import PoolFactory
+from support.markers import per_node, wait_for_markers
+from support.pools import PoolFactory, broadcast_in_background
 
 import skyward as sky
 
@@ -40,7 +43,10 @@ def pid() -> int:
 
 
 @sky.compute
-def wait_for(path: str, seconds: float = 60) -> str:
+def wait_for(path: str, seconds: float = 60, started: str = "") -> str:
+    """Wait for ``path``; first make ``{started}-{node}``, if given, to say it runs."""
+    if started:
+        Path(f"{started}-{sky.instance_info().node}").touch()
     deadline = time.monotonic() + seconds
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -101,8 +107,9 @@ def test_sigkill_during_a_call_raises_worker_lost_promptly(
 ) -> None:
     victim = pool.broadcast(pid)[1]
     gate = tmp_path / "gate"
-    futures = [wait_for(str(gate)) > pool for _ in range(2)]  # one per node
-    time.sleep(0.3)  # both are running
+    started = tmp_path / "started"
+    futures = [wait_for(str(gate), started=str(started)) > pool for _ in range(2)]  # one a node
+    wait_for_markers(*per_node(started, 2))  # both are running
     os.kill(victim, signal.SIGKILL)
     done, _ = wait(futures, timeout=5, return_when=FIRST_EXCEPTION)
     gate.touch()
@@ -172,7 +179,7 @@ def test_timeout_raises_timeout_error_and_recycles_the_worker(
 
 
 def test_version_mismatch_is_reported_before_user_code_is_sent(tmp_path: Path) -> None:
-    other = _other_python()
+    other, minor = _other_python()
     marker = tmp_path / "entered"
 
     def record(_info: sky.InstanceInfo) -> object:
@@ -180,18 +187,27 @@ def test_version_mismatch_is_reported_before_user_code_is_sent(tmp_path: Path) -
         return open(os.devnull)
 
     plugin = sky.Plugin(name="record", around_app=record)
-    with pytest.raises(sky.VersionMismatch, match=r"node 0 runs Python 3\.12"):
+    with pytest.raises(sky.VersionMismatch, match=rf"node 0 runs Python {re.escape(minor)}"):
         with sky.ComputePool(sky.Local(python=other), plugins=[plugin]):
             pass
     assert not marker.exists()
 
 
-def _other_python() -> str:
-    for root in sorted(Path("/root/.pyenv/versions").glob("3.12*")):
-        candidate = root / "bin" / "python3.12"
-        if candidate.exists():
-            return str(candidate)
-    pytest.fail("this test needs a Python 3.12 interpreter (pyenv's) to play a mismatched worker")
+def _other_python() -> tuple[str, str]:
+    """An interpreter of another minor version than this client's, and that version: the
+    suite runs on 3.11, 3.12 and 3.13 clients, each finding one of the others."""
+    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for minor in ("3.12", "3.11", "3.13"):
+        if minor == ours:
+            continue
+        for root in sorted(Path("/root/.pyenv/versions").glob(f"{minor}.*")):
+            candidate = root / "bin" / f"python{minor}"
+            if candidate.exists():
+                return str(candidate), minor
+        found = shutil.which(f"python{minor}")
+        if found:
+            return found, minor
+    pytest.fail(f"this test needs a Python other than {ours} (3.11, 3.12 or 3.13) to play a worker")
 
 
 def test_remote_system_exit_does_not_exit_the_client(pool: sky.ComputePool) -> None:
@@ -219,8 +235,9 @@ def test_a_gang_plugin_restarts_every_worker_when_one_is_lost(
     gate = tmp_path / "never"
     with make_pool(nodes=3, plugins=[sky.Plugin(name="tied", gang=True)]) as pool:
         before = pool.broadcast(pid)
-        futures = [wait_for(str(gate)) > pool for _ in range(3)]  # one per node
-        time.sleep(0.3)
+        started = tmp_path / "started"
+        futures = [wait_for(str(gate), started=str(started)) > pool for _ in range(3)]
+        wait_for_markers(*per_node(started, 3))  # one per node, each running
         os.kill(before[1], signal.SIGKILL)
         errors = [f.exception(timeout=30) for f in futures]
         assert all(isinstance(e, sky.WorkerLost) for e in errors)
@@ -260,9 +277,9 @@ def test_a_gang_broadcast_runs_on_one_generation_of_workers(
     plugins = [sky.Plugin(name="tied", gang=True)]
     with sky.ComputePool(nodes=3, plugins=plugins, console="off") as pool:
         before = pool.broadcast(pid)
-        dropping = pool._scheduler.slots[1].channel
+        dropping = pool._scheduler.workers()[1]
         assert dropping is not None
-        dropped = pool._broadcast_call(drop_link_on_node_1())
+        dropped = broadcast_in_background(pool, drop_link_on_node_1)
         deadline = time.monotonic() + 20
         while not dropping.broken and time.monotonic() < deadline:
             time.sleep(0.01)

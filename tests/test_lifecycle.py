@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pydantic
 import pytest
+from support.markers import per_node, wait_for_markers
 from support.pools import PoolFactory
 from support.processes import worker_processes
 
@@ -48,12 +49,22 @@ def getenv(key: str) -> str | None:
     return os.environ.get(key)
 
 
-def _interrupt_main_when(ready: Callable[[], bool], then: float) -> None:
+def _wait_for_gate(gate: str) -> None:
+    while not os.path.exists(gate):
+        time.sleep(0.01)
+
+
+def _mark_then_sleep(marker: str, seconds: float) -> None:
+    """Say the call runs (make ``marker``, ``{node}`` filled in), then sleep."""
+    Path(marker.replace("{node}", str(sky.instance_info().node))).touch()
+    time.sleep(seconds)
+
+
+def _interrupt_main_when(ready: Callable[[], bool]) -> None:
     def wait_then_interrupt() -> None:
         deadline = time.monotonic() + 50
         while not ready() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(then)
+            time.sleep(0.01)
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     threading.Thread(target=wait_then_interrupt, daemon=True).start()
@@ -112,12 +123,12 @@ def test_ctrl_c_during_a_call_interrupts_it_and_runs_teardown(
     make_pool: PoolFactory, tmp_path: Path
 ) -> None:
     log = tmp_path / "events"
-    # Ctrl-C once both workers are inside their plugin and the call has had time to begin
-    # (a fixed delay would sometimes land in the pool's start on a busy machine).
-    _interrupt_main_when(lambda: bool(events(log, 0) and events(log, 1)), then=0.5)
+    started = per_node(tmp_path / "started", 2)
+    # Ctrl-C once the call runs on both workers (inside their plugin).
+    _interrupt_main_when(lambda: all(marker.exists() for marker in started))
     with pytest.raises(KeyboardInterrupt):
         with make_pool(nodes=2, plugins=[recorder("p", log)]) as pool:
-            pool.broadcast(time.sleep, 120)
+            pool.broadcast(_mark_then_sleep, str(tmp_path / "started-{node}"), 120)
     assert not worker_processes()
     # the workers were interrupted gracefully, so their contexts were left
     assert events(log, 0) == ["p enter", "p exit"]
@@ -129,15 +140,18 @@ def test_ctrl_c_during_start_closes_what_was_started(
     make_pool: PoolFactory, tmp_path: Path
 ) -> None:
     log = tmp_path / "events"
+    inside = tmp_path / "inside-slow"
 
     @contextlib.contextmanager
     def slow(info: sky.InstanceInfo) -> Iterator[None]:
+        if info.node == 0:
+            inside.touch()
         time.sleep(120)  # a plugin waiting for something that never comes
         yield
 
     plugins = [recorder("p", log), sky.Plugin(name="slow", around_app=slow)]
     # once node 0 is inside its plugins (an SSH host may still be bootstrapping at 1.5 s)
-    _interrupt_main_when(lambda: bool(events(log, 0)), then=0.2)
+    _interrupt_main_when(inside.exists)
     with pytest.raises(KeyboardInterrupt):
         make_pool(nodes=2, plugins=plugins).start()
     assert not worker_processes()
@@ -145,16 +159,20 @@ def test_ctrl_c_during_start_closes_what_was_started(
 
 
 @pytest.mark.timeout(60)
-def test_a_worker_that_ignores_shutdown_is_killed_after_the_bound(make_pool: PoolFactory) -> None:
-    def stubborn() -> None:
+def test_a_worker_that_ignores_shutdown_is_killed_after_the_bound(
+    make_pool: PoolFactory, tmp_path: Path
+) -> None:
+    def stubborn(started: str) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        Path(started).touch()
         while True:
             time.sleep(0.05)  # swallows KeyboardInterrupt by ignoring SIGINT
 
     pool = make_pool(nodes=1, shutdown_timeout=1.0).start()
-    future = pool.submit(stubborn)
-    time.sleep(0.3)
+    started = tmp_path / "started"
+    future = pool.submit(stubborn, str(started))
+    wait_for_markers(started)
     pool.close(wait=False)
     assert not worker_processes()
     with pytest.raises(sky.PoolClosed):
@@ -220,11 +238,12 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.timeout(60)
 def test_calls_interrupted_by_a_cancelling_close_fail_with_pool_closed(
-    make_pool: PoolFactory,
+    make_pool: PoolFactory, tmp_path: Path
 ) -> None:
     pool = make_pool(nodes=2).start()
-    futures = [pool.submit(time.sleep, 30) for _ in range(2)]
-    time.sleep(0.5)
+    started = [tmp_path / f"started-{i}" for i in range(2)]
+    futures = [pool.submit(_mark_then_sleep, str(marker), 30) for marker in started]
+    wait_for_markers(*started)
     pool.close(wait=False)
     for future in futures:
         assert isinstance(future.exception(timeout=10), sky.PoolClosed)
@@ -238,8 +257,9 @@ def test_a_cancelling_close_with_concurrency_still_runs_teardown(
     pool = make_pool(
         nodes=1, concurrency=2, plugins=[recorder("p", log)], shutdown_timeout=30
     ).start()
-    futures = [pool.submit(time.sleep, 60) for _ in range(2)]
-    time.sleep(0.5)
+    started = [tmp_path / f"started-{i}" for i in range(2)]
+    futures = [pool.submit(_mark_then_sleep, str(marker), 60) for marker in started]
+    wait_for_markers(*started)
     pool.close(wait=False)
     # "p exit" shows the worker left gracefully rather than being killed after 30 s
     assert events(log) == ["p enter", "p exit"]
@@ -253,10 +273,15 @@ def test_a_cancelling_close_runs_teardown_for_a_client_that_ignores_sigint(
     # What a client started with `nohup ... &` (or by a job scheduler) looks like: SIGINT
     # ignored, which its workers inherit unless they undo it.
     log = tmp_path / "events"
+    started = tmp_path / "started"
     script = textwrap.dedent(
         f"""
-        import contextlib, time
+        import contextlib, os, time
         import skyward as sky
+
+        def mark_then_sleep(marker, seconds):
+            open(marker, "w").close()
+            time.sleep(seconds)
 
         @contextlib.contextmanager
         def around(info):
@@ -270,8 +295,9 @@ def test_a_cancelling_close_runs_teardown_for_a_client_that_ignores_sigint(
 
         pool = sky.ComputePool(nodes=1, plugins=[sky.Plugin(name="p", around_app=around)],
                                shutdown_timeout=30, quiet=True).start()
-        future = pool.submit(time.sleep, 60)
-        time.sleep(0.5)
+        future = pool.submit(mark_then_sleep, {str(started)!r}, 60)
+        while not os.path.exists({str(started)!r}):  # the call runs
+            time.sleep(0.01)
         pool.close(wait=False)
         print(type(future.exception(timeout=20)).__name__)
         """
@@ -291,15 +317,21 @@ def test_a_cancelling_close_runs_teardown_for_a_client_that_ignores_sigint(
 
 @pytest.mark.timeout(60)
 def test_closing_refuses_new_calls_while_it_waits_for_submitted_ones(
-    make_pool: PoolFactory,
+    make_pool: PoolFactory, tmp_path: Path
 ) -> None:
     pool = make_pool(nodes=1).start()
-    running = pool.submit(time.sleep, 1.0)
+    gate = tmp_path / "gate"
+    running = pool.submit(_wait_for_gate, str(gate))
     closer = threading.Thread(target=pool.close)
     closer.start()
-    time.sleep(0.3)
-    with pytest.raises(sky.PoolClosed, match="draining"):
-        pool.submit(abs, 1)
+    try:
+        deadline = time.monotonic() + 30
+        while pool.statistics().state != "draining" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(sky.PoolClosed, match="draining"):
+            pool.submit(abs, 1)
+    finally:
+        gate.touch()
     closer.join(30)
     assert not closer.is_alive()
     assert running.result(timeout=0) is None

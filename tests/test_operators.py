@@ -97,6 +97,27 @@ def test_pool_methods_match_the_operators(pool: sky.ComputePool) -> None:
     assert pool.run(pow, 2, 10) == 1024
 
 
+def test_a_pending_call_given_alone_to_a_pool_method_is_the_operator(
+    pool: sky.ComputePool,
+) -> None:
+    # What the operators call: `f(x) >> pool` is `pool.run(f(x))`, and so on.
+    assert pool.run(square(3)) == 9
+    assert pool.submit(square(4)).result(timeout=30) == 16
+    assert [n for n, _ in pool.broadcast(where())] == [0, 1, 2, 3]
+    assert [f.result(timeout=30) for f in pool.submit_all([square(5), square(6)])] == [25, 36]
+    with pytest.raises(TypeError, match=r"pass it alone"):
+        pool.run(square(3), 4)  # type: ignore[call-overload]
+
+
+def test_submit_all_pickles_every_call_before_it_queues_any(pool: sky.ComputePool) -> None:
+    before = pool.statistics().submitted
+    with pytest.raises(sky.SerializationError, match="argument 'x'"):
+        pool.submit_all([square(2), square(threading.Lock())])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="pending calls such as f"):
+        pool.submit_all([square])  # type: ignore[list-item]
+    assert pool.statistics().submitted == before, "nothing was sent"
+
+
 def test_instance_info_is_consistent_across_a_broadcast(pool: sky.ComputePool) -> None:
     infos = info() @ pool
     assert [i.node for i in infos] == [0, 1, 2, 3]

@@ -3,28 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import get_type_hints
 
 import numpy as np
 import pydantic
 import pytest
-from support.pools import ssh_provider
+from support.markers import per_node, wait_for_markers
+from support.pools import broadcast_in_background, ssh_provider
 from support.processes import our_namespaces, shared_pool, worker_processes
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
-from skyward.plugins._jax import collectives_address, distributed
-from skyward.plugins._jax_output import GlooFilter
+from skyward.plugins._jax import JaxOptions, _Options, collectives_address, distributed
+from skyward.plugins._jax_output import LOG_DIR, GlooFilter
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 
@@ -174,6 +176,44 @@ def test_options_of_the_wrong_type_or_range_name_the_option(options: dict[str, o
         sky.plugins.jax(**options)  # type: ignore[arg-type]
 
 
+# ── each option spelled once: JaxOptions (names, types) against _Options (defaults) ─────────
+
+_JAX_OPTIONS = get_type_hints(JaxOptions)
+
+
+def test_jax_options_name_and_type_every_field_of_the_options_model() -> None:
+    # The model is strict, so what a caller may give is exactly what it keeps.
+    fields = {name: field.annotation for name, field in _Options.model_fields.items()}
+    assert fields == _JAX_OPTIONS
+
+
+def test_the_jax_signature_shows_each_option_with_the_model_default() -> None:
+    parameters = inspect.signature(sky.plugins.jax).parameters
+    assert list(parameters) == list(_JAX_OPTIONS)
+    for name, field in _Options.model_fields.items():
+        assert parameters[name].default == field.default, name
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+
+
+def test_a_misspelled_jax_option_is_a_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match=r"jax\(\) got an unexpected keyword argument 'cpu_device'"):
+        sky.plugins.jax(cpu_device=2)  # type: ignore[call-arg]
+
+
+def test_every_jax_option_is_documented_with_its_default() -> None:
+    doc = sky.plugins.jax.__doc__ or ""
+    assert {name for name in _JAX_OPTIONS if f"``{name}``" not in doc} == set()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    section = page.split("## `sky.plugins.jax(...)`", 1)[1].split("\n\n**", 1)[0]
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| ([^|]*) \|", section, re.M)
+    }
+    assert list(rows) == list(_JAX_OPTIONS)
+    for name, field in _Options.model_fields.items():
+        if field.default is not None:  # None reads "newest", "none", or the CUDA it picks
+            assert str(field.default) in rows[name], name
+
+
 def test_a_loopback_coordinator_is_refused_when_nodes_are_on_different_hosts() -> None:
     info = sky.InstanceInfo(
         node=1,
@@ -255,7 +295,8 @@ def test_an_image_that_sets_the_cpu_device_count_keeps_working() -> None:
 
 
 @sky.compute
-def collectives_forever() -> None:
+def collectives_forever(started: str = "") -> None:
+    """Collectives until the worker goes; after the first, make ``{started}-{node}``."""
     import jax
     import jax.numpy as jnp
 
@@ -265,19 +306,23 @@ def collectives_forever() -> None:
     from jax.sharding import PartitionSpec as P
 
     array = jax.device_put(np.ones(jax.device_count()), NamedSharding(mesh, P("d")))
+    total(array).block_until_ready()
+    if started:
+        Path(f"{started}-{sky.instance_info().node}").touch()
     while True:
         total(array).block_until_ready()
 
 
 @pytest.mark.timeout(120)
 def test_killing_a_rank_fails_every_call_and_restarts_the_pool_as_one(
-    capfd: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     plugin = sky.plugins.jax(cpu_devices=1, heartbeat_timeout=10)
     with sky.ComputePool(nodes=3, plugins=[plugin]) as pool:
         pids = pool.broadcast(os.getpid)
-        running = pool._broadcast_call(collectives_forever())
-        time.sleep(1.0)
+        started = tmp_path / "in-the-collectives"
+        running = broadcast_in_background(pool, collectives_forever, str(started))
+        wait_for_markers(*per_node(started, 3))  # every rank is in the collective loop
         before = pool.statistics().failed
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(sky.WorkerLost) as caught:
@@ -492,7 +537,7 @@ def test_stopping_ranks_mid_collective_says_so_in_one_line_instead_of_jaxs_fatal
     pool = sky.ComputePool(nodes=2, plugins=[plugin], quiet=True)
     pool.start()
     try:
-        running = pool._broadcast_call(announce_then_collectives_forever())
+        running = broadcast_in_background(pool, announce_then_collectives_forever)
         seen = ""
         deadline = time.monotonic() + 60
         while seen.count("in the collective loop") < 2 and time.monotonic() < deadline:
@@ -508,7 +553,7 @@ def test_stopping_ranks_mid_collective_says_so_in_one_line_instead_of_jaxs_fatal
     assert noise == [], noise
     [line] = [x for x in err.splitlines() if "stopping JAX in the middle of a call" in x]
     assert line.startswith("[node 0] skyward:") and "verbose=True" in line
-    for log in Path(tempfile.gettempdir()).glob(f"skyward-jax-{pool.name}-node*.log"):
+    for log in Path(os.path.expanduser(LOG_DIR)).glob(f"{pool.name}-node*.log"):
         log.unlink()  # what jax logged while it stopped, when it did
 
 

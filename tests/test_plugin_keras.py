@@ -34,7 +34,9 @@ def test_keras_alone_is_fine_on_one_node_or_another_backend() -> None:
     one = sky.ComputePool(nodes=1, plugins=[keras_plugin(backend="jax")])
     assert one.image.env["KERAS_BACKEND"] == "jax"
     assert "keras" in one.image.pip
-    torch = sky.ComputePool(nodes=2, plugins=[keras_plugin(backend="torch")])
+    numpy = sky.ComputePool(nodes=2, plugins=[keras_plugin(backend="numpy")])
+    assert numpy.image.env["KERAS_BACKEND"] == "numpy"
+    torch = sky.ComputePool(nodes=1, plugins=[keras_plugin(backend="torch")])
     assert torch.image.env["KERAS_BACKEND"] == "torch"
 
 

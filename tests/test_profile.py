@@ -35,7 +35,9 @@ def test_profile_leaves_one_trace_per_node_on_the_client(tmp_path: Path) -> None
         with pool.profile(traces) as profile:
             results = step() @ pool
         assert results[0] == results[1]
-        after = pool.broadcast(lambda: __import__("skyward.pool.profile")._profile._trace_dir)
+        after = pool.broadcast(
+            lambda: __import__("skyward.worker.profile").worker.profile._trace_dir
+        )
     assert after == [None, None]  # tracing stopped, the nodes' own copies deleted
     assert sorted(profile.files) == [0, 1]
     for node in (0, 1):

@@ -5,7 +5,10 @@ bounds mean what the docs say, and a missing SDK is an install hint before anyth
 The registry holds the providers these tests can build here: ``local``, ``ssh`` (this run's
 SSH test hosts), ``hosts`` (a provider made in ``support/providers.py`` that "creates"
 machines by handing out those hosts through the shared SSH-host layer, as a cloud does) and
-``aws`` (the moto server, with stand-in VMs for its instances: ``support/standin.py``).
+``aws`` (the moto server, with stand-in VMs for its instances: ``support/standin.py``) and
+``azure`` (the fake ARM server, with stand-ins for its VMs: ``support/azure_standin.py``),
+``gcp`` (the Compute Engine fake, with stand-ins booting from its instances' metadata:
+``support/gcpcloud.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 
 import pytest
 from support.aws import standin_provider
+from support.azure_pools import standin_provider as azure_standin_provider
+from support.gcpcloud import standin_provider as gcp_standin_provider
 from support.pools import ssh_provider, start_in_thread
 from support.processes import worker_processes
 from support.providers import Preemptible, Slow, TestHosts
@@ -43,10 +48,14 @@ def _registry(request: pytest.FixtureRequest, kind: str) -> tuple[Any, sky.Image
         return ssh_provider(hosts), image
     if kind == "aws":
         return standin_provider(request.getfixturevalue("standin_cloud")), image
+    if kind == "azure":
+        return azure_standin_provider(request.getfixturevalue("azure_standins")), image
+    if kind == "gcp":
+        return gcp_standin_provider(request.getfixturevalue("gcp_standins")), image
     return TestHosts(hosts), image
 
 
-@pytest.fixture(params=["local", "ssh", "hosts", "aws"])
+@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp"])
 def provider(request: pytest.FixtureRequest) -> tuple[Any, sky.Image]:
     return _registry(request, request.param)
 
@@ -91,7 +100,7 @@ def test_a_pool_on_every_provider_runs_calls_and_reports_each_phase(
 def test_remote_providers_report_connecting_and_bootstrapping_per_node(
     request: pytest.FixtureRequest,
 ) -> None:
-    for kind in ("ssh", "hosts", "aws"):
+    for kind in ("ssh", "hosts", "aws", "azure", "gcp"):
         made, image = _registry(request, kind)
         recorder = Recorder()
         made.provision(_request(made, image), recorder).terminate()

@@ -121,8 +121,7 @@ def lose_a_node_mid_relay(pool: sky.ComputePool, ssh_hosts: Hosts, victim: int) 
     size = 24 * 2**20
     text, blob = payload(size)
     replaced = pool.statistics().workers_replaced
-    pid = pool._scheduler.slots[victim].channel.pid  # type: ignore[union-attr]
-    assert pid is not None
+    pid = pool.broadcast(os.getpid)[victim]  # the worker's own: calls run on its threads
     outcome: Future[Any] = Future()
 
     def broadcast() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.markers import wait_for_markers
 from support.pools import ssh_provider
 from support.processes import worker_processes
 from support.reporter import Recorder
@@ -192,42 +193,55 @@ def test_bootstrap_installs_with_scoped_index_and_a_second_pool_installs_nothing
 
 
 @pytest.mark.timeout(300)
-def test_without_uv_the_bootstrap_uses_venv_and_pip_and_find_links(
+def test_a_find_links_page_serves_only_the_packages_it_names(
     ssh_hosts: Hosts, package_index: PackageIndex, tmp_path_factory: Any
 ) -> None:
-    """An index with no uv on it: pip installs, and a find-links page serves only skytiny."""
-    everything = package_index.simple
-    no_uv = PackageIndex(tmp_path_factory.mktemp("no-uv"), ssh_hosts.bridge_address, port=8702)
+    """A find-links page (a directory listing) scoped to skytiny: skytiny 2.0 comes from it,
+    skyother stays the main index's 1.0 though the page has 9.0."""
     links_dir = tmp_path_factory.mktemp("links")
     links = PackageIndex(links_dir, ssh_hosts.bridge_address, port=8703)
     try:
-        no_uv.add(w for w in everything.glob("*/*.whl") if not w.name.startswith("uv-"))
         build_wheel(links_dir, "skytiny", "2.0", "VERSION = '2.0'\n")
         build_wheel(links_dir, "skyother", "9.0", "VERSION = '9.0'\n")
-        wheels = tmp_path_factory.mktemp("no-uv-wheels")
-        no_uv.add(
-            [
-                build_wheel(wheels, "skytiny", "3.0", "VERSION = '3.0'\n"),
-                build_wheel(wheels, "skyother", "1.0", "VERSION = '1.0'\n"),
-            ]
-        )
+        wheels = tmp_path_factory.mktemp("main-wheels")
+        package_index.add([build_wheel(wheels, "skyother", "1.0", "VERSION = '1.0'\n")])
         # http.server lists a directory's files as links: a find-links page.
         page = links.url.replace("/simple/", "/")
         image = sky.Image(
             pip=["skytiny", "skyother"],
             pip_indexes=[sky.PipIndex(url=page, packages=["skytiny"], find_links=True)],
-            index_url=no_uv.url,
+            index_url=package_index.url,
         )
         provider = ssh_provider(ssh_hosts, workdir=fresh_workdir())
-        recorder, _ = provision(provider, image)
-        log = recorder.text(0)
-        assert "uv could not be installed; using python -m venv and pip" in log
-        assert "-m venv" in log and "/bin/pip install" in log
         with sky.ComputePool(provider=provider, nodes=1, image=image, quiet=True) as pool:
             assert pool.run(_versions)[:2] == ("2.0", "1.0")
     finally:
-        no_uv.close()
         links.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_index_without_uv_is_a_bootstrap_error_naming_the_page_and_the_setting(
+    ssh_hosts: Hosts, package_index: PackageIndex, tmp_path_factory: Any
+) -> None:
+    """uv comes from the image's index: without it there, the bootstrap stops at once and
+    says where it looked and what to set (there is no pip fallback to fail later)."""
+    no_uv = PackageIndex(tmp_path_factory.mktemp("no-uv"), ssh_hosts.bridge_address, port=8702)
+    try:
+        no_uv.add(w for w in package_index.simple.glob("*/*.whl") if not w.name.startswith("uv-"))
+        image = sky.Image(index_url=no_uv.url)
+        provider = ssh_provider(ssh_hosts, ssh_hosts.hosts[0].target, workdir=fresh_workdir())
+        with pytest.raises(sky.BootstrapError) as caught:
+            with sky.ComputePool(provider=provider, nodes=1, image=image, quiet=True):
+                pass
+        error = caught.value
+        assert error.exit_status == 69
+        assert error.command is not None and error.command.startswith("install uv into")
+        first = str(error).splitlines()[0]
+        assert f"cannot read {no_uv.url}uv/" in first, first
+        assert "Image(index_url=...)" in first and "uv 0.8.0 or newer" in first
+        assert "404" in error.log_tail  # curl's own line
+    finally:
+        no_uv.close()
 
 
 @pytest.mark.timeout(120)
@@ -310,21 +324,23 @@ def test_a_changed_host_key_is_always_refused(
 # ── a dropped link ────────────────────────────────────────────────────────────────────────
 
 
-def _sleep_then_answer(seconds: float) -> str:
+def _sleep_then_answer(seconds: float, started: str) -> str:
+    Path(started).touch()
     time.sleep(seconds)
     return os.uname().nodename
 
 
 @pytest.mark.timeout(180)
 def test_a_link_that_goes_down_during_a_call_ends_it_with_worker_lost(
-    ssh_hosts: Hosts, package_index: PackageIndex
+    ssh_hosts: Hosts, package_index: PackageIndex, tmp_path: Path
 ) -> None:
     host = ssh_hosts.hosts[1]
     provider = ssh_provider(ssh_hosts, host.target, keepalive=1, link_timeout=5, connect_timeout=3)
     try:
         with _pool(provider, package_index) as pool:
-            future = pool.submit(_sleep_then_answer, 600)
-            time.sleep(1.0)  # the call is running on the host
+            started = tmp_path / "started"
+            future = pool.submit(_sleep_then_answer, 600, str(started))
+            wait_for_markers(started)  # the call is running on the host
             host.link_down()
             down = time.monotonic()
             with pytest.raises(sky.WorkerLost) as caught:

@@ -6,6 +6,7 @@
     skyward doctor            what this machine has for Skyward, and how to fix what it lacks
     skyward ls                what Skyward created and is still there, by its tags
     skyward down --pool NAME  remove it (or --all; --yes to skip the question)
+    skyward logs [POOL]       a pool's events and its nodes' output, kept after it ends
 
 Each command lives in a module of this package and is added to ``main`` below, so the cloud
 providers' commands (``skyward ls``, ``skyward down``: find and remove what a crashed pool
@@ -21,6 +22,7 @@ import click
 import skyward
 from skyward.cli.doctor import doctor
 from skyward.cli.leftovers import down, ls
+from skyward.cli.logs import logs
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,3 +34,4 @@ def main() -> None:
 main.add_command(doctor)
 main.add_command(ls)
 main.add_command(down)
+main.add_command(logs)

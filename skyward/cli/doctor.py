@@ -71,13 +71,22 @@ def doctor() -> None:
 
 
 def run_checks(env: Mapping[str, str], home: Path) -> list[Check]:
+    clouds = _clouds()
     checks: list[Check] = [check_python(), check_skyward()]
-    checks += [check_extra(name) for name in EXTRAS]
+    # An extra for a cloud this release has no provider for would send users to install an
+    # SDK that nothing imports.
+    checks += [check_extra(name) for name in EXTRAS if name in _PLAIN_EXTRAS or name in clouds]
     checks += [check_ssh_client(env), check_ssh_agent(env)]
     checks.append(_guarded("SSH keys", check_ssh_keys, env, home))
-    for name, cloud in (("AWS", check_aws), ("GCP", check_gcp), ("Azure", check_azure)):
-        checks.append(_guarded(f"{name} credentials", cloud, env, home))
+    for extra, (name, cloud) in _CLOUD_CHECKS.items():
+        if extra in clouds:
+            checks.append(_guarded(f"{name} credentials", cloud, env, home))
     return checks
+
+
+def _clouds() -> set[str]:
+    """The extras of the cloud providers this release exports."""
+    return {extra for extra, (name, _) in _CLOUD_CHECKS.items() if name in skyward.__all__}
 
 
 def _guarded(
@@ -262,6 +271,15 @@ def check_azure(env: Mapping[str, str], home: Path) -> Check:
     if (cli / "msal_token_cache.json").is_file() or (cli / "msal_token_cache.bin").is_file():
         return Check("Azure credentials", "ok", f"Azure CLI login in {cli}; {where}")
     return Check("Azure credentials", "missing", f"none found (environment, {cli})", fix)
+
+
+# cloud extra -> (the provider's public name, its credentials check)
+_CLOUD_CHECKS: dict[str, tuple[str, Callable[[Mapping[str, str], Path], Check]]] = {
+    "aws": ("AWS", check_aws),
+    "gcp": ("GCP", check_gcp),
+    "azure": ("Azure", check_azure),
+}
+_PLAIN_EXTRAS = ("jax", "keras", "ssh")
 
 
 def _version(distribution: str) -> str | None:

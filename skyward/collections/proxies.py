@@ -9,12 +9,12 @@
     pool.counter("steps").value               # on the client: the same counter
 
 A collection is found by kind and name; the first use creates it. Its state lives in the
-client's pool (``_shared_state``), so there is no server to run and nothing outlives the
-pool. On a worker, each operation is one round trip over the worker's own link
-(``LinkRequester``); on the client, a direct call. Proxies pickle by name, so one made on the
-client works when passed to a worker. Every operation is atomic and strongly consistent
-(one server, one order); ``consistency=`` is accepted for skyward 0.5 code and changes
-nothing. Calls in ``executor="process"`` children cannot reach them yet.
+client's pool (``skyward.collections.state``), so there is no server to run and nothing
+outlives the pool. On a worker, each operation is one round trip over the worker's own link
+(``LinkRequester``); on the client, a direct call (``SharedState.request``). Proxies pickle
+by name, so one made on the client works when passed to a worker. Every operation is atomic
+and strongly consistent (one server, one order); ``consistency=`` is accepted for skyward 0.5
+code and changes nothing. Calls in ``executor="process"`` children cannot reach them yet.
 """
 
 from __future__ import annotations
@@ -25,22 +25,12 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from skyward.link import protocol as proto
 
-if TYPE_CHECKING:
-    from skyward.collections.state import SharedState
-
 # (kind, name, operation, arguments) -> the result, or its exception raised
 Requester = Callable[[str, str, str, tuple[Any, ...]], Any]
-
-
-class FrameSender(Protocol):
-    """A worker's channel (``skyward.link.channel.Channel``), as what the pool needs to
-    answer it: a way to send it a frame."""
-
-    def send(self, message: object, payload: proto.Parts | None = None) -> None: ...
 
 
 _endpoint: Requester | None = None  # in a worker: its link to the pool
@@ -231,6 +221,11 @@ class BarrierProxy(_Shared):
     def reset(self) -> None:
         self._call("reset")
 
+    @property
+    def n_waiting(self) -> int:
+        """How many participants wait in the current round (``threading.Barrier``'s name)."""
+        return int(self._call("waiting"))
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.name, self.n))
 
@@ -292,64 +287,7 @@ def lock(name: str) -> LockProxy:
     return LockProxy(name)
 
 
-class PoolCollections:
-    """``pool.dict(name)`` and the rest: the same collections, bound to this pool."""
-
-    _shared: SharedState
-
-    def _request(self, kind: str, name: str, op: str, args: tuple[Any, ...]) -> Any:
-        return local_request(self._shared, kind, name, op, args)
-
-    def dict(self, name: str, *, consistency: str | None = None) -> DictProxy:
-        return DictProxy(name, self._request)
-
-    def set(self, name: str, *, consistency: str | None = None) -> SetProxy:
-        return SetProxy(name, self._request)
-
-    def counter(self, name: str, *, consistency: str | None = None) -> CounterProxy:
-        return CounterProxy(name, self._request)
-
-    def queue(self, name: str) -> QueueProxy:
-        return QueueProxy(name, self._request)
-
-    def barrier(self, name: str, n: int) -> BarrierProxy:
-        return BarrierProxy(name, n, self._request)
-
-    def lock(self, name: str) -> LockProxy:
-        return LockProxy(name, self._request)
-
-
-# ── the two ends of a request ────────────────────────────────────────────────────────────
-
-
-def local_request(state: SharedState, kind: str, name: str, op: str, args: tuple[Any, ...]) -> Any:
-    """An operation from the client's own process."""
-    done: Future[tuple[bool, Any]] = Future()
-    state.handle("client", kind, name, op, args, lambda ok, value: done.set_result((ok, value)))
-    ok, value = done.result()
-    if not ok:
-        raise value
-    return value
-
-
-def serve(
-    state: SharedState, channel: FrameSender, message: proto.Shared, parts: proto.Parts
-) -> None:
-    """An operation from a worker (its channel's reader thread): answer it, now or later."""
-
-    def reply(ok: bool, value: Any) -> None:
-        try:
-            payload = proto.dumps(value) if ok else proto.encode_error(value)
-        except Exception as exc:
-            ok, payload = False, proto.encode_error(exc)
-        channel.send(proto.SharedReply(message.request_id, ok), payload)
-
-    try:
-        args = tuple(proto.loads(parts))
-    except Exception as exc:
-        reply(False, exc)
-        return
-    state.handle(channel, message.kind, message.name, message.op, args, reply)
+# ── the worker's end of a request (the pool's is ``SharedState.serve``) ──────────────────
 
 
 class LinkRequester:

@@ -8,7 +8,8 @@
                                                                     SharedState.handle
         <── SharedReply(id, ok) + value ──────────────────────────  reply(...), now or later
 
-Every request is handled at once on the reader thread that received it, under one lock,
+The pool hands a worker's request to ``serve`` (from the thread reading that worker's link);
+the pool's own process calls ``request``. Every request is handled at once, under one lock,
 so each operation is atomic and every node sees one order. Requests that wait (a lock held
 by another node, an empty queue, a barrier not yet full) leave a waiter, and are answered by
 whichever request or timer lets them go. Owners are the workers' channels (and ``"client"``
@@ -22,12 +23,20 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from skyward._errors import PoolClosed
+from skyward.link import protocol as proto
 
 Reply = Callable[[bool, Any], None]  # (ok, value or exception)
+
+
+class ReplyChannel(Protocol):
+    """A worker's channel (``skyward.link.channel.Channel``), as ``serve`` answers it."""
+
+    def send(self, message: object, payload: proto.Parts | None = None) -> None: ...
 
 
 @dataclass(eq=False)
@@ -58,6 +67,33 @@ class SharedState:
         self._barriers: dict[str, _Barrier] = {}
         self._locks: dict[str, _Lock] = collections.defaultdict(_Lock)
         self._closed = False
+
+    def serve(self, channel: ReplyChannel, message: proto.Shared, parts: proto.Parts) -> None:
+        """A worker's request, read off ``channel``: answered over it, now or later."""
+
+        def reply(ok: bool, value: Any) -> None:
+            try:
+                payload = proto.dumps(value) if ok else proto.encode_error(value)
+            except Exception as exc:
+                ok, payload = False, proto.encode_error(exc)
+            channel.send(proto.SharedReply(message.request_id, ok), payload)
+
+        try:
+            args = tuple(proto.loads(parts))
+        except Exception as exc:
+            reply(False, exc)
+            return
+        self.handle(channel, message.kind, message.name, message.op, args, reply)
+
+    def request(self, kind: str, name: str, op: str, args: tuple[Any, ...]) -> Any:
+        """A request from the pool's own process (``pool.dict(...)``): its result, or its
+        exception raised; waits while the operation does (a lock held elsewhere)."""
+        done: Future[tuple[bool, Any]] = Future()
+        self.handle("client", kind, name, op, args, lambda ok, value: done.set_result((ok, value)))
+        ok, value = done.result()
+        if not ok:
+            raise value
+        return value
 
     def handle(
         self, owner: object, kind: str, name: str, op: str, args: tuple[Any, ...], reply: Reply
@@ -181,6 +217,10 @@ class SharedState:
         for _, waiter in released[:-1]:
             waiter(True, None)
         return True, None
+
+    def _barrier_waiting(self, owner: object, name: str, reply: Reply) -> Any:
+        barrier = self._barriers.get(name)
+        return True, 0 if barrier is None else len(barrier.waiting)
 
     def _barrier_reset(self, owner: object, name: str, reply: Reply) -> Any:
         barrier = self._barriers.get(name)

@@ -33,6 +33,7 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from skyward.console import jupyter as _jupyter
+from skyward.console.logs import PoolLog
 from skyward.console.progress import Board, JupyterProgress, PlainProgress, Progress, RichProgress
 
 if TYPE_CHECKING:
@@ -51,9 +52,16 @@ _COLOURS = (36, 33, 35, 32, 34, 31)
 class Console:
     """Thread-safe: provider threads and reader threads of every node call it at once."""
 
-    def __init__(self, *, mode: ConsoleMode = "auto", output: OutputMode = "all") -> None:
+    def __init__(
+        self,
+        *,
+        mode: ConsoleMode = "auto",
+        output: OutputMode = "all",
+        log: PoolLog | None = None,
+    ) -> None:
         self.mode = mode
         self.output_mode = output
+        self.log_file = log  # every node's output and every event, whatever is shown
         self._lock = threading.Lock()  # guards: everything below, and whole-line writes
         self._partial: dict[tuple[int, str], LineBuffer] = {}
         self._routes: dict[int, Route] = {}
@@ -65,6 +73,8 @@ class Console:
     def begin(self, title: str, nodes: int) -> None:
         """A pool starts: show ``title`` and one row per node until ``end``."""
         logger.info(title)
+        if self.log_file is not None:
+            self.log_file.event(title)
         progress = _make_progress(self.mode)
         with self._lock:
             self._board = Board(title, nodes)
@@ -76,6 +86,10 @@ class Console:
         """The pool is ready (``summary`` says so) or failed to start (None)."""
         if summary:
             logger.info(summary)
+        if self.log_file is not None:
+            if summary:
+                self.log_file.event(summary)
+            self.log_file.state("running" if summary else "failed")
         with self._lock:
             if summary is None and self._board is not None:
                 self._board.fail_unfinished()
@@ -85,6 +99,8 @@ class Console:
 
     def phase(self, node: int, phase: Phase, detail: str = "") -> None:
         logger.info("node %d %s%s", node, phase, f": {detail}" if detail else "")
+        if self.log_file is not None:
+            self.log_file.event(f"node {node} {phase}{f': {detail}' if detail else ''}")
         with self._lock:
             if self._board is not None:
                 self._board.set_phase(node, phase, detail)
@@ -93,6 +109,8 @@ class Console:
 
     def log(self, node: int, line: str) -> None:
         logger.debug("node %d | %s", node, line)
+        if self.log_file is not None:
+            self.log_file.event(f"node {node} | {line}")
         with self._lock:
             if self._board is not None:
                 self._board.set_line(node, line)
@@ -102,6 +120,8 @@ class Console:
     def status(self, text: str) -> None:
         """A one-off event: a worker replaced, plugins entering, the pool closing."""
         logger.info(text)
+        if self.log_file is not None:
+            self.log_file.event(text)
         with self._lock:
             if self._progress is not None:
                 self._progress.note(text)
@@ -120,7 +140,7 @@ class Console:
             self._routes[node] = route
 
     def output(self, node: int, stream: str, data: bytes) -> None:
-        if self.output_mode == "none" or (self.output_mode == "head" and node != 0):
+        if self.log_file is None and not self._shows(node):
             return
         key = (node, stream)
         with self._lock:
@@ -128,6 +148,15 @@ class Console:
             if buffer is None:
                 buffer = self._partial[key] = LineBuffer()
             self._write(node, stream, buffer.feed(data, time.monotonic()))
+
+    def closed(self) -> None:
+        """The pool is closed: its log says so, and its files are closed."""
+        if self.log_file is not None:
+            self.log_file.state("closed")
+            self.log_file.close()
+
+    def _shows(self, node: int) -> bool:
+        return self.output_mode == "all" or (self.output_mode == "head" and node == 0)
 
     def flush(self, node: int | None = None) -> None:
         """Write out every line still missing its newline: of ``node`` (a call of its has
@@ -146,6 +175,10 @@ class Console:
         """Lock held."""
         if not lines:
             return
+        if self.log_file is not None:
+            self.log_file.output(node, stream, lines)
+            if not self._shows(node):
+                return
         target = sys.stdout if stream == "stdout" else sys.stderr
         # While rich's live table is up it stands in for sys.stdout and sys.stderr, sending
         # both to the terminal; a stream redirected to a file must still get its lines.
@@ -173,16 +206,20 @@ class LineBuffer:
 
     A line longer than ``MAX_LINE`` bytes is shown in pieces. A line rewritten with ``\r``
     (tqdm, keras) keeps only its latest state, shown at most every ``REDRAW`` seconds while
-    it changes, and in full when its newline comes or its call returns.
+    it changes, and in full when its newline comes or its call returns. Text that has waited
+    ``HOLD`` seconds for its newline (dots printed one by one, a prompt) is shown as it is,
+    as a terminal would show it, and what follows starts a new line.
     """
 
     MAX_LINE = 1 << 16
     REDRAW = 0.5
+    HOLD = 1.0
 
     def __init__(self) -> None:
         self._chunks: list[bytes] = []
         self._size = 0
         self._shown = 0.0  # when the latest state of a \r-rewritten line was shown
+        self._since: float | None = None  # when the text now waiting for its newline began
 
     def feed(self, data: bytes, now: float) -> list[bytes]:
         lines: list[bytes] = []
@@ -190,19 +227,25 @@ class LineBuffer:
             head, _, data = data.rpartition(b"\n")
             self._chunks.append(head)
             whole = b"".join(self._chunks).split(b"\n")
-            self._chunks, self._size = [], 0
+            self._chunks, self._size, self._since = [], 0, None
             lines = [_latest(line) for line in whole]
         if b"\r" in data:
             # Earlier states of a rewritten line are dropped: only the latest matters.
             done, _, data = data.rpartition(b"\r")
             state = _latest(b"".join(self._chunks) + done)
-            self._chunks, self._size = [], 0
+            self._chunks, self._size, self._since = [], 0, None
             if state and now - self._shown >= self.REDRAW:
                 lines.append(state)
                 self._shown = now
         if data:
+            if self._since is None:
+                self._since = now
             self._chunks.append(data)
             self._size += len(data)
+            if now - self._since >= self.HOLD:
+                lines.append(_latest(b"".join(self._chunks)))
+                self._chunks, self._size, self._since = [], 0, None
+                return lines
             if self._size > self.MAX_LINE:
                 whole_line = b"".join(self._chunks)
                 cut = len(whole_line) - len(whole_line) % self.MAX_LINE
@@ -218,7 +261,7 @@ class LineBuffer:
     def take(self) -> list[bytes]:
         """What is left, as a line of its own (empty if nothing is)."""
         rest = _latest(b"".join(self._chunks))
-        self._chunks, self._size = [], 0
+        self._chunks, self._size, self._since = [], 0, None
         return [rest] if rest else []
 
 

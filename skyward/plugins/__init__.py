@@ -12,7 +12,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Plugin", "jax", "jax_gather", "keras"]
+__all__ = [
+    "Plugin",
+    "cuml",
+    "huggingface",
+    "jax",
+    "jax_gather",
+    "joblib",
+    "keras",
+    "mps",
+    "sklearn",
+    "torch",
+]
 
 # name -> the module that defines it
 _MODULES = {
@@ -20,13 +31,23 @@ _MODULES = {
     "jax": "skyward.plugins._jax",
     "jax_gather": "skyward._multihost",
     "keras": "skyward.plugins._keras",
+    "mps": "skyward.plugins._nvidia",
+    "torch": "skyward.plugins._torch",
+    "cuml": "skyward.plugins._nvidia",
+    "huggingface": "skyward.plugins._huggingface",
+    "joblib": "skyward.plugins._joblib",
+    "sklearn": "skyward.plugins._joblib",
 }
 
 if TYPE_CHECKING:
     from skyward._multihost import jax_gather
     from skyward._plugin import Plugin
+    from skyward.plugins._huggingface import huggingface
     from skyward.plugins._jax import jax
+    from skyward.plugins._joblib import joblib, sklearn
     from skyward.plugins._keras import keras
+    from skyward.plugins._nvidia import cuml, mps
+    from skyward.plugins._torch import torch
 
 
 def __getattr__(name: str) -> Any:

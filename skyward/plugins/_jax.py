@@ -22,13 +22,14 @@ import socket
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
+from skyward._options import keyword_signature, refuse_unknown
 from skyward._plugin import Plugin
 from skyward.plugins._jax_output import GlooFilter, quiet_when_stopped
 from skyward.worker import hooks
@@ -68,9 +69,26 @@ _NOT_JAX = re.compile(r"^(TRAINIUM|INFERENTIA|TRN|INF|GAUDI|MI\d+)", re.IGNORECA
 _DAY = 24 * 3600
 
 
+class JaxOptions(TypedDict, total=False):
+    """``sky.plugins.jax()``'s options as a caller gives them; the defaults and limits are
+    ``_Options``'s, and ``jax()``'s docstring says what each does."""
+
+    version: str | None
+    cuda: str | int | None
+    index_url: str | None
+    find_links: bool | None
+    cpu_devices: int | None
+    gpu_defaults: bool
+    initialization_timeout: int
+    heartbeat_timeout: int
+    shutdown_timeout: int
+    verbose: bool
+
+
 class _Options(BaseModel):
     """The plugin's options, checked when it is made: a wrong type or range is a
-    ``ValidationError`` naming the option, before any pool exists."""
+    ``ValidationError`` naming the option, before any pool exists. The only home of their
+    defaults."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, title="sky.plugins.jax")
 
@@ -87,27 +105,16 @@ class _Options(BaseModel):
     verbose: bool = False
 
 
-def jax(
-    *,
-    version: str | None = None,
-    cuda: str | int | None = None,
-    index_url: str | None = None,
-    find_links: bool | None = None,
-    cpu_devices: int | None = None,
-    gpu_defaults: bool = True,
-    initialization_timeout: int = 45,
-    heartbeat_timeout: int = 15,
-    shutdown_timeout: int = 5,
-    verbose: bool = False,
-) -> Plugin:
+def jax(**options: Unpack[JaxOptions]) -> Plugin:
     """The jax plugin.
 
     - ``version``: pin jax (``"0.10.2"``) or constrain it (``">=0.6,<0.11"``); default, the
       newest the index has.
     - ``cuda``: CUDA major on NVIDIA pools: ``12``, ``"13"``, ``"cu124"``, ``"cuda12"`` all
       work; default 12. jax publishes one wheel per CUDA major, so minors map to it.
-    - ``index_url``: where to get jax from, used for jax's own packages only; a ``.html`` URL
-      (or ``find_links=True``) is a find-links page, such as JAX's release pages.
+    - ``index_url``: where to get jax from, used for jax's own packages only.
+    - ``find_links``: whether ``index_url`` is a find-links page (such as JAX's release
+      pages) rather than an index; by default, when it ends in ``.html``.
     - ``cpu_devices``: give each node this many CPU devices (``JAX_NUM_CPU_DEVICES``), so
       sharded code runs on a laptop exactly as it will on GPUs.
     - ``gpu_defaults``: on NVIDIA pools, set NVIDIA's performance defaults (``XLA_FLAGS``
@@ -123,17 +130,14 @@ def jax(
       service's fatal errors and stack traces) goes to a file on each node instead of your
       terminal; node 0 says so in one line.
     """
-    _Options(
-        version=version,
-        cuda=cuda,
-        index_url=index_url,
-        find_links=find_links,
-        cpu_devices=cpu_devices,
-        gpu_defaults=gpu_defaults,
-        initialization_timeout=initialization_timeout,
-        heartbeat_timeout=heartbeat_timeout,
-        shutdown_timeout=shutdown_timeout,
-        verbose=verbose,
+    refuse_unknown(options, JaxOptions, "jax")
+    chosen = _Options.model_validate(options)  # only what the caller gave
+    # The hooks below travel to every worker: they close over plain values, not the model.
+    version, cuda, index_url = chosen.version, chosen.cuda, chosen.index_url
+    find_links, cpu_devices, verbose = chosen.find_links, chosen.cpu_devices, chosen.verbose
+    gpu_defaults = chosen.gpu_defaults
+    timeouts = chosen.model_dump(
+        include={"initialization_timeout", "heartbeat_timeout", "shutdown_timeout"}
     )
     major = _cuda_major(cuda) if cuda is not None else None
 
@@ -164,17 +168,14 @@ def jax(
             if not verbose and info.total_nodes > 1:
                 stack.enter_context(hooks.stdout_filter(GlooFilter()))
                 stack.enter_context(quiet_when_stopped(info))
-            stack.enter_context(
-                distributed(
-                    info,
-                    initialization_timeout=initialization_timeout,
-                    heartbeat_timeout=heartbeat_timeout,
-                    shutdown_timeout=shutdown_timeout,
-                )
-            )
+            stack.enter_context(distributed(info, **timeouts))
             yield
 
     return Plugin(name="jax", transform=transform, around_app=around_app, gang=True)
+
+
+# help() and notebooks show every option with _Options' default.
+jax.__signature__ = keyword_signature(JaxOptions, _Options, returns=Plugin)  # type: ignore[attr-defined]
 
 
 def accelerator_platform(accelerator: str | None) -> Platform:

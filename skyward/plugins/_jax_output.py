@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -71,39 +70,52 @@ class GlooFilter:
         return _PIECE.sub(b"", _LINE.sub(b"", data))
 
 
+# What JAX logs while the pool stops it goes to files here, on each node, newest kept.
+LOG_DIR = os.path.join("~", ".cache", "skyward", "jax-logs")
+KEEP_LOGS = 32
+
+
 def stop_log_path(info: InstanceInfo, node: int | str | None = None) -> str:
-    """Where a node's JAX log goes once the pool stops it mid-call (``node``: another's)."""
+    """Where a node's JAX log goes once the pool stops it (``node``: another's)."""
     pool = re.sub(r"[^A-Za-z0-9_.-]", "_", info.pool or "pool")
     rank = info.node if node is None else node
-    return os.path.join(tempfile.gettempdir(), f"skyward-jax-{pool}-node{rank}.log")
+    return os.path.join(os.path.expanduser(LOG_DIR), f"{pool}-node{rank}.log")
 
 
 @contextmanager
 def quiet_when_stopped(info: InstanceInfo) -> Iterator[None]:
-    """When the pool cuts a call short, send JAX's stderr to a file on this node.
+    """When the pool stops this worker, send JAX's stderr to a file on this node.
 
     Ranks stopped mid-collective leave it at different moments; the ones still inside wait
     for the others, and jax's coordination service ends them with about 40 lines of fatal
-    errors and C++ stack traces each, which say nothing the user does not already know:
-    the pool stopped them. From that moment fd 2 is a file (``stop_log_path``) and node 0
-    says so in one line. An empty file is removed when the worker leaves normally; a rank
-    that jax aborts leaves its file behind, for whoever wants the details.
+    errors and C++ stack traces each, which say nothing the user does not already know: the
+    pool stopped them. The same happens to a rank that had finished when the pool restarts
+    a gang whose other ranks hung (its shutdown barrier fails). So from the moment the pool
+    asks a worker to stop, fd 2 is a file (``stop_log_path``, under ``~/.cache/skyward/
+    jax-logs`` with the newest ``KEEP_LOGS`` kept) and node 0 says so in one line when it
+    was stopped mid-call. An empty file is removed when the worker leaves; a rank that jax
+    aborts leaves its file behind, for whoever wants the details.
     """
     path = stop_log_path(info)
     diverted = False
 
     def divert(running: bool) -> None:
         nonlocal diverted
-        if not running or diverted:
+        if diverted:
             return
-        if info.node == 0:
+        if running and info.node == 0:
             os.write(
                 2,
                 f"skyward: stopping JAX in the middle of a call; what JAX logs while it "
                 f"stops goes to {stop_log_path(info, '<N>')} on node N "
                 f"(sky.plugins.jax(verbose=True) shows it here)\n".encode(),
             )
-        log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _prune(os.path.dirname(path), keep=KEEP_LOGS - 1)
+            log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        except OSError:
+            return  # nowhere to put it: JAX's logs reach the client as they are
         os.dup2(log, 2)
         os.close(log)
         diverted = True
@@ -112,3 +124,19 @@ def quiet_when_stopped(info: InstanceInfo) -> Iterator[None]:
         yield
     if diverted and os.path.exists(path) and os.path.getsize(path) == 0:
         os.remove(path)
+
+
+def _prune(directory: str, *, keep: int) -> None:
+    """Remove all but the ``keep`` newest logs in ``directory``."""
+    try:
+        entries = [os.path.join(directory, name) for name in os.listdir(directory)]
+        logs = sorted(
+            (e for e in entries if e.endswith(".log")), key=os.path.getmtime, reverse=True
+        )
+    except OSError:
+        return
+    for old in logs[keep:]:
+        try:
+            os.remove(old)
+        except OSError:
+            pass

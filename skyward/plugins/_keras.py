@@ -46,6 +46,8 @@ def keras(backend: Backend = "jax", *, data_parallel: bool = True) -> Plugin:
     def transform(image: Image, spec: PoolSpec) -> Image:
         if backend == "jax":
             _check_jax_comes_first(spec)
+        if backend == "torch":
+            _check_torch_comes_first(spec)
         image = image.with_pip("keras")
         return image.with_env({"KERAS_BACKEND": backend})
 
@@ -108,4 +110,18 @@ def _check_jax_comes_first(spec: PoolSpec) -> None:
         f"keras plugin: backend='jax' on a {spec.nodes}-node pool needs the jax plugin before "
         f"it (it is {where}), so that jax.distributed is running before keras sees the "
         f"devices. Use plugins=[sky.plugins.jax(...), sky.plugins.keras(backend='jax')]."
+    )
+
+
+def _check_torch_comes_first(spec: PoolSpec) -> None:
+    # The torch plugin installs torch from PyTorch's own index for the pool's hardware and
+    # starts the process group before keras looks at the devices.
+    names = [plugin.name for plugin in spec.plugins]
+    if "torch" in names[: names.index("keras")] or spec.nodes == 1:
+        return
+    where = "after it" if "torch" in names else "missing"
+    raise PluginError(
+        f"keras plugin: backend='torch' on a {spec.nodes}-node pool needs the torch plugin "
+        f"before it (it is {where}), so that the process group is up before keras trains. "
+        f"Use plugins=[sky.plugins.torch(), sky.plugins.keras(backend='torch')]."
     )

@@ -2,59 +2,106 @@
 
 ::
 
-    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (_spec)
+    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (pool/spec.py)
     start()    provider.provision(request) → Allocation, bounded by provision_timeout
-               → workers through the start-up barrier, bounded by start_timeout (_startup)
+               (pool/machines.py) → workers through the start-up barrier, bounded by
+               start_timeout (pool/startup.py) → running
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
-    failures   lost workers, call timeouts, gang restarts (_recovery)
+    failures   lost workers, gang restarts, hangs (pool/recovery.py); call timeouts (the
+               scheduler)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
                → bounded wait → kill → allocation.terminate(), on every path
 
-The pool's state shares the scheduler's lock. Whatever a provider made is terminated on
-every path: a close from another thread while the provider is still provisioning cancels
-it, and whatever it returns anyway is terminated by the thread that started it.
+The path of a call, in one line (⇢ crosses the wire)::
+
+    f(x) >> pool → pool.run → _pickle → Scheduler.submit → Channel.submit ⇢ worker ⇢ value
+
+and back: the caller, waiting, reads the Result off the link itself (link.turns), the
+scheduler's books are settled, then the call's future. ``@``, ``>`` and groups are
+``broadcast``, ``submit`` and ``submit_all`` on the same path; pickling happens in
+``_pickle`` only, before the scheduler.
+
+The parts, made in this order, each from those above it (◄── called by, ──► calls)::
+
+    ComputePool    its state: new → starting → running → draining → closing → closed
+     ├ Console     progress, status lines, workers' output     ◄── every part
+     ├ Machines    the allocation; each node's machine         ◄── Startup, Scheduler (addresses)
+     ├ Scheduler   slots, queue, books, call timeouts          ◄── the pool, Recovery, HangWatch
+     ├ Startup     the start-up barrier                        ──► pool._open(rank): a worker
+     ├ Recovery    lost workers, replacement, gang restart     ──► Scheduler, Startup
+     └ HangWatch   collectives that never complete (gangs)     ──► Scheduler
+    each Channel   on_lost ──► Recovery    on_broken ──► pool._broken (collections, Recovery)
+                   on_frame ──► pool._frame, by type: Shared ──► collections.state,
+                                Yield/Want ──► streams, RelayFailed ──► Scheduler
+
+Each part owns its state and its lock, and the others call its methods. The pool's lock
+guards the pool's state only; the pool may call the scheduler while holding it, and the
+scheduler calls nothing of the pool's, so the two never wait on each other. Whatever a
+provider made is terminated on every path: a close from another thread while the provider
+is still provisioning cancels it, and whatever it returns anyway is terminated by the thread
+that started it.
 """
 
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 
-from skyward._compute import PendingCall, pending_call
+from skyward._compute import CallTarget, PendingCall, pending_call
 from skyward._errors import PoolClosed
-from skyward._futures import Deadline, fail, gather
-from skyward._image import Image
-from skyward._plugin import Plugin
-from skyward.collections.proxies import PoolCollections, register, unregister
+from skyward._futures import CallFuture, Deadline, fail, gather
+from skyward._interrupts import hold_interrupts
+from skyward._options import refuse_unknown
+from skyward.collections.proxies import (
+    BarrierProxy,
+    CounterProxy,
+    DictProxy,
+    LockProxy,
+    QueueProxy,
+    SetProxy,
+    register,
+    unregister,
+)
 from skyward.collections.state import SharedState
-from skyward.console import Console, ConsoleMode, OutputMode
+from skyward.console import Console, ConsoleMode
+from skyward.console.logs import PoolLog, secrets_of
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
 from skyward.pool import profile as _profile
+from skyward.pool import signals
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
-from skyward.pool.scheduler import PoolStatistics, Scheduler, Slot, tasks_for
-from skyward.pool.spec import AllocationStrategy, PoolSpec, Worker, apply_transforms, pickle_plugins
+from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
+from skyward.pool.spec import (
+    PoolOptions,
+    PoolSpec,
+    apply_transforms,
+    pickle_plugins,
+    pool_signature,
+)
 from skyward.pool.stacks import Stacks, collect
 from skyward.pool.startup import Startup
-from skyward.pool.streams import Streams, prepare, route
-from skyward.providers.base import Allocation, Provider
+from skyward.pool.streams import ResultStream, Streams, is_streaming, prepare
+from skyward.pool.streams import route as route_stream
+from skyward.providers.base import Provider
 
 R = TypeVar("R")
 # draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
 State = Literal["new", "starting", "running", "draining", "closing", "closed"]
-_ACTIVE = ("running", "draining")
 
 
-class ComputePool(PoolCollections):
+class ComputePool(CallTarget):
     """A pool of nodes running Skyward workers. Use it as a context manager::
 
         with sky.ComputePool(nodes=4) as pool:
@@ -69,57 +116,23 @@ class ComputePool(PoolCollections):
     included). ``console`` picks the progress display while nodes come up: ``"auto"``
     (Jupyter display in a kernel, live table on a terminal, timestamped lines otherwise),
     ``"rich"``, ``"plain"`` or ``"off"`` (``quiet=True`` is the older spelling of
-    ``"off"``). ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or
-    ``"none"``. Progress also goes to the ``logging`` logger ``"skyward"``.
+    ``"off"``). ``allocation`` picks the market of cloud machines (``"on-demand"``,
+    ``"spot"``, ``"spot-if-available"``, ``"cheapest"``); ``max_hourly_cost`` (USD) refuses,
+    before anything is created, a pool whose estimated price per hour is above it.
+    ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``.
+    Progress also goes to the ``logging`` logger ``"skyward"``.
     """
 
-    def __init__(
-        self,
-        provider: Provider | None = None,
-        *,
-        nodes: int | tuple[int, int] = 1,
-        accelerator: str | None = None,
-        vcpus: float | None = None,
-        memory_gb: float | None = None,
-        allocation: AllocationStrategy | None = None,
-        image: Image | None = None,
-        plugins: Sequence[Plugin] = (),
-        concurrency: int | None = None,
-        worker: Worker | None = None,
-        name: str | None = None,
-        provision_timeout: float = 1800.0,
-        start_timeout: float = 120.0,
-        shutdown_timeout: float = 10.0,
-        hang_timeout: float | None = 60.0,
-        console: ConsoleMode = "auto",
-        output: OutputMode = "all",
-        quiet: bool = False,
-    ) -> None:
+    # help(), notebooks and inspect show every option with PoolSpec's default.
+    __signature__: ClassVar[inspect.Signature] = pool_signature()
+
+    def __init__(self, provider: Provider | None = None, **options: Unpack[PoolOptions]) -> None:
         from skyward.providers.local import Local
 
-        options: dict[str, Any] = {
-            "provider": Local() if provider is None else provider,
-            "nodes": nodes,
-            "accelerator": accelerator,
-            "vcpus": vcpus,
-            "memory_gb": memory_gb,
-            "allocation": allocation,
-            "image": Image() if image is None else image,
-            # A list is taken as a tuple; anything else is left to the validator to name.
-            "plugins": tuple(plugins) if isinstance(plugins, list | tuple) else plugins,
-            "concurrency": concurrency,
-            "worker": worker,
-            "provision_timeout": provision_timeout,
-            "start_timeout": start_timeout,
-            "shutdown_timeout": shutdown_timeout,
-            "hang_timeout": hang_timeout,
-            "console": console,
-            "output": output,
-            "quiet": quiet,
-        }
-        if name is not None:
-            options["name"] = name
-        self.spec = spec = PoolSpec(**options)
+        refuse_unknown(options, PoolOptions, "ComputePool")
+        # Only what the caller gave: every default is PoolSpec's.
+        given = {"provider": Local() if provider is None else provider, **options}
+        self.spec = spec = PoolSpec.model_validate(given)
         self._plugin_payload = pickle_plugins(spec.plugins)
         self.image = apply_transforms(spec.image, spec)
         # Provider-specific limits and missing SDKs, before anything is touched.
@@ -128,52 +141,50 @@ class ComputePool(PoolCollections):
         self._remote = not isinstance(spec.provider, Local)
         self._before_pickling()
         mode: ConsoleMode = "off" if spec.quiet else spec.console
-        self._console = Console(mode=mode, output=spec.output)
+        log = PoolLog.open(
+            spec.name,
+            meta={"provider": spec.provider_kind, "nodes": spec.nodes},
+            secrets=secrets_of(self.image.env),
+        )
+        self._console = Console(mode=mode, output=spec.output, log=log)
+        out = self._console  # (``console`` is the option)
 
-        self._state: State = "new"  # guarded by the scheduler's lock
-        self._pending_channels: set[Channel] = set()  # spawned, not yet ready
-        self._hurry = False  # a close(wait=False) came while another close was draining
+        self._lock = threading.Lock()  # guards: _state, _opening, _started_at
+        self._changed = threading.Condition(self._lock)  # the pool closed, or a spawn ended
+        self._state: State = "new"
         self._opening = 0  # workers being spawned now; a close waits for them
-        self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
-        self._shared = SharedState()  # sky.dict(...) and the rest (_collections)
         self._started_at = 0.0
+        self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
+        self._shared = SharedState()  # sky.dict(...) and the rest (collections.state)
+        # The parts, each made from those before it (see the module docstring).
+        self._machines = Machines(spec.provider, pool=spec.name, reporter=out)
         self._scheduler = Scheduler(
             name=spec.name,
+            nodes=spec.nodes,
             concurrency=spec.concurrency,
             gang=bool(spec.gang),
-            bind_output=self._console.bind,
-            watch=lambda *args: self._recovery.timeouts.watch(*args),
-            accepting=lambda: self._state in _ACTIVE,
-        )
-        self._lock = self._scheduler.lock
-        self._machines = Machines(
-            spec.provider,
-            pool=spec.name,
-            reporter=self._console,
-            lock=self._lock,
-            closing=lambda: self._state in ("closing", "closed"),
+            bind_output=out.bind,
+            address=self._machines.address,
         )
         self._startup = Startup(
             spec,
             image=self.image,
             plugins=self._plugin_payload,
-            reporter=self._console,
+            reporter=out,
+            machines=self._machines,
             open_channel=self._open,
         )
         self._recovery = Recovery(
             self._scheduler,
+            self._startup,
+            nodes=spec.nodes,
             gang=spec.gang,
             start_timeout=spec.start_timeout,
             shutdown_timeout=spec.shutdown_timeout,
-            bring_up=lambda slots, deadline, whole, launched: self._startup.bring_up(
-                slots, deadline, whole_pool=whole, launched=launched
-            ),
-            active=lambda: self._state in _ACTIVE,
-            forget=self._pending_channels.discard,
-            status=self._console.status,
+            status=out.status,
         )
         self._hangs = (
-            HangWatch(self._scheduler, bound=spec.hang_timeout, status=self._console.status)
+            HangWatch(self._scheduler, bound=spec.hang_timeout, status=out.status)
             if spec.gang and spec.hang_timeout is not None
             else None
         )
@@ -181,6 +192,13 @@ class ComputePool(PoolCollections):
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def log_dir(self) -> Path | None:
+        """Where this pool writes its nodes' output and its events (``skyward logs`` reads
+        them); None when logs could not be written on this machine."""
+        log = self._console.log_file
+        return None if log is None else log.directory
 
     def __repr__(self) -> str:
         return (
@@ -210,8 +228,10 @@ class ComputePool(PoolCollections):
             if self._state != "new":
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
+            self._started_at = time.monotonic()
         atexit.register(self._close_at_exit)
-        self._started_at = time.monotonic()
+        # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
+        signals.hold(self)
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
         )
@@ -221,8 +241,10 @@ class ComputePool(PoolCollections):
                 f"this one runs {spec.nodes} nodes throughout"
             )
         try:
-            allocation = self._machines.provision(spec.request(self.image), spec.nodes)
-            self._start_workers(allocation)
+            self._machines.provision(spec.request(self.image), spec.nodes)
+            deadline = Deadline(spec.start_timeout, f"start_timeout ({spec.start_timeout:g} s)")
+            ranks = list(range(spec.nodes))
+            self._scheduler.attach(self._startup.bring_up(ranks, deadline, whole_pool=True))
         except BaseException as exc:
             self._console.end()
             closed_meanwhile = self._state in ("closing", "closed")
@@ -237,15 +259,15 @@ class ComputePool(PoolCollections):
                 self._console.end()  # stops a live display, which has a thread of its own
                 raise PoolClosed(f"pool {self.name!r} was closed while it started")
             self._state = "running"
-            register(self._request)  # sky.dict(...) in this process means this pool's
+            # A worker that died between Ready and now was not replaced (the pool was not
+            # running yet); it is replaced now.
+            lost = self._scheduler.open()
+            register(self._shared.request)  # sky.dict(...) in this process means this pool's
             if self._hangs is not None:
                 self._hangs.start()
-            # A worker that died between Ready and now was not replaced (the pool was not
-            # running yet); replace it now.
-            lost = [(s, s.channel) for s in self._scheduler.slots if s.channel and s.channel.lost]
-        for slot, channel in lost:
-            assert channel is not None and channel.lost is not None
-            self._recovery.on_lost(slot, channel, channel.lost)
+        for channel in lost:
+            assert channel.lost is not None
+            self._recovery.on_lost(channel, channel.lost)
         self._console.end(
             f"pool {self.name} ready: {spec.nodes} node(s), "
             f"{spec.accelerator or 'no accelerator'}, in "
@@ -253,50 +275,51 @@ class ComputePool(PoolCollections):
         )
         return self
 
-    def _start_workers(self, allocation: Allocation) -> None:
-        slots = [Slot(rank, node) for rank, node in enumerate(allocation.nodes)]
-        with self._lock:
-            self._scheduler.slots = slots
-        timeout = self.spec.start_timeout
-        deadline = Deadline(timeout, f"start_timeout ({timeout:g} s)")
-        channels = self._startup.bring_up(slots, deadline, whole_pool=True)
-        with self._lock:
-            for slot, channel in zip(slots, channels, strict=True):
-                self._pending_channels.discard(channel)
-                slot.channel = channel
-                slot.ready = True
-
-    def _open(self, slot: Slot) -> Channel:
-        """Spawn a worker on ``slot``'s node (a new machine in its place if the node is gone
-        and the provider can replace it); the channel is ended by a close from now on."""
+    def _open(self, rank: int) -> Channel:
+        """Spawn a worker on node ``rank`` (a new machine in its place if the node is gone
+        and the provider can replace it); the scheduler holds its channel from now on, so
+        that a close ends it. Startup's ``open_channel``."""
         with self._lock:
             if self._state in ("closing", "closed"):
                 raise PoolClosed(f"pool {self.name!r} is closing")
             # A close waits for spawns under way (see _teardown): a worker started while the
             # pool closes is then one the close sees, and stops with the others.
             self._opening += 1
+            replace = self._state == "running"
         try:
-            channel = self._spawn(slot)
-            with self._lock:
-                self._pending_channels.add(channel)
+            transport = self._machines.spawn(rank, self.image.env, replace=replace)
+            channel = Channel(
+                transport,
+                node=rank,
+                output=self._console.output,
+                on_lost=self._recovery.on_lost,
+                on_broken=self._broken,
+                on_result=self._console.flush,
+                diagnose=self._machines.loss_reason,
+                on_frame=self._frame,
+            )
+            self._scheduler.starting(channel)
         finally:
             with self._lock:
                 self._opening -= 1
-                self._scheduler.idle.notify_all()
+                self._changed.notify_all()
         return channel
 
-    def _spawn(self, slot: Slot) -> Channel:
-        transport = self._machines.spawn(slot, self.image.env, replace=self._state == "running")
-        return Channel(
-            transport,
-            node=slot.rank,
-            output=self._console.output,
-            on_lost=lambda ch, err: self._recovery.on_lost(slot, ch, err),
-            on_broken=lambda ch: self._broken(slot, ch),
-            on_result=self._console.flush,
-            diagnose=self._machines.loss_reason,
-            on_frame=self._frame,
-        )
+    def _broken(self, channel: Channel) -> None:
+        # Before its calls fail: nothing a caller does next may go to the dead worker.
+        self._shared.forget(channel, f"node {channel.node}'s worker was lost")
+        self._recovery.on_broken(channel)
+
+    def _frame(self, channel: Channel, message: Any, parts: proto.Parts) -> None:
+        """A frame for the pool (a channel's ``on_frame``, on the thread reading its link),
+        to its owner by type: a shared collection's request to the collections' state, a
+        streaming call's value or demand to its stream, a relay's failure to the scheduler."""
+        if isinstance(message, proto.Shared):
+            self._shared.serve(channel, message, parts)
+        elif isinstance(message, RelayFailed):
+            self._scheduler.relay_failed(message)
+        else:
+            route_stream(channel, message, parts)
 
     def close(self, *, wait: bool = True) -> None:
         """Stop every worker and destroy the nodes. Idempotent; returns once the pool is
@@ -311,16 +334,20 @@ class ComputePool(PoolCollections):
         with self._lock:
             if self._state == "new":
                 self._state = "closed"
+                self._scheduler.stop()
                 return
             if self._state in ("draining", "closing", "closed"):
                 if not wait:
-                    self._hurry = True  # a draining close stops waiting and cancels
-                    self._scheduler.idle.notify_all()
+                    self._scheduler.hurry()  # a draining close stops waiting and cancels
                 while self._state != "closed":
-                    self._scheduler.idle.wait()
+                    self._changed.wait()
                 return
             drain = wait and self._state == "running"
             self._state = "draining" if drain else "closing"
+            if drain:
+                self._scheduler.drain()
+            else:
+                self._scheduler.stop()
         # A stream waits on its reader, who may be the caller of close: end them all, or a
         # waiting close would never see their workers go idle.
         closed = PoolClosed(f"pool {self.name!r} was closed while this stream was open")
@@ -329,42 +356,27 @@ class ComputePool(PoolCollections):
         cancel = True
         try:
             if drain:
-                cancel = not self._scheduler.wait_idle(lambda: self._hurry)
+                cancel = not self._scheduler.wait_idle()
         finally:
             self._teardown(cancel=cancel)
 
-    def _frame(self, channel: Channel, message: Any, parts: proto.Parts) -> None:
-        """A frame the pool answers: a relay's failure (the scheduler's), or a streaming
-        call's or a shared collection's (``_stream.route``)."""
-        if isinstance(message, RelayFailed):
-            self._scheduler.relay_failed(message)
-        else:
-            route(self._shared, channel, message, parts)
-
-    def _broken(self, slot: Slot, channel: Channel) -> None:
-        # Before its calls fail: nothing a caller does next may go to the dead worker.
-        self._shared.forget(channel, f"node {slot.rank}'s worker was lost")
-        self._recovery.on_broken(slot, channel)
-
     def _teardown(self, *, cancel: bool) -> None:
-        unregister(self._request)
+        unregister(self._shared.request)
         self._shared.close()  # waiters in shared collections get PoolClosed
         with self._lock:
             self._state = "closing"
+            self._scheduler.stop()
         self._machines.cancel(f"pool {self.name!r} was closed")  # a replacement stops
         with self._lock:
             while self._opening:  # bounded by the spawns' own connect and provision bounds
-                self._scheduler.idle.wait(0.5)
-            queued = self._scheduler.take_all()
-            channels = self._scheduler.channels() + list(self._pending_channels)
-            self._pending_channels.clear()
+                self._changed.wait(0.5)
+        queued, channels = self._scheduler.take_all()
         try:
-            self._recovery.timeouts.stop()
             if self._hangs is not None:
                 self._hangs.stop()
             closed = PoolClosed(f"pool {self.name!r} was closed before this call ran")
-            for task in queued:
-                fail(task.future, closed)
+            for future in queued:
+                fail(future, closed)
             for channel in channels:
                 channel.shutdown(cancel=cancel)
             deadline = time.monotonic() + self.spec.shutdown_timeout
@@ -381,9 +393,11 @@ class ComputePool(PoolCollections):
             finally:
                 with self._lock:
                     self._state = "closed"
-                    self._scheduler.idle.notify_all()
+                    self._changed.notify_all()
                 self._console.flush()
+                self._console.closed()
                 atexit.unregister(self._close_at_exit)
+                signals.release(self)
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):
@@ -392,18 +406,59 @@ class ComputePool(PoolCollections):
 
     # ── calls ───────────────────────────────────────────────────────────────────────────
 
-    def run(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
-        """Run ``fn(*args, **kwargs)`` on the least busy node and return its value."""
-        result: R = self._run_call(pending_call(fn, args, kwargs), waited=True).result()
-        return result
+    @overload
+    def run(self, call: PendingCall[R], /) -> R: ...
+    @overload
+    def run(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R: ...
+    def run(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` on the least busy node and return its value.
+        ``pool.run(f(x))`` (a pending call, alone) is ``f(x) >> pool``."""
+        # One hold for the whole call (the books and the wait hold it too, nested): a
+        # Ctrl-C lands only where the caller waits. See skyward._interrupts.
+        with hold_interrupts:
+            return self._submit([pending_call(fn, args, kwargs)], waited=True)[0].result()
 
-    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+    @overload
+    def submit(self, call: PendingCall[R], /) -> Future[R]: ...
+    @overload
+    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]: ...
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Like ``run`` but returns a ``concurrent.futures.Future`` at once."""
-        return self._run_call(pending_call(fn, args, kwargs))
+        return self._submit([pending_call(fn, args, kwargs)])[0]
 
-    def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]:
-        """Run ``fn(*args, **kwargs)`` on every node; results by node rank."""
-        result: list[R] = self._broadcast_call(pending_call(fn, args, kwargs)).result()
+    def submit_all(self, calls: Iterable[PendingCall[Any]], /) -> list[Future[Any]]:
+        """Send several pending calls, each to the least busy node; their futures, in order.
+
+        Every call is pickled before any is queued: one that cannot be pickled sends none.
+        ``(f(x) & g(y)) >> pool`` and ``sky.gather(...) >> pool`` come here.
+        """
+        pending = list(calls)
+        for call in pending:
+            if not isinstance(call, PendingCall):
+                raise TypeError(
+                    f"submit_all takes pending calls such as f(x), not a {type(call).__name__}"
+                )
+        return self._submit(pending)
+
+    @overload
+    def broadcast(self, call: PendingCall[R], /) -> list[R]: ...
+    @overload
+    def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]: ...
+    def broadcast(self, fn: Any, /, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every node; results by node rank.
+        ``pool.broadcast(f(x))`` (a pending call, alone) is ``f(x) @ pool``."""
+        call = pending_call(fn, args, kwargs)
+        if is_streaming(call):
+            raise TypeError(
+                f"{call.name} streams (a generator, or an iterator argument): send it to one "
+                f"node with >>; a broadcast of a stream is not supported yet"
+            )
+        self._before_pickling()
+        pickled = _pickle(call)  # once, for every node
+        futures = self._scheduler.broadcast(pickled, self._console.route())
+        if futures is None:
+            raise self._refused()
+        result: list[Any] = gather(futures, list).result()
         return result
 
     def map(self, fn: Callable[..., R], iterable: Iterable[Any], /) -> list[R]:
@@ -414,18 +469,14 @@ class ComputePool(PoolCollections):
         ``prefetch_depth``) may still run, and their results are dropped.
         """
         calls = [pending_call(fn, (item,), {}) for item in iterable]
-        futures = self._run_calls(calls, same_function=True, prefetch=True)
+        futures = self._submit(calls, same_function=True, prefetch=True)
         try:
             return [future.result() for future in futures]
         finally:
             for future in futures:
                 future.cancel()
 
-    def _run_call(self, call: PendingCall[R], *, waited: bool = False) -> Future[R]:
-        """``waited``: the caller waits for the result at once, reading it itself."""
-        return self._run_calls([call], waited=waited)[0]
-
-    def _run_calls(
+    def _submit(
         self,
         calls: Sequence[PendingCall[Any]],
         *,
@@ -433,69 +484,106 @@ class ComputePool(PoolCollections):
         prefetch: bool = False,
         waited: bool = False,
     ) -> list[Future[Any]]:
-        """Queue calls for the least busy nodes; all are pickled before any is queued.
+        """Queue calls for the least busy nodes, all pickled before any is queued; the
+        futures their callers get.
 
         ``prefetch`` (a map: the caller waits for the lot, and the first failure fails it)
         lets a node whose recent calls were short hold a few calls more than
         ``concurrency``, so its worker finds the next call waiting instead of idling for a
-        round trip.
+        round trip. ``waited``: the caller waits for the result at once, reading it itself.
+        A generator function's caller gets a future that already holds its ``ResultStream``.
         """
         self._before_pickling()
         function = calls[0].serialize_function() if same_function and calls else None
         route = self._console.route()
-        tasks, futures = tasks_for(calls, function, route, prefetch, self._streams, waited)
-        with self._lock:  # once for the lot: reader threads want this lock too
-            self._check_running()
-            self._scheduler.submit(tasks)
-        return futures
-
-    def _run_group(self, calls: Sequence[PendingCall[Any]]) -> Future[tuple[Any, ...]]:
-        return gather(self._run_calls(calls), tuple)
-
-    def _broadcast_call(self, call: PendingCall[R]) -> Future[list[R]]:
-        if prepare(call, Future())[1] is not None:
-            raise TypeError(
-                f"{call.name} streams (a generator, or an iterator argument): send it to one "
-                f"node with >>; a broadcast of a stream is not supported yet"
+        tasks: list[Task] = []
+        futures: list[Future[Any]] = []  # what the callers get
+        for call in calls:
+            future: Future[Any] = CallFuture()
+            sent, state = prepare(call, future)  # a generator, or iterator arguments
+            tasks.append(
+                Task(
+                    _pickle(sent, function),
+                    future,
+                    route=route,
+                    prefetch=prefetch,
+                    streams=state,
+                    waited=waited and state is None,
+                )
             )
-        self._before_pickling()
-        payload = call.serialize()  # once, for every node
-        route = self._console.route()
-        with self._lock:
-            self._check_running()
-            futures = self._scheduler.broadcast(call, payload, route)
-        return gather(futures, list)
+            if state is not None:
+                self._streams.add(state)  # a close ends it
+                if state.window:  # a generator's values: the caller gets them at once
+                    future = CallFuture()
+                    future.set_result(ResultStream(state, call.name))
+            futures.append(future)
+        if not self._scheduler.submit(tasks):  # every call is pickled by now
+            raise self._refused()
+        return futures
 
     def _before_pickling(self) -> None:
         if self._remote:
-            ship_client_modules()
+            ship_client_modules()  # the client's own modules go by value to remote workers
 
-    def _check_running(self) -> None:
-        if self._state == "running":
-            return
-        if self._state in ("new", "starting"):
-            raise PoolClosed(
+    def _refused(self) -> PoolClosed:
+        """Why the scheduler took no call now: the pool is not running."""
+        state: str = self._state
+        if state in ("new", "starting", "running"):  # the scheduler's word is the newer
+            state = self._scheduler.refusal()
+        return self._not_running(state)
+
+    def _not_running(self, state: str) -> PoolClosed:
+        if state in ("new", "starting"):
+            return PoolClosed(
                 f"pool {self.name!r} is not started: use `with sky.ComputePool(...) as pool:` "
                 f"or `pool.start()` before sending calls"
             )
         # draining refuses new calls too, as Executor.shutdown does
-        raise PoolClosed(f"pool {self.name!r} is {self._state}: it takes no new calls")
+        return PoolClosed(f"pool {self.name!r} is {state}: it takes no new calls")
 
     # ── introspection ───────────────────────────────────────────────────────────────────
 
     def statistics(self) -> PoolStatistics:
         with self._lock:
+            state = self._state
             uptime = time.monotonic() - self._started_at if self._started_at else 0.0
-            return self._scheduler.statistics(self._state, self.spec.nodes, uptime)
+        return self._scheduler.statistics(state, uptime)
 
     def stacks(self, timeout: float = 10.0) -> Stacks:
         """Every node's Python stacks right now, labelled by node, without stopping anything:
         where a slow or stuck call is. ``print(pool.stacks())``."""
-        with self._lock:
-            self._check_running()
-            channels = {s.rank: s.channel for s in self._scheduler.slots}
-        return collect(channels, timeout)
+        if self._state != "running":
+            raise self._not_running(self._state)
+        return collect(self._scheduler.workers(), timeout)
 
     def profile(self, directory: str | os.PathLike[str]) -> _profile.Profile:
         """``with pool.profile("traces/"):`` traces every node with ``jax.profiler``."""
         return _profile.profile(self, directory)
+
+    # ── shared collections: sky.dict(...) and the rest, bound to this pool ──────────────
+    # (last in the class: ``dict`` and ``set`` name methods from here on)
+
+    def dict(self, name: str, *, consistency: str | None = None) -> DictProxy:
+        return DictProxy(name, self._shared.request)
+
+    def set(self, name: str, *, consistency: str | None = None) -> SetProxy:
+        return SetProxy(name, self._shared.request)
+
+    def counter(self, name: str, *, consistency: str | None = None) -> CounterProxy:
+        return CounterProxy(name, self._shared.request)
+
+    def queue(self, name: str) -> QueueProxy:
+        return QueueProxy(name, self._shared.request)
+
+    def barrier(self, name: str, n: int) -> BarrierProxy:
+        return BarrierProxy(name, n, self._shared.request)
+
+    def lock(self, name: str) -> LockProxy:
+        return LockProxy(name, self._shared.request)
+
+
+def _pickle(call: PendingCall[Any], function: bytes | None = None) -> Pickled:
+    """A call as the scheduler sends it: the one place calls are pickled (``_submit`` and
+    ``broadcast`` come here), before the scheduler sees them. ``function``: the function's
+    pickle, made once for a map's many calls."""
+    return Pickled(call.name, call.timeout, call.serialize(function))

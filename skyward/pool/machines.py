@@ -4,23 +4,27 @@ A close can come from another thread at any moment of a start, including while t
 is still creating machines. The rule that keeps anything from leaking: the close cancels the
 provision's deadline and waits for it to end; whoever holds the allocation last (the
 starting thread, if the close came first) terminates it.
+
+It also knows each node's current machine (``node(rank)``): a lost machine's replacement
+takes its place here, and the start-up barrier and relays ask here where a node is.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
+from skyward._shield import shielded
 from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
 
 if TYPE_CHECKING:
     from skyward.link.channel import Transport
-    from skyward.pool.scheduler import Slot
 
 # How long a close waits, past the provision deadline, for a provider that is still
 # provisioning to notice it was cancelled and destroy what it made.
@@ -29,27 +33,21 @@ _log = logging.getLogger("skyward")
 
 
 class Machines:
-    """One pool's allocation. ``closing()`` answers, under the pool's lock, whether the pool
-    is closing; ``lock`` is that lock. Thread-safe."""
+    """One pool's allocation and its nodes. ``cancel`` (the pool closes) stops a provision
+    or a replacement under way. Thread-safe."""
 
-    def __init__(
-        self,
-        provider: Provider,
-        *,
-        pool: str,
-        reporter: Reporter,
-        lock: threading.RLock,
-        closing: Callable[[], bool],
-    ) -> None:
+    def __init__(self, provider: Provider, *, pool: str, reporter: Reporter) -> None:
         self._provider = provider
         self._pool = pool
         self._reporter = reporter
-        self._lock = lock
-        self._closing = closing
-        self._request: ProvisionRequest | None = None  # guarded by lock
-        self._allocation: Allocation | None = None  # guarded by lock
+        self._lock = threading.Lock()  # guards: everything below but _provisioned
+        self._request: ProvisionRequest | None = None
+        self._allocation: Allocation | None = None
+        self._nodes: list[Node] = []  # by rank, the machine each node is now
+        self._cancelled = False  # the pool is closing: what a provider returns is terminated
+        self._replacing: set[Deadline] = set()  # replacements under way
         self._provisioned = threading.Event()  # provision() has returned or raised
-        self._replacing: set[Deadline] = set()  # guarded by lock: replacements under way
+        self._since = 0.0  # when the allocation was handed over
 
     def provision(self, request: ProvisionRequest, nodes: int) -> Allocation:
         """Ask the provider for ``nodes`` machines. Anything but a ``SkywardError`` that
@@ -73,9 +71,11 @@ class Machines:
                     f"provider {kind} failed: {type(exc).__name__}: {exc}"
                 ) from exc
             with self._lock:
-                closed = self._closing()
+                closed = self._cancelled
                 if not closed:
                     self._allocation = allocation
+                    self._nodes = list(allocation.nodes)
+                    self._since = time.monotonic()
             if closed:  # closed by another thread while the provider worked
                 allocation.terminate()
                 raise PoolClosed(f"pool {self._pool!r} was closed while it started")
@@ -87,26 +87,27 @@ class Machines:
             )
         return allocation
 
-    def spawn(self, slot: Slot, env: Mapping[str, str], *, replace: bool) -> Transport:
-        """A worker on ``slot``'s node; with ``replace``, on a new machine in its place if
+    def node(self, rank: int) -> Node:
+        """Node ``rank``'s machine now."""
+        with self._lock:
+            return self._nodes[rank]
+
+    def address(self, rank: int) -> str:
+        """Where node ``rank`` is now (its machine's address)."""
+        return self.node(rank).address
+
+    def spawn(self, rank: int, env: Mapping[str, str], *, replace: bool) -> Transport:
+        """A worker on node ``rank``; with ``replace``, on a new machine in its place if
         that node's machine is gone and the provider can make another."""
         try:
-            return slot.node.spawn_worker(slot.rank, env)
+            return self.node(rank).spawn_worker(rank, env)
         except ProvisionError as error:
             with self._lock:
                 allocation = self._allocation
             if not replace or allocation is None or not allocation.can_replace:
                 raise
-            self._reporter.status(f"node {slot.rank}: its machine is lost ({error}); replacing it")
-        node = self.replace(slot.rank)
-        with self._lock:
-            slot.node = node
-            if slot.info is not None:  # its new worker is told its new address
-                peers = list(slot.info.peers)
-                peers[slot.rank] = node.address
-                update = {"peers": tuple(peers), "head_addr": peers[0]}
-                slot.info = slot.info.model_copy(update=update)
-        return node.spawn_worker(slot.rank, env)
+            self._reporter.status(f"node {rank}: its machine is lost ({error}); replacing it")
+        return self.replace(rank).spawn_worker(rank, env)
 
     def replace(self, rank: int) -> Node:
         """A new machine for node ``rank``, whose machine was lost; bounded by a fresh
@@ -118,10 +119,13 @@ class Machines:
         with self._lock:
             self._replacing.add(deadline)
         try:
-            return allocation.replace(rank, self._reporter, deadline)
+            node = allocation.replace(rank, self._reporter, deadline)
         finally:
             with self._lock:
                 self._replacing.discard(deadline)
+        with self._lock:
+            self._nodes[rank] = node
+        return node
 
     def loss_reason(self, rank: int) -> str | None:
         """Why node ``rank``'s machine is gone, if the provider can tell."""
@@ -135,8 +139,10 @@ class Machines:
             return None
 
     def cancel(self, reason: str) -> None:
-        """Stop a provision under way (its deadline's flag); harmless otherwise."""
+        """The pool closes: stop a provision or replacement under way (their deadlines'
+        flags), and have what a provider still returns terminated. Idempotent."""
         with self._lock:
+            self._cancelled = True
             request = self._request
             replacing = list(self._replacing)
         if request is not None:
@@ -161,49 +167,46 @@ class Machines:
                     bound,
                 )
         with self._lock:
-            allocation = self._allocation
+            allocation, since = self._allocation, self._since
         if allocation is not None:
             self._shielded(allocation)
+            self._report_cost(allocation, time.monotonic() - since)
+
+    def _report_cost(self, allocation: Allocation, seconds: float) -> None:
+        """The pool's approximate cost, from the provider's hourly estimate (clouds bill
+        from boot, often per second, so this is close, not the bill)."""
+        hourly = allocation.hourly_cost
+        if not hourly:
+            return
+        what = f" ({allocation.describe})" if allocation.describe else ""
+        line = (
+            f"pool {self._pool}: about ${hourly * seconds / 3600:.2f} for "
+            f"{seconds / 60:.1f} min at about ${hourly:.2f}/h{what}"
+        )
+        self._reporter.status(line)
+        _log.info("%s", line)
 
     def _shielded(self, allocation: Allocation) -> None:
-        """``allocation.terminate()`` on a thread of its own, so that one Ctrl-C (often
+        """``allocation.terminate()`` through ``_shield.shielded``, so that one Ctrl-C (often
         pressed again while a cloud takes a minute to delete things) does not stop it
         half-way: the first is noted and the wait goes on; a second leaves, and says what
         may be left."""
-        errors: list[BaseException] = []
-        # An Event, not Thread.join: on Python 3.11 a join interrupted by Ctrl-C marks the
-        # thread as stopped while it still runs.
-        done = threading.Event()
 
-        def run() -> None:
-            try:
-                allocation.terminate()
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                done.set()
+        def noted(count: int) -> None:
+            self._reporter.status(
+                f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
+                f"now (then `skyward down --pool {self._pool}`)"
+            )
 
-        thread = threading.Thread(target=run, name="skyward-terminate")
-        interrupted = started = False
-        while not done.is_set():
-            try:
-                if not started:  # inside the try: start() waits, and a Ctrl-C may land there
-                    started = True
-                    thread.start()
-                done.wait(0.2)
-            except KeyboardInterrupt:
-                if interrupted:
-                    _log.warning(
-                        "pool %s: left while its machines were being destroyed; "
-                        "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
-                        self._pool,
-                        self._pool,
-                    )
-                    raise
-                interrupted = True
-                self._reporter.status(
-                    f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
-                    f"now (then `skyward down --pool {self._pool}`)"
-                )
-        if errors:
-            raise errors[0]
+        try:
+            shielded(
+                allocation.terminate, name="skyward-terminate", on_interrupt=noted, leave_after=2
+            )
+        except KeyboardInterrupt:
+            _log.warning(
+                "pool %s: left while its machines were being destroyed; "
+                "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
+                self._pool,
+                self._pool,
+            )
+            raise

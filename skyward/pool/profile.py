@@ -2,9 +2,9 @@
 
 ::
 
-    with pool.profile("traces/"):        enter: broadcast _start_trace -> each node traces into
+    with pool.profile("traces/"):        enter: broadcast start_trace  -> each node traces into
         train(100) @ pool                       a temporary directory of its own
-                                          exit:  broadcast _stop_trace  -> each node stops, sends
+                                          exit:  broadcast stop_trace   -> each node stops, sends
     traces/node-0/plugins/profile/<run>/       its files back, and deletes its directory;
         <host>.xplane.pb                          the client writes them under node-N/
         <host>.trace.json.gz
@@ -15,72 +15,26 @@ Each ``node-N`` is a log directory TensorBoard's profile plugin and XProf read
 GPU nodes the same trace holds the device's kernels (jax's profiler uses CUPTI there).
 
 The two broadcasts are ordinary calls: they queue behind calls already running, and every
-call between them is traced. The worker side runs ``_start_trace`` and ``_stop_trace`` from
-this module, which travels with skyward itself.
+call between them is traced. The worker side runs ``start_trace`` and ``stop_trace`` from
+``skyward.worker.profile``, which travels with skyward itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import socket
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
+
+from skyward.worker.profile import start_trace, stop_trace
 
 
 class _Pool(Protocol):
     """What a profile needs of a pool (a ``ComputePool``; no import of it, no circle)."""
 
     def broadcast(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]: ...
-
-
-# On a worker: where this process's trace is being written, between the two broadcasts.
-_trace_dir: str | None = None
-
-
-def _start_trace() -> str:
-    """On a worker: start ``jax.profiler`` into a new temporary directory; its hostname."""
-    global _trace_dir
-    import jax
-
-    if _trace_dir is not None:
-        raise RuntimeError("a profile is already running on this node; profiles do not nest")
-    directory = tempfile.mkdtemp(prefix="skyward-profile-")
-    try:
-        jax.profiler.start_trace(directory, create_perfetto_trace=True)
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    _trace_dir = directory
-    return socket.gethostname()
-
-
-def _stop_trace() -> dict[str, bytes]:
-    """On a worker: stop the trace, and return its files by relative path (then delete them).
-
-    Nothing running (the start failed on this node) is an empty result, not an error, so
-    that the other nodes' traces still come back.
-    """
-    global _trace_dir
-    directory, _trace_dir = _trace_dir, None
-    if directory is None:
-        return {}
-    import jax
-
-    try:
-        jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
-        files: dict[str, bytes] = {}
-        for root, _, names in os.walk(directory):
-            for name in names:
-                path = os.path.join(root, name)
-                files[os.path.relpath(path, directory)] = Path(path).read_bytes()
-        return files
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 class Profile:
@@ -98,10 +52,10 @@ class Profile:
 
     def __enter__(self) -> Profile:
         try:
-            self.pool.broadcast(_start_trace)
+            self.pool.broadcast(start_trace)
         except BaseException:
             with contextlib.suppress(Exception):  # the nodes that did start stop again
-                self.pool.broadcast(_stop_trace)
+                self.pool.broadcast(stop_trace)
             raise
         return self
 
@@ -112,7 +66,7 @@ class Profile:
         traceback: TracebackType | None,
     ) -> None:
         try:
-            traces = self.pool.broadcast(_stop_trace)
+            traces = self.pool.broadcast(stop_trace)
         except Exception as error:
             if exc is None:
                 raise

@@ -1,42 +1,55 @@
-"""Where calls go: one slot per node, the pool's queue, least busy first, map prefetch.
+"""Where calls go: one slot per node, the pool's queue, least busy first, map prefetch, call
+timeouts, and broadcasts (relayed between nodes where that spares the client's link).
 
 ::
 
     submit(tasks)      queue → pump: the least busy ready slot with room takes the head
-    broadcast(call)    one part per slot, sent at once under the lock, so every node sees
-                       broadcasts in the same order (SPMD programs need it); a slot whose
-                       worker is being replaced holds its part in its backlog
-    a call finishes    the slot's books (busy, recent time) → pump again → notify idle
+    broadcast(call)    one part per slot, sent at once, so every node sees broadcasts in the
+                       same order (SPMD programs need it); a slot whose worker is being
+                       replaced holds its part in its backlog
+    a call finishes    the slot's books (busy, recent time) → pump again → the future
+                       settles (on the thread that read the result, after the lock is let go)
+    a call times out   its slot leaves rotation, the call fails with TimeoutError and its
+                       worker is killed: lost, it is replaced like any other (recovery)
 
-Everything here is guarded by ``lock``, which the pool and recovery share: they change the
-slots too (a worker ready, lost, replaced). Nothing here blocks while holding it; a channel's
-``submit`` never waits on a slow worker.
+The scheduler is the only owner of its slots, queue, backlogs, counters and call deadlines:
+the pool, recovery and the hang watch call its methods, each of which takes the scheduler's
+own lock briefly. Under it nothing waits on a worker (a channel's ``submit`` never waits)
+and no future settles: settling runs callers' callbacks, which may call back in, so
+failures found under the lock are settled once it is let go (``_fail_each``). The pool may call
+in while it holds its own lock; nothing here calls the pool.
+
+Intake, only ever forward: starting (workers come up; no calls taken) → open (the pool runs)
+→ draining (a close waits for the calls it has; no new ones) → shut (the pool closes: no
+sends, no replacements; what is queued or held is handed back).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import secrets
 import threading
 import time
+import weakref
 from collections import deque
-from collections.abc import Callable, MutableSet, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from skyward._compute import PendingCall
 from skyward._errors import WorkerLost
 from skyward._futures import LOSS_GRACE, CallFuture, fail, resolve
-from skyward._info import InstanceInfo
 from skyward._interrupts import hold_interrupts
 from skyward.console import Route
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.protocol import Relay, RelayAbort, RelayFailed, RelayPayload
-from skyward.pool.streams import ResultStream, Streams, prepare
-from skyward.providers.base import Node
+
+if TYPE_CHECKING:  # a streaming call's state, handed to its channel as it is sent
+    from skyward.pool.streams import Streams
 
 # A map may queue calls beyond a node's slots when its recent calls were short, so that its
 # worker finds the next call waiting instead of idling for a round trip: as many as keep the
@@ -45,17 +58,29 @@ from skyward.providers.base import Node
 PREFETCH_BELOW = 0.01
 PREFETCH_MAX = 8
 
+# The intake (see the module docstring); it only moves forward.
+_STARTING, _OPEN, _DRAINING, _SHUT = range(4)
+
+
+class Pickled(NamedTuple):
+    """A call as the scheduler sends it: pickled once, before it reaches the scheduler (the
+    pool does that), with what messages and the timeout need of it. (A tuple: made for
+    every call, it costs a third of a frozen dataclass.)"""
+
+    name: str
+    timeout: float | None
+    payload: proto.Parts
+
 
 @dataclass(eq=False)
 class Task:
-    call: PendingCall[Any]
-    payload: proto.Parts
+    call: Pickled
     future: Future[Any]
     broadcast: bool = False  # bound to one node: waits for that node, never moves
     route: Route | None = None  # where its output goes (the Jupyter cell that submitted it)
     prefetch: bool = False  # part of a map: may wait on a worker behind another call
     siblings: Sequence[Future[Any]] = ()  # a broadcast's parts, this one's future included
-    streams: Streams | None = None  # a streaming call's state (_stream)
+    streams: Streams | None = None  # a streaming call's state (pool.streams)
     relay: Relay | None = None  # its part in a relayed broadcast, for its first send
     sent_before: bool = False  # handed to a worker once already (its future is running)
     waited: bool = False  # its caller waits for it at once, reading its link (CallFuture)
@@ -63,18 +88,27 @@ class Task:
 
 @dataclass(eq=False)
 class Slot:
-    """One node and its current worker."""
+    """One node's place in the scheduler: its current worker and the books on it."""
 
     rank: int
-    node: Node
-    info: InstanceInfo | None = None
     channel: Channel | None = None
-    ready: bool = False
+    ready: bool = False  # in rotation: takes new calls
     busy: int = 0  # calls sent and not finished, broadcasts included
     recent: float = float("inf")  # seconds from send to result, averaged over recent calls
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
-    running: dict[int, tuple[Task, float]] = field(default_factory=dict)  # sent, by id: when
+    # sent and not finished, by id: the task, when it was sent, and to which worker
+    running: dict[int, tuple[Task, float, Channel]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class Running:
+    """A call running on a node, as ``Scheduler.running`` shows it (to the hang watch)."""
+
+    rank: int
+    channel: Channel
+    task: Task
+    since: float  # when it was sent (time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -94,36 +128,6 @@ class PoolStatistics:
     uptime: float
 
 
-def tasks_for(
-    calls: Sequence[PendingCall[Any]],
-    function: bytes | None,
-    route: Route | None,
-    prefetch: bool,
-    streams: MutableSet[Streams],
-    waited: bool = False,
-) -> tuple[list[Task], list[Future[Any]]]:
-    """Pickled tasks for ``calls``, and the futures their callers get: the task's own, or,
-    for a generator function, one already holding its values' ``ResultStream``. Streaming
-    calls' states are added to ``streams`` (the pool ends them when it closes)."""
-    tasks, futures = [], []
-    for call in calls:
-        done: Future[Any] = CallFuture()
-        sent, state = prepare(call, done)  # a generator, or iterator arguments
-        payload = sent.serialize(function)
-        waits = waited and state is None
-        task = Task(
-            sent, payload, done, route=route, prefetch=prefetch, streams=state, waited=waits
-        )
-        tasks.append(task)
-        futures.append(done)
-        if state is not None:
-            streams.add(state)
-            if state.window:
-                futures[-1] = CallFuture()
-                futures[-1].set_result(ResultStream(state, call.name))
-    return tasks, futures
-
-
 def prefetch_depth(recent: float) -> int:
     """Calls a map may queue past a node's slots, given its recent send-to-result time.
 
@@ -133,171 +137,406 @@ def prefetch_depth(recent: float) -> int:
     return PREFETCH_MAX if recent <= 0 else min(PREFETCH_MAX, int(PREFETCH_BELOW / recent))
 
 
+Failures = list[tuple[Future[Any], BaseException]]
+
+
+def _fail_each(failures: Failures) -> None:
+    for future, error in failures:
+        fail(future, error)
+
+
 class Scheduler:
-    """The slots and the queue of one pool. See the module docstring.
+    """The slots, the queue and the books of one pool. See the module docstring.
 
     ``bind_output(rank, route)`` is called before a call is sent (its prints go to the
-    caller's cell); ``watch(future, name, timeout, channel)`` for each call with a timeout;
-    ``accepting()`` says whether finished calls may start queued ones (the pool is running).
+    caller's cell); ``address(rank)`` says where node ``rank`` is now (a relay names it to
+    the node before it). Thread-safe.
     """
 
     def __init__(
         self,
         *,
         name: str,
+        nodes: int,
         concurrency: int,
         gang: bool,
         bind_output: Callable[[int, Route | None], None],
-        watch: Callable[[Future[Any], str, float, Channel], None],
-        accepting: Callable[[], bool],
+        address: Callable[[int], str],
     ) -> None:
-        self.lock = threading.RLock()  # guards: everything below, slot fields, pool state
-        self.idle = threading.Condition(self.lock)  # notified whenever a call finishes
-        self.slots: list[Slot] = []
-        self.queue: deque[Task] = deque()
-        self.counts = {"submitted": 0, "succeeded": 0, "failed": 0, "replaced": 0}
         self._name = name
         self._concurrency = concurrency
         self._gang = gang
         self._bind_output = bind_output
-        self._watch = watch
-        self._accepting = accepting
+        self._address = address
+        # guards: everything below, and every slot's fields
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)  # notified as calls finish, if watched
+        self._watchers = 0  # threads in wait_idle
+        self._hurried = False  # wait_idle gives up (a stronger close came)
+        self._intake = _STARTING
+        self._slots = [Slot(rank) for rank in range(nodes)]
+        self._queue: deque[Task] = deque()
+        self._starting: set[Channel] = set()  # workers spawned, not yet in their slot
+        self._failures: Failures = []  # found under the lock, settled once it is let go
         self._pumping = False
-        self.fanout = Fanout(self.lock)  # relayed broadcasts in flight
+        self._submitted = self._succeeded = self._failed = self._replaced = 0
         # Gang broadcasts: parts sent or held and not finished, and whole broadcasts waiting
-        # for them to finish (call, payload, route, futures).
+        # for them to finish (call, route, futures).
         self._gang_running = 0
-        self._gang_waiting: deque[
-            tuple[PendingCall[Any], proto.Parts, Route | None, list[Future[Any]]]
-        ] = deque()
+        self._gang_waiting: deque[tuple[Pickled, Route | None, list[Future[Any]]]] = deque()
+        self._fanout = Fanout(self._lock)  # relayed broadcasts in flight
+        self._timeouts = CallTimeouts(self._expired)
 
-    def submit(self, tasks: Sequence[Task]) -> None:
-        """Queue ``tasks`` and start what can start. Lock held by the caller. A Ctrl-C
-        waits until the books agree with what was sent (see ``skyward._interrupts``)."""
+    # ── intake ──────────────────────────────────────────────────────────────────────────
+
+    def open(self) -> list[Channel]:
+        """The pool runs: take calls from now on. Returns the workers that were lost while
+        the pool started (nobody replaced them then); nothing if it is closing already."""
+        with self._lock:
+            if self._intake != _STARTING:
+                return []
+            self._intake = _OPEN
+            return [s.channel for s in self._slots if s.channel and s.channel.lost]
+
+    def drain(self) -> None:
+        """Take no new calls; queued and held ones still start (a close that waits)."""
+        with self._lock:
+            self._intake = max(self._intake, _DRAINING)
+
+    def stop(self) -> None:
+        """Take no new calls, start nothing more, replace no worker: the pool closes."""
+        with self._lock:
+            self._intake = _SHUT
+            self._idle.notify_all()
+        self._timeouts.stop()
+
+    def refusal(self) -> str:
+        """Why a call is refused now: ``"starting"``, ``"draining"`` or ``"closing"``."""
+        return {_STARTING: "starting", _DRAINING: "draining"}.get(self._intake, "closing")
+
+    # ── calls ───────────────────────────────────────────────────────────────────────────
+
+    def submit(self, tasks: Sequence[Task]) -> bool:
+        """Queue ``tasks`` and start what can start; False (nothing queued) unless open.
+        A Ctrl-C waits until the books agree with what was sent (see ``skyward._interrupts``).
+        """
         with hold_interrupts:
-            self.counts["submitted"] += len(tasks)
-            self.queue.extend(tasks)
-            self.pump()
+            with self._lock:
+                if self._intake != _OPEN:
+                    return False
+                self._submitted += len(tasks)
+                self._queue.extend(tasks)
+                self._pump()
+                failures = self._take_failures()
+            if failures:
+                _fail_each(failures)
+            return True
 
-    def broadcast(
-        self, call: PendingCall[Any], payload: proto.Parts, route: Route | None
-    ) -> list[Future[Any]]:
-        """One part of ``call`` per node, sent now where it can be. Lock held by the caller.
+    def broadcast(self, call: Pickled, route: Route | None) -> list[Future[Any]] | None:
+        """One part of ``call`` per node, sent now where it can be; None (nothing sent)
+        unless open.
 
         In a gang, a broadcast waits while any part of an earlier one still runs on any
         node: its collectives would otherwise pair with the earlier one's on a rank that is
         behind, and both would return each other's data.
         """
         with hold_interrupts:  # as in submit
-            futures: list[Future[Any]] = [CallFuture() for _ in self.slots]
-            self.counts["submitted"] += len(futures)
-            if self._gang and (self._gang_running or self._gang_waiting):
-                self._gang_waiting.append((call, payload, route, futures))
-            else:
-                self._dispatch_broadcast(call, payload, route, futures)
+            with self._lock:
+                if self._intake != _OPEN:
+                    return None
+                futures: list[Future[Any]] = [CallFuture() for _ in self._slots]
+                self._submitted += len(futures)
+                if self._gang and (self._gang_running or self._gang_waiting):
+                    self._gang_waiting.append((call, route, futures))
+                else:
+                    self._dispatch_broadcast(call, route, futures)
+                failures = self._take_failures()
+            if failures:
+                _fail_each(failures)
             return futures
 
-    def _dispatch_broadcast(
-        self,
-        call: PendingCall[Any],
-        payload: proto.Parts,
-        route: Route | None,
-        futures: list[Future[Any]],
-    ) -> None:
-        # In a gang, no part starts until every node has a worker of the same generation.
-        wait = self._gang and not all(s.ready or s.lost is not None for s in self.slots)
-        if self._gang:  # counted before any part can finish, so the count reaches 0 last
-            self._gang_running += len(futures)
-        now: list[tuple[Slot, Task]] = []
-        for slot, future in zip(self.slots, futures, strict=True):
-            task = Task(call, payload, future, broadcast=True, route=route, siblings=futures)
-            if slot.lost is not None:
-                fail(task.future, slot.lost)
-            elif wait or not slot.ready:
-                slot.backlog.append(task)  # its worker (or its gang) is being replaced
-            else:
-                now.append((slot, task))
-        if self.fanout.worth_it(payload, [slot.channel for slot, _ in now]):
-            self._relay(now, futures)
-        else:
-            for slot, task in now:
-                self.send(slot, task)
-        if self._gang:
-            for future in futures:
-                future.add_done_callback(self._gang_part_done)
+    def wait_idle(self) -> bool:
+        """Until nothing is queued, held or running (True), or ``hurry`` was called (False)."""
+        with self._idle:
+            self._watchers += 1
+            try:
+                while (
+                    self._queue
+                    or self._gang_waiting
+                    or any(s.busy or s.backlog for s in self._slots)
+                ):
+                    if self._hurried:
+                        return False
+                    self._idle.wait(1.0)
+                return True
+            finally:
+                self._watchers -= 1
 
-    def _relay(self, parts: list[tuple[Slot, Task]], futures: list[Future[Any]]) -> None:
-        """Send a broadcast's payload over the client's link once, to the first node, which
-        relays it to the others (see "relayed broadcasts" below); they get their calls first, without it."""
-        token = self.fanout.token()
-        (first, first_task), rest = parts[0], parts[1:]
-        receivers: list[tuple[int, str, Channel]] = []
-        for slot, task in rest:
-            task.relay = Relay(token, inbound=True)
-            channel = slot.channel
-            if self.send(slot, task) and channel is not None:
-                receivers.append((slot.rank, slot.node.address, channel))
-        first_task.relay = self.fanout.chain(token, receivers)
-        root = first.channel
-        if not self.send(first, first_task) or root is None:
-            for _, _, channel in receivers:  # held for a new worker: it will not relay
-                channel.send(RelayAbort(token, first.rank, f"node {first.rank}'s link broke"))
-            return
-        channels = [root] + [channel for _, _, channel in receivers]
-        self.fanout.started(token, channels, first_task.payload, futures)
+    def hurry(self) -> None:
+        """``wait_idle`` returns False now: a close that cancels took over from one that
+        waited."""
+        with self._lock:
+            self._hurried = True
+            self._idle.notify_all()
 
     def relay_failed(self, report: RelayFailed) -> None:
         """A node could not reach the next one in a relay (``Fanout.failed``)."""
-        with self.lock:
-            if not self.fanout.unreachable and not report.connected:
+        with self._lock:
+            if not self._fanout.unreachable and not report.connected:
                 logging.getLogger("skyward").warning(
                     "skyward: pool %s relays no more broadcasts between its nodes, they "
                     "cannot all reach each other (%s); each node gets them from this machine",
                     self._name,
                     report.reason,
                 )
-            self.fanout.failed(report)
+            self._fanout.failed(report)
+
+    # ── workers: start, loss, replacement, close ────────────────────────────────────────
+
+    def starting(self, channel: Channel) -> None:
+        """A worker was spawned for node ``channel.node`` and is coming up: until it is
+        attached (or discarded), ``take_all`` hands it over with the rest."""
+        with self._lock:
+            self._starting.add(channel)
+
+    def discard(self, channels: Iterable[Channel]) -> None:
+        """Workers that will not join (their start failed; the caller ended them)."""
+        with self._lock:
+            self._starting.difference_update(channels)
+
+    def attach(self, channels: Sequence[Channel]) -> None:
+        """The pool's first workers, ready, each into its node's slot."""
+        with self._lock:
+            if self._intake == _SHUT:
+                return  # closed while they started: take_all handed them to the close
+            for channel in channels:
+                self._starting.discard(channel)
+                slot = self._slots[channel.node]
+                slot.channel = channel
+                slot.ready = True
+
+    def replace(self, channels: Sequence[Channel]) -> bool:
+        """New workers, ready, in place of lost ones: their slots take calls again and get
+        the broadcast parts they held. False (nothing attached) if the pool is closing.
+
+        In a gang, a held part whose broadcast already ran elsewhere on the old workers
+        fails instead of starting alone (see ``_split_error``).
+        """
+        with self._lock:
+            if self._intake not in (_OPEN, _DRAINING):
+                return False
+            slots = [self._slots[channel.node] for channel in channels]
+            for slot, channel in zip(slots, channels, strict=True):
+                self._starting.discard(channel)
+                self._replaced += 1
+                slot.channel = channel
+                slot.ready = True
+                slot.recent = float("inf")
+            # Decide for every part before any is sent: a part sent here is not "already run".
+            held = [(s, task, self._gang and _split(task)) for s in slots for task in s.backlog]
+            for slot in slots:
+                slot.backlog = []
+            for slot, task, split in held:
+                if split:
+                    self._failures.append((task.future, _split_error(slot.rank, task)))
+                else:
+                    self._send(slot, task)
+            self._pump()
+            failures = self._take_failures()
+        if failures:
+            _fail_each(failures)
+        return True
+
+    def broken(self, channel: Channel, *, everyone: bool) -> None:
+        """``channel``'s stream ended: its node (``everyone``: every node, a gang about to
+        restart) takes no new calls; the nodes after it in a relay get nothing from it."""
+        with self._lock:
+            if self._slots[channel.node].channel is channel:
+                for slot in self._slots if everyone else [self._slots[channel.node]]:
+                    slot.ready = False
+            self._fanout.lost(channel, f"node {channel.node}'s worker ended")
+
+    def detach(self, channel: Channel) -> bool:
+        """``channel``'s worker is gone: empty its slot. False if it was not the slot's
+        worker any more, or if the pool does not run (starting: ``open`` reports it;
+        closing: nothing is replaced)."""
+        with self._lock:
+            slot = self._slots[channel.node]
+            if slot.channel is not channel or self._intake not in (_OPEN, _DRAINING):
+                return False
+            slot.channel = None
+            slot.ready = False
+            return True
+
+    def pause_all(self) -> list[Channel]:
+        """Every node out of rotation (a gang restarts); returns the workers they have."""
+        with self._lock:
+            for slot in self._slots:
+                slot.ready = False
+            return [s.channel for s in self._slots if s.channel is not None]
+
+    def lose(self, errors: Mapping[int, WorkerLost]) -> None:
+        """Nodes that cannot get a worker any more: the parts they held fail, and so does
+        the queue if no node is left."""
+        with self._lock:
+            for rank, error in errors.items():
+                slot = self._slots[rank]
+                slot.lost = error
+                backlog, slot.backlog = slot.backlog, []
+                self._failures.extend((task.future, error) for task in backlog)
+            self._pump()
+            self._idle.notify_all()
+            failures = self._take_failures()
+        if failures:
+            _fail_each(failures)
+
+    def take_all(self) -> tuple[list[Future[Any]], list[Channel]]:
+        """The pool is closing (``stop`` came first): empty the queue and every backlog, and
+        take every slot out of rotation. Returns the futures of the calls that will never
+        run, and every worker, started or starting, for the close to end."""
+        with self._lock:
+            self._intake = _SHUT
+            futures = [f for _, _, parts in self._gang_waiting for f in parts]
+            futures += [task.future for task in self._queue]
+            futures += [task.future for slot in self._slots for task in slot.backlog]
+            self._gang_waiting.clear()
+            self._queue.clear()
+            for slot in self._slots:
+                slot.backlog.clear()
+                slot.ready = False
+            channels = [s.channel for s in self._slots if s.channel is not None]
+            channels += [c for c in self._starting if c not in channels]
+            self._starting.clear()
+            return futures, channels
+
+    # ── what others may see ─────────────────────────────────────────────────────────────
+
+    def statistics(self, state: str, uptime: float) -> PoolStatistics:
+        with self._lock:
+            return PoolStatistics(
+                name=self._name,
+                state=state,
+                nodes=len(self._slots),
+                ready_nodes=sum(s.ready for s in self._slots),
+                queued=len(self._queue),
+                in_flight=tuple(s.busy for s in self._slots),
+                submitted=self._submitted,
+                succeeded=self._succeeded,
+                failed=self._failed,
+                workers_replaced=self._replaced,
+                uptime=uptime,
+            )
+
+    def workers(self) -> dict[int, Channel | None]:
+        """Each node's current worker, by rank (None while one is being started)."""
+        with self._lock:
+            return {s.rank: s.channel for s in self._slots}
+
+    def running(self) -> tuple[list[Running], list[int]]:
+        """The calls running now, and how many calls each node has in flight, by rank."""
+        with self._lock:
+            running = [
+                Running(slot.rank, channel, task, sent)
+                for slot in self._slots
+                for task, sent, channel in slot.running.values()
+            ]
+            return running, [s.busy for s in self._slots]
+
+    # ── inside: lock held ───────────────────────────────────────────────────────────────
+
+    def _take_failures(self) -> Failures:
+        failures, self._failures = self._failures, []
+        return failures
+
+    def _dispatch_broadcast(
+        self, call: Pickled, route: Route | None, futures: list[Future[Any]]
+    ) -> None:
+        # In a gang, no part starts until every node has a worker of the same generation.
+        wait = self._gang and not all(s.ready or s.lost is not None for s in self._slots)
+        if self._gang:  # counted before any part can finish, so the count reaches 0 last
+            self._gang_running += len(futures)
+        now: list[tuple[Slot, Task]] = []
+        for slot, future in zip(self._slots, futures, strict=True):
+            task = Task(call, future, broadcast=True, route=route, siblings=futures)
+            if slot.lost is not None:
+                self._failures.append((future, slot.lost))
+            elif wait or not slot.ready:
+                slot.backlog.append(task)  # its worker (or its gang) is being replaced
+            else:
+                now.append((slot, task))
+        if self._fanout.worth_it(call.payload, [slot.channel for slot, _ in now]):
+            self._relay(now, futures)
+        else:
+            for slot, task in now:
+                self._send(slot, task)
+        if self._gang:
+            for future in futures:
+                future.add_done_callback(self._gang_part_done)
+
+    def _relay(self, parts: list[tuple[Slot, Task]], futures: list[Future[Any]]) -> None:
+        """Send a broadcast's payload over the client's link once, to the first node, which
+        relays it to the others (see "relayed broadcasts" below); they get their calls
+        first, without it."""
+        token = self._fanout.token()
+        (first, first_task), rest = parts[0], parts[1:]
+        receivers: list[tuple[int, str, Channel]] = []
+        for slot, task in rest:
+            task.relay = Relay(token, inbound=True)
+            channel = slot.channel
+            if self._send(slot, task) and channel is not None:
+                receivers.append((slot.rank, self._address(slot.rank), channel))
+        first_task.relay = self._fanout.chain(token, receivers)
+        root = first.channel
+        if not self._send(first, first_task) or root is None:
+            for _, _, channel in receivers:  # held for a new worker: it will not relay
+                channel.send(RelayAbort(token, first.rank, f"node {first.rank}'s link broke"))
+            return
+        channels = [root] + [channel for _, _, channel in receivers]
+        self._fanout.started(token, channels, first_task.call.payload, futures)
 
     def _gang_part_done(self, _: Future[Any]) -> None:
-        with self.lock:
+        with self._lock:
             self._gang_running -= 1
             while self._gang_running == 0 and self._gang_waiting:
                 self._dispatch_broadcast(*self._gang_waiting.popleft())
+            failures = self._take_failures()
+        if failures:
+            _fail_each(failures)
 
-    def pump(self) -> None:
-        """Send queued calls to the least busy ready nodes with a free slot. Lock held."""
-        if self._pumping:
-            # Re-entered from a done-callback of a future failed below (a user's callback
-            # may submit); the outer loop carries on with the queue.
+    def _pump(self) -> None:
+        """Send queued calls to the least busy ready nodes with a free slot."""
+        if self._pumping or self._intake not in (_OPEN, _DRAINING):
+            # Re-entered (a call sent below failed at once and its books pumped): the outer
+            # loop carries on with the queue.
             return
         self._pumping = True
         try:
             limit = self._concurrency
-            while self.queue:
-                head = self.queue[0]
+            while self._queue:
+                head = self._queue[0]
                 prefetch = head.prefetch and head.call.timeout is None  # a timeout starts at send
                 free = [
                     s
-                    for s in self.slots
+                    for s in self._slots
                     if s.ready and s.busy < limit + (prefetch_depth(s.recent) if prefetch else 0)
                 ]
                 if not free:
-                    if self.slots and all(s.lost is not None for s in self.slots):
-                        self._fail_queue(self.slots[0].lost)
+                    if self._slots and all(s.lost is not None for s in self._slots):
+                        self._fail_queue(self._slots[0].lost)
                     return
                 slot = min(free, key=lambda s: s.busy)
-                self.send(slot, self.queue.popleft())
+                self._send(slot, self._queue.popleft())
         finally:
             self._pumping = False
 
     def _fail_queue(self, error: BaseException | None) -> None:
         lost = WorkerLost(f"pool {self._name!r} has no node left to run calls on: {error}", node=-1)
-        while self.queue:
-            fail(self.queue.popleft().future, lost)
+        while self._queue:
+            self._failures.append((self._queue.popleft().future, lost))
 
-    def send(self, slot: Slot, task: Task) -> bool:
-        """Hand one task to ``slot``'s worker; whether it took it. Lock held; never blocks
-        (see Channel)."""
+    def _send(self, slot: Slot, task: Task) -> bool:
+        """Hand one task to ``slot``'s worker; whether it took it. Never blocks (see
+        Channel)."""
         if task.sent_before:
             if task.future.done():
                 return False  # timed out or closed before this retry
@@ -324,9 +563,8 @@ class Scheduler:
 
         # Before the worker can print anything for this call.
         self._bind_output(slot.rank, task.route)
-        if not channel.submit(
-            task.call.name, task.payload, done, task.streams, task.relay, task.waited
-        ):
+        call = task.call
+        if not channel.submit(call.name, call.payload, done, task.streams, task.relay, task.waited):
             # The worker broke a moment ago; on_broken is on its way. Take the node out of
             # rotation now and put the call back: it has not run anywhere.
             slot.ready = False
@@ -334,71 +572,130 @@ class Scheduler:
             if task.broadcast:
                 slot.backlog.append(task)
             else:
-                self.queue.appendleft(task)
+                self._queue.appendleft(task)
             return False
         if task.waited and isinstance(task.future, CallFuture):
             task.future.link = channel
         slot.busy += 1
-        slot.running[id(task)] = (task, sent)
-        if task.call.timeout is not None:
-            self._watch(task.future, task.call.name, task.call.timeout, channel)
+        slot.running[id(task)] = (task, sent, channel)
+        if call.timeout is not None:
+            self._timeouts.watch(task.future, call.name, call.timeout, channel)
         return True
 
     def _call_done(self, slot: Slot, ok: bool, elapsed: float, task: Task) -> None:
-        with self.lock:
+        # On the thread that read the result: a short hold of this lock, not the pool's.
+        with self._lock:
             slot.busy -= 1
             slot.running.pop(id(task), None)
             slot.recent = (
                 elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
             )
-            self.counts["succeeded" if ok else "failed"] += 1
-            if self._accepting():
-                self.pump()
-            self.idle.notify_all()
+            if ok:
+                self._succeeded += 1
+            else:
+                self._failed += 1
+            if self._queue:
+                self._pump()
+            if self._watchers:
+                self._idle.notify_all()
+            failures = self._take_failures()
+        if failures:
+            _fail_each(failures)
 
-    def wait_idle(self, stop: Callable[[], bool]) -> bool:
-        """Until nothing is queued, held or running (True), or ``stop()`` (False)."""
-        with self.idle:
-            while self.queue or self._gang_waiting or any(s.busy or s.backlog for s in self.slots):
-                if stop():
-                    return False
-                self.idle.wait(1.0)
-            return True
-
-    def take_all(self) -> list[Task]:
-        """Empty the queue and every backlog, and take every slot out of rotation: the pool
-        is closing. Lock held; returns the tasks that will never run."""
-        waiting = [
-            Task(call, payload, future, broadcast=True)
-            for call, payload, _, futures in self._gang_waiting
-            for future in futures
-        ]
-        self._gang_waiting.clear()
-        tasks = waiting + list(self.queue) + [t for s in self.slots for t in s.backlog]
-        self.queue.clear()
-        for slot in self.slots:
-            slot.backlog.clear()
-            slot.ready = False
-        return tasks
-
-    def statistics(self, state: str, nodes: int, uptime: float) -> PoolStatistics:
-        """A snapshot of the books. Lock held by the caller."""
-        return PoolStatistics(
-            name=self._name,
-            state=state,
-            nodes=nodes,
-            ready_nodes=sum(s.ready for s in self.slots),
-            queued=len(self.queue),
-            in_flight=tuple(s.busy for s in self.slots),
-            submitted=self.counts["submitted"],
-            succeeded=self.counts["succeeded"],
-            failed=self.counts["failed"],
-            workers_replaced=self.counts["replaced"],
-            uptime=uptime,
+    def _expired(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
+        """A call outlived its timeout: fail it, and kill the worker running it (which is
+        then lost and replaced)."""
+        slot = self._slots[channel.node]
+        with self._lock:
+            if slot.channel is channel:
+                slot.ready = False  # before the future fails: no new call may land here
+        error = TimeoutError(
+            f"{name} did not finish within its timeout of {timeout:g} s on node "
+            f"{channel.node}; that node's worker is being replaced"
         )
+        if not fail(future, error):  # it finished just now: the worker is healthy, keep it
+            with self._lock:
+                if slot.channel is channel and not channel.broken:
+                    slot.ready = True
+                self._pump()
+                failures = self._take_failures()
+            if failures:
+                _fail_each(failures)
+            return
+        channel.kill(f"{name} exceeded its timeout of {timeout:g} s")
 
-    def channels(self) -> list[Channel]:
-        return [s.channel for s in self.slots if s.channel is not None]
+
+def _split(task: Task) -> bool:
+    """Whether part of ``task``'s broadcast already ran, or failed, outside the backlog."""
+    return any(f.running() or f.done() for f in task.siblings if f is not task.future)
+
+
+def _split_error(rank: int, task: Task) -> WorkerLost:
+    # A part started alone in a new distributed runtime would wait forever in its first
+    # collective (jax's backend start is one) for peers that ran their parts in the old one.
+    return WorkerLost(
+        f"node {rank}: {task.call.name} was not started on the new workers: other nodes "
+        f"had already run their part of this broadcast on the workers that were lost, and "
+        f"a part alone would wait for them forever; broadcast it again",
+        node=rank,
+    )
+
+
+class CallTimeouts:
+    """Fails calls that outlive their ``timeout=`` (through ``expired``, which kills their
+    worker). One thread per pool, started by the first call that has a timeout.
+
+    A call's timeout is the scheduler's: it starts when the scheduler sends the call, and
+    what it changes first is the scheduler's books (the slot out of rotation, the call
+    failed); the worker killed for it is then lost like any other, and recovery replaces it.
+    """
+
+    def __init__(self, expired: Callable[[Future[Any], str, float, Channel], None]) -> None:
+        self._expired = expired
+        self._cond = threading.Condition()  # guards: _heap, _thread, _stopped
+        # (deadline, seq, future, name, timeout, channel): not the task, whose payload may be
+        # large, and the future only weakly, since its result may be large too: neither may
+        # live as long as the timeout does once the caller has let go of them.
+        self._heap: list[tuple[float, int, weakref.ref[Future[Any]], str, float, Channel]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def watch(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
+        with self._cond:
+            entry = (
+                time.monotonic() + timeout,
+                next(self._seq),
+                weakref.ref(future),
+                name,
+                timeout,
+                channel,
+            )
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="skyward-call-timeouts", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    delay = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cond.wait(delay)
+                if self._stopped:
+                    return
+                _, _, ref, name, timeout, channel = heapq.heappop(self._heap)
+            future = ref()
+            if future is not None and not future.done():
+                self._expired(future, name, timeout, channel)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -3,19 +3,25 @@ anything starts: the plugins checked and pickled, their transforms applied, and 
 ``ProvisionRequest`` a provider receives.
 
 Everything here runs in ``ComputePool.__init__``, so a wrong value is an error before any
-machine is touched.
+machine is touched. Each option is spelled here once: ``PoolOptions`` names what a caller may
+give and its type, ``PoolSpec`` holds the default and the limits, and ``ComputePool`` passes
+on only what the caller gave (``tests/test_pool_options.py`` keeps the two, and the docs, in
+step).
 """
 
 from __future__ import annotations
 
+import inspect
 import secrets
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from skyward._errors import PluginError
 from skyward._futures import Deadline
 from skyward._image import Image
+from skyward._options import keyword_signature
 from skyward._plugin import Plugin
 from skyward.console import ConsoleMode, OutputMode
 from skyward.link import protocol as proto
@@ -48,6 +54,58 @@ class Worker(BaseModel):
     executor: Literal["auto", "thread", "process"] = "auto"
 
 
+class PoolOptions(TypedDict, total=False):
+    """``ComputePool``'s keyword options as a caller gives them; the defaults and limits are
+    ``PoolSpec``'s. A few are wider than the field they set: ``nodes=(min, max)``,
+    ``worker=``, and ``None`` for ``image``, ``name`` and ``concurrency`` (the default)."""
+
+    nodes: int | tuple[int, int]
+    """Nodes in the pool, 1 to 4096; ``(min, max)`` runs ``max`` (pools do not autoscale)."""
+    accelerator: str | None
+    """An accelerator name such as ``"A100"``; passed to the provider, plugins and
+    ``InstanceInfo``."""
+    vcpus: float | None
+    """At least this many CPUs per node; ``None`` leaves it to the provider."""
+    memory_gb: float | None
+    """At least this much memory per node; ``None`` leaves it to the provider."""
+    allocation: AllocationStrategy | None
+    """``"spot"``, ``"on-demand"``, ``"spot-if-available"`` or ``"cheapest"``."""
+    max_hourly_cost: float | None
+    """USD per hour: a pool whose estimated price is above it is refused before anything is
+    created."""
+    image: Image | None
+    """What every worker needs (``sky.Image()`` when ``None``)."""
+    plugins: Sequence[Plugin]
+    """Plugins, first = outermost ``around_app``."""
+    concurrency: int | None
+    """Calls at once per node."""
+    worker: Worker | None
+    """``sky.Worker(concurrency=N, executor=...)``: concurrency and where calls run."""
+    name: str | None
+    """The pool's name, in tags and progress; ``None`` makes ``"pool-<6 hex digits>"``."""
+    provision_timeout: float
+    """Seconds to make the machines: create, boot, connect, bootstrap."""
+    start_timeout: float
+    """Seconds for every worker to be ready (plugins included) once the machines exist."""
+    shutdown_timeout: float
+    """Seconds workers get to leave their plugins' contexts before they are killed."""
+    hang_timeout: float | None
+    """Gang pools (jax): seconds ranks may stay blocked in a collective the others left
+    before the call fails with ``CollectiveHang``; ``None``: never."""
+    console: ConsoleMode
+    """Progress display while nodes come up: ``"auto"``, ``"rich"``, ``"plain"`` or
+    ``"off"``."""
+    output: OutputMode
+    """Whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``."""
+    quiet: bool
+    """The older spelling of ``console="off"``."""
+
+
+# Options whose None means "the default" though their field takes no None: ComputePool has
+# always accepted these, and the signature shows the afresh-made ones so.
+_NONE_MEANS_DEFAULT = ("image", "name", "concurrency")
+
+
 class PoolSpec(BaseModel):
     """A pool's validated configuration; plugins' ``transform`` hooks receive it.
 
@@ -68,6 +126,7 @@ class PoolSpec(BaseModel):
     vcpus: float | None = Field(default=None, gt=0)
     memory_gb: float | None = Field(default=None, gt=0)
     allocation: AllocationStrategy | None = None
+    max_hourly_cost: float | None = Field(default=None, gt=0)
     accelerator: str | None = Field(default=None, min_length=1)
     image: Image = Field(default_factory=Image)
     plugins: tuple[Plugin, ...] = ()
@@ -84,14 +143,23 @@ class PoolSpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _none_means_the_default(cls, options: Any) -> Any:
+        if not isinstance(options, dict):
+            return options
+        return {
+            key: value
+            for key, value in options.items()
+            if value is not None or key not in _NONE_MEANS_DEFAULT
+        }
+
+    @model_validator(mode="before")
+    @classmethod
     def _worker(cls, options: Any) -> Any:
         """``worker=sky.Worker(...)`` (skyward 0.5) sets ``concurrency`` and ``executor``."""
         if not isinstance(options, dict):
             return options
         worker = options.get("worker")
         options = {k: v for k, v in options.items() if k != "worker"}
-        if options.get("concurrency", 0) is None:
-            del options["concurrency"]  # neither given: the default
         if worker is None:
             return options
         if not isinstance(worker, Worker):
@@ -163,10 +231,23 @@ class PoolSpec(BaseModel):
             vcpus=self.vcpus,
             memory_gb=self.memory_gb,
             allocation=self.allocation,
+            max_hourly_cost=self.max_hourly_cost,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),
         )
+
+
+def pool_signature() -> inspect.Signature:
+    """``ComputePool(...)`` as ``help()`` and notebooks show it: ``provider``, then every
+    option with its type and ``PoolSpec``'s default."""
+    provider = inspect.Parameter(
+        "provider",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        default=None,
+        annotation=Provider | None,
+    )
+    return keyword_signature(PoolOptions, PoolSpec, before=[provider])
 
 
 def apply_transforms(image: Image, spec: PoolSpec) -> Image:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Literal
 
 from skyward._errors import SkywardError
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 
-# Frames of Skyward's worker and of the machinery that runs threads are not the user's.
-_WORKER = ("/skyward/worker/__main__.py",)
+# Frames of Skyward's worker (its loop, its call runners, its end of the link) and of the
+# machinery that runs threads are not the user's.
+_WORKER = ("/skyward/worker/", "/skyward/link/")
 _THREADING = ("/threading.py", "/queue.py")
 _FRAMEWORKS = ("/jax/", "/jaxlib/")
 
@@ -82,19 +84,24 @@ def describe(report: proto.StacksReport, *, to_framework: bool = False) -> str:
 
 
 def user_frames(frames: Sequence[proto.Frame], *, to_framework: bool = False) -> list[proto.Frame]:
-    """The user's part of a stack: below the worker's last frame (where it called the user's
-    function), or below a thread's start-up; none for a thread that only waits for work."""
-    ours = [i for i, frame in enumerate(frames) if frame[0].endswith(_WORKER)]
-    kept = list(frames[ours[-1] + 1 :] if ours else frames)
-    while kept and kept[0][0].endswith(_THREADING):
-        kept.pop(0)
-    if all(frame[0].endswith(_THREADING) for frame in kept):
-        return []  # an idle thread, waiting on the worker's queue
+    """The user's part of a stack: from the first frame past the worker's own (and a
+    thread's start-up) down, where the worker called the user's function; none for a thread
+    that runs no user code (one waiting for work, or the worker sending a call's result)."""
+    entry = next((i for i, frame in enumerate(frames) if _worker(frame)), 0)
+    user = (i for i in range(entry, len(frames)) if not _worker(frames[i]))
+    first = next((i for i in user if not frames[i][0].endswith(_THREADING)), None)
+    if first is None:
+        return []
+    kept = list(frames[first:])
     if to_framework:
         inside = next((i for i, f in enumerate(kept) if in_framework(f)), None)
         if inside is not None:
             kept = kept[: inside + 1]
     return kept
+
+
+def _worker(frame: proto.Frame) -> bool:
+    return any(part in frame[0] for part in _WORKER)
 
 
 def in_framework(frame: proto.Frame) -> bool:
@@ -104,3 +111,55 @@ def in_framework(frame: proto.Frame) -> bool:
 def in_framework_call(report: proto.StacksReport) -> bool:
     """Whether some thread is inside jax (where a collective waits), not in plain Python."""
     return any(any(in_framework(f) for f in user_frames(frames)) for _, frames in report.threads)
+
+
+# What a rank inside jax is doing, read from where its Python stack ends.
+Wait = Literal["collective", "callback", "compile", "transfer"]
+# jax turns a Python function into a program here; a first call, or a new shape, waits here.
+_COMPILING = frozenset(
+    {"compile_or_get_cached", "backend_compile", "_cached_compilation", "from_hlo", "compile"}
+)
+_TRANSFERRING = frozenset({"device_put", "_device_put_impl", "make_array_from_callback"})
+def framework_wait(report: proto.StacksReport) -> tuple[Wait, str] | None:
+    """What the rank's thread inside jax waits in, and the frame that says so; None when no
+    thread is inside jax, or its stack does not tell (the hang watch then gives no verdict).
+
+    - ``callback``: jax called back into Python (``jax.debug.callback``, ``io_callback``,
+      ``pure_callback``): the stack leaves jax again into code that is not jax's. The user's
+      own function runs (data loading, I/O, a sleep); that is no collective.
+    - ``compile``: jax is compiling a program.
+    - ``transfer``: jax is moving data to devices.
+    - ``collective``: the stack ends inside jax, in C++ below it: jax runs a compiled
+      program or waits for its result, with nothing of the user's running; where a rank
+      waits for ranks that left. (A long computation there burns CPU, which the hang watch
+      checks apart.)
+    """
+    verdicts: list[tuple[Wait, str]] = []
+    for _, frames in report.threads:
+        mine = user_frames(frames)
+        entered = next((i for i, f in enumerate(mine) if in_framework(f)), None)
+        if entered is None:
+            continue
+        inside = mine[entered:]
+        back_out = next(
+            (f for f in inside if not in_framework(f) and not f[0].endswith(_THREADING)), None
+        )
+        names = [f[2] for f in inside if in_framework(f)]
+        if back_out is not None:
+            verdicts.append(("callback", f"{back_out[2]} ({back_out[0]}:{back_out[1]})"))
+        elif any(n in _COMPILING for n in names) or any("compiler.py" in f[0] for f in inside):
+            verdicts.append(("compile", names[-1]))
+        elif any(n in _TRANSFERRING for n in names):
+            verdicts.append(("transfer", names[-1]))
+        else:
+            # The Python stack ends inside jax: the rest is C++ (jit's fast path, XLA running
+            # the program, a wait for its result), where a collective waits for the others.
+            last = inside[-1]
+            verdicts.append(("collective", f"{last[2]} ({last[0]}:{last[1]})"))
+    # One thread in the user's callback, compile or transfer says the rank is not stuck in
+    # a collective, whatever another thread waits on.
+    for kind in ("callback", "compile", "transfer", "collective"):
+        for verdict in verdicts:
+            if verdict[0] == kind:
+                return verdict
+    return None

@@ -11,7 +11,9 @@
     per node, in parallel:   wait Ready (the plugins' around_app entered)
 
 Everything is bounded by one ``Deadline`` (``start_timeout``). A restart of some nodes gives
-their new workers the InstanceInfo their nodes already have, so they rejoin the same pool.
+their new workers the InstanceInfo their nodes already have (with a new address, if a node
+got a new machine), so they rejoin the same pool. Startup owns those InstanceInfos; where
+each node is, it asks ``Machines``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from skyward._errors import VersionMismatch
@@ -28,13 +31,14 @@ from skyward._info import InstanceInfo
 from skyward._phases import Reporter
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
-from skyward.pool.scheduler import Slot
+from skyward.pool.machines import Machines
 from skyward.pool.spec import PoolSpec
 
 
 class Startup:
-    """Brings workers up through the barrier. ``open_channel(slot)`` spawns a worker on the
-    slot's node and returns its channel (the pool records it, so a close can end it)."""
+    """Brings workers up through the barrier. ``open_channel(rank)`` spawns a worker on node
+    ``rank`` and returns its channel (the pool's ``_open``: it records the worker, so that a
+    close can end it)."""
 
     def __init__(
         self,
@@ -43,12 +47,14 @@ class Startup:
         image: Image,
         plugins: proto.Parts,
         reporter: Reporter,
-        open_channel: Callable[[Slot], Channel],
+        machines: Machines,
+        open_channel: Callable[[int], Channel],
     ) -> None:
         self._spec = spec
         self._image = image  # after the plugins' transforms
         self._plugins = plugins
         self._reporter = reporter
+        self._machines = machines
         self._open_channel = open_channel
         self._hooked = [p.name for p in spec.plugins if p.around_app is not None]
         # One per pool: workers started again after a loss keep it.
@@ -56,67 +62,70 @@ class Startup:
         # The secret peers present on each other's relay ports (skyward.worker.relay); one per
         # pool, sent over each node's own link.
         self._relay_key = secrets.token_bytes(32)
+        self._lock = threading.Lock()  # guards: _infos
+        self._infos: dict[int, InstanceInfo] = {}  # by rank: what each node's worker is told
 
     def bring_up(
         self,
-        slots: Sequence[Slot],
+        ranks: Sequence[int],
         deadline: Deadline,
         *,
         whole_pool: bool,
         launched: list[Channel] | None = None,
     ) -> list[Channel]:
-        """Start a worker on each of ``slots`` and wait until all are Ready.
+        """Start a worker on each node of ``ranks`` and wait until all are Ready; their
+        channels, in the same order.
 
         With ``whole_pool`` (start, or a restart of every node) each node's InstanceInfo is
         built afresh from the Hellos. Each channel opened is also put in ``launched``, so a
         caller can end them all when this fails part-way.
         """
 
-        def hello(slot: Slot) -> tuple[Channel, proto.Hello]:
-            self._reporter.phase(slot.rank, "starting")
-            channel = self._open_channel(slot)
+        def hello(rank: int) -> tuple[Channel, proto.Hello]:
+            self._reporter.phase(rank, "starting")
+            channel = self._open_channel(rank)
             if launched is not None:
                 launched.append(channel)
             return channel, channel.wait_hello(deadline)
 
-        hellos = parallel(hello, slots)
-        for slot, (_, message) in zip(slots, hellos, strict=True):
-            check_version(slot.rank, message)
+        hellos = parallel(hello, ranks)
+        for rank, (_, message) in zip(ranks, hellos, strict=True):
+            check_version(rank, message)
         if whole_pool:
-            for slot, info in zip(slots, self._infos(slots, hellos), strict=True):
-                slot.info = info
+            infos = self._new_infos(ranks, [message for _, message in hellos])
+            with self._lock:
+                self._infos.update(zip(ranks, infos, strict=True))
         if self._hooked:
             names = ", ".join(self._hooked)
             self._reporter.status(f"entering plugins on every node: {names}")
-            for slot in slots:  # the progress row says what the node is waiting for now
-                self._reporter.phase(slot.rank, "starting", f"entering {names}")
-        for slot, (channel, _) in zip(slots, hellos, strict=True):
-            channel.send_start(self._start_message(slot), self._plugins)
+            for rank in ranks:  # the progress row says what the node is waiting for now
+                self._reporter.phase(rank, "starting", f"entering {names}")
+        for rank, (channel, _) in zip(ranks, hellos, strict=True):
+            channel.send_start(self._start_message(rank), self._plugins)
 
-        def ready(pair: tuple[Slot, Channel]) -> None:
-            slot, channel = pair
+        def ready(pair: tuple[int, Channel]) -> None:
+            rank, channel = pair
             channel.wait_ready(deadline)
-            self._reporter.phase(slot.rank, "ready", f"pid {channel.pid}")
+            self._reporter.phase(rank, "ready", f"pid {channel.pid}")
 
         channels = [channel for channel, _ in hellos]
-        parallel(ready, list(zip(slots, channels, strict=True)))
+        parallel(ready, list(zip(ranks, channels, strict=True)))
         return channels
 
-    def _infos(
-        self, slots: Sequence[Slot], hellos: Sequence[tuple[Channel, proto.Hello]]
-    ) -> list[InstanceInfo]:
+    def _new_infos(self, ranks: Sequence[int], hellos: Sequence[proto.Hello]) -> list[InstanceInfo]:
         spec = self._spec
-        head_port = hellos[0][1].head_port or 0
-        addresses = tuple(slot.node.address for slot in slots)
-        total_accelerators = sum(slot.node.accelerators for slot in slots)
+        nodes = [self._machines.node(rank) for rank in ranks]
+        head_port = hellos[0].head_port or 0
+        addresses = tuple(node.address for node in nodes)
+        total_accelerators = sum(node.accelerators for node in nodes)
         return [
             InstanceInfo(
-                node=slot.rank,
+                node=rank,
                 total_nodes=spec.nodes,
                 head_addr=addresses[0],
                 head_port=head_port,
                 peers=addresses,
-                accelerators=slot.node.accelerators,
+                accelerators=node.accelerators,
                 total_accelerators=total_accelerators,
                 accelerator=spec.accelerator,
                 pool=spec.name,
@@ -124,19 +133,28 @@ class Startup:
                 provider=spec.provider_kind,
                 hostname=message.hostname,
             )
-            for slot, (_, message) in zip(slots, hellos, strict=True)
+            for rank, node, message in zip(ranks, nodes, hellos, strict=True)
         ]
 
-    def _start_message(self, slot: Slot) -> proto.Start:
-        assert slot.info is not None
+    def _info(self, rank: int, address: str) -> InstanceInfo:
+        """Node ``rank``'s InstanceInfo; a node on a new machine is told its new address."""
+        with self._lock:
+            info = self._infos[rank]
+            if info.peers[rank] != address:
+                peers = list(info.peers)
+                peers[rank] = address
+                update = {"peers": tuple(peers), "head_addr": peers[0]}
+                info = self._infos[rank] = info.model_copy(update=update)
+            return info
+
+    def _start_message(self, rank: int) -> proto.Start:
+        node = self._machines.node(rank)
         # Nodes that do not share the client's machine relay large broadcasts between
         # them (the client's link is then the slow one); local workers never do.
-        relays = not slot.node.shares_files and self._spec.nodes > 1
+        relays = not node.shares_files and self._spec.nodes > 1
         return proto.Start(
-            info=slot.info,
-            sys_path=(
-                client_sys_path() + self._image.include_roots() if slot.node.shares_files else []
-            ),
+            info=self._info(rank, node.address),
+            sys_path=(client_sys_path() + self._image.include_roots() if node.shares_files else []),
             concurrency=self._spec.concurrency,
             executor=self._spec.executor,
             relay_key=self._relay_key if relays else b"",

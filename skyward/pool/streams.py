@@ -32,17 +32,20 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from skyward._compute import PendingCall
 from skyward._errors import PoolClosed, RemoteError, SerializationError
-from skyward.collections.proxies import FrameSender, serve
 from skyward.link import protocol as proto
 
-if TYPE_CHECKING:
-    from skyward.collections.state import SharedState
-
 WINDOW = proto.STREAM_WINDOW
+
+
+class StreamChannel(Protocol):
+    """A worker's channel (``skyward.link.channel.Channel``), as a stream uses it."""
+
+    def send(self, message: object, payload: proto.Parts | None = None) -> None: ...
+
 
 Send = Callable[[object, "proto.Parts | None"], None]
 
@@ -66,7 +69,7 @@ class Streams:
         self._values: collections.deque[proto.Parts] = collections.deque()
         self._error: BaseException | None = None  # ends the stream before the call does
         self._send: Send | None = None
-        self._channel: FrameSender | None = None
+        self._channel: StreamChannel | None = None
         self._call_id = 0
         self._taken = 0  # values taken since the last More
         self._feeders = [_Feeder(self, arg, it) for arg, it in enumerate(inputs)]
@@ -74,7 +77,7 @@ class Streams:
 
     # ── the channel's side ───────────────────────────────────────────────────────────────
 
-    def call(self, channel: FrameSender, call_id: int) -> proto.Call:
+    def call(self, channel: StreamChannel, call_id: int) -> proto.Call:
         """The call is being handed to ``channel``'s worker: its ``Call`` message. From now
         on the channel's frames for it come here (``route``)."""
         with _routes_lock:
@@ -255,16 +258,13 @@ class _Feeder:
 
 # Each channel's streaming calls, by call id, while they run: where its reader thread sends
 # their Yield and Want frames. Weak: a channel that is gone takes its entries along.
-_routes: weakref.WeakKeyDictionary[FrameSender, dict[int, Streams]] = weakref.WeakKeyDictionary()
+_routes: weakref.WeakKeyDictionary[StreamChannel, dict[int, Streams]] = weakref.WeakKeyDictionary()
 _routes_lock = threading.Lock()  # guards: _routes
 
 
-def route(shared: SharedState, channel: FrameSender, message: Any, parts: proto.Parts) -> None:
-    """A frame the pool answers (the channel's ``on_frame``, its reader thread): a shared
-    collection's request, or a streaming call's value or demand."""
-    if isinstance(message, proto.Shared):
-        serve(shared, channel, message, parts)
-        return
+def route(channel: StreamChannel, message: proto.Yield | proto.Want, parts: proto.Parts) -> None:
+    """A streaming call's value or demand, from ``channel``'s worker (on the thread reading
+    that link), to the call's state."""
     with _routes_lock:
         streams = _routes.get(channel, {}).get(message.call_id)
     if streams is None:
@@ -275,19 +275,31 @@ def route(shared: SharedState, channel: FrameSender, message: Any, parts: proto.
         streams.on_want(message.arg, message.count)
 
 
+def is_streaming(call: PendingCall[Any]) -> bool:
+    """Whether ``call`` streams: a generator function, an iterator argument, or an iterable
+    one for a parameter annotated ``Iterator`` (skyward 0.5 streamed those)."""
+    generator, streamed = _shape(call.fn)
+    if generator:
+        return True
+    if not streamed:  # the common case, kept cheap: map sends thousands of calls
+        return any(isinstance(v, Iterator) for v in (*call.args, *call.kwargs.values()))
+    names = _positional_names(call.fn, len(call.args))
+    return any(
+        _streamed(value, name, streamed)
+        for value, name in (*zip(call.args, names, strict=True), *call.kwargs.items())
+    )
+
+
 def prepare(call: PendingCall[Any], future: Future[Any]) -> tuple[PendingCall[Any], Streams | None]:
     """The call as it is sent (iterator arguments replaced by placeholders) and its streaming
     state, or ``(call, None)`` for an ordinary call."""
+    if not is_streaming(call):
+        return call, None
     generator, streamed = _shape(call.fn)
-    window = WINDOW if generator else 0
-    if not (window or streamed) and not any(
-        isinstance(v, Iterator) for v in (*call.args, *call.kwargs.values())
-    ):
-        return call, None  # the common case, kept cheap: map sends thousands of calls
     inputs: list[Iterator[Any]] = []
 
     def placeholder(value: Any, name: str | None) -> Any:
-        if isinstance(value, Iterator) or (name in streamed and isinstance(value, Iterable)):
+        if _streamed(value, name, streamed):
             inputs.append(iter(value))
             return proto.InputStream(len(inputs) - 1)
         return value
@@ -295,9 +307,12 @@ def prepare(call: PendingCall[Any], future: Future[Any]) -> tuple[PendingCall[An
     names = _positional_names(call.fn, len(call.args))
     args = tuple(placeholder(v, n) for v, n in zip(call.args, names, strict=True))
     kwargs = {k: placeholder(v, k) for k, v in call.kwargs.items()}
-    if not window and not inputs:
-        return call, None
+    window = WINDOW if generator else 0
     return replace(call, args=args, kwargs=kwargs), Streams(future, call.name, window, inputs)
+
+
+def _streamed(value: Any, name: str | None, streamed: frozenset[str]) -> bool:
+    return isinstance(value, Iterator) or (name in streamed and isinstance(value, Iterable))
 
 
 def _shape(fn: Callable[..., Any]) -> tuple[bool, frozenset[str]]:

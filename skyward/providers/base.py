@@ -90,6 +90,9 @@ class ProvisionRequest:
     # "spot", "on-demand", "spot-if-available" or "cheapest"; None: the provider's default.
     # A provider with no spot machines refuses "spot" in check().
     allocation: str | None = None
+    # USD per hour for the whole pool; a provider that knows prices refuses to create a
+    # pool it estimates above it (before creating anything). None: no limit.
+    max_hourly_cost: float | None = None
 
 
 def refuse_spot(request: ProvisionRequest, why: str) -> None:
@@ -151,6 +154,10 @@ class Allocation:
         self.resources: list[Resource] = list(resources)
         self._lock = threading.Lock()  # guards: _terminated
         self._terminated = False
+        # The estimated price of every machine together, USD per hour, when the provider
+        # knows it (the pool reports the approximate cost at close); 0 for free machines.
+        self.hourly_cost: float | None = None
+        self.describe: str = ""  # what the machines are, for that report ("2 x g6.xlarge")
 
     @property
     def can_replace(self) -> bool:

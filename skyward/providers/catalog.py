@@ -1,4 +1,4 @@
-"""Which machine each cloud gives for an accelerator name: the catalog AWS, GCP and Azure share.
+"""Which machine each cloud gives for a request: the catalog AWS, GCP and Azure share.
 
 ::
 
@@ -6,12 +6,17 @@
     "A100:8"        a machine with exactly 8 A100s, either memory size
     "A100-80GB:8"   exactly 8 A100s with 80 GB each
     None            a CPU machine
+    vcpus=, memory_gb=   at least this many vCPUs / GB of memory per machine: the cheapest
+                    machine of the kind asked for that has them
 
 ``parse`` reads a name without knowing the cloud (the pool checks it when it is built);
-``choose(cloud, name)`` picks the machine, or raises ``ValueError`` listing what that cloud
-has. Facts come from each cloud's public instance-type pages; prices are on-demand Linux list
-prices per hour in USD in one region (us-east-1 for AWS), an estimate for ``skyward ls``
-that can drift from the bill: ``None`` where we do not know one.
+``choose(cloud, name, vcpus=, memory_gb=)`` picks the machine, or raises ``ValueError``
+listing what that cloud has; ``matching`` lists every machine that satisfies a request,
+cheapest first (for ``allocation="cheapest"``), and ``alternatives`` the ones a capacity
+failover may move to (same accelerator and count, at least as large). Facts come from each
+cloud's public instance-type pages (and agree with EC2's ``describe_instance_types``, which
+a test checks); prices are the on-demand list prices in ``prices.py`` (dated), per region:
+``price(cloud, type, region)``, ``None`` where the table does not know one.
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from skyward.providers.prices import ON_DEMAND
+
 Cloud = Literal["aws", "gcp", "azure"]
+
+# Where a cloud's prices are read when no region is given (the cheapest, usually).
+REFERENCE_REGION: dict[str, str] = {"aws": "us-east-1", "gcp": "us-central1", "azure": "eastus"}
 
 _NAME = re.compile(r"^(?P<name>[A-Za-z0-9]+?)(?:-(?P<memory>\d+)GB)?(?::(?P<count>\d+))?$", re.I)
 
@@ -44,8 +54,10 @@ class Accelerator:
 class Machine:
     """One machine type of one cloud.
 
-    ``attach`` is, on GCP, the accelerator type attached to a general-purpose machine (N1
-    with T4 or V100); machine types with built-in GPUs leave it ``None``.
+    ``memory_gb`` is per accelerator, as the vendor names it; ``ram_gb`` the machine's own
+    memory (0: not known). ``attach`` is, on GCP, the accelerator type attached to a
+    general-purpose machine (N1 with T4 or V100); machine types with built-in GPUs leave it
+    ``None``. ``arch`` is the CPU architecture images must be built for.
     """
 
     cloud: Cloud
@@ -54,13 +66,27 @@ class Machine:
     count: int  # accelerators per machine (0 for CPU)
     memory_gb: int  # per accelerator, as the vendor names it (0 for CPU)
     vcpus: int
-    hourly: float | None = None
+    hourly_list: float | None = None  # for clouds whose prices are not in prices.py
     attach: str | None = None
+    ram_gb: float = 0.0
+    arch: str = "x86_64"
+
+    @property
+    def hourly(self) -> float | None:
+        """The on-demand list price in the cloud's reference region (USD per hour)."""
+        return machine_price(self)
 
     def describe(self) -> str:
         if self.accelerator is None:
-            return f"{self.type} ({self.vcpus} vCPUs, no accelerator)"
+            memory = f", {self.ram_gb:g} GB" if self.ram_gb else ""
+            return f"{self.type} ({self.vcpus} vCPUs{memory}, no accelerator)"
         return f"{self.type} ({self.count}x {self.accelerator} {self.memory_gb} GB)"
+
+    def satisfies(self, vcpus: float | None, memory_gb: float | None) -> bool:
+        """At least ``vcpus`` vCPUs and ``memory_gb`` GB of memory (``None``: any)."""
+        if vcpus is not None and self.vcpus < vcpus:
+            return False
+        return memory_gb is None or (self.ram_gb > 0 and self.ram_gb >= memory_gb)
 
 
 def _m(
@@ -72,77 +98,150 @@ def _m(
     vcpus: int,
     hourly: float | None = None,
     attach: str | None = None,
+    *,
+    ram: float = 0.0,
 ) -> Machine:
-    return Machine(cloud, type, accelerator, count, memory_gb, vcpus, hourly, attach)
+    return Machine(cloud, type, accelerator, count, memory_gb, vcpus, hourly, attach, ram)
 
 
-# Per cloud, per accelerator, smallest first: ``choose`` takes the first that fits. One
-# machine per (count, memory); where a family has several sizes with the same GPUs, the one
-# with the fewest vCPUs (the cheapest).
+def _m7i(size: str, vcpus: int) -> Machine:
+    return _m("aws", f"m7i.{size}", None, 0, 0, vcpus, ram=vcpus * 4)
+
+
+def _n2(vcpus: str, hourly: float) -> Machine:
+    return _m("gcp", f"n2-standard-{vcpus}", None, 0, 0, int(vcpus), hourly, ram=4 * int(vcpus))
+
+
+def _n1(vcpus: str, gpu: str, count: int, memory: int, gpu_hourly: float) -> Machine:
+    """An N1 machine with ``count`` attached GPUs (3.75 GB of RAM and $0.0475/h per vCPU)."""
+    n, attach = int(vcpus), f"nvidia-tesla-{gpu.lower()}"
+    hourly = round(n * 0.0474998 + count * gpu_hourly, 6)
+    return _m("gcp", f"n1-standard-{vcpus}", gpu, count, memory, n, hourly, attach, ram=3.75 * n)
+
+
+# Per cloud, per accelerator: the default machine for a bare name first (``choose`` with
+# no vcpus/memory_gb takes the first that fits the name), then larger sizes of the same
+# family, which a request for more vCPUs or memory, "cheapest", or a capacity failover
+# may take. RAM is GiB as EC2 reports it.
 MACHINES: tuple[Machine, ...] = (
-    # ── AWS (EC2 accelerated computing instances) ──────────────────────────────────────
-    _m("aws", "m7i.xlarge", None, 0, 0, 4, 0.2016),
-    _m("aws", "p4d.24xlarge", "A100", 8, 40, 96, 21.96),
-    _m("aws", "p4de.24xlarge", "A100", 8, 80, 96, 27.45),
-    _m("aws", "p5.4xlarge", "H100", 1, 80, 16, 6.88),
-    _m("aws", "p5.48xlarge", "H100", 8, 80, 192, 55.04),
-    _m("aws", "p5en.48xlarge", "H200", 8, 141, 192, 63.30),
-    _m("aws", "g6.xlarge", "L4", 1, 24, 4, 0.8048),
-    _m("aws", "g6.12xlarge", "L4", 4, 24, 48, 4.6016),
-    _m("aws", "g6.48xlarge", "L4", 8, 24, 192, 13.3504),
-    _m("aws", "g4dn.xlarge", "T4", 1, 16, 4, 0.526),
-    _m("aws", "g4dn.12xlarge", "T4", 4, 16, 48, 3.912),
-    _m("aws", "g4dn.metal", "T4", 8, 16, 96, 7.824),
-    _m("aws", "g5.xlarge", "A10G", 1, 24, 4, 1.006),
-    _m("aws", "g5.12xlarge", "A10G", 4, 24, 48, 5.672),
-    _m("aws", "g5.48xlarge", "A10G", 8, 24, 192, 16.288),
-    _m("aws", "g6e.xlarge", "L40S", 1, 48, 4, 1.861),
-    _m("aws", "g6e.12xlarge", "L40S", 4, 48, 48, 10.493),
-    _m("aws", "g6e.48xlarge", "L40S", 8, 48, 192, 30.131),
-    _m("aws", "p3.2xlarge", "V100", 1, 16, 8, 3.06),
-    _m("aws", "p3.8xlarge", "V100", 4, 16, 32, 12.24),
-    _m("aws", "p3.16xlarge", "V100", 8, 16, 64, 24.48),
-    _m("aws", "p3dn.24xlarge", "V100", 8, 32, 96, 31.212),
-    # ── GCP (Compute Engine GPU machine types; N1 with attached GPUs) ──────────────────
-    _m("gcp", "n2-standard-4", None, 0, 0, 4),
-    _m("gcp", "a2-highgpu-1g", "A100", 1, 40, 12),
-    _m("gcp", "a2-highgpu-2g", "A100", 2, 40, 24),
-    _m("gcp", "a2-highgpu-4g", "A100", 4, 40, 48),
-    _m("gcp", "a2-highgpu-8g", "A100", 8, 40, 96),
-    _m("gcp", "a2-megagpu-16g", "A100", 16, 40, 96),
-    _m("gcp", "a2-ultragpu-1g", "A100", 1, 80, 12),
-    _m("gcp", "a2-ultragpu-2g", "A100", 2, 80, 24),
-    _m("gcp", "a2-ultragpu-4g", "A100", 4, 80, 48),
-    _m("gcp", "a2-ultragpu-8g", "A100", 8, 80, 96),
-    _m("gcp", "a3-highgpu-1g", "H100", 1, 80, 26),
-    _m("gcp", "a3-highgpu-2g", "H100", 2, 80, 52),
-    _m("gcp", "a3-highgpu-4g", "H100", 4, 80, 104),
-    _m("gcp", "a3-highgpu-8g", "H100", 8, 80, 208),
-    _m("gcp", "a3-ultragpu-8g", "H200", 8, 141, 224),
-    _m("gcp", "g2-standard-4", "L4", 1, 24, 4),
-    _m("gcp", "g2-standard-24", "L4", 2, 24, 24),
-    _m("gcp", "g2-standard-48", "L4", 4, 24, 48),
-    _m("gcp", "g2-standard-96", "L4", 8, 24, 96),
-    _m("gcp", "n1-standard-4", "T4", 1, 16, 4, attach="nvidia-tesla-t4"),
-    _m("gcp", "n1-standard-8", "T4", 2, 16, 8, attach="nvidia-tesla-t4"),
-    _m("gcp", "n1-standard-16", "T4", 4, 16, 16, attach="nvidia-tesla-t4"),
-    _m("gcp", "n1-standard-8", "V100", 1, 16, 8, attach="nvidia-tesla-v100"),
-    _m("gcp", "n1-standard-16", "V100", 2, 16, 16, attach="nvidia-tesla-v100"),
-    _m("gcp", "n1-standard-32", "V100", 4, 16, 32, attach="nvidia-tesla-v100"),
-    _m("gcp", "n1-standard-64", "V100", 8, 16, 64, attach="nvidia-tesla-v100"),
-    # ── Azure (N-series VM sizes; NCv3 V100 sizes were retired in 2025) ────────────────
-    _m("azure", "Standard_D4s_v5", None, 0, 0, 4),
-    _m("azure", "Standard_NC24ads_A100_v4", "A100", 1, 80, 24),
-    _m("azure", "Standard_NC48ads_A100_v4", "A100", 2, 80, 48),
-    _m("azure", "Standard_NC96ads_A100_v4", "A100", 4, 80, 96),
-    _m("azure", "Standard_ND96asr_v4", "A100", 8, 40, 96),
-    _m("azure", "Standard_ND96amsr_A100_v4", "A100", 8, 80, 96),
-    _m("azure", "Standard_NC40ads_H100_v5", "H100", 1, 94, 40),
-    _m("azure", "Standard_NC80adis_H100_v5", "H100", 2, 94, 80),
-    _m("azure", "Standard_ND96isr_H100_v5", "H100", 8, 80, 96),
-    _m("azure", "Standard_ND96isr_H200_v5", "H200", 8, 141, 96),
-    _m("azure", "Standard_NC4as_T4_v3", "T4", 1, 16, 4),
-    _m("azure", "Standard_NC64as_T4_v3", "T4", 4, 16, 64),
+    # ── AWS (EC2; general purpose m7i for CPU pools, accelerated computing for GPUs) ───
+    _m7i("xlarge", 4),
+    _m7i("large", 2),
+    _m7i("2xlarge", 8),
+    _m7i("4xlarge", 16),
+    _m7i("8xlarge", 32),
+    _m7i("12xlarge", 48),
+    _m7i("16xlarge", 64),
+    _m7i("24xlarge", 96),
+    _m7i("48xlarge", 192),
+    _m("aws", "p4d.24xlarge", "A100", 8, 40, 96, ram=1152),
+    _m("aws", "p4de.24xlarge", "A100", 8, 80, 96, ram=1152),
+    _m("aws", "p5.4xlarge", "H100", 1, 80, 16, ram=256),
+    _m("aws", "p5.48xlarge", "H100", 8, 80, 192, ram=2048),
+    _m("aws", "p5en.48xlarge", "H200", 8, 141, 192, ram=2048),
+    _m("aws", "g6.xlarge", "L4", 1, 24, 4, ram=16),
+    _m("aws", "g6.2xlarge", "L4", 1, 24, 8, ram=32),
+    _m("aws", "g6.4xlarge", "L4", 1, 24, 16, ram=64),
+    _m("aws", "g6.8xlarge", "L4", 1, 24, 32, ram=128),
+    _m("aws", "g6.16xlarge", "L4", 1, 24, 64, ram=256),
+    _m("aws", "g6.12xlarge", "L4", 4, 24, 48, ram=192),
+    _m("aws", "g6.24xlarge", "L4", 4, 24, 96, ram=384),
+    _m("aws", "g6.48xlarge", "L4", 8, 24, 192, ram=768),
+    _m("aws", "g4dn.xlarge", "T4", 1, 16, 4, ram=16),
+    _m("aws", "g4dn.2xlarge", "T4", 1, 16, 8, ram=32),
+    _m("aws", "g4dn.4xlarge", "T4", 1, 16, 16, ram=64),
+    _m("aws", "g4dn.8xlarge", "T4", 1, 16, 32, ram=128),
+    _m("aws", "g4dn.16xlarge", "T4", 1, 16, 64, ram=256),
+    _m("aws", "g4dn.12xlarge", "T4", 4, 16, 48, ram=192),
+    _m("aws", "g4dn.metal", "T4", 8, 16, 96, ram=384),
+    _m("aws", "g5.xlarge", "A10G", 1, 24, 4, ram=16),
+    _m("aws", "g5.2xlarge", "A10G", 1, 24, 8, ram=32),
+    _m("aws", "g5.4xlarge", "A10G", 1, 24, 16, ram=64),
+    _m("aws", "g5.8xlarge", "A10G", 1, 24, 32, ram=128),
+    _m("aws", "g5.16xlarge", "A10G", 1, 24, 64, ram=256),
+    _m("aws", "g5.12xlarge", "A10G", 4, 24, 48, ram=192),
+    _m("aws", "g5.24xlarge", "A10G", 4, 24, 96, ram=384),
+    _m("aws", "g5.48xlarge", "A10G", 8, 24, 192, ram=768),
+    _m("aws", "g6e.xlarge", "L40S", 1, 48, 4, ram=32),
+    _m("aws", "g6e.2xlarge", "L40S", 1, 48, 8, ram=64),
+    _m("aws", "g6e.4xlarge", "L40S", 1, 48, 16, ram=128),
+    _m("aws", "g6e.8xlarge", "L40S", 1, 48, 32, ram=256),
+    _m("aws", "g6e.16xlarge", "L40S", 1, 48, 64, ram=512),
+    _m("aws", "g6e.12xlarge", "L40S", 4, 48, 48, ram=384),
+    _m("aws", "g6e.24xlarge", "L40S", 4, 48, 96, ram=768),
+    _m("aws", "g6e.48xlarge", "L40S", 8, 48, 192, ram=1536),
+    _m("aws", "p3.2xlarge", "V100", 1, 16, 8, ram=61),
+    _m("aws", "p3.8xlarge", "V100", 4, 16, 32, ram=244),
+    _m("aws", "p3.16xlarge", "V100", 8, 16, 64, ram=488),
+    _m("aws", "p3dn.24xlarge", "V100", 8, 32, 96, ram=768),
+    # ── GCP (Compute Engine; N2 for CPU pools, N1 with attached GPUs) ────────────────
+    # Prices: on-demand in us-central1 (the reference region; elsewhere unknown), USD per
+    # hour, from cloud.google.com/compute/vm-instance-pricing and /gpus-pricing, late 2025;
+    # N1 rows add the attached GPUs' price to the machine's. None where not published.
+    _n2("4", 0.194236),
+    _n2("2", 0.097118),
+    _n2("8", 0.388472),
+    _n2("16", 0.776944),
+    _n2("32", 1.553888),
+    _n2("48", 2.330832),
+    _n2("64", 3.107776),
+    _n2("96", 4.661664),
+    _n2("128", 6.215552),
+    _m("gcp", "a2-highgpu-1g", "A100", 1, 40, 12, 3.673385, ram=85),
+    _m("gcp", "a2-highgpu-2g", "A100", 2, 40, 24, 7.34677, ram=170),
+    _m("gcp", "a2-highgpu-4g", "A100", 4, 40, 48, 14.69354, ram=340),
+    _m("gcp", "a2-highgpu-8g", "A100", 8, 40, 96, 29.38708, ram=680),
+    _m("gcp", "a2-megagpu-16g", "A100", 16, 40, 96, 55.739504, ram=1360),
+    _m("gcp", "a2-ultragpu-1g", "A100", 1, 80, 12, 5.06879, ram=170),
+    _m("gcp", "a2-ultragpu-2g", "A100", 2, 80, 24, 10.13758, ram=340),
+    _m("gcp", "a2-ultragpu-4g", "A100", 4, 80, 48, 20.27516, ram=680),
+    _m("gcp", "a2-ultragpu-8g", "A100", 8, 80, 96, 40.55032, ram=1360),
+    # A3 High with 1, 2 or 4 GPUs is sold as Spot (or flex-start) only: a bare "H100" is
+    # the 8-GPU machine, which on-demand pools can get.
+    _m("gcp", "a3-highgpu-8g", "H100", 8, 80, 208, 88.253776, ram=1872),
+    _m("gcp", "a3-highgpu-1g", "H100", 1, 80, 26, 11.031722, ram=234),
+    _m("gcp", "a3-highgpu-2g", "H100", 2, 80, 52, 22.063444, ram=468),
+    _m("gcp", "a3-highgpu-4g", "H100", 4, 80, 104, 44.126888, ram=936),
+    _m("gcp", "a3-megagpu-8g", "H100", 8, 80, 208, ram=1872),
+    _m("gcp", "a3-ultragpu-8g", "H200", 8, 141, 224, ram=2952),
+    _m("gcp", "g2-standard-4", "L4", 1, 24, 4, 0.70683, ram=16),
+    _m("gcp", "g2-standard-8", "L4", 1, 24, 8, 0.85349, ram=32),
+    _m("gcp", "g2-standard-12", "L4", 1, 24, 12, 1.00015, ram=48),
+    _m("gcp", "g2-standard-16", "L4", 1, 24, 16, 1.14681, ram=64),
+    _m("gcp", "g2-standard-32", "L4", 1, 24, 32, 1.73345, ram=128),
+    _m("gcp", "g2-standard-24", "L4", 2, 24, 24, 2.0003, ram=96),
+    _m("gcp", "g2-standard-48", "L4", 4, 24, 48, 4.0006, ram=192),
+    _m("gcp", "g2-standard-96", "L4", 8, 24, 96, 8.0012, ram=384),
+    _n1("4", "T4", 1, 16, 0.35),
+    _n1("8", "T4", 2, 16, 0.35),
+    _n1("16", "T4", 4, 16, 0.35),
+    _n1("8", "V100", 1, 16, 2.48),
+    _n1("16", "V100", 2, 16, 2.48),
+    _n1("32", "V100", 4, 16, 2.48),
+    _n1("64", "V100", 8, 16, 2.48),
+    _n1("4", "P100", 1, 16, 1.46),
+    _n1("8", "P100", 2, 16, 1.46),
+    _n1("16", "P100", 4, 16, 1.46),
+    # ── Azure (N-series VM sizes; NCv3 V100 sizes were retired in 2025; eastus prices) ─
+    _m("azure", "Standard_D4s_v5", None, 0, 0, 4, 0.192, ram=16),
+    _m("azure", "Standard_D8s_v5", None, 0, 0, 8, 0.384, ram=32),
+    _m("azure", "Standard_D16s_v5", None, 0, 0, 16, 0.768, ram=64),
+    _m("azure", "Standard_D32s_v5", None, 0, 0, 32, 1.536, ram=128),
+    _m("azure", "Standard_D64s_v5", None, 0, 0, 64, 3.072, ram=256),
+    _m("azure", "Standard_D96s_v5", None, 0, 0, 96, 4.608, ram=384),
+    _m("azure", "Standard_NC24ads_A100_v4", "A100", 1, 80, 24, 3.673, ram=220),
+    _m("azure", "Standard_NC48ads_A100_v4", "A100", 2, 80, 48, 7.346, ram=440),
+    _m("azure", "Standard_NC96ads_A100_v4", "A100", 4, 80, 96, 14.692, ram=880),
+    _m("azure", "Standard_ND96asr_v4", "A100", 8, 40, 96, 27.197, ram=900),
+    _m("azure", "Standard_ND96amsr_A100_v4", "A100", 8, 80, 96, 32.77, ram=1900),
+    _m("azure", "Standard_NC40ads_H100_v5", "H100", 1, 94, 40, 6.98, ram=320),
+    _m("azure", "Standard_NC80adis_H100_v5", "H100", 2, 94, 80, 13.96, ram=640),
+    _m("azure", "Standard_ND96isr_H100_v5", "H100", 8, 80, 96, 98.32, ram=1900),
+    _m("azure", "Standard_ND96isr_H200_v5", "H200", 8, 141, 96, ram=1850),
+    _m("azure", "Standard_NC4as_T4_v3", "T4", 1, 16, 4, 0.526, ram=28),
+    _m("azure", "Standard_NC8as_T4_v3", "T4", 1, 16, 8, 0.752, ram=56),
+    _m("azure", "Standard_NC16as_T4_v3", "T4", 1, 16, 16, 1.204, ram=110),
+    _m("azure", "Standard_NC64as_T4_v3", "T4", 4, 16, 64, 4.352, ram=440),
 )
 
 # Every accelerator name any cloud has, canonical spelling.
@@ -172,10 +271,27 @@ def machines(cloud: Cloud) -> list[Machine]:
     return [m for m in MACHINES if m.cloud == cloud]
 
 
-def choose(cloud: Cloud, accelerator: str | None) -> Machine:
-    """The machine ``cloud`` gives for ``accelerator``; ``ValueError`` listing what it has."""
+def find(cloud: Cloud, machine_type: str) -> Machine | None:
+    """The catalog's entry for ``machine_type`` (the first, for GCP's N1 with GPUs)."""
+    return next((m for m in machines(cloud) if m.type == machine_type), None)
+
+
+def price(cloud: Cloud, machine_type: str, region: str | None = None) -> float | None:
+    """The on-demand list price per hour of ``machine_type`` in ``region`` (default: the
+    cloud's reference region), when the table has it."""
+    table = ON_DEMAND.get(cloud, {}).get(machine_type)
+    if table is not None:
+        return table.get(region or REFERENCE_REGION[cloud])
+    if region is None or region == REFERENCE_REGION[cloud]:
+        machine = find(cloud, machine_type)
+        return machine.hourly_list if machine is not None else None
+    return None
+
+
+def _named(cloud: Cloud, accelerator: str | None) -> tuple[Accelerator | None, list[Machine]]:
+    """The parsed name and the machines of that accelerator (CPU ones for ``None``)."""
     if accelerator is None:
-        return next(m for m in machines(cloud) if m.accelerator is None)
+        return None, [m for m in machines(cloud) if m.accelerator is None]
     wanted = parse(accelerator)
     offered = [m for m in machines(cloud) if m.accelerator == wanted.name]
     if not offered:
@@ -184,19 +300,129 @@ def choose(cloud: Cloud, accelerator: str | None) -> Machine:
             f"{cloud} has no {wanted.name} machines; it has {', '.join(have)} "
             f"(or pass the instance type yourself)"
         )
-    for machine in offered:
-        if wanted.count is not None and machine.count != wanted.count:
-            continue
-        if wanted.memory_gb is not None and machine.memory_gb != wanted.memory_gb:
-            continue
-        return machine
-    options = ", ".join(f"'{m.accelerator}-{m.memory_gb}GB:{m.count}' ({m.type})" for m in offered)
-    raise ValueError(f"{cloud} has no machine with {wanted}; it has {options}")
+    pinned = [
+        m
+        for m in offered
+        if (wanted.count is None or m.count == wanted.count)
+        and (wanted.memory_gb is None or m.memory_gb == wanted.memory_gb)
+    ]
+    if not pinned:
+        options = ", ".join(
+            f"'{m.accelerator}-{m.memory_gb}GB:{m.count}' ({m.type})"
+            for m in dict((m.type, m) for m in offered).values()
+        )
+        raise ValueError(f"{cloud} has no machine with {wanted}; it has {options}")
+    return wanted, pinned
 
 
-def price(cloud: Cloud, machine_type: str) -> float | None:
-    """The catalog's hourly list price for a machine type, when it has one."""
-    for machine in machines(cloud):
-        if machine.type == machine_type and machine.hourly is not None:
-            return machine.hourly
+def machine_price(machine: Machine, region: str | None = None) -> float | None:
+    """``price`` of this very machine: GCP's N1 machines with attached GPUs share a type
+    and differ by their GPUs, so their price is the catalog row's (reference region only)."""
+    if machine.attach is None:
+        return price(machine.cloud, machine.type, region)
+    if region is None or region == REFERENCE_REGION[machine.cloud]:
+        return machine.hourly_list
     return None
+
+
+def _cost(machine: Machine, region: str | None) -> float:
+    known = machine_price(machine, region)
+    if known is None:
+        known = machine.hourly
+    return known if known is not None else float("inf")
+
+
+def matching(
+    cloud: Cloud,
+    accelerator: str | None,
+    *,
+    vcpus: float | None = None,
+    memory_gb: float | None = None,
+    region: str | None = None,
+) -> list[Machine]:
+    """Every machine of ``cloud`` that satisfies the request, cheapest first (in
+    ``region``'s prices, else the reference region's); ``ValueError`` naming the largest
+    there is when none does."""
+    _, named = _named(cloud, accelerator)
+    fitting = [m for m in named if m.satisfies(vcpus, memory_gb)]
+    if not fitting:
+        kind = f"{accelerator} machine" if accelerator else "CPU machine"
+        asked = " and ".join(
+            part
+            for part in (
+                f"{vcpus:g} vCPUs" if vcpus is not None else "",
+                f"{memory_gb:g} GB of memory" if memory_gb is not None else "",
+            )
+            if part
+        )
+        largest = max(named, key=lambda m: (m.vcpus, m.ram_gb))
+        raise ValueError(
+            f"{cloud} has no {kind} with {asked} in the catalog; the largest is "
+            f"{largest.type} ({largest.vcpus} vCPUs, {largest.ram_gb:g} GB). Ask for "
+            f"fewer, or pass the instance type yourself"
+        )
+    order = {m.type: i for i, m in enumerate(named)}
+    return sorted(fitting, key=lambda m: (_cost(m, region), order[m.type]))
+
+
+def choose(
+    cloud: Cloud,
+    accelerator: str | None,
+    *,
+    vcpus: float | None = None,
+    memory_gb: float | None = None,
+    region: str | None = None,
+) -> Machine:
+    """The machine ``cloud`` gives for the request; ``ValueError`` listing what it has.
+
+    With no ``vcpus``/``memory_gb``, the catalog's default for the name (the smallest of
+    its kind); with them, the cheapest machine of that kind that has them."""
+    if vcpus is None and memory_gb is None:
+        return _named(cloud, accelerator)[1][0]
+    return matching(cloud, accelerator, vcpus=vcpus, memory_gb=memory_gb, region=region)[0]
+
+
+def alternatives(
+    first: Machine,
+    accelerator: str | None,
+    *,
+    vcpus: float | None = None,
+    memory_gb: float | None = None,
+    region: str | None = None,
+) -> list[Machine]:
+    """Machines a capacity failover may move to after ``first``: the same accelerator and
+    count, at least as much accelerator memory, vCPUs and RAM, still within the request
+    (``"A100:8"`` moves from 40 GB to 80 GB; ``"A100-40GB:8"`` does not); cheapest first.
+    None for CPU machines: their sizes share one pool of capacity."""
+    if first.accelerator is None or accelerator is None:
+        return []
+    _, named = _named(first.cloud, accelerator)
+    found = [
+        m
+        for m in named
+        if m.type != first.type
+        and m.count == first.count
+        and m.memory_gb >= first.memory_gb
+        and m.vcpus >= first.vcpus
+        and m.ram_gb >= first.ram_gb
+        and m.satisfies(vcpus, memory_gb)
+    ]
+    return sorted(found, key=lambda m: (_cost(m, region), m.vcpus))
+
+
+def refuse_contradiction(
+    machine: Machine, *, vcpus: float | None, memory_gb: float | None, given: str
+) -> None:
+    """``ValueError`` when a machine type the user named has fewer vCPUs or less memory
+    than the pool asks for."""
+    if vcpus is not None and machine.vcpus < vcpus:
+        raise ValueError(
+            f"{given}={machine.type!r} has {machine.vcpus} vCPUs, fewer than vcpus={vcpus:g}; "
+            f"drop one of them, or name a larger type"
+        )
+    if memory_gb is not None and machine.ram_gb and machine.ram_gb < memory_gb:
+        raise ValueError(
+            f"{given}={machine.type!r} has {machine.ram_gb:g} GB of memory, less than "
+            f"memory_gb={memory_gb:g}; drop one of them, or name a larger type"
+        )
+

@@ -33,6 +33,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -335,6 +336,10 @@ def main(argv: list[str] | None = None) -> None:
         errors="backslashreplace",
         line_buffering=True,
     )
+    # Line buffering holds a progress bar drawn with "\r", or dots printed one by one,
+    # until a newline or 8 KiB: push what waits out a few times a second, as a terminal
+    # shows it.
+    threading.Thread(target=_flush_forever, name="skyward-flush", daemon=True).start()
 
     link.send(
         proto.Hello(
@@ -387,6 +392,14 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.suppress(OSError):  # the client may be gone already
         link.send(proto.Bye())
     _exit(stdout, 0)
+
+
+def _flush_forever(every: float = 0.2) -> None:
+    while True:
+        time.sleep(every)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a stream a user replaced or closed
+                stream.flush()
 
 
 def _exit(stdout: StdoutForwarder, code: int) -> None:

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, get_type_hints
 
 import pydantic
 import pytest
@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import skyward as sky
+from skyward.plugins._jax import JaxOptions
 
 
 def _flood_then_die() -> None:
@@ -173,23 +174,7 @@ def test_an_env_value_with_a_nul_byte_is_refused_at_construction() -> None:
 
 
 @settings(deadline=None)
-@given(
-    option=st.sampled_from(
-        [
-            "version",
-            "cuda",
-            "index_url",
-            "find_links",
-            "cpu_devices",
-            "gpu_defaults",
-            "initialization_timeout",
-            "heartbeat_timeout",
-            "shutdown_timeout",
-            "verbose",
-        ]
-    ),
-    value=_ANYTHING,
-)
+@given(option=st.sampled_from(list(get_type_hints(JaxOptions))), value=_ANYTHING)
 def test_jax_plugin_options_are_validated_with_the_option_named(option: str, value: Any) -> None:
     try:
         sky.plugins.jax(**{option: value})

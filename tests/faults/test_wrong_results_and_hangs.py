@@ -16,45 +16,48 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from support.pools import start_in_thread
+from support.markers import wait_for_markers
+from support.pools import broadcast_in_background, start_in_thread
 
 import skyward as sky
 from skyward.providers.local import PipeTransport
 
 
-def _stamp(rank_that_lags: int, lag: float) -> tuple[float, float]:
+def _stamp(rank_that_lags: int, lag: float, lagging: str = "") -> tuple[float, float]:
+    """When this part ran; ``rank_that_lags`` first makes ``lagging`` (if given), then
+    lags."""
     start = time.time()
     if sky.instance_info().node == rank_that_lags:
+        if lagging:
+            Path(lagging).touch()
         time.sleep(lag)
     return start, time.time()
 
 
 @pytest.mark.timeout(60)
-def test_a_gang_broadcast_never_starts_while_an_earlier_one_still_runs_on_a_rank() -> None:
+def test_a_gang_broadcast_never_starts_while_an_earlier_one_still_runs_on_a_rank(
+    tmp_path: Path,
+) -> None:
     # Rank 1 is still inside the first broadcast when the second is sent. Started on the
     # other ranks at once, the second's collectives would pair with the first's.
     tied = sky.Plugin(name="tied", gang=True)
+    lags = tmp_path / "rank-1-lags"
     with sky.ComputePool(nodes=2, plugins=[tied], quiet=True) as pool:
         first = pool.submit(lambda: None)  # warm
         first.result()
-        lagging = pool._broadcast_call(_pending(_stamp, 1, 2.0))
-        time.sleep(0.3)  # the second is sent while rank 1 sleeps
+        lagging = broadcast_in_background(pool, _stamp, 1, 2.0, str(lags))
+        wait_for_markers(lags)  # the second is sent while rank 1 sleeps
         second = pool.broadcast(_stamp, 1, 0.0)
         (_, ends) = zip(*lagging.result(), strict=True)
         starts, _ = zip(*second, strict=True)
     assert min(starts) >= max(ends), "a part of the second ran while the first still ran"
 
 
-def _pending(fn: object, *args: object) -> object:
-    from skyward._compute import PendingCall
-
-    return PendingCall(fn, args, {})  # type: ignore[arg-type]
-
-
-def test_a_non_gang_broadcast_is_not_held_back() -> None:
+def test_a_non_gang_broadcast_is_not_held_back(tmp_path: Path) -> None:
+    lags = tmp_path / "rank-1-lags"
     with sky.ComputePool(nodes=2, quiet=True) as pool:
-        lagging = pool._broadcast_call(_pending(_stamp, 1, 2.0))
-        time.sleep(0.3)
+        lagging = broadcast_in_background(pool, _stamp, 1, 2.0, str(lags))
+        wait_for_markers(lags)
         starts, _ = zip(*pool.broadcast(_stamp, 1, 0.0), strict=True)
         (_, ends) = zip(*lagging.result(), strict=True)
     assert min(starts) < max(ends)
@@ -149,7 +152,10 @@ def test_a_stronger_close_takes_over_a_draining_one_and_both_return_closed(
     closers = [threading.Thread(target=pool.close) for _ in range(2)]
     for closer in closers:
         closer.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while pool.statistics().state != "draining" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.statistics().state == "draining"
     assert all(c.is_alive() for c in closers), "close(wait=True) waits for the call"
     pool.close(wait=False)
     assert pool.statistics().state == "closed"
@@ -186,18 +192,18 @@ def test_durations_past_a_week_are_refused_with_the_field_named(value: float) ->
             sky.ComputePool(**{field: value})  # type: ignore[arg-type]
 
 
-def test_a_close_during_a_plugins_start_is_pool_closed() -> None:
+def test_a_close_during_a_plugins_start_is_pool_closed(tmp_path: Path) -> None:
+    inside = tmp_path / "inside-around-app"
+
     @contextlib.contextmanager
     def slow_start(info: sky.InstanceInfo) -> Iterator[None]:
+        inside.touch()
         time.sleep(60)
         yield
 
     pool = sky.ComputePool(plugins=[sky.Plugin(name="slow", around_app=slow_start)], quiet=True)
     starter, errors = start_in_thread(pool)
-    deadline = time.monotonic() + 30
-    while not pool._pending_channels and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.5)  # inside around_app
+    wait_for_markers(inside)
     pool.close(wait=False)
     starter.join(30)
     assert len(errors) == 1 and isinstance(errors[0], sky.PoolClosed), errors

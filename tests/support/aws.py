@@ -122,9 +122,10 @@ def nothing(holdings: dict[str, list[str]]) -> bool:
     return not any(holdings.values())
 
 
-def key_file_of(public: str) -> Path | None:
-    """The pool key file on this machine whose public half is ``public``."""
-    for candidate in Path(tempfile.gettempdir()).glob("skyward-key-*/id_ed25519"):
+def key_file_of(public: str, root: Path | None = None) -> Path | None:
+    """The pool key file on this machine (under ``root``, default the temporary directory)
+    whose public half is ``public``."""
+    for candidate in (root or Path(tempfile.gettempdir())).glob("skyward-key-*/id_ed25519"):
         try:
             key = serialization.load_ssh_private_key(candidate.read_bytes(), password=None)
         except (OSError, ValueError):
@@ -137,9 +138,9 @@ def key_file_of(public: str) -> Path | None:
     return None
 
 
-def pool_key_of(moto: MotoServer, pool: str) -> Path | None:
+def pool_key_of(moto: MotoServer, pool: str, root: Path | None = None) -> Path | None:
     """The pool key file on this machine behind ``pool``'s key pair in moto."""
     ec2 = moto.client("ec2")
     tag = [{"Name": "tag:skyward-pool", "Values": [pool]}]
     keys = ec2.describe_key_pairs(Filters=tag, IncludePublicKey=True)["KeyPairs"]
-    return key_file_of(keys[0]["PublicKey"]) if keys else None
+    return key_file_of(keys[0]["PublicKey"], root) if keys else None

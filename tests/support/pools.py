@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 import pytest
 
 import skyward as sky
 from support.sshhosts import Hosts, PackageIndex
+
+R = TypeVar("R")
 
 
 def ssh_provider(hosts: Hosts, *targets: str, **options: Any) -> sky.SSH:
@@ -53,3 +56,20 @@ def start_in_thread(pool: sky.ComputePool) -> tuple[threading.Thread, list[BaseE
     starter = threading.Thread(target=start)
     starter.start()
     return starter, errors
+
+
+def broadcast_in_background(
+    pool: sky.ComputePool, fn: Callable[..., R], /, *args: Any
+) -> Future[list[R]]:
+    """``pool.broadcast(fn, *args)`` on a thread of its own, its outcome in a Future: a
+    broadcast the test acts on while it runs, through the public API."""
+    outcome: Future[list[R]] = Future()
+
+    def run() -> None:
+        try:
+            outcome.set_result(pool.broadcast(fn, *args))
+        except BaseException as exc:
+            outcome.set_exception(exc)
+
+    threading.Thread(target=run, name="broadcast-in-background", daemon=True).start()
+    return outcome

@@ -99,6 +99,20 @@ trap 'end HUP' HUP
 """
 
 
+def guard_again(shim: Path) -> str:
+    """Lines that bind the shim again over the guarded paths in ``/usr/bin``, for a script
+    that mounts something over ``/usr/bin`` itself (a ``HostImage`` overlay hides the mounts
+    the prelude made there); they stop the script if a path is then not the shim."""
+    paths = " ".join(shlex.quote(p) for p in GUARDED if p.startswith(("/usr/bin/", "/bin/")))
+    shim_q = shlex.quote(str(shim))
+    return f"""for path in {paths}; do
+    [ -e "$path" ] || continue
+    mount --bind {shim_q} "$path" || exit 72
+    cmp -s {shim_q} "$path" || {{ echo "sandbox: $path is not the shim" >&2; exit 73; }}
+done
+"""
+
+
 class Sandbox:
     """``script`` run as a sandbox's main process; the sandbox ends when it does, or when
     something in it powers off. ``directory`` holds the shim and the state file."""

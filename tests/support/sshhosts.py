@@ -9,19 +9,27 @@
       └ http index :8700 (PEP 503)          own mount namespace: /home/skytest is the
                                             host's own directory; no default route
 
-N comes from the test process's PID, so two suites running at once do not collide; a second
-set of hosts in the same process takes the next N no one uses. Hosts log in a user
+N is a subnet no one else uses: from the test process's PID on, the first N whose lock
+(``/run/lock/skyward-net-10.123.N.lock``, flock) this run can take and whose names and subnet
+are free (no bridge ``skybrN``, no namespace ``skyward-N-*``, no veth ``skvN*``, no route
+into 10.123.N.0/24). The lock is held until ``close()``, so two runs on one machine (a
+suite, a benchmark, a helper's branch) never share or tear down each other's network; what
+another run left (or still uses) is skipped, never deleted. Hosts log in a user
 ``skytest`` whose shell is ``/bin/sh`` (root's shell start-up here runs pyenv and costs
 ~100 ms per exec). Every key is made for the run. Hosts have no route to the
 package index, as behind a company firewall: ``PackageIndex`` serves what they need from
 the bridge address, filled from the root namespace.
 
-Everything is stopped by PID and removed in ``close()``; a stop treats zombies as gone.
+Everything is stopped by PID; ``close()`` removes exactly what this set of hosts made (each
+namespace, veth and the bridge is noted as it is made), and a stop treats zombies as gone.
 """
 
 from __future__ import annotations
 
+import fcntl
 import html
+import ipaddress
+import itertools
 import os
 import re
 import shutil
@@ -30,11 +38,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from support import netguard
+from support.hostimage import HostImage
 
 USER = "skytest"
 
@@ -45,8 +57,8 @@ USER = "skytest"
 # gloo did, advertises loopback there).
 EtcHosts = Literal["cluster", "debian-default"]
 
-# Subnet tags of the Hosts this process has started and not closed yet.
-_tags_in_use: set[int] = set()
+_LOCKS = Path("/run/lock")
+_TAGS = 250  # 10.123.0-249; other testbeds on this machine take 250 and up, with the same locks
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -94,28 +106,53 @@ class Hosts:
     """Some hosts on one bridge; ``close()`` removes every trace of them."""
 
     root: Path
-    bridge: str
-    subnet: str  # "10.123.N"
+    tag: int  # N: the bridge skybrN, the subnet 10.123.N, the names skyward-N-*, skvN*
     client_key: Path
     known_hosts: Path
     hosts: list[Host] = field(default_factory=list)
+    # The lock on the tag (an open file descriptor), held from start() to close().
+    _lock: int = -1
+    # How to remove what was made, in the order it was made; close() runs it backwards.
+    _made: list[tuple[str, ...]] = field(default_factory=list)
+    _made_lock: threading.Lock = field(default_factory=threading.Lock)  # guards: _made
+    _left: list[str] | None = None  # what close() could not remove, seen while still locked
+    # Indexes for the stand-ins that join this bridge (standin.py): never one name twice.
+    _joined: Iterator[int] = field(default_factory=itertools.count)
+
+    @property
+    def bridge(self) -> str:
+        return f"skybr{self.tag}"
+
+    @property
+    def subnet(self) -> str:
+        """``"10.123.N"``."""
+        return f"10.123.{self.tag}"
 
     @property
     def bridge_address(self) -> str:
         return f"{self.subnet}.1"
 
     @classmethod
-    def start(cls, count: int, *, etc_hosts: EtcHosts = "cluster") -> Hosts:
+    def start(
+        cls,
+        count: int,
+        *,
+        etc_hosts: EtcHosts = "cluster",
+        image: HostImage | Sequence[HostImage] | None = None,
+    ) -> Hosts:
         """``count`` hosts named ``h0``, ``h1``, ...; ``etc_hosts`` says what their
-        ``/etc/hosts`` holds (see ``EtcHosts``)."""
+        ``/etc/hosts`` holds (see ``EtcHosts``), ``image`` what their system has (this
+        machine's by default; see ``hostimage``), one for all or one per host."""
+        images = [image or HostImage()] * count if not isinstance(image, Sequence) else image
+        if len(images) != count:
+            raise ValueError(f"{len(images)} images for {count} hosts")
         ensure_user()
         Path("/run/sshd").mkdir(exist_ok=True)
-        tag = _free_tag()
-        _tags_in_use.add(tag)
+        tag, lock = _claim_tag()
         root = Path(tempfile.mkdtemp(prefix="skyward-hosts-"))
         os.chmod(root, 0o755)
         client_key = root / "client_ed25519"
-        hosts = cls(root, f"skybr{tag}", f"10.123.{tag}", client_key, root / "known_hosts")
+        hosts = cls(root, tag, client_key, root / "known_hosts", _lock=lock)
         try:
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(client_key))
             for index in range(count):
@@ -125,7 +162,7 @@ class Hosts:
                 os.chmod(root / f"etc-hosts-h{index}", 0o644)
             hosts._bridge_up()
             for index in range(count):
-                hosts._add_host(index, tag)
+                hosts._add_host(index, images[index])
             hosts.known_hosts.write_text(
                 "".join(f"{h.address} ssh-ed25519 {h.public_host_key()}\n" for h in hosts.hosts)
             )
@@ -136,25 +173,45 @@ class Hosts:
             raise
         return hosts
 
+    def make(self, create: tuple[str, ...], undo: tuple[str, ...]) -> None:
+        """Run ``create``; once it has succeeded, ``close()`` runs ``undo``. For what joins
+        this bridge from outside (stand-ins), ``undo`` may run earlier through ``remove``."""
+        _run(*create)
+        with self._made_lock:
+            self._made.append(undo)
+
+    def remove(self, undo: tuple[str, ...]) -> None:
+        """Run ``undo`` now if this set of hosts made its object and has not removed it."""
+        with self._made_lock:
+            if undo not in self._made:
+                return
+            self._made.remove(undo)
+        _run(*undo, check=False)
+
+    def join_index(self) -> int:
+        """A fresh index for a stand-in's names (``skyward-N-vI``, ``skvNvI``)."""
+        return next(self._joined)
+
     def _bridge_up(self) -> None:
-        _run("ip", "link", "del", self.bridge, check=False)  # left by a killed run
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        bridge = self.bridge
+        self.make(("ip", "link", "add", bridge, "type", "bridge"), ("ip", "link", "del", bridge))
         _run("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        netguard.our_bridges.add(self.bridge)
 
-    def _add_host(self, index: int, tag: int) -> Host:
+    def _add_host(self, index: int, image: HostImage) -> Host:
         name = f"h{index}"
-        netns = f"skyward-{tag}-{name}"
-        veth = f"skv{tag}h{index}"
+        netns = f"skyward-{self.tag}-{name}"
+        veth = f"skv{self.tag}h{index}"
         address = f"{self.subnet}.{11 + index}"
         directory = self.root / name
         host = Host(
             name, netns, address, directory / "home", directory / "ssh_host_ed25519_key", veth
         )
-        self.hosts.append(host)  # before anything is made, so that close() removes it all
-        _run("ip", "netns", "del", netns, check=False)
-        _run("ip", "netns", "add", netns)
-        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        self.hosts.append(host)  # its sshd is stopped by close() whatever happens next
+        self.make(("ip", "netns", "add", netns), ("ip", "netns", "del", netns))
+        pair = ("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        self.make(pair, ("ip", "link", "del", veth))
         _run("ip", "link", "set", f"{veth}p", "netns", netns)
         _run("ip", "link", "set", veth, "master", self.bridge, "up")
         inside = ("ip", "netns", "exec", netns)
@@ -187,7 +244,8 @@ class Hosts:
         script = (
             f"hostname {name} && mount --make-rprivate / && "
             f"mount --bind {home} /home/{USER} && "
-            f"mount --bind {self.root}/etc-hosts-{name} /etc/hosts && "
+            f"mount --bind {self.root}/etc-hosts-{name} /etc/hosts || exit 1\n"
+            f"{image.prepare(directory / 'image')}"
             f"exec /usr/sbin/sshd -D -e -f {config}"
         )
         log = open(directory / "sshd.log", "wb")  # noqa: SIM115 - sshd owns it until it exits
@@ -214,43 +272,86 @@ class Hosts:
         self.known_hosts.write_text("".join(x for x in lines if not x.startswith(host.address)))
 
     def close(self) -> None:
+        """Stop the hosts and remove what they made, then give up the tag. Idempotent."""
+        with self._made_lock:
+            made = list(self._made)
+        made_namespaces = {undo[-1] for undo in made if undo[:3] == ("ip", "netns", "del")}
         for host in self.hosts:
-            for pid in host.processes():
-                _kill(pid)
+            if host.netns in made_namespaces:
+                for pid in host.processes():
+                    _kill(pid)
             if host.sshd is not None:
                 _kill(host.sshd.pid)
                 host.sshd.wait(10)
-            _run("ip", "netns", "del", host.netns, check=False)
-            _run("ip", "link", "del", host.veth, check=False)
-        _run("ip", "link", "del", self.bridge, check=False)
+        netguard.our_bridges.discard(self.bridge)  # nothing goes to it from here on
+        for undo in reversed(made):
+            self.remove(undo)
         shutil.rmtree(self.root, ignore_errors=True)
-        _tags_in_use.discard(int(self.subnet.rsplit(".", 1)[1]))
+        if self._lock >= 0:
+            self._left = self._leftovers()  # while the names are still ours alone
+            os.close(self._lock)  # and with it the lock
+            self._lock = -1
 
     def leftovers(self) -> list[str]:
         """What ``close()`` should have removed and did not."""
+        return self._left if self._left is not None else self._leftovers()
+
+    def _leftovers(self) -> list[str]:
         found = []
-        netns = _run("ip", "netns", "list").stdout
+        netns = _run("ip", "netns", "list").stdout.split()
         for host in self.hosts:
             if host.netns in netns:
                 found.append(f"namespace {host.netns}")
             if host.sshd is not None and host.sshd.poll() is None:
                 found.append(f"sshd {host.sshd.pid}")
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            found.append(f"bridge {self.bridge}")
         if self.root.exists():
             found.append(str(self.root))
         return found
 
 
-def _free_tag() -> int:
-    """The process's own tag (PID mod 250) first, as it always was; a second set of hosts in
-    the same process takes the next tag whose bridge does not exist (another run's, or ours)."""
-    tag = os.getpid() % 250
-    if tag not in _tags_in_use:
-        return tag
-    for step in range(1, 250):
-        candidate = (tag + step) % 250
-        if candidate not in _tags_in_use and not Path(f"/sys/class/net/skybr{candidate}").exists():
-            return candidate
-    raise RuntimeError("no free subnet tag for test hosts")
+def _claim_tag() -> tuple[int, int]:
+    """A tag no one else uses, and the lock (an open file descriptor) that keeps it ours.
+
+    The process's own tag (PID mod 250) first, then the next ones. A tag is taken when
+    another run holds its lock, or when anything of its names or subnet exists: a run
+    without the lock (older code) or one that was killed left it, and it is not ours to
+    remove.
+    """
+    first = os.getpid() % _TAGS
+    for step in range(_TAGS):
+        tag = (first + step) % _TAGS
+        lock = os.open(_LOCKS / f"skyward-net-10.123.{tag}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            continue
+        if not _in_use(tag):
+            return tag, lock
+        os.close(lock)
+    raise RuntimeError(
+        "no free subnet 10.123.N.0/24 for test hosts: every N is locked by a run or holds "
+        "what a killed run left (ip netns list; ip link show type bridge)"
+    )
+
+
+def _in_use(tag: int) -> list[str]:
+    """What exists of ``tag``'s names and subnet."""
+    links = os.listdir("/sys/class/net")
+    found = [link for link in links if link == f"skybr{tag}" or link.startswith(f"skv{tag}h")]
+    found += [link for link in links if link.startswith(f"skv{tag}v")]
+    netns = Path("/run/netns")
+    if netns.is_dir():
+        found += [n for n in os.listdir(netns) if n.startswith(f"skyward-{tag}-")]
+    subnet = ipaddress.IPv4Network(f"10.123.{tag}.0/24")
+    found += [
+        f"route {network} dev {interface}"
+        for network, interface, _ in netguard.routes()
+        if network.prefixlen > 0 and network.overlaps(subnet)
+    ]
+    return found
 
 
 def _etc_hosts(kind: EtcHosts, name: str, subnet: str, count: int) -> str:

@@ -6,6 +6,7 @@
     ────────────────       ───────────────────────────────────────────────────────────────
     VPC 10.123.N.0/24      a running instance in our subnet, not yet booted ─> boot it:
     subnet .128/25           namespace + veth on the test bridge at its PrivateIpAddress;
+    (and .64/26, .68, ...    with second_zone: the same, in another availability zone)
     instances .132, ...      in a sandbox (own PID, mount, UTS namespaces; poweroff shimmed):
                              cloud-init's parts the provider uses, read from moto: the
                              host key (ssh_keys), the key pair's public key and
@@ -16,7 +17,9 @@
                            an instance moto says is terminated ─> stop its stand-in
 
 The bridge, the login user (``skytest``) and the package index are the SSH test hosts'
-(``sshhosts.Hosts``); stand-ins take addresses from .132 up, clear of those hosts (.11...).
+(``sshhosts.Hosts``); stand-ins take addresses from .132 up, clear of those hosts (.11...),
+and names under the hosts' tag and lock (``skyward-N-vI``, ``skvNvI``, each index used once),
+made and removed through the hosts, so nothing is removed that this run did not make.
 Files cloud-init writes land in per-stand-in directories bind-mounted, inside the sandbox
 only, over the few directories the provider writes to; any other path fails the boot.
 """
@@ -37,9 +40,10 @@ from typing import Any
 
 import yaml
 
+from support.hostimage import HostImage
 from support.moto import MotoServer
 from support.processes import our_namespaces
-from support.sandbox import Sandbox
+from support.sandbox import Sandbox, guard_again
 from support.sshhosts import USER, Hosts, ensure_user
 
 # Directories the provider's write_files may target, and the name of the per-stand-in
@@ -73,6 +77,14 @@ class StandIn:
         return "\n".join(parts)
 
 
+def _undo_netns(standin: StandIn) -> tuple[str, ...]:
+    return ("ip", "netns", "del", standin.netns)
+
+
+def _undo_veth(standin: StandIn) -> tuple[str, ...]:
+    return ("ip", "link", "del", standin.veth)
+
+
 @dataclass
 class StandInCloud:
     """moto plus stand-ins for the instances it runs in ``subnet``. Use as a context manager."""
@@ -81,6 +93,10 @@ class StandInCloud:
     hosts: Hosts
     boot_delay: float = 0.0  # seconds between a stand-in's network and its sshd
     boot: bool = True  # False: instances run but no machine ever answers (unreachable)
+    image: HostImage = field(default_factory=HostImage)  # what the machines' system has
+    # A second subnet (.64/26) in this zone, for tests of a pool moving between zones; the
+    # first subnet is then in "us-east-1a".
+    second_zone: str | None = None
     standins: dict[str, StandIn] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)  # (what, instance)
     booted_at: dict[str, float] = field(default_factory=dict)  # instance -> monotonic time
@@ -89,14 +105,22 @@ class StandInCloud:
         ensure_user()
         self.ec2 = self.moto.client("ec2")
         self.vpc = self.ec2.create_vpc(CidrBlock=f"{self.hosts.subnet}.0/24")["Vpc"]["VpcId"]
+        zone = {"AvailabilityZone": "us-east-1a"} if self.second_zone else {}
         self.subnet = self.ec2.create_subnet(
-            VpcId=self.vpc, CidrBlock=f"{self.hosts.subnet}.128/25"
+            VpcId=self.vpc, CidrBlock=f"{self.hosts.subnet}.128/25", **zone
         )["Subnet"]["SubnetId"]
+        self.subnets = [self.subnet]
+        if self.second_zone is not None:
+            self.subnets.append(
+                self.ec2.create_subnet(
+                    VpcId=self.vpc,
+                    CidrBlock=f"{self.hosts.subnet}.64/26",
+                    AvailabilityZone=self.second_zone,
+                )["Subnet"]["SubnetId"]
+            )
         self.root = Path(tempfile.mkdtemp(prefix="skyward-standins-"))
         self.root.chmod(0o755)
-        self._tag = os.getpid() % 250
-        self._count = 0
-        self._lock = threading.Lock()  # guards: standins, events, _count
+        self._lock = threading.Lock()  # guards: standins, events
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="standin-cloud", daemon=True)
         self._thread.start()
@@ -119,7 +143,7 @@ class StandInCloud:
             self._stop.wait(_POLL)
 
     def _step(self) -> None:
-        mine = [{"Name": "subnet-id", "Values": [self.subnet]}]
+        mine = [{"Name": "subnet-id", "Values": self.subnets}]
         answer = self.ec2.describe_instances(Filters=mine)
         for instance in (i for r in answer["Reservations"] for i in r["Instances"]):
             state, ident = instance["State"]["Name"], instance["InstanceId"]
@@ -163,14 +187,13 @@ class StandInCloud:
     # ── a machine's side ───────────────────────────────────────────────────────────────
 
     def _claim(self, instance: dict[str, Any]) -> StandIn:
+        index, tag = self.hosts.join_index(), self.hosts.tag
         with self._lock:
-            index = self._count
-            self._count += 1
             standin = StandIn(
                 instance=instance["InstanceId"],
                 address=instance["PrivateIpAddress"],
-                netns=f"skyward-{self._tag}-v{index}",
-                veth=f"skv{self._tag}v{index}",
+                netns=f"skyward-{tag}-v{index}",
+                veth=f"skv{tag}v{index}",
                 directory=self.root / f"v{index}",
             )
             self.standins[standin.instance] = standin
@@ -213,12 +236,15 @@ class StandInCloud:
 
     def _network(self, standin: StandIn) -> None:
         netns, veth = standin.netns, standin.veth
-        _run("ip", "netns", "del", netns, check=False)
-        _run("ip", "link", "del", veth, check=False)
-        _run("ip", "netns", "add", netns)
+        # moto hands out the same addresses again after a reset: a neighbour entry left by an
+        # earlier stand-in at this address (another MAC) would send the client's packets
+        # nowhere until it went stale, tens of seconds.
+        _run("ip", "neigh", "flush", "to", standin.address, check=False)
+        self.hosts.make(("ip", "netns", "add", netns), _undo_netns(standin))
         standin.inode = os.stat(f"/run/netns/{netns}").st_ino
         our_namespaces.add(standin.inode)
-        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        pair = ("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+        self.hosts.make(pair, _undo_veth(standin))
         _run("ip", "link", "set", f"{veth}p", "netns", netns)
         _run("ip", "link", "set", veth, "master", self.hosts.bridge, "up")
         inside = ("ip", "netns", "exec", netns)
@@ -272,6 +298,9 @@ class StandInCloud:
         q = shlex.quote
         lines = [f"hostname {q(hostname)}"]
         lines += [f"mount --bind {q(str(src))} {q(dst)} || exit 1" for src, dst in mounts]
+        image = self.image.prepare(directory / "image")
+        if image:
+            lines += [image, guard_again(directory / "shim")]
         lines += [
             f"sleep {self.boot_delay}",
             f"/usr/sbin/sshd -D -e -f {q(str(directory / 'sshd_config'))} &",
@@ -300,14 +329,15 @@ class StandInCloud:
     def _remove(self, standin: StandIn) -> None:
         if standin.sandbox is not None:
             standin.sandbox.stop()
-        out = _run("ip", "netns", "pids", standin.netns, check=False).stdout
-        for pid in out.split():
-            try:
-                os.kill(int(pid), 9)
-            except ProcessLookupError:
-                pass
-        _run("ip", "netns", "del", standin.netns, check=False)
-        _run("ip", "link", "del", standin.veth, check=False)
+        if standin.inode is not None:  # its namespace is one we made: what runs there is ours
+            out = _run("ip", "netns", "pids", standin.netns, check=False).stdout
+            for pid in out.split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
+        self.hosts.remove(_undo_veth(standin))
+        self.hosts.remove(_undo_netns(standin))
 
     # ── for the tests ──────────────────────────────────────────────────────────────────
 

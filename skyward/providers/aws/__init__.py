@@ -2,58 +2,78 @@
 
 ::
 
-    provision   per pool: the pool's own SSH key → a key pair → a security group (SSH from
-                ssh_cidr only, all traffic within the group) → one run_instances for every
-                node (user data: the host key we made, the idle watchdog) → wait running →
-                reach each node over SSH with that host key pinned, retrying while it boots
-                (``_hosts``: bootstrap, upload skyward, workers)
+    check       (when the pool is built) region known to botocore, machine types from the
+                catalog (vcpus=/memory_gb=/accelerator), allocation= against spot=, an
+                on-demand price above max_hourly_cost: refused before anything exists
+    provision   before creating anything: the instance type described by EC2, the zones of
+                the region that offer each type and have a subnet, spot prices when spot is
+                asked → the offers in order (``capacity.plan``), within max_hourly_cost →
+                the choice, where, and $/h for the pool reported; then per pool: the pool's
+                own SSH key → a key pair → a security group (SSH from ssh_cidr only, all
+                traffic within the group) → one run_instances for every node per offer,
+                moving to the next zone / type / market when EC2 has no capacity
+                (``capacity.launch_first``) → wait running → reach each node over SSH with
+                the host key we made pinned, retrying while it boots (``ssh.hosts``)
     terminate   close the nodes → terminate the instances and wait → delete the group
-                (retried while in use) → delete the key pair; what is left is named, with
-                ``skyward down --pool NAME``
-    inventory   everything tagged skyward-pool in the region (``skyward ls`` / ``down``)
+                (retried while in use) → delete the key pair, after sweeping by key pair and
+                by the allocation's tag; what is left is named with ``skyward down --pool
+                NAME --region REGION``
+    inventory   everything tagged skyward-pool, in every enabled region unless one is named
 
 Every resource carries the pool's tags. boto3 is imported only when a pool uses AWS; the
-calls and their error messages live in ``_aws_api``, the resources in ``_aws_resources``.
+calls and their error messages live in ``aws/api.py``, the resources in
+``aws/resources.py``, what one pool made in ``aws/allocation.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import threading
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from skyward._errors import HostKeyError, ProvisionError
 from skyward._extras import check
 from skyward._phases import Phase, Reporter
-from skyward.providers import catalog
+from skyward.providers import capacity, catalog
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
-from skyward.providers.aws.api import Api, error_code
+from skyward.providers.aws.api import Api, refusal
 from skyward.providers.aws.inventory import AWSInventory
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.capacity import CapacityError, Offer, Strategy
+from skyward.providers.catalog import Machine
 from skyward.providers.cloud import (
     DEFAULT_IP_LOOKUP,
+    TAG_ALLOCATION,
     HostKey,
     WatchedDeadline,
     client_cidr,
+    first_client_bound,
+    key_label,
     open_or_destroy,
     user_data,
 )
 from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.ssh.hosts import Access, HostNode, open_hosts
 
-# AWS's public SSM parameters for the newest images: the Deep Learning Base AMI with
-# NVIDIA's open driver for GPU machines, Canonical's Ubuntu for CPU ones (both Ubuntu 24.04,
-# login user "ubuntu", cloud-init at boot).
-GPU_AMI_PARAMETER = (
-    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
-)
-CPU_AMI_PARAMETER = (
-    "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
-)
+# AWS's public SSM parameters for the newest images, by the machine's architecture: the Deep
+# Learning Base AMI with NVIDIA's open driver for GPU machines, Canonical's Ubuntu for CPU
+# ones (all Ubuntu 24.04, login user "ubuntu", cloud-init at boot, /usr/bin/python3 = 3.12).
+_DLAMI = "/aws/service/deeplearning/ami/{}/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
+_UBUNTU = "/aws/service/canonical/ubuntu/server/24.04/stable/current/{}/hvm/ebs-gp3/ami-id"
+GPU_AMI_PARAMETERS = {"x86_64": _DLAMI.format("x86_64"), "arm64": _DLAMI.format("arm64")}
+CPU_AMI_PARAMETERS = {"x86_64": _UBUNTU.format("amd64"), "arm64": _UBUNTU.format("arm64")}
+# NVIDIA's open kernel modules, the only driver on those images, run Turing and newer GPUs
+# only. These families have older ones (V100, M60, K80): the driver AWS offers for them is the
+# proprietary one on the Amazon Linux 2 Deep Learning AMI (another login user, yum, no apt,
+# an OS past its end of life), so they get no default image rather than one that boots and
+# shows no GPU.
+_PRE_TURING = ("p2.", "p3.", "p3dn.", "g3.", "g3s.")
 _MAX_SECONDS = 7 * 24 * 3600.0
 
 
@@ -62,17 +82,30 @@ class AWS(BaseModel):
 
     - ``region``: by default boto3's (``AWS_DEFAULT_REGION``, the profile's region).
     - ``instance_type``: wins over the pool's ``accelerator``, which otherwise picks it from
-      the catalog (``"A100"`` is a p4d.24xlarge, 8 GPUs).
+      the catalog (``"A100"`` is a p4d.24xlarge, 8 GPUs; with ``vcpus=``/``memory_gb=``, the
+      cheapest machine of that kind that has them). A type smaller than the pool's
+      ``vcpus``/``memory_gb`` is refused.
     - ``ami`` or ``ami_parameter`` (an SSM parameter holding an AMI id): by default AWS's Deep
-      Learning Base OSS Nvidia Driver AMI for GPU machines, Canonical's Ubuntu for CPU ones.
-    - ``spot``: spot instances (interruptible, cheaper).
-    - ``subnet_id`` / ``vpc_id``: where the instances go; by default a subnet of the region's
-      default VPC in a zone that offers the instance type.
+      Learning Base OSS Nvidia Driver AMI for GPU machines, Canonical's Ubuntu for CPU ones,
+      for the type's architecture (arm64 on Graviton). Types with GPUs older than Turing
+      (V100) have no default: that driver does not run them.
+    - ``spot``: spot instances (interruptible, cheaper): the default when the pool gives no
+      ``allocation=`` (which is ``"on-demand"``, ``"spot"``, ``"spot-if-available"`` or
+      ``"cheapest"``).
+    - ``subnet_id`` / ``vpc_id``: where the instances go; by default the subnets of the
+      region's default VPC, one per zone: the pool starts in the first zone that offers the
+      type and has capacity (all nodes in one zone). ``subnet_id`` pins one zone.
     - ``ssh_cidr``: who may reach the SSH port. ``"auto"``: this machine's public address
       (asked of ``ip_lookup_url``), or with ``connect="private"`` the VPC's own range.
     - ``connect``: reach the nodes at their ``"public"`` or ``"private"`` address (from inside
       the VPC, a VPN, a peered network). Private instances get no public address.
     - ``username``: the image's login user. ``disk_gb``: the root volume.
+    - ``iam_instance_profile``: an instance profile (ARN or name) the nodes run as, for S3
+      (data, checkpoints); none by default. Skyward never creates one.
+    - ``cluster_network``: multi-node pools on types with EFA get a cluster placement group
+      (made for the pool, deleted with it) and EFA interfaces (on every network card with
+      ``connect="private"``; on the first one with ``"public"``, which allows one interface).
+      ``False`` asks for plain instances.
     - ``endpoint_url``, ``profile``: where boto3 sends its calls, and with which credentials.
     - ``idle_timeout``: a node with no SSH client for this long powers itself off and is
       deleted (the watchdog): a crashed client's machines do not run on.
@@ -101,6 +134,10 @@ class AWS(BaseModel):
     ip_lookup_url: str = DEFAULT_IP_LOOKUP
     python: str | None = Field(default=None, min_length=1)
     workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
+    iam_instance_profile: str | None = Field(
+        default=None, pattern=r"^(arn:aws[\w-]*:iam::.+|[\w+=,.@-]+)$"
+    )
+    cluster_network: bool = True
 
     @field_validator("ssh_cidr")
     @classmethod
@@ -127,14 +164,63 @@ class AWS(BaseModel):
         """The instance type a pool with ``accelerator`` gets (``ValueError`` if none)."""
         return self.instance_type or catalog.choose("aws", accelerator).type
 
+    def strategy(self, request: ProvisionRequest) -> Strategy:
+        """The pool's ``allocation=``, or this provider's default (``spot``)."""
+        if request.allocation is None:
+            return "spot" if self.spot else "on-demand"
+        if request.allocation not in capacity.STRATEGIES:
+            raise ValueError(f"unknown allocation {request.allocation!r}")
+        if self.spot and request.allocation == "on-demand":
+            raise ValueError(
+                "sky.AWS(spot=True) contradicts allocation='on-demand'; give one of them"
+            )
+        return request.allocation
+
+    def machines_for(self, request: ProvisionRequest, region: str | None = None) -> list[Machine]:
+        """The catalog's machines for the request, in the order to try them (the choice
+        first, then what a capacity failover may move to); empty when ``instance_type`` names
+        a type the catalog lacks (EC2 describes it at provision). ``ValueError`` for a
+        request no machine satisfies, or an ``instance_type`` it contradicts."""
+        sizes = {"vcpus": request.vcpus, "memory_gb": request.memory_gb}
+        if self.instance_type is not None:
+            known = catalog.find("aws", self.instance_type)
+            if known is not None:
+                catalog.refuse_contradiction(known, given="instance_type", **sizes)
+            return [known] if known is not None else []
+        if self.strategy(request) == "cheapest":
+            return catalog.matching("aws", request.accelerator, region=region, **sizes)
+        first = catalog.choose("aws", request.accelerator, region=region, **sizes)
+        return [first, *catalog.alternatives(first, request.accelerator, region=region, **sizes)]
+
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""
         check("boto3", feature="sky.AWS")
         check("paramiko", feature="sky.AWS")
-        self.instance_type_for(request.accelerator)
-        # Reads only the environment and ~/.aws: an unknown profile or no region at all is
-        # said now, not after the pool has started.
-        Api.session(region=self.region, profile=self.profile)
+        # Reads only the environment and ~/.aws: an unknown profile, no region at all, or a
+        # region no partition has is said now, not after the pool has started.
+        session = Api.session(region=self.region, profile=self.profile)
+        strategy = self.strategy(request)
+        machines = self.machines_for(request, session.region_name)
+        if (
+            self.ami is None
+            and self.ami_parameter is None
+            and machines
+            and all(m.type.startswith(_PRE_TURING) for m in machines)
+        ):
+            raise ValueError(
+                f"{machines[0].type} has GPUs older than Turing, which the default image's "
+                f"driver (NVIDIA's open kernel modules) does not run: choose a newer "
+                f"accelerator, or give ami=... / ami_parameter=... of an image with NVIDIA's "
+                f"proprietary driver (and its login user with username=...)"
+            )
+        if strategy == "on-demand" and request.max_hourly_cost is not None:
+            # The table's prices need no network: a pool above the limit is refused now
+            # (unknown prices are, at provision, still before anything is created).
+            region = str(session.region_name)
+            priced = [(m, catalog.price("aws", m.type, region)) for m in machines]
+            offers = [Offer(m, region, "on-demand", p) for m, p in priced if p is not None]
+            if offers:
+                capacity.affordable(offers, request.nodes, request.max_hourly_cost)
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         self.check(request)
@@ -149,6 +235,7 @@ class AWS(BaseModel):
         return open_or_destroy(allocation, lambda made: self._build(made, reporter))
 
     def inventory(self) -> Inventory | None:
+        """This region's leftovers (``region=None``: every enabled region's)."""
         return AWSInventory(
             region=self.region,
             profile=self.profile,
@@ -160,31 +247,44 @@ class AWS(BaseModel):
 
     def _build(self, made: AWSAllocation, reporter: Reporter) -> None:
         request, api, deadline = made.request, made.api, made.request.deadline
-        instance_type = self.instance_type_for(request.accelerator)
-        for rank in range(request.nodes):
-            reporter.phase(rank, "provisioning", f"{instance_type} in {api.region}")
+        # ── before anything exists: what, where, at what price ──
+        deadline.check("checking the machine types")
+        machines = self._described(api, request)
+        deadline.check("finding the network")
+        vpc, subnets = self._network(api)
+        zones = self._zones(api, machines, subnets)
+        strategy = self.strategy(request)
+        offers = self._offers(api, machines, zones, strategy)
+        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        first = offers[0]
+        self._announce(api, offers, request.nodes, reporter)
         deadline.check("finding the image")
-        image, root_device, snapshot_gb = self._image(api, instance_type, request)
+        image, root_device, snapshot_gb = self._image(api, first.machine, request)
+        gpu = request.accelerator is not None or first.machine.accelerator is not None
         if snapshot_gb > self.disk_gb:
             raise ProvisionError(
                 f"disk_gb={self.disk_gb} is smaller than the image's root snapshot "
                 f"({snapshot_gb} GB of {image}); ask for at least {snapshot_gb}"
             )
-        deadline.check("finding the network")
-        vpc, subnet, zone = self._network(api, instance_type)
         cidrs = self._ssh_cidrs(api, vpc)
+        # ── creating ──
         deadline.check("importing the key pair")
         key = PoolKey()
         made.adopt_pool_key(key)
-        name = ec2.resource_name(request.pool)
-        tags = {**request.tags, "Name": f"skyward {request.pool}"}
+        name = made.name
+        endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL", "")
+        key.label(key_label("aws", api.region, request.pool, name, endpoint))
+        tags = {**request.tags, TAG_ALLOCATION: name, "Name": f"skyward {request.pool}"}
+        made.adopt_key_pair(name)  # before the call: an answer lost in flight still counts
         ec2.import_key_pair(api, name, key.public, tags)
-        made.adopt_key_pair(name)
         reporter.status(f"key pair {name}")
         deadline.check("creating the security group")
         group = ec2.create_group(api, name, vpc, tags, made.adopt_group)
         ec2.allow(api, group, cidrs, tags)
         reporter.status(f"security group {group}: SSH from {', '.join(cidrs)}")
+        efa = self._efa(api, offers, request.nodes, reporter)
+        if efa:
+            ec2.allow_efa(api, group, tags)
         host_key = HostKey.generate()
         made.host_key = host_key.public
         made.access = Access(
@@ -192,33 +292,160 @@ class AWS(BaseModel):
             python=self.python,
             workdir=self.workdir,
             boot_timeout=self.boot_timeout,
+            gpus=(first.machine.count or None) if gpu else None,
+            machine_type=first.machine.type,
         )
-        made.spec = ec2.LaunchSpec(
-            instance_type=instance_type,
+        template = ec2.LaunchSpec(
+            instance_type=first.machine.type,
             image_id=image,
             root_device=root_device,
             disk_gb=self.disk_gb,
-            subnet_id=subnet,
-            zone=zone,
+            subnet_id=subnets[first.zone],
+            zone=first.zone,
             security_group=group,
             key_name=name,
             user_data=user_data(
                 host_key=host_key,
                 authorized_key=key.public,
                 idle_timeout=self.idle_timeout,
-                # A machine waits for its first client as long as the client waits for it.
-                first_client_timeout=self.boot_timeout,
+                # A machine waits for its first client as long as the client waits for it
+                # (and a margin), not idle_timeout: a client killed mid-start costs minutes.
+                first_client_timeout=first_client_bound(self.boot_timeout),
             ),
             public_ip=self.connect == "public",
-            spot=self.spot,
+            spot=first.market == "spot",
             tags=tags,
+            iam_instance_profile=self.iam_instance_profile,
         )
-        deadline.check(f"launching {request.nodes} instance(s)")
-        made.adopt_instances(self._launch(api, made.spec, request.nodes))
+        placed: dict[str, str] = {}  # zone -> the pool's cluster placement group there
+
+        def launch(offer: Offer) -> ec2.LaunchSpec:
+            cards = efa.get(offer.machine.type, 0)
+            if cards and offer.zone not in placed:  # a cluster group stays in one zone
+                made.placing = True
+                placed[offer.zone] = ec2.create_placement(
+                    api, f"{name}-{offer.zone}", tags, made.adopt_placement_group
+                )
+            spec = dataclasses.replace(
+                template,
+                instance_type=offer.machine.type,
+                subnet_id=subnets[offer.zone],
+                zone=offer.zone,
+                spot=offer.market == "spot",
+                placement_group=placed.get(offer.zone) if cards else None,
+                efa_cards=cards if self.connect == "private" else min(cards, 1),
+            )
+            made.adopt_instances(self._launch(api, spec, request.nodes))
+            return spec
+
+        offer, made.spec = capacity.launch_first(
+            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
+        )
+        made.hourly_cost = offer.pool_hourly(request.nodes)
+        made.describe = f"{request.nodes} x {offer.machine.type} {offer.market} in {offer.zone}"
         for rank, instance in enumerate(made.instances):
-            reporter.phase(rank, "provisioning", f"{instance} ({instance_type}, {zone})")
+            reporter.phase(rank, "provisioning", f"{instance} ({offer.where})")
         described = ec2.wait_running(api, made.instances, deadline, public=self.connect == "public")
         made.nodes = list(self._open(made, described, reporter))
+
+    def _efa(
+        self, api: Api, offers: Sequence[Offer], nodes: int, reporter: Reporter
+    ) -> dict[str, int]:
+        """Per type of the offers that gets EFA (and a cluster placement group), its
+        network cards: multi-node pools only, and only when asked."""
+        if nodes < 2 or not self.cluster_network:
+            return {}
+        types = sorted({o.machine.type for o in offers})
+        efa = api.efa_cards(types)
+        for kind, cards in efa.items():
+            if cards > 1 and self.connect != "private":
+                reporter.status(
+                    f"{kind}: EFA on 1 of its {cards} network cards (a public address allows "
+                    f"one interface); connect='private' gives every card one"
+                )
+        return efa
+
+    def _described(self, api: Api, request: ProvisionRequest) -> list[Machine]:
+        """The machines to try; an ``instance_type`` is described by EC2 first, so that a
+        typo is an error before the key pair exists."""
+        machines = self.machines_for(request, api.region)
+        if self.instance_type is None:
+            return machines
+        answer = api.call(
+            api.ec2.describe_instance_types,
+            f"checking instance type {self.instance_type}",
+            InstanceTypes=[self.instance_type],
+        )
+        if machines:
+            return machines
+        info = answer["InstanceTypes"][0]
+        gpus = info.get("GpuInfo", {}).get("Gpus", [])
+        machine = Machine(
+            cloud="aws",
+            type=self.instance_type,
+            accelerator=str(gpus[0]["Name"]) if gpus else None,
+            count=int(gpus[0]["Count"]) if gpus else 0,
+            memory_gb=round(gpus[0]["MemoryInfo"]["SizeInMiB"] / 1024) if gpus else 0,
+            vcpus=int(info["VCpuInfo"]["DefaultVCpus"]),
+            ram_gb=info["MemoryInfo"]["SizeInMiB"] / 1024,
+            arch=str(info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])[0]),
+        )
+        catalog.refuse_contradiction(
+            machine, vcpus=request.vcpus, memory_gb=request.memory_gb, given="instance_type"
+        )
+        return [machine]
+
+    def _zones(
+        self, api: Api, machines: Sequence[Machine], subnets: dict[str, str]
+    ) -> dict[str, list[str]]:
+        """Per type, the zones that offer it and where the pool has a subnet, in subnet
+        order. When EC2 cannot say (a permission), every subnet's zone: a launch where the
+        type is missing is refused and the failover moves on."""
+        # A subnet the user named is taken as it is: EC2 itself says if the type is missing.
+        offered = None if self.subnet_id else api.zones_offering_each([m.type for m in machines])
+        zones: dict[str, list[str]] = {}
+        for machine in machines:
+            where = offered.get(machine.type) if offered is not None else None
+            zones[machine.type] = [z for z in subnets if where is None or z in where]
+        if not any(zones.values()):
+            have = ", ".join(subnets) or "none"
+            raise ProvisionError(
+                f"no zone of {api.region} with a subnet here ({have}) offers "
+                f"{', '.join(m.type for m in machines)}; pass another subnet_id or region"
+            )
+        return zones
+
+    def _offers(
+        self,
+        api: Api,
+        machines: Sequence[Machine],
+        zones: dict[str, list[str]],
+        strategy: Strategy,
+    ) -> list[Offer]:
+        spot: dict[tuple[str, str], float] = {}
+        if "spot" in capacity.markets(strategy):
+            spot = api.spot_prices([m.type for m in machines])
+
+        def price(machine: Machine, zone: str, market: capacity.Market) -> float | None:
+            on_demand = catalog.price("aws", machine.type, api.region)
+            if market == "on-demand":
+                return on_demand
+            # Unknown spot price: on-demand is its ceiling (the default maximum price).
+            return spot.get((machine.type, zone), on_demand)
+
+        return capacity.plan(machines, zones, strategy=strategy, price=price)
+
+    def _announce(self, api: Api, offers: Sequence[Offer], nodes: int, reporter: Reporter) -> None:
+        """The choice, where and the price, before anything is created."""
+        first = offers[0]
+        others = sorted({o.where for o in offers[1:]})
+        fallback = f"; then {len(others)} other place(s) if it has no capacity" if others else ""
+        reporter.status(
+            f"{nodes} x {first.machine.describe()} {first.market} in {api.region} "
+            f"({first.zone}): {capacity.estimate(offers, nodes)}{fallback}"
+        )
+        for rank in range(nodes):
+            reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")
 
     def _open(
         self, made: AWSAllocation, described: list[dict[str, Any]], reporter: Reporter
@@ -254,27 +481,26 @@ class AWS(BaseModel):
             stop.set()
 
     def _launch(self, api: Api, spec: ec2.LaunchSpec, count: int) -> list[str]:
+        """One run_instances for every node (all or none); ``CapacityError`` when another
+        zone, type or market may still work."""
         try:
             return ec2.launch(api, spec, count)
         except ProvisionError as exc:
-            if error_code(exc.__cause__) != "InsufficientInstanceCapacity":
+            why = refusal(exc.__cause__, spot=spec.spot)
+            if why is None:
                 raise
-            others = [z for z in api.zones_offering(spec.instance_type) if z != spec.zone]
-            if not others:
-                raise
-            raise ProvisionError(
-                f"{exc} Zones of {api.region} that offer {spec.instance_type}: "
-                f"{', '.join(others)} (choose one with subnet_id=...)"
-            ) from exc.__cause__
+            raise CapacityError(str(exc), refusal=cast(capacity.Refusal, why)) from exc.__cause__
 
-    def _image(
-        self, api: Api, instance_type: str, request: ProvisionRequest
-    ) -> tuple[str, str, int]:
+    def _image(self, api: Api, machine: Machine, request: ProvisionRequest) -> tuple[str, str, int]:
         """The AMI id, its root device name and its root snapshot's size in GB."""
+        # Graviton types run arm64 images; EC2 lists x86 types as ("i386", "x86_64").
+        architecture = "arm64" if machine.arch == "arm64" else "x86_64"
+        instance_type = machine.type
         image = self.ami
         if image is None:
-            gpu = request.accelerator is not None or instance_type[:1] in ("p", "g")
-            parameter = self.ami_parameter or (GPU_AMI_PARAMETER if gpu else CPU_AMI_PARAMETER)
+            gpu = request.accelerator is not None or machine.accelerator is not None
+            defaults = GPU_AMI_PARAMETERS if gpu else CPU_AMI_PARAMETERS
+            parameter = self.ami_parameter or defaults[architecture]
             image = str(
                 api.call(api.ssm.get_parameter, f"reading {parameter}", Name=parameter)[
                     "Parameter"
@@ -284,6 +510,12 @@ class AWS(BaseModel):
         if not found["Images"]:
             raise ProvisionError(f"AMI {image} does not exist in {api.region}")
         described = found["Images"][0]
+        built_for = described.get("Architecture")
+        if built_for and built_for != architecture:
+            raise ProvisionError(
+                f"AMI {image} is built for {built_for}, but {instance_type} runs {architecture}: "
+                f"give an {architecture} image (or leave ami and ami_parameter out for the default)"
+            )
         root = str(described.get("RootDeviceName") or "/dev/sda1")
         size = 0
         for mapping in described.get("BlockDeviceMappings", []):
@@ -291,8 +523,8 @@ class AWS(BaseModel):
                 size = int(mapping.get("Ebs", {}).get("VolumeSize", 0))
         return image, root, size
 
-    def _network(self, api: Api, instance_type: str) -> tuple[str, str, str]:
-        """(VPC, subnet, zone) for the instances."""
+    def _network(self, api: Api) -> tuple[str, dict[str, str]]:
+        """The VPC, and the subnet to use in each of its zones (one zone with subnet_id)."""
         if self.subnet_id is not None:
             subnets = api.call(
                 api.ec2.describe_subnets, "finding the subnet", SubnetIds=[self.subnet_id]
@@ -302,24 +534,21 @@ class AWS(BaseModel):
                 raise ProvisionError(
                     f"subnet {self.subnet_id} is in {subnet['VpcId']}, not in {self.vpc_id}"
                 )
-            return str(subnet["VpcId"]), str(subnet["SubnetId"]), str(subnet["AvailabilityZone"])
+            return str(subnet["VpcId"]), {str(subnet["AvailabilityZone"]): self.subnet_id}
         vpc = self.vpc_id or self._default_vpc(api)
         subnets = api.call(
             api.ec2.describe_subnets,
             "finding subnets",
             Filters=[{"Name": "vpc-id", "Values": [vpc]}],
         )["Subnets"]
-        offered = set(api.zones_offering(instance_type))
-        usable = [s for s in subnets if not offered or s["AvailabilityZone"] in offered]
-        if not usable:
-            raise ProvisionError(
-                f"no subnet of {vpc} is in a zone that offers {instance_type} "
-                f"(zones that do: {', '.join(sorted(offered)) or 'none'}); pass subnet_id=..."
-            )
-        # Default subnets first (they give public addresses), then by zone name.
-        usable.sort(key=lambda s: (not s.get("DefaultForAz", False), s["AvailabilityZone"]))
-        chosen = usable[0]
-        return vpc, str(chosen["SubnetId"]), str(chosen["AvailabilityZone"])
+        if not subnets:
+            raise ProvisionError(f"{vpc} has no subnet; pass subnet_id=...")
+        # Default subnets first (they give public addresses), then by zone name; one per zone.
+        subnets.sort(key=lambda s: (not s.get("DefaultForAz", False), s["AvailabilityZone"]))
+        by_zone: dict[str, str] = {}
+        for subnet in subnets:
+            by_zone.setdefault(str(subnet["AvailabilityZone"]), str(subnet["SubnetId"]))
+        return vpc, dict(sorted(by_zone.items()))
 
     def _default_vpc(self, api: Api) -> str:
         vpcs = api.call(

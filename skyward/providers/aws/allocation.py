@@ -1,8 +1,12 @@
 """What one AWS pool made, and how it is unmade, replaced, and asked why a node was lost.
 
 Resources are recorded the moment they exist (``provision`` calls ``adopt_*`` right after
-each create call returns), so a failure or a Ctrl-C at any point releases exactly what was
-made. ``release`` is also safe to call on a half-made allocation, and more than once.
+each create call returns; the key pair's name, which we choose, even before), so a failure
+or a Ctrl-C at any point releases what was made. A create call cut off in flight (Ctrl-C,
+SIGTERM, a lost connection) may have made something whose id never came back: ``release``
+sweeps for those twice, by key pair and by the allocation's own tag
+(``skyward-allocation``), and names a sweep that failed. ``release`` is safe to call on a
+half-made allocation, and more than once.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from skyward._phases import Reporter
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.api import Api
 from skyward.providers.base import Allocation, Node, ProvisionRequest, Resource
+from skyward.providers.cloud import TAG_ALLOCATION
 from skyward.providers.ssh.hosts import Access, HostTarget, open_hosts
 
 if TYPE_CHECKING:
@@ -39,6 +44,9 @@ class AWSAllocation(Allocation):
         super().__init__([])
         self.api = api
         self.request = request
+        # Unique per provision: the key pair's and group's name, and the value of the
+        # skyward-allocation tag on everything made (the sweep's handle).
+        self.name = ec2.resource_name(request.pool)
         self.connect = connect
         self.username = username
         self.release_timeout = release_timeout
@@ -48,6 +56,8 @@ class AWSAllocation(Allocation):
         self.pool_key: PoolKey | None = None
         self.key_name: str | None = None
         self.group: str | None = None
+        self.placement_groups: list[str] = []
+        self.placing = False  # a placement group may have been asked for: sweep for them
         self.instances: list[str] = []  # by rank
         self._retired: list[str] = []  # replaced instances, terminated but not yet waited for
         self._released = False
@@ -69,6 +79,11 @@ class AWSAllocation(Allocation):
             self.group = group
             self.resources.append(Resource("security group", group))
 
+    def adopt_placement_group(self, name: str) -> None:
+        with self._guard:
+            self.placement_groups.append(name)
+            self.resources.append(Resource("placement group", name))
+
     def adopt_instances(self, ids: list[str]) -> None:
         with self._guard:
             self.instances += ids
@@ -88,26 +103,40 @@ class AWSAllocation(Allocation):
             instances = [*self.instances, *self._retired]
             groups = [self.group] if self.group else []
             keys = [self.key_name] if self.key_name else []
+            placed = list(self.placement_groups)
             pool_key = self.pool_key
-        if keys:
-            found = ec2.instances_of(self.api, keys[0])
-            instances += [i for i in found if i not in instances]
+        swept = ec2.sweep(
+            self.api,
+            key_name=keys[0] if keys else None,
+            tag=(TAG_ALLOCATION, self.name),
+            placement_groups=self.placing,
+        )
+        instances += [i for i in swept.instances if i not in instances]
+        groups += [g for g in swept.groups if g not in groups]
+        keys += [k for k in swept.key_pairs if k not in keys]
+        placed += [g for g in swept.placement_groups if g not in placed]
         try:
             left = ec2.delete(
                 self.api,
                 instances=instances,
                 groups=groups,
                 key_pairs=keys,
+                placement_groups=placed,
                 timeout=self.release_timeout,
             )
         finally:
             if pool_key is not None:
                 pool_key.delete()
+        left += swept.failed
         if left:
             raise ProvisionError(
                 f"pool {self.request.pool}: could not delete {', '.join(left)} in "
-                f"{self.api.region}. Remove them with: skyward down --pool {self.request.pool}"
+                f"{self.api.region}. Remove what is left with: {self.down_command}"
             )
+
+    @property
+    def down_command(self) -> str:
+        return f"skyward down --pool {self.request.pool} --region {self.api.region}"
 
     @property
     def can_replace(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from skyward._errors import ProvisionError
 from skyward._extras import require
@@ -67,22 +67,28 @@ class Api:
                 "no AWS region: pass sky.AWS(region='us-east-1'), set AWS_DEFAULT_REGION, or "
                 "set a region in ~/.aws/config"
             )
+        check_region(session)
         return session
 
     @classmethod
     def connect(cls, *, region: str | None, profile: str | None, endpoint_url: str | None) -> Api:
+        session = cls.session(region=region, profile=profile)
+        return cls.in_region(session, str(session.region_name), endpoint_url=endpoint_url)
+
+    @classmethod
+    def in_region(cls, session: Any, region: str, *, endpoint_url: str | None) -> Api:
+        """Clients of ``region`` made from an existing session (cheap after the first: the
+        session keeps botocore's models). Not thread-safe: make them one at a time."""
         from botocore.config import Config
 
-        session = cls.session(region=region, profile=profile)
-        name = str(session.region_name)
         config = Config(
             retries={"mode": "standard", "max_attempts": 5},
             connect_timeout=10,
             read_timeout=60,
         )
-        ec2 = session.client("ec2", endpoint_url=endpoint_url, config=config)
-        ssm = session.client("ssm", endpoint_url=endpoint_url, config=config)
-        return cls(ec2=ec2, ssm=ssm, region=name)
+        ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+        ssm = session.client("ssm", region_name=region, endpoint_url=endpoint_url, config=config)
+        return cls(ec2=ec2, ssm=ssm, region=region)
 
     def call(self, operation: Callable[..., Any], doing: str, /, **kwargs: Any) -> Any:
         """``operation(**kwargs)``; any SDK error becomes a ``ProvisionError`` about
@@ -96,16 +102,118 @@ class Api:
 
     def zones_offering(self, instance_type: str) -> list[str]:
         """The zones of this region that offer ``instance_type`` (empty if unknown)."""
+        found = self.zones_offering_each([instance_type])
+        return sorted(found.get(instance_type, set())) if found is not None else []
+
+    def zones_offering_each(self, instance_types: list[str]) -> dict[str, set[str]] | None:
+        """Per type, the zones of this region that offer it; ``None`` when EC2 cannot be
+        asked (a missing permission): then the launch itself says where a type is missing."""
+        found: dict[str, set[str]] = {t: set() for t in instance_types}
         try:
-            answer = self.ec2.describe_instance_type_offerings(
+            pages = self.ec2.get_paginator("describe_instance_type_offerings").paginate(
                 LocationType="availability-zone",
-                Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+                Filters=[{"Name": "instance-type", "Values": list(instance_types)}],
+            )
+            for page in pages:
+                for offering in page["InstanceTypeOfferings"]:
+                    found.setdefault(offering["InstanceType"], set()).add(offering["Location"])
+        except Exception as exc:
+            if _is_sdk_error(exc):
+                return None
+            raise
+        return found
+
+    def efa_cards(self, instance_types: list[str]) -> dict[str, int]:
+        """Per type that supports EFA, its number of network cards (an EFA interface goes
+        on each); types without EFA are left out, and so is everything when EC2 cannot be
+        asked (the pool then runs on plain interfaces)."""
+        found: dict[str, int] = {}
+        try:
+            answer = self.ec2.describe_instance_types(InstanceTypes=cast(Any, instance_types))
+        except Exception as exc:
+            if _is_sdk_error(exc):
+                return found
+            raise
+        for described in answer["InstanceTypes"]:
+            network = described.get("NetworkInfo", {})
+            if network.get("EfaSupported"):
+                found[str(described["InstanceType"])] = int(network.get("MaximumNetworkCards", 1))
+        return found
+
+    def spot_prices(self, instance_types: list[str]) -> dict[tuple[str, str], float]:
+        """The current spot price per (type, zone) for Linux; empty when EC2 cannot be asked
+        (an estimate only: the launch does not depend on it)."""
+        import datetime
+
+        prices: dict[tuple[str, str], float] = {}
+        try:
+            answer = self.ec2.describe_spot_price_history(
+                InstanceTypes=cast(Any, instance_types),
+                ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+                StartTime=datetime.datetime.now(datetime.UTC),
             )
         except Exception as exc:
             if _is_sdk_error(exc):
-                return []  # only a hint for a message; its absence must not hide the error
+                return prices
             raise
-        return sorted(o["Location"] for o in answer["InstanceTypeOfferings"])
+        newest: dict[tuple[str, str], Any] = {}
+        for entry in answer["SpotPriceHistory"]:
+            key = (str(entry["InstanceType"]), str(entry["AvailabilityZone"]))
+            if key not in newest or entry["Timestamp"] > newest[key]:
+                newest[key] = entry["Timestamp"]
+                prices[key] = float(entry["SpotPrice"])
+        return prices
+
+
+def known_regions(session: Any) -> set[str]:
+    """Every EC2 region of every partition botocore knows (no network call)."""
+    found: set[str] = set()
+    for partition in session.get_available_partitions():
+        found.update(session.get_available_regions("ec2", partition_name=partition))
+    return found
+
+
+def check_region(session: Any) -> None:
+    """A ``ProvisionError`` for a region no partition has, naming the nearest ones: a typo
+    must not read as a network failure later."""
+    import difflib
+
+    region = str(session.region_name)
+    known = known_regions(session)
+    if not known or region in known:
+        return
+    near = difflib.get_close_matches(region, sorted(known), n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    import botocore
+
+    raise ProvisionError(
+        f"unknown AWS region {region!r}{hint} (botocore {botocore.__version__} knows "
+        f"{len(known)} EC2 regions; a region newer than it needs a newer boto3)"
+    )
+
+
+# Refusals after which another zone, machine type or market may still take the pool.
+_NO_CAPACITY = {
+    "InsufficientInstanceCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientCapacityOnHost",
+    "InsufficientReservedInstanceCapacity",
+}
+_SPOT_REFUSED = {"SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded"}
+
+
+def refusal(exc: BaseException | None, *, spot: bool) -> str | None:
+    """``"capacity"``, ``"unsupported"`` or ``"spot"`` when EC2's refusal of a launch means
+    another place may work (``capacity.CapacityError``); ``None`` for the rest (a quota,
+    a permission, a bad request), which no other zone changes."""
+    code = error_code(exc)
+    if code in _NO_CAPACITY:
+        return "spot" if spot else "capacity"
+    if code == "Unsupported":
+        return "unsupported"
+    if spot and (code in _SPOT_REFUSED or code == "VcpuLimitExceeded"):
+        return "spot"  # the spot quota: on-demand, which has its own, may still work
+    return None
 
 
 def error_code(exc: BaseException | None) -> str:
@@ -126,18 +234,10 @@ def translate(
     """A ``ProvisionError`` that says what went wrong in ``doing`` and what to do about it."""
     name = type(exc).__name__
     code = error_code(exc)
-    message = str(getattr(exc, "response", {}).get("Error", {}).get("Message", "") or exc)
+    message = _message(exc)
     request = request or {}
-    if name in ("NoCredentialsError", "PartialCredentialsError"):
-        return ProvisionError(
-            f"{doing}: no AWS credentials found. Run `aws configure` (or `aws sso login`), set "
-            f"AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or pass "
-            f"sky.AWS(profile='...')"
-        )
-    if name == "ProfileNotFound":
-        return ProvisionError(f"{doing}: {exc}; check sky.AWS(profile=...) and ~/.aws/config")
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
-        return ProvisionError(f"{doing}: cannot reach AWS ({exc}); check the network or proxy")
+    if not code and not isinstance(getattr(exc, "response", None), dict):
+        return _without_response(exc, doing, region)
     if code in _CREDENTIALS:
         return ProvisionError(
             f"{doing}: AWS refused the credentials ({code}: {message}). They may have "
@@ -169,6 +269,12 @@ def translate(
             f"{message} Ask for more in the Service Quotas console (EC2, {quota_code}), or "
             f"ask for fewer or smaller nodes"
         )
+    if code == "InvalidInstanceType":
+        return ProvisionError(
+            f"{doing}: EC2 has no instance type {request.get('InstanceTypes', ['?'])[0]!r} "
+            f"in {region} ({message}); check sky.AWS(instance_type=...) for a typo, or leave "
+            f"it out and pass accelerator=/vcpus=/memory_gb="
+        )
     if code.startswith("InvalidAMIID"):
         return ProvisionError(
             f"{doing}: unknown AMI in {region} ({code}: {message}); AMIs are per region: "
@@ -184,9 +290,62 @@ def translate(
     return ProvisionError(f"{doing}: {name}: {exc}")
 
 
+# botocore errors raised before any answer came (no ``response``): what each means.
+_NO_ANSWER = {
+    "EndpointConnectionError": "cannot reach AWS",
+    "ConnectTimeoutError": "cannot reach AWS (connecting timed out)",
+    "ConnectionClosedError": "AWS closed the connection before answering",
+    "ReadTimeoutError": "AWS did not answer in time",
+    "ProxyConnectionError": "cannot reach AWS through the proxy",
+    "SSLError": "the TLS connection to AWS failed",
+    "ConnectionError": "the connection to AWS failed",
+    "HTTPClientError": "the HTTP connection to AWS failed",
+}
+
+
+def _message(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        text = response.get("Error", {}).get("Message", "")
+        if text:
+            return str(text)
+    return str(exc)
+
+
+def _without_response(exc: BaseException, doing: str, region: str) -> ProvisionError:
+    """A botocore error raised before AWS answered (a connection closed, a timeout, a
+    request botocore refused to send): what happened and what to do."""
+    name = type(exc).__name__
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return ProvisionError(
+            f"{doing}: no AWS credentials found. Run `aws configure` (or `aws sso login`), set "
+            f"AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or pass "
+            f"sky.AWS(profile='...')"
+        )
+    if name == "ProfileNotFound":
+        return ProvisionError(f"{doing}: {exc}; check sky.AWS(profile=...) and ~/.aws/config")
+    if name == "NoRegionError":
+        return ProvisionError(
+            f"{doing}: no AWS region; pass sky.AWS(region='us-east-1') or set AWS_DEFAULT_REGION"
+        )
+    if name == "ParamValidationError":
+        return ProvisionError(
+            f"{doing}: botocore refused the request before sending it ({exc}); this is a "
+            f"Skyward bug: please report it with this message"
+        )
+    for kind, words in _NO_ANSWER.items():
+        if any(c.__name__ == kind for c in type(exc).__mro__):
+            return ProvisionError(
+                f"{doing}: {words} in {region or 'the default region'} ({exc}); the request "
+                f"was retried. Check the network, a proxy (HTTPS_PROXY), or "
+                f"sky.AWS(endpoint_url=...), and try again"
+            )
+    return ProvisionError(f"{doing}: {name}: {exc}")
+
+
 def iam_action(exc: BaseException) -> str:
     """``ec2:RunInstances`` from the refused call, or from AWS's message when it names one."""
-    message = str(getattr(exc, "response", {}).get("Error", {}).get("Message", ""))
+    message = _message(exc) if isinstance(getattr(exc, "response", None), dict) else ""
     named = re.search(r"\b(?:perform|to perform):?\s*([a-z0-9-]+:[A-Za-z0-9]+)", message)
     if named:
         return named.group(1)

@@ -1,17 +1,21 @@
-"""What Skyward left in one AWS region, by tag, and its removal (``skyward ls`` / ``down``).
+"""What Skyward left on AWS, by tag, and its removal (``skyward ls`` / ``down``).
 
 A pool's resources carry ``skyward-pool``; that tag alone finds them, whoever made them and
-whether or not the client that made them still runs. Instances go first, then security
-groups (in use until the instances' interfaces are gone), then key pairs.
+whether or not the client that made them still runs. With no region named, every region the
+account has enabled is searched (``describe_regions``), in parallel: a pool made in
+us-west-2 is found from a shell whose default is us-east-1. Instances go first, then
+security groups (in use until the instances' interfaces are gone), placement groups, then
+key pairs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from skyward._errors import ProvisionError
+from skyward._errors import ProvisionError, SkywardError
 from skyward._phases import Reporter
 from skyward.providers import catalog
 from skyward.providers.aws import resources as ec2
@@ -19,11 +23,14 @@ from skyward.providers.aws.api import Api
 from skyward.providers.base import TAG_CREATED, TAG_OWNER, TAG_POOL, Leftover
 
 _LIVE = ["pending", "running", "shutting-down", "stopping", "stopped"]
+_PARALLEL = 8  # regions searched at once
 
 
 class AWSInventory:
-    """Leftovers in one region, reached with an ``AWS`` configuration's credentials and
-    endpoint (handed over as values: the configuration's module builds this one)."""
+    """Leftovers in one region, or in every enabled one (``region=None``), reached with an
+    ``AWS`` configuration's credentials and endpoint (handed over as values: the
+    configuration's module builds this one). ``problems`` lists regions that could not be
+    searched, after ``leftovers``."""
 
     def __init__(
         self,
@@ -35,18 +42,77 @@ class AWSInventory:
     ) -> None:
         self._region, self._profile, self._endpoint_url = region, profile, endpoint_url
         self._release_timeout = release_timeout
-        self._api: Api | None = None
+        self._apis: dict[str, Api] = {}
+        self.problems: list[str] = []
+        self._unlisted: list[tuple[str, str]] = []  # (region, why) placement groups unlisted
 
     @property
-    def api(self) -> Api:
-        if self._api is None:
-            self._api = Api.connect(
-                region=self._region, profile=self._profile, endpoint_url=self._endpoint_url
+    def where(self) -> str:
+        return f"aws {self._region}" if self._region else "aws (every enabled region)"
+
+    def api(self, region: str | None = None) -> Api:
+        """The API of ``region`` (default: the configured one, else boto3's default)."""
+        name = region or self._region
+        if (name or "") not in self._apis:
+            self._apis[name or ""] = Api.connect(
+                region=name, profile=self._profile, endpoint_url=self._endpoint_url
             )
-        return self._api
+        return self._apis[name or ""]
+
+    def regions(self) -> list[str]:
+        """The regions searched: the one named, or every region the account has enabled."""
+        if self._region is not None:
+            return [self._region]
+        api = self._default_api()
+        answer = api.call(api.ec2.describe_regions, "listing the enabled regions")
+        return sorted(str(r["RegionName"]) for r in answer["Regions"])
+
+    def _default_api_session(self) -> Any:
+        return Api.session(region=self._default_api().region, profile=self._profile)
+
+    def _default_api(self) -> Api:
+        try:
+            return self.api()
+        except ProvisionError:
+            # No default region configured: any region answers describe_regions.
+            return self.api("us-east-1")
 
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
-        api = self.api
+        regions = self.regions()
+        self.problems = []
+        if len(regions) > 1:  # the clients first, one at a time, from one session
+            session = self._default_api_session()
+            for region in regions:
+                if region not in self._apis:
+                    self._apis[region] = Api.in_region(
+                        session, region, endpoint_url=self._endpoint_url
+                    )
+
+        def search(region: str) -> list[Leftover] | str:
+            try:
+                return self._leftovers_in(self.api(region), pool)
+            except SkywardError as exc:
+                return f"{region}: {exc}"
+
+        self._unlisted = []
+
+        with ThreadPoolExecutor(max_workers=_PARALLEL) as workers:
+            results = list(workers.map(search, regions))
+        found: list[Leftover] = []
+        for result in results:
+            if isinstance(result, str):
+                self.problems.append(result)
+            else:
+                found += result
+        if self.problems and len(self.problems) == len(regions):
+            raise ProvisionError("; ".join(self.problems))
+        if self._unlisted:  # one line, not one per region
+            names = sorted(r for r, _ in self._unlisted)
+            where = ", ".join(names) if len(names) <= 3 else f"{len(names)} regions"
+            self.problems.append(f"placement groups not listed in {where}: {self._unlisted[0][1]}")
+        return found
+
+    def _leftovers_in(self, api: Api, pool: str | None) -> list[Leftover]:
         tag = (
             {"Name": f"tag:{TAG_POOL}", "Values": [pool]}
             if pool is not None
@@ -55,71 +121,104 @@ class AWSInventory:
         found: list[Leftover] = []
         reservations = api.call(
             api.ec2.describe_instances,
-            "listing instances",
+            f"listing instances in {api.region}",
             Filters=[tag, {"Name": "instance-state-name", "Values": _LIVE}],
         )["Reservations"]
-        for reservation in reservations:
-            for instance in reservation["Instances"]:
-                spot = instance.get("InstanceLifecycle") == "spot"
-                price = None if spot else catalog.price("aws", instance["InstanceType"])
-                found.append(
-                    self._leftover(
-                        "instance",
-                        instance["InstanceId"],
-                        instance.get("Tags", []),
-                        instance["State"]["Name"],
-                        hourly=price if instance["State"]["Name"] != "stopped" else 0.0,
-                    )
+        instances = [i for r in reservations for i in r["Instances"]]
+        spot_types = sorted(
+            {i["InstanceType"] for i in instances if i.get("InstanceLifecycle") == "spot"}
+        )
+        spot = api.spot_prices(spot_types) if spot_types else {}
+        for instance in instances:
+            kind, state = str(instance["InstanceType"]), instance["State"]["Name"]
+            if instance.get("InstanceLifecycle") == "spot":
+                zone = str(instance.get("Placement", {}).get("AvailabilityZone", ""))
+                price = spot.get((kind, zone))
+            else:
+                price = catalog.price("aws", kind, api.region)
+            found.append(
+                _leftover(
+                    api,
+                    "instance",
+                    instance["InstanceId"],
+                    instance.get("Tags", []),
+                    state,
+                    hourly=price if state != "stopped" else 0.0,
                 )
+            )
         groups = api.call(
-            api.ec2.describe_security_groups, "listing security groups", Filters=[tag]
+            api.ec2.describe_security_groups,
+            f"listing security groups in {api.region}",
+            Filters=[tag],
         )["SecurityGroups"]
         for group in groups:
-            found.append(self._leftover("security group", group["GroupId"], group.get("Tags", [])))
-        keys = api.call(api.ec2.describe_key_pairs, "listing key pairs", Filters=[tag])["KeyPairs"]
+            found.append(_leftover(api, "security group", group["GroupId"], group.get("Tags", [])))
+        keys = api.call(
+            api.ec2.describe_key_pairs, f"listing key pairs in {api.region}", Filters=[tag]
+        )["KeyPairs"]
         for key in keys:
-            found.append(self._leftover("key pair", key["KeyName"], key.get("Tags", [])))
+            found.append(_leftover(api, "key pair", key["KeyName"], key.get("Tags", [])))
+        try:
+            placed = api.call(
+                api.ec2.describe_placement_groups,
+                f"listing placement groups in {api.region}",
+                Filters=[tag],
+            )["PlacementGroups"]
+        except ProvisionError as exc:  # the rest stands: said, not fatal
+            self._unlisted.append((api.region, str(exc)))
+            placed = []
+        for group in placed:
+            found.append(
+                _leftover(api, "placement group", group["GroupName"], group.get("Tags", []))
+            )
         return found
 
     def delete(self, leftovers: Sequence[Leftover], reporter: Reporter) -> None:
-        mine = [x for x in leftovers if x.provider == "aws" and x.region == self.api.region]
-        by_kind = {
-            kind: [x.id for x in mine if x.kind == kind]
-            for kind in ("instance", "security group", "key pair")
-        }
-        for kind, ids in by_kind.items():
-            if ids:
-                reporter.status(f"deleting {len(ids)} {kind}(s) in {self.api.region}")
-        left = ec2.delete(
-            self.api,
-            instances=by_kind["instance"],
-            groups=by_kind["security group"],
-            key_pairs=by_kind["key pair"],
-            timeout=self._release_timeout,
-        )
-        if left:
-            raise ProvisionError(f"could not delete {', '.join(left)} in {self.api.region}")
+        mine = [x for x in leftovers if x.provider == "aws"]
+        failed: list[str] = []
+        for region in sorted({x.region for x in mine}):
+            here = [x for x in mine if x.region == region]
+            by_kind = {
+                kind: [x.id for x in here if x.kind == kind]
+                for kind in ("instance", "security group", "key pair", "placement group")
+            }
+            for kind, ids in by_kind.items():
+                if ids:
+                    reporter.status(f"deleting {len(ids)} {kind}(s) in {region}")
+            left = ec2.delete(
+                self.api(region),
+                instances=by_kind["instance"],
+                groups=by_kind["security group"],
+                key_pairs=by_kind["key pair"],
+                placement_groups=by_kind["placement group"],
+                timeout=self._release_timeout,
+            )
+            if left:
+                failed.append(f"could not delete {', '.join(left)} in {region}")
+        if failed:
+            raise ProvisionError("; ".join(failed))
 
-    def _leftover(
-        self,
-        kind: str,
-        id: str,
-        tags: list[Any],
-        state: str = "exists",
-        hourly: float | None = None,
-    ) -> Leftover:
-        values = {t["Key"]: t["Value"] for t in tags}
-        return Leftover(
-            provider="aws",
-            kind=kind,
-            id=id,
-            pool=values.get(TAG_POOL, ""),
-            owner=values.get(TAG_OWNER, ""),
-            created=_parse_time(values.get(TAG_CREATED)),
-            state=state,
-            region=self.api.region,
-            hourly_cost=hourly,
-        )
+
+def _leftover(
+    api: Api,
+    kind: str,
+    id: str,
+    tags: list[Any],
+    state: str = "exists",
+    hourly: float | None = None,
+) -> Leftover:
+    values = {t["Key"]: t["Value"] for t in tags}
+    return Leftover(
+        provider="aws",
+        kind=kind,
+        id=id,
+        pool=values.get(TAG_POOL, ""),
+        owner=values.get(TAG_OWNER, ""),
+        created=_parse_time(values.get(TAG_CREATED)),
+        state=state,
+        region=api.region,
+        hourly_cost=hourly,
+    )
 
 
 def _parse_time(text: str | None) -> datetime | None:

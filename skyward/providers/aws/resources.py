@@ -4,11 +4,13 @@
 
     import_key_pair     the pool key's public half, tagged
     create_group        SSH from one CIDR only; everything from members of the same group
+                        (and, for EFA, everything to them: EFA needs the egress rule too)
+    create_placement    a cluster placement group, for multi-node pools on EFA types
     launch              one run_instances for every node: all or nothing, tagged, IMDSv2,
                         shutdown = terminate, root volume deleted with the instance
     wait_running        bounded by the pool's deadline; a node that dies on the way fails it
-    delete              instances first (and wait), then groups (retried while in use), then
-                        key pairs; returns what is still there
+    delete              instances first (and wait), then security groups (retried while in
+                        use), placement groups, key pairs; returns what is still there
 
 Waits poll with ``Deadline.sleep``, never boto3's waiters, whose sleeps a closing pool could
 not cut short.
@@ -20,8 +22,8 @@ import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
@@ -85,6 +87,31 @@ def allow(api: Api, group: str, ssh_cidrs: Sequence[str], tags: Mapping[str, str
     )
 
 
+def allow_efa(api: Api, group: str, tags: Mapping[str, str]) -> None:
+    """EFA traffic must be allowed out to the group as well as in from it."""
+    api.call(
+        api.ec2.authorize_security_group_egress,
+        f"allowing EFA traffic out of security group {group}",
+        GroupId=group,
+        IpPermissions=[{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group}]}],
+        TagSpecifications=tag_specs(tags, "security-group-rule"),
+    )
+
+
+def create_placement(api: Api, name: str, tags: Mapping[str, str], on_created: Any) -> str:
+    """A cluster placement group (all instances close together on the network: what
+    multi-node NCCL over EFA wants); ``on_created(name)`` as soon as it exists."""
+    api.call(
+        api.ec2.create_placement_group,
+        f"creating placement group {name}",
+        GroupName=name,
+        Strategy="cluster",
+        TagSpecifications=tag_specs(tags, "placement-group"),
+    )
+    on_created(name)
+    return name
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything ``run_instances`` needs, kept so that a lost node is replaced alike."""
@@ -101,6 +128,40 @@ class LaunchSpec:
     public_ip: bool
     spot: bool
     tags: Mapping[str, str]
+    # A cluster placement group in this zone, EFA interfaces on this many network cards
+    # (0: one ordinary interface), and an instance profile (ARN or name) for the nodes' role.
+    placement_group: str | None = None
+    efa_cards: int = 0
+    iam_instance_profile: str | None = None
+
+
+def interfaces(spec: LaunchSpec) -> list[dict[str, Any]]:
+    """The network interfaces a node gets: one ENA interface, or an EFA interface on each
+    network card the type has (device 0 on card 0, device 1 on the others, as AWS's EFA
+    guide lays them out). A public address only fits a single interface."""
+    common = {"SubnetId": spec.subnet_id, "Groups": [spec.security_group]}
+    if not spec.efa_cards:
+        return [
+            {
+                "DeviceIndex": 0,
+                **common,
+                "AssociatePublicIpAddress": spec.public_ip,
+                "DeleteOnTermination": True,
+            }
+        ]
+    made: list[dict[str, Any]] = []
+    for card in range(spec.efa_cards):
+        interface: dict[str, Any] = {
+            "DeviceIndex": 0 if card == 0 else 1,
+            "NetworkCardIndex": card,
+            "InterfaceType": "efa",
+            **common,
+            "DeleteOnTermination": True,
+        }
+        if card == 0 and spec.efa_cards == 1:
+            interface["AssociatePublicIpAddress"] = spec.public_ip
+        made.append(interface)
+    return made
 
 
 def launch(api: Api, spec: LaunchSpec, count: int) -> list[str]:
@@ -117,6 +178,13 @@ def launch(api: Api, spec: LaunchSpec, count: int) -> list[str]:
     kinds = ["instance", "volume", "network-interface"]
     if spec.spot:
         kinds.append("spot-instances-request")
+    if spec.placement_group is not None:
+        options["Placement"] = {"GroupName": spec.placement_group, "AvailabilityZone": spec.zone}
+    if spec.iam_instance_profile is not None:
+        profile = spec.iam_instance_profile
+        options["IamInstanceProfile"] = (
+            {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
+        )
     answer = api.call(
         api.ec2.run_instances,
         f"launching {count} {spec.instance_type} instance(s) in {spec.zone}",
@@ -139,15 +207,7 @@ def launch(api: Api, spec: LaunchSpec, count: int) -> list[str]:
                 },
             }
         ],
-        NetworkInterfaces=[
-            {
-                "DeviceIndex": 0,
-                "SubnetId": spec.subnet_id,
-                "Groups": [spec.security_group],
-                "AssociatePublicIpAddress": spec.public_ip,
-                "DeleteOnTermination": True,
-            }
-        ],
+        NetworkInterfaces=cast(Any, interfaces(spec)),
         # Retries of this very request (a timeout) must not start a second set of machines.
         ClientToken=secrets.token_hex(16),
         TagSpecifications=tag_specs(spec.tags, *kinds),
@@ -201,19 +261,74 @@ def describe_reason(instance: Mapping[str, Any]) -> str:
     return str(message)
 
 
-def instances_of(api: Api, key_name: str) -> list[str]:
-    """Live instances launched with this key pair: one allocation's, including any whose
-    ``run_instances`` answer never arrived (the request was interrupted in flight)."""
-    try:
-        answer = api.ec2.describe_instances(
-            Filters=[
-                {"Name": "key-name", "Values": [key_name]},
-                {"Name": "instance-state-name", "Values": _LIVE},
-            ]
-        )
-    except Exception:
-        return []  # a best effort on top of the ids we know
-    return [str(i["InstanceId"]) for r in answer["Reservations"] for i in r["Instances"]]
+@dataclass
+class Swept:
+    """What the sweeps found of one allocation, and the sweeps that failed (with why)."""
+
+    instances: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    key_pairs: list[str] = field(default_factory=list)
+    placement_groups: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def sweep(
+    api: Api,
+    *,
+    key_name: str | None,
+    tag: tuple[str, str] | None,
+    placement_groups: bool = False,
+) -> Swept:
+    """Everything of one allocation that EC2 has, found two ways: instances launched with
+    its key pair, and instances, groups and key pairs carrying its tag (``(key, value)``).
+    Either finds what a launch whose answer never arrived made (interrupted in flight); the
+    second also finds a group or key pair (or, with ``placement_groups``, a placement group)
+    whose create call was cut off the same way. A sweep that fails is named in ``failed``,
+    never dropped."""
+    found = Swept()
+    live: Any = {"Name": "instance-state-name", "Values": _LIVE}
+    searches: list[tuple[str, list[Any]]] = []
+    if key_name is not None:
+        searches.append((f"key pair {key_name}", [{"Name": "key-name", "Values": [key_name]}]))
+    if tag is not None:
+        by_tag = [{"Name": f"tag:{tag[0]}", "Values": [tag[1]]}]
+        searches.append((f"tag {tag[0]}={tag[1]}", by_tag))
+    for label, filters in searches:
+        try:
+            answer = api.ec2.describe_instances(Filters=[*filters, live])
+        except Exception as exc:
+            found.failed.append(f"the search for instances by {label} failed ({_why(exc)})")
+            continue
+        for reservation in answer["Reservations"]:
+            for instance in reservation["Instances"]:
+                if instance["InstanceId"] not in found.instances:
+                    found.instances.append(str(instance["InstanceId"]))
+    if tag is not None:
+        tagged: list[Any] = [{"Name": f"tag:{tag[0]}", "Values": [tag[1]]}]
+        try:
+            groups = api.ec2.describe_security_groups(Filters=tagged)["SecurityGroups"]
+            found.groups += [str(g["GroupId"]) for g in groups]
+        except Exception as exc:
+            found.failed.append(f"the search for security groups by tag failed ({_why(exc)})")
+        try:
+            keys = api.ec2.describe_key_pairs(Filters=tagged)["KeyPairs"]
+            found.key_pairs += [str(k["KeyName"]) for k in keys]
+        except Exception as exc:
+            found.failed.append(f"the search for key pairs by tag failed ({_why(exc)})")
+        try:
+            placed = (
+                api.ec2.describe_placement_groups(Filters=tagged)["PlacementGroups"]
+                if placement_groups
+                else []
+            )
+            found.placement_groups += [str(g["GroupName"]) for g in placed]
+        except Exception as exc:
+            found.failed.append(f"the search for placement groups by tag failed ({_why(exc)})")
+    return found
+
+
+def _why(exc: BaseException) -> str:
+    return error_code(exc) or f"{type(exc).__name__}: {exc}"
 
 
 def delete(
@@ -222,6 +337,7 @@ def delete(
     instances: Sequence[str] = (),
     groups: Sequence[str] = (),
     key_pairs: Sequence[str] = (),
+    placement_groups: Sequence[str] = (),
     timeout: float = 600.0,
     poll: float = POLL,
 ) -> list[str]:
@@ -249,6 +365,12 @@ def delete(
                     continue
                 left.append(f"security group {group} ({code or exc})")
                 break
+    for name in placement_groups:
+        try:
+            api.ec2.delete_placement_group(GroupName=name)
+        except Exception as exc:
+            if error_code(exc) != "InvalidPlacementGroup.Unknown":
+                left.append(f"placement group {name} ({error_code(exc) or exc})")
     for name in key_pairs:
         try:
             api.ec2.delete_key_pair(KeyName=name)

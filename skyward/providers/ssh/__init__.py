@@ -29,7 +29,8 @@ class SSH(BaseModel):
       ``~/.ssh/known_hosts``). An unknown host is refused unless ``accept_new_hosts=True``,
       which adds it to that file; a changed key is always refused.
     - ``python``: the interpreter the environment is made from; by default ``python3.X`` or
-      ``python3`` of the client's minor version, found on the host's ``PATH``.
+      ``python3`` of the client's minor version, found on the host's ``PATH``, else a
+      uv-managed CPython of that version (``Image.python_mirror``: where from).
     - ``workdir``: Skyward's directory on each host: environments, the uploaded package,
       the workers' working directory. The only thing a pool leaves behind.
     - ``peer_addresses``: where the hosts reach each other (``head_addr``, ``peers``), when

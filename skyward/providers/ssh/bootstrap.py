@@ -5,23 +5,30 @@
 1. takes a lock, and leaves at once if this image's environment is already complete
    (``<workdir>/envs/<hash>/.skyward-ready``): a second pool with the same image on the
    same host installs nothing;
-2. installs apt packages when it runs as root or has password-less sudo;
-3. finds a Python of the client's minor version (or the one ``SSH(python=...)`` names),
-   and uv (on PATH, or installed once into ``<workdir>/tools`` from the package index;
-   ``python -m venv`` + pip when neither works);
-4. writes the image's local wheel files, which travel inside the script, into
-   ``<workdir>/wheels/<sha256>/``, and checks that ``git`` exists if a requirement comes
-   from git;
-5. makes a virtual environment and installs the requirements: ``index_url`` (if set)
+2. installs apt packages when it runs as root or has password-less sudo, waiting (bounded)
+   while another apt, such as a first boot's unattended-upgrades, holds apt's locks;
+3. finds a Python of the client's minor version (or the one ``SSH(python=...)`` names);
+4. finds uv: the host's if it is new enough, else the standalone binary from the ``uv``
+   wheel on the image's index, fetched once into ``<workdir>/tools/bin`` with curl, wget or
+   any python3, and unpacked with unzip, any python3, or the shell alone (no pip, no venv
+   module, no ensurepip: stock Debian and Ubuntu images lack them);
+5. makes the virtual environment with ``uv venv``, from the host's Python when it has the
+   client's version, else from a uv-managed CPython of exactly that version (downloaded
+   once into ``<workdir>/pythons``, from ``Image.python_mirror`` if set);
+6. writes the image's local wheel files, which travel inside the script, into
+   ``<workdir>/wheels/<sha256>/``, checks that ``git`` exists if a requirement comes from
+   git, and installs the requirements with ``uv pip install``: ``index_url`` (if set)
    replaces the default index everywhere, and each ``PipIndex`` serves only the packages it
-   names, and those are installed (uv pins them to it; pip installs them from it first,
-   without dependencies). Direct references (``name @ git+https://...``, wheels) come from
-   where they point, whatever index scoping says;
-6. runs the ``setup`` commands with the image's ``env`` and the environment on ``PATH``;
-7. marks the environment complete.
+   names, and those are installed (pinned to it). Direct references
+   (``name @ git+https://...``, wheels) come from where they point, whatever index scoping
+   says;
+7. runs the ``setup`` commands with the image's ``env`` and the environment on ``PATH``;
+8. marks the environment complete.
 
 Before each command it prints ``::skyward:: <command>``, so the client can name the command
-that failed; everything else it prints is the commands' own output.
+that failed; everything else it prints is the commands' own output, and ``skyward: ...``
+notes. A line ``skyward: error: ...`` says why it stops; the client's ``BootstrapError``
+leads with it.
 """
 
 from __future__ import annotations
@@ -33,7 +40,6 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from skyward._image import Image, local_wheel, requirement_name
 
@@ -132,11 +138,19 @@ class Plan:
 
 # Image fields that do not shape the environment the script makes: uploaded apart (includes),
 # or only bounding the run (bootstrap_timeout).
-_NOT_IN_ENVIRONMENT = {"includes", "excludes", "skyward_source", "bootstrap_timeout"}
+_NOT_IN_ENVIRONMENT = {
+    "includes",
+    "excludes",
+    "skyward_source",
+    "bootstrap_timeout",
+    # Where a managed CPython is downloaded from, not which: the version is in the digest.
+    "python_mirror",
+    "python_downloads_json_url",
+}
 
 # Bumped whenever the script's shape changes, so hosts do not trust environments that an
 # older script made.
-_SCRIPT_VERSION = 4
+_SCRIPT_VERSION = 5
 
 
 def shell_path(path: str) -> str:
@@ -177,13 +191,13 @@ def render(plan: Plan) -> str:
             'if [ "$(id -u)" = 0 ]; then sudo=""',
             'elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"',
             "else",
-            '  echo "skyward: the image needs apt packages, but this user is not root and has'
+            f'  echo "{ERROR}the image needs apt packages, but this user is not root and has'
             ' no password-less sudo" >&2',
             "  exit 126",
             "fi",
-            "run $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q",
-            "run $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
-            f"--no-install-recommends {packages}",
+            *_APT_GET.strip("\n").split("\n"),
+            "apt_get update -q",
+            f"apt_get install -y -q --no-install-recommends {packages}",
         ]
     version = plan.python_version
     major, minor = version.split(".")
@@ -192,82 +206,25 @@ def render(plan: Plan) -> str:
         'if [ -z "$python" ]; then',
         f"  for candidate in python{version} python3; do",
         '    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c '
-        f"'import sys; sys.exit(sys.version_info[:2] != ({major}, {minor}))'; then",
+        f"'import sys; sys.exit(sys.version_info[:2] != ({major}, {minor}))'"
+        " 2>/dev/null; then",
         '      python="$(command -v "$candidate")"; break',
         "    fi",
         "  done",
         "fi",
-        'if [ -z "$python" ]; then',
-        f'  echo "skyward: no Python {version} on this host (the client runs {version}, and'
-        " cloudpickle needs the same minor version on both ends). Install it, or name it"
-        ' with python=..." >&2',
-        "  exit 127",
-        "fi",
     ]
-    default_index = image.index_url
-    pip_index = _pip_index_options(default_index)
+    lines += _uv_lines(plan)
+    lines += [*_git_check(plan), 'rm -rf "$env_dir"', *_venv_lines(plan), *_write_wheels(plan)]
     lines += [
-        'uv="$(command -v uv || true)"',
-        # Scoped indexes ([[tool.uv.index]], explicit) need uv 0.4.23 or newer.
-        'if [ -n "$uv" ] && ! "$python" -c \'import sys; sys.exit(tuple(map(int,'
-        ' sys.argv[1].split(".")[:3])) < (0, 4, 23))\' "$("$uv" --version | cut -d" " -f2)"'
-        " 2>/dev/null; then",
-        '  echo "skyward: not using $uv: older than 0.4.23, which scoped indexes need"; uv=""',
-        "fi",
-        'if [ -z "$uv" ] && [ -x "$home/tools/bin/uv" ]; then uv="$home/tools/bin/uv"; fi',
-        'if [ -z "$uv" ]; then',
-        '  exec 8>"$home/tools.lock"',
-        *("  " + line for line in _wait_for_lock(8, "$home/tools.lock")),
-        '  if [ -x "$home/tools/bin/uv" ]; then uv="$home/tools/bin/uv"',
-        '  elif step "install uv into $home/tools" && rm -rf "$home/tools" &&'
-        ' "$python" -m venv "$home/tools" &&'
-        f' "$home/tools/bin/pip" install -q --disable-pip-version-check{pip_index} uv; then',
-        '    uv="$home/tools/bin/uv"',
-        "  else",
-        '    echo "skyward: uv could not be installed; using python -m venv and pip"',
-        "  fi",
-        "  exec 8>&-",
-        "fi",
-        *_git_check(plan),
-        *_write_wheels(plan),
-        'rm -rf "$env_dir"',
-    ]
-    wheels = {wheel.requirement: wheel for wheel in plan.wheels}
-    requirements = " ".join(
-        _pip_wheel_argument(wheels[r]) if r in wheels else q(r) for r in plan.installs
-    )
-    lines += [
-        'if [ -n "$uv" ]; then',
-        '  run "$uv" venv -q --python "$python" "$env_dir"',
-        '  mkdir -p "$env_dir/skyward-requirements"',
-        "  cat > \"$env_dir/skyward-requirements/pyproject.toml\" <<'SKYWARD_EOF'",
+        '"$uv" --version',
+        'mkdir -p "$env_dir/skyward-requirements"',
+        "cat > \"$env_dir/skyward-requirements/pyproject.toml\" <<'SKYWARD_EOF'",
         *_uv_project(plan),
         "SKYWARD_EOF",
         # uv reads [[tool.uv.index]] from the project in the working directory only.
-        '  (cd "$env_dir/skyward-requirements" &&'
+        '(cd "$env_dir/skyward-requirements" &&'
         ' run "$uv" pip install -q --python "$env_dir/bin/python" -r pyproject.toml)',
-        "else",
-        '  run "$python" -m venv "$env_dir"',
     ]
-    pip = '"$env_dir/bin/pip" install -q --disable-pip-version-check'
-    for index in image.pip_indexes:
-        scoped = [
-            r
-            for r in plan.installs
-            if requirement_name(r) in index.packages and not _direct_reference(r)
-        ]
-        if not scoped:
-            continue
-        # pip cannot pin a package to an index, and with two indexes it takes the highest
-        # version from either. So the named packages come first, from their index alone and
-        # without dependencies; the install below finds them satisfied and brings the rest.
-        if index.find_links:
-            only = f" --no-index --find-links {q(index.url)}"
-        else:
-            only = f" --index-url {q(index.url)}"
-        only += _trusted_host(index.url)
-        lines.append(f"  run {pip} --no-deps{only} {' '.join(q(r) for r in scoped)}")
-    lines += [f"  run {pip}{pip_index} {requirements}", "fi"]
     if image.setup:
         lines += [
             'PATH="$env_dir/bin:$PATH"; export PATH; VIRTUAL_ENV="$env_dir"; export VIRTUAL_ENV',
@@ -280,6 +237,258 @@ def render(plan: Plan) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# A line the script prints to say why it stops; the client puts the last one in the error's
+# first line (``hosts.bootstrap``).
+ERROR = "skyward: error: "
+
+# Where the uv wheel comes from when the image names no index.
+DEFAULT_INDEX = "https://pypi.org/simple/"
+
+# The oldest uv the script uses: `uv venv --managed-python` and uv reading
+# UV_PYTHON_DOWNLOADS_JSON_URL came in the 0.7 series; scoped indexes ([[tool.uv.index]],
+# explicit) in 0.4.23. A host's older uv is passed over, and the newest on the index taken.
+UV_MINIMUM = "0.8.0"
+
+# apt-get waits for dpkg's lock itself (DPkg::Lock::Timeout), but `apt-get update` gives up at
+# once on the lists' lock, which the first boot's unattended-upgrades holds for minutes: both
+# are tried again, for a bounded time, while apt says another process holds a lock.
+_APT_GET = r"""
+apt_get() {
+  apt_tries=0
+  while :; do
+    step "apt-get $*"
+    { $sudo env DEBIAN_FRONTEND=noninteractive LC_ALL=C \
+        apt-get -o DPkg::Lock::Timeout=300 "$@" 2>&1 &&
+      echo 0 >"$env_dir.apt-status" || echo $? >"$env_dir.apt-status"; } | tee "$env_dir.apt-log"
+    apt_status=$(cat "$env_dir.apt-status")
+    [ "$apt_status" = 0 ] && return 0
+    if grep -q 'Could not get lock' "$env_dir.apt-log" && [ "$apt_tries" -lt 60 ]; then
+      apt_tries=$((apt_tries + 1))
+      echo "skyward: another apt (the first boot's upgrades?) holds its lock; trying again in 5 s"
+      sleep 5
+    else
+      return "$apt_status"
+    fi
+  done
+}
+"""
+
+# Fetching and unpacking uv's wheel with what a stock image has: curl, wget or any python3 to
+# download; unzip, any python3, or (neither) od, tail, head and gzip to take the binary out
+# of the wheel. Retries and timeouts are bounded; every failure says what to set.
+_INSTALL_UV = r"""
+at_least() {
+  [ -n "$1" ] &&
+    [ "$(printf '%s\n%s\n' "$1" "$2" | sort -t. -k1,1n -k2,2n -k3,3n | head -n 1)" = "$2" ]
+}
+usable_uv() {
+  [ -x "$1" ] && at_least "$("$1" --version 2>/dev/null | cut -d' ' -f2)" UV_MINIMUM
+}
+fetch() {
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsSL --retry 3 --retry-delay 2 --retry-connrefused --connect-timeout 10 \
+      --speed-limit 1024 --speed-time 30 -o "$2" "$1"
+  elif command -v wget >/dev/null 2>&1; then
+    wget -q --tries=4 --waitretry=2 --retry-connrefused --timeout=30 -O "$2" "$1"
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -c 'PYTHON_FETCH' "$1" "$2"
+  else
+    echo "ERROR_PREFIXthis host has no curl, wget or python3 to download uv with: add one" \
+      "to the image (apt=[\"curl\"]) or install uv UV_MINIMUM or newer on its PATH" >&2
+    return 127
+  fi
+}
+zip_u() { od -An -tu"$3" -j "$2" -N "$3" "$1" | tr -d ' \n'; }
+le32() {
+  printf "$(printf '\\%03o\\%03o\\%03o\\%03o' $(($1 & 255)) $(($1 >> 8 & 255)) \
+    $(($1 >> 16 & 255)) $(($1 >> 24 & 255)))"
+}
+zip_member() {
+  z_end=$(($(wc -c <"$1") - 22))
+  [ "$(zip_u "$1" "$z_end" 4)" = 101010256 ] || return 1
+  z_count=$(zip_u "$1" $((z_end + 10)) 2)
+  z_at=$(zip_u "$1" $((z_end + 16)) 4)
+  while [ "$z_count" -gt 0 ]; do
+    [ "$(zip_u "$1" "$z_at" 4)" = 33639248 ] || return 1
+    z_name=$(zip_u "$1" $((z_at + 28)) 2)
+    if [ "$(tail -c +$((z_at + 47)) "$1" | head -c "$z_name")" = "$2" ]; then
+      z_crc=$(zip_u "$1" $((z_at + 16)) 4)
+      z_packed=$(zip_u "$1" $((z_at + 20)) 4)
+      z_size=$(zip_u "$1" $((z_at + 24)) 4)
+      z_head=$(zip_u "$1" $((z_at + 42)) 4)
+      z_data=$((z_head + 31 + $(zip_u "$1" $((z_head + 26)) 2) + $(zip_u "$1" $((z_head + 28)) 2)))
+      case $(zip_u "$1" $((z_at + 10)) 2) in
+        0) tail -c +"$z_data" "$1" | head -c "$z_packed" ;;
+        8) { printf '\037\213\010\000\000\000\000\000\000\377'
+             tail -c +"$z_data" "$1" | head -c "$z_packed"
+             le32 "$z_crc"; le32 "$z_size"; } | gzip -dc ;;
+        *) return 1 ;;
+      esac
+      return
+    fi
+    z_at=$((z_at + 46 + z_name + $(zip_u "$1" $((z_at + 30)) 2) + $(zip_u "$1" $((z_at + 32)) 2)))
+    z_count=$((z_count - 1))
+  done
+  return 1
+}
+install_uv() {
+  u_page=$1; u_dir=$2/download.$$
+  u_hint="set Image(index_url=...) to an index this host can reach that has uv's wheel, or"
+  u_hint="$u_hint install uv UV_MINIMUM or newer on the host's PATH"
+  rm -rf "$u_dir"; mkdir -p "$u_dir" "$2/bin"
+  if ! fetch "$u_page" "$u_dir/page.html"; then
+    echo "ERROR_PREFIXcannot read $u_page, the package index uv comes from: $u_hint" >&2
+    rm -rf "$u_dir"; return 69
+  fi
+  case $(ldd --version 2>&1 || true) in *musl*) u_libc=musllinux ;; *) u_libc=manylinux ;; esac
+  u_arch=$(uname -m)
+  tr '<' '\n' <"$u_dir/page.html" | grep -v data-yanked |
+    sed -n 's/^[aA][[:space:]].*[hH][rR][eE][fF]="\([^"]*\)".*/\1/p' >"$u_dir/links"
+  while read -r u_href; do
+    u_name=${u_href%%#*}; u_name=${u_name##*/}
+    case $u_name in uv-*-py3-none-*"$u_libc"*_"$u_arch".whl) ;; *) continue ;; esac
+    u_version=${u_name#uv-}; u_version=${u_version%%-*}
+    case $u_version in ""|*[!0-9.]*) continue ;; esac
+    printf '%s %s\n' "$u_version" "$u_href"
+  done <"$u_dir/links" | sort -t. -k1,1n -k2,2n -k3,3n >"$u_dir/wheels"
+  u_best=$(tail -n 1 "$u_dir/wheels"); u_url=${u_best#* }; u_best=${u_best%% *}
+  if ! at_least "$u_best" UV_MINIMUM; then
+    echo "ERROR_PREFIX$u_page lists no uv wheel UV_MINIMUM or newer for $u_libc $u_arch:" \
+      "$u_hint" >&2
+    rm -rf "$u_dir"; return 69
+  fi
+  case $u_url in
+    http://*|https://*|file://*) ;;
+    //*) u_url="${u_page%%//*}$u_url" ;;
+    /*) u_url="$(printf '%s' "$u_page" | sed 's#^\([A-Za-z]*://[^/]*\).*#\1#')$u_url" ;;
+    *) u_url="$u_page$u_url" ;;
+  esac
+  u_sha=""
+  case $u_url in *"#sha256="*) u_sha=${u_url##*#sha256=} ;; esac
+  u_url=${u_url%%#*}
+  echo "skyward: downloading uv $u_best from $u_url"
+  if ! fetch "$u_url" "$u_dir/uv.whl"; then
+    echo "ERROR_PREFIXcannot download $u_url: $u_hint" >&2
+    rm -rf "$u_dir"; return 69
+  fi
+  if [ -n "$u_sha" ] && command -v sha256sum >/dev/null 2>&1 &&
+      [ "$(sha256sum "$u_dir/uv.whl" | cut -d' ' -f1)" != "$u_sha" ]; then
+    echo "ERROR_PREFIX$u_url does not have the sha256 $u_page gives for it" >&2
+    rm -rf "$u_dir"; return 69
+  fi
+  u_member="uv-$u_best.data/scripts/uv"
+  if command -v unzip >/dev/null 2>&1; then
+    unzip -p "$u_dir/uv.whl" "$u_member" >"$u_dir/uv"
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -c 'PYTHON_UNZIP' "$u_dir/uv.whl" "$u_member" >"$u_dir/uv"
+  else
+    zip_member "$u_dir/uv.whl" "$u_member" >"$u_dir/uv"
+  fi && chmod 755 "$u_dir/uv" && "$u_dir/uv" --version >/dev/null || {
+    echo "ERROR_PREFIXcannot unpack $u_member from $u_url on this host" >&2
+    rm -rf "$u_dir"; return 69
+  }
+  mv -f "$u_dir/uv" "$2/bin/uv"
+  rm -rf "$u_dir"
+}
+"""
+
+# For any python3 a host has (no walrus, no f-strings), inside the script's single quotes
+# (so no single quote in them).
+_PYTHON_FETCH = (
+    "import sys, time, urllib.request\n"
+    "for attempt in range(4):\n"
+    "    try:\n"
+    "        with urllib.request.urlopen(sys.argv[1], timeout=30) as answer:\n"
+    '            with open(sys.argv[2], "wb") as out:\n'
+    '                for chunk in iter(lambda: answer.read(1 << 20), b""):\n'
+    "                    out.write(chunk)\n"
+    "        break\n"
+    "    except Exception as error:\n"
+    "        if attempt == 3:\n"
+    '            sys.exit("%s: %s" % (sys.argv[1], error))\n'
+    "        time.sleep(2)"
+)
+_PYTHON_UNZIP = (
+    "import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))"
+)
+
+
+def _install_uv_functions() -> list[str]:
+    text = (
+        _INSTALL_UV.strip("\n")
+        .replace("UV_MINIMUM", UV_MINIMUM)
+        .replace("ERROR_PREFIX", ERROR)
+        .replace("PYTHON_FETCH", _PYTHON_FETCH)
+        .replace("PYTHON_UNZIP", _PYTHON_UNZIP)
+    )
+    return text.split("\n")
+
+
+def _uv_lines(plan: Plan) -> list[str]:
+    """Find uv (the host's, if new enough; the one installed before) or install it."""
+    index = (plan.image.index_url or DEFAULT_INDEX).rstrip("/") + "/"
+    page = shlex.quote(f"{index}uv/")
+    return [
+        *_install_uv_functions(),
+        'uv="$(command -v uv || true)"',
+        'if [ -n "$uv" ] && ! usable_uv "$uv"; then',
+        f'  echo "skyward: not using $uv: older than {UV_MINIMUM}"; uv=""',
+        "fi",
+        'if [ -z "$uv" ]; then',
+        '  exec 8>"$home/tools.lock"',
+        *("  " + line for line in _wait_for_lock(8, "$home/tools.lock")),
+        '  if usable_uv "$home/tools/bin/uv"; then uv="$home/tools/bin/uv"',
+        "  else",
+        f"    uv_page={page}",
+        '    step "install uv into $home/tools/bin from $uv_page"',
+        '    install_uv "$uv_page" "$home/tools"',
+        '    uv="$home/tools/bin/uv"',
+        "  fi",
+        "  exec 8>&-",
+        "fi",
+    ]
+
+
+def _venv_lines(plan: Plan) -> list[str]:
+    """The environment, from the host's Python of the client's version if it has one, else
+    from a uv-managed CPython of that version (kept under the workdir, shared by images)."""
+    q = shlex.quote
+    version, image = plan.python_version, plan.image
+    where = image.python_mirror or "GitHub (python-build-standalone releases, the uv default)"
+    settings = [
+        'UV_PYTHON_INSTALL_DIR="$home/pythons"',
+        "UV_PYTHON_DOWNLOADS=automatic",
+        # A silent mirror costs 30 s a try; uv's defaults would take minutes to give up.
+        "UV_HTTP_TIMEOUT=30",
+        "UV_HTTP_RETRIES=2",
+    ]
+    if image.python_mirror is not None:
+        settings.append(f"UV_PYTHON_INSTALL_MIRROR={q(image.python_mirror)}")
+    if image.python_downloads_json_url is not None:
+        settings.append(f"UV_PYTHON_DOWNLOADS_JSON_URL={q(image.python_downloads_json_url)}")
+    hint = (
+        "set Image(python_mirror=...) to a mirror of python-build-standalone this host can"
+        " reach (and python_downloads_json_url=... for builds of your own)"
+    )
+    return [
+        # --no-project: a pyproject.toml in the login directory must not change the Python.
+        'if [ -n "$python" ]; then',
+        '  run "$uv" venv -q --no-project --python "$python" "$env_dir"',
+        "else",
+        f"  python_source={q(where)}",
+        f'  echo "skyward: no Python {version} on this host (the client runs {version}, and'
+        f" cloudpickle needs the same minor version on both ends): using a uv-managed"
+        f' CPython {version} from $python_source"',
+        f'  step "$uv" venv --no-project --managed-python --python {version} "$env_dir"',
+        f"  env {' '.join(settings)} \\",
+        f'    "$uv" venv -q --no-project --managed-python --python {version} "$env_dir" ||',
+        f'    {{ status=$?; echo "{ERROR}uv could not install CPython {version} from'
+        f" $python_source: {hint}, or install Python {version} on the host (the reason uv"
+        ' gave is above)" >&2; exit $status; }',
+        "fi",
+    ]
 
 
 # How long a bootstrap waits for another one of the same image (or the uv install) on the
@@ -296,21 +505,6 @@ def _wait_for_lock(fd: int, path: str) -> list[str]:
         " exit 75; }",
         "fi",
     ]
-
-
-def _pip_index_options(url: str | None) -> str:
-    if url is None:
-        return ""
-    return f" --index-url {shlex.quote(url)}{_trusted_host(url)}"
-
-
-def _trusted_host(url: str) -> str:
-    # pip refuses plain-http indexes unless told to trust the host; naming an http index in
-    # the image is that decision (uv needs no such flag).
-    parts = urlsplit(url)
-    if parts.scheme == "http" and parts.hostname:
-        return f" --trusted-host {shlex.quote(parts.hostname)}"
-    return ""
 
 
 def _direct_reference(requirement: str) -> bool:
@@ -355,7 +549,7 @@ def _write_wheels(plan: Plan) -> list[str]:
             f"if [ ! -f {target} ]; then",
             f'  mkdir -p "$home"/{wheel.host_dir}',
             f"  step {shlex.quote(f'write {wheel.filename} ({len(wheel.data) // 1024} KiB)')}",
-            f"  \"$python\" -c {shlex.quote(_UNPACK_WHEEL)} {target} <<'SKYWARD_WHEEL'",
+            f"  \"$env_dir/bin/python\" -c {shlex.quote(_UNPACK_WHEEL)} {target} <<'SKYWARD_WHEEL'",
             base64.encodebytes(wheel.data).decode().rstrip("\n"),
             "SKYWARD_WHEEL",
             "fi",
@@ -370,18 +564,6 @@ def _without_url(requirement: str) -> str:
     parsed = Requirement(requirement)
     parsed.url = None
     return str(parsed)
-
-
-def _pip_wheel_argument(wheel: Wheel) -> str:
-    """The requirement for pip, pointing at the wheel's place on the host."""
-    from packaging.requirements import Requirement
-
-    parsed = Requirement(wheel.requirement)
-    extras = f"[{','.join(sorted(parsed.extras))}]" if parsed.extras else ""
-    marker = f"; {parsed.marker}" if parsed.marker else ""
-    head = shlex.quote(f"{parsed.name}{extras} @ file://")
-    tail = shlex.quote(f"/{wheel.host_dir}/{wheel.filename}{marker}")
-    return f'{head}"$home"{tail}'
 
 
 def _toml(value: str) -> str:

@@ -18,7 +18,7 @@ import re
 import shlex
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,11 +202,16 @@ class Connection:
                 [pinned_key.get_name()] if pinned_key is not None else policy.known_types(target)
             )
             options.key_types = _first(known, options.key_types)
+            # A port that accepts but never speaks (sshd still starting behind a listening
+            # socket, a middlebox) must fail this attempt within connect_timeout, as a
+            # refused one does, so that the caller's boot retries apply to it too.
+            transport.banner_timeout = connect_timeout
             try:
                 transport.start_client(timeout=connect_timeout)
+                # start_client returns quietly when its timeout passes mid-handshake.
+                key = transport.get_remote_server_key()
             except (paramiko.SSHException, OSError, EOFError) as exc:
-                raise ProvisionError(f"{target}: SSH handshake failed: {exc}") from exc
-            key = transport.get_remote_server_key()
+                raise ProvisionError(_handshake_failure(target, exc, connect_timeout)) from exc
             if pinned_key is not None and expected_key:
                 if key != pinned_key:
                     raise HostKeyError(
@@ -325,6 +330,17 @@ class Connection:
         self.transport.close()
 
 
+def _handshake_failure(target: Target, exc: BaseException, timeout: float) -> str:
+    text = str(exc)
+    if "banner" in text or "No existing session" in text or "timed out" in text.lower():
+        return (
+            f"{target}: port {target.port} accepted the connection but no SSH server answered "
+            f"within {timeout:g} s (no SSH banner: sshd may still be starting, or something "
+            f"else holds the port)"
+        )
+    return f"{target}: SSH handshake failed: {text}"
+
+
 def parse_public_key(text: str) -> paramiko.PKey:
     """``"ssh-ed25519 AAAA... [comment]"`` as a paramiko key; ``ValueError`` if it is not one."""
     import base64
@@ -409,6 +425,11 @@ def _authenticate(transport: paramiko.Transport, target: Target, key_file: Path 
     )
 
 
+# Written beside a pool key: who it belongs to (see PoolKey.label).
+ABOUT_FILE = "about.json"
+KEY_PREFIX = "skyward-key-"
+
+
 class PoolKey:
     """An ed25519 key made for one pool: mode 0600 in a private directory, deleted on close.
 
@@ -427,7 +448,7 @@ class PoolKey:
             serialization.PrivateFormat.OpenSSH,
             serialization.NoEncryption(),
         )
-        self._directory = Path(tempfile.mkdtemp(prefix="skyward-key-", dir=directory))
+        self._directory = Path(tempfile.mkdtemp(prefix=KEY_PREFIX, dir=directory))
         self.path = self._directory / "id_ed25519"
         try:
             descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -441,6 +462,18 @@ class PoolKey:
             .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
             .decode()
         )
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    def label(self, about: Mapping[str, str]) -> None:
+        """Say whose key this is (provider, region, pool, key pair), in ``about.json`` beside
+        it: ``skyward ls`` lists a key whose client died, ``skyward down`` removes it once
+        the pool's key pair is gone."""
+        import json
+
+        (self._directory / ABOUT_FILE).write_text(json.dumps(dict(about)))
 
     def delete(self) -> None:
         """Idempotent."""

@@ -28,7 +28,7 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from skyward._errors import BootstrapError, HostKeyError, ProvisionError
 from skyward._extras import require
@@ -36,7 +36,7 @@ from skyward._futures import Deadline, parallel
 from skyward._image import Image
 from skyward._phases import Reporter
 from skyward.providers.base import ProvisionRequest
-from skyward.providers.ssh.bootstrap import MARKER, Plan, render, shell_path
+from skyward.providers.ssh.bootstrap import ERROR, MARKER, Plan, render, shell_path
 from skyward.providers.ssh.connection import Connection, HostKeyPolicy, Target, parse_public_key
 from skyward.providers.ssh.transport import SSHTransport
 
@@ -64,7 +64,9 @@ class Access:
     """How to reach and prepare the machines; the same for every machine of a pool.
 
     ``boot_timeout``: how long refused, reset or silent connections are retried, for a
-    machine that is still booting (0 for hosts that are up already).
+    machine that is still booting (0 for hosts that are up already). ``gpus``: how many GPUs
+    each machine must show once prepared (the machine type's count, ``machine_type`` naming
+    it in the error); None: whatever it has.
     """
 
     key_file: Path | None = None
@@ -76,6 +78,8 @@ class Access:
     keepalive: float = 5.0
     link_timeout: float = 20.0
     boot_timeout: float = 0.0
+    gpus: int | None = None
+    machine_type: str = ""
 
     @property
     def policy(self) -> HostKeyPolicy:
@@ -130,7 +134,9 @@ def open_hosts(
             included = upload_includes(
                 connection, plan, request.image, lambda line: reporter.log(rank, line)
             )
-            accelerators = count_gpus(connection)
+            accelerators, seen = list_gpus(connection)
+            if access.gpus is not None and accelerators < access.gpus:
+                raise ProvisionError(missing_gpus(rank, host, access, accelerators, seen))
         except BaseException:
             connection.close()
             raise
@@ -314,6 +320,29 @@ class HostNode:
 # skyward package there, count its GPUs. Each step is cached on the host by hash, so a second
 # pool with the same image and the same skyward costs two quick commands.
 
+
+class Shell(Protocol):
+    """What preparing a host needs of it: run a command, write a file. A ``Connection``;
+    for Slurm, a job step on a compute node (``providers.slurm.steps``)."""
+
+    @property
+    def target(self) -> object: ...  # named in messages
+
+    @property
+    def alive(self) -> bool: ...
+
+    def run(
+        self,
+        command: str,
+        *,
+        on_line: Callable[[str], None] | None = None,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+    ) -> tuple[int, str]: ...
+
+    def upload(self, data: bytes, path: str, *, mode: int = 0o644) -> None: ...
+
+
 _LOG_TAIL_LINES = 30
 _TIMED_OUT = 124  # coreutils' timeout: the command ran past its bound
 
@@ -328,15 +357,18 @@ def runtime_requirements() -> tuple[str, ...]:
     return tuple(f"{name}=={metadata.version(name)}" for name in ("cloudpickle", "pydantic"))
 
 
-def bootstrap(connection: Connection, plan: Plan, on_line: Any) -> None:
+def bootstrap(connection: Shell, plan: Plan, on_line: Any) -> None:
     """Run the image's script on the host, streaming its output; ``BootstrapError`` if it
     fails or outlasts the image's ``bootstrap_timeout``."""
     tail: list[str] = []
     command: list[str] = []
+    reason: list[str] = []  # the script's own "skyward: error: ..." line, if it gave one
 
     def line(text: str) -> None:
         if text.startswith(MARKER):
             command[:] = [text[len(MARKER) :]]
+        elif text.startswith(ERROR):
+            reason[:] = [text[len(ERROR) :]]
         tail.append(text)
         del tail[:-_LOG_TAIL_LINES]
         on_line(text)
@@ -374,8 +406,9 @@ def bootstrap(connection: Connection, plan: Plan, on_line: Any) -> None:
                 exit_status=None,
                 log_tail=log,
             )
+        why = f": {reason[0]}" if reason else ""
         raise BootstrapError(
-            f"{connection.target}: bootstrap failed: `{failed}` exited with {status}\n"
+            f"{connection.target}: bootstrap failed: `{failed}` exited with {status}{why}\n"
             f"--- last lines of its output ---\n{log}",
             command=failed,
             exit_status=status,
@@ -407,14 +440,14 @@ def package_archive() -> tuple[str, bytes]:
         return _package
 
 
-def upload_package(connection: Connection, plan: Plan, on_line: Callable[[str], None]) -> str:
+def upload_package(connection: Shell, plan: Plan, on_line: Callable[[str], None]) -> str:
     """Put this skyward on the host, unless the same one is there; returns its directory."""
     digest, data = package_archive()
     return _upload(connection, plan, "pkg", digest, data, "this skyward", on_line)
 
 
 def upload_includes(
-    connection: Connection, plan: Plan, image: Image, on_line: Callable[[str], None]
+    connection: Shell, plan: Plan, image: Image, on_line: Callable[[str], None]
 ) -> str | None:
     """Put the image's ``includes`` on the host, unless the same files are there; returns
     the directory to put on the workers' path (None: nothing to include)."""
@@ -430,7 +463,7 @@ def upload_includes(
 
 
 def _upload(
-    connection: Connection,
+    connection: Shell,
     plan: Plan,
     kind: str,
     digest: str,
@@ -487,9 +520,34 @@ def _sftp_path(workdir: str) -> str:
     return workdir[2:] if workdir.startswith("~/") else workdir
 
 
-def count_gpus(connection: Connection) -> int:
-    status, output = connection.run("nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true")
-    try:
-        return int(output.strip() or 0) if status == 0 else 0
-    except ValueError:
-        return 0
+# What a node shows of its GPUs: nvidia-smi's list, or (no nvidia-smi) the device files the
+# driver makes. A line "::status N" ends nvidia-smi's output with its exit status.
+_LIST_GPUS = (
+    'if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L 2>&1; echo "::status $?"; '
+    "else echo 'no nvidia-smi on PATH'; ls -d /dev/nvidia[0-9]* 2>/dev/null || true; fi"
+)
+
+
+def list_gpus(connection: Connection) -> tuple[int, str]:
+    """How many GPUs the host shows, and what it showed (for an error that names it)."""
+    _, output = connection.run(_LIST_GPUS)
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    status = next((line for line in lines if line.startswith("::status ")), "::status 0")
+    shown = [line for line in lines if not line.startswith("::status ")]
+    if lines and lines[0] == "no nvidia-smi on PATH":
+        devices = [line for line in shown[1:] if line.startswith("/dev/nvidia")]
+        seen = f"no nvidia-smi, and device files {' '.join(devices) or 'none'}"
+        return len(devices), seen
+    gpus = [line for line in shown if line.startswith("GPU ")]
+    if status != "::status 0":
+        return 0, f"`nvidia-smi -L` failed ({status[2:]}): {' / '.join(shown[-3:]) or 'no output'}"
+    return len(gpus), f"`nvidia-smi -L` listed {len(gpus)}: {' / '.join(gpus) or 'nothing'}"
+
+
+def missing_gpus(rank: int, host: HostTarget, access: Access, found: int, seen: str) -> str:
+    machine = access.machine_type or "machine"
+    return (
+        f"node {rank} ({host.target}): a {machine} has {access.gpus} GPU(s), but this node "
+        f"shows {found} ({seen}). Its driver may not support this GPU, or a GPU is faulty; "
+        f"the pool does not start on it, since a JAX program would run on the CPU instead."
+    )

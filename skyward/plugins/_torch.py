@@ -1,0 +1,217 @@
+"""``sky.plugins.torch()``: PyTorch from its own index on every node, and one
+``torch.distributed`` process group across them.
+
+On the client (``transform``): adds ``torch`` (and ``torchvision`` / ``torchaudio`` when
+asked) from PyTorch's index for the pool's hardware: CUDA wheels for NVIDIA GPUs, CPU wheels
+otherwise. The index is scoped to those packages, as the jax plugin scopes jax's, so it never
+shadows anything else the image installs.
+
+On every worker (``around_app``): the variables torchrun would set (``MASTER_ADDR`` = node 0's
+pool address, ``MASTER_PORT`` = the port node 0 found free when it said Hello, ``WORLD_SIZE``,
+``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), then ``init_process_group`` with ``nccl`` on
+GPUs and ``gloo`` otherwise, bounded by ``init_timeout``; ``destroy_process_group`` when the
+worker leaves. One process group per pool: the coordinator port is node 0's one verified
+port, which the jax plugin also takes, so the two cannot share a pool.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import ipaddress
+import os
+import re
+import socket
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from skyward._errors import PluginError
+from skyward._image import Image, PipIndex
+from skyward._info import InstanceInfo
+from skyward._plugin import Plugin
+
+if TYPE_CHECKING:
+    from skyward.pool.spec import PoolSpec
+
+Backend = Literal["gloo", "nccl", "mpi"]
+INDEX = "https://download.pytorch.org/whl"
+DEFAULT_CUDA = "cu126"  # wheels for CUDA 12.6 run on every driver from 525 on
+PACKAGES = ("torch", "torchvision", "torchaudio")
+_DAY = 24 * 3600
+
+
+class _Options(BaseModel):
+    """The plugin's options, checked when it is made."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, title="sky.plugins.torch")
+
+    backend: Backend | None = None
+    cuda: str | int | None = None
+    version: str | None = Field(default=None, min_length=1)
+    vision: bool = False
+    audio: bool = False
+    index_url: str | None = Field(default=None, min_length=1)
+    init_timeout: int = Field(default=60, ge=1, le=_DAY)
+
+
+def torch(
+    backend: Backend | None = None,
+    *,
+    cuda: str | int | None = None,
+    version: str | None = None,
+    vision: bool = False,
+    audio: bool = False,
+    index_url: str | None = None,
+    init_timeout: int = 60,
+) -> Plugin:
+    """The PyTorch plugin.
+
+    - ``backend``: ``torch.distributed`` backend; default ``nccl`` on NVIDIA pools, ``gloo``
+      otherwise.
+    - ``cuda``: the CUDA build of the wheels on NVIDIA pools (``"cu124"``, ``"12.4"``, ``12``
+      for the default minor); default ``cu126``.
+    - ``version``: pin torch (``"2.6.0"``) or constrain it (``">=2.4"``).
+    - ``vision``, ``audio``: also install ``torchvision`` / ``torchaudio`` from the same index.
+    - ``index_url``: PyTorch's index, or your mirror of it (the ``cpu`` or ``cuXYZ`` path is
+      added); used for torch's own packages only.
+    - ``init_timeout``: seconds ``init_process_group`` may take before the start fails (a rank
+      that never arrives).
+    """
+    options = _Options(
+        backend=backend,
+        cuda=cuda,
+        version=version,
+        vision=vision,
+        audio=audio,
+        index_url=index_url,
+        init_timeout=init_timeout,
+    )
+    build = cuda_build(cuda) if cuda is not None else DEFAULT_CUDA
+
+    def transform(image: Image, spec: PoolSpec) -> Image:
+        names = [plugin.name for plugin in spec.plugins]
+        if "jax" in names:
+            raise PluginError(
+                "torch plugin: a pool runs one distributed runtime, and jax's takes node 0's "
+                "coordinator port too; use plugins=[sky.plugins.torch()] or "
+                "[sky.plugins.jax()], not both"
+            )
+        gpu = spec.accelerator is not None
+        if options.backend == "nccl" and not gpu:
+            raise PluginError(
+                "torch plugin: backend='nccl' needs NVIDIA GPUs; this pool has no accelerator "
+                "(use backend='gloo', or leave it unset)"
+            )
+        wanted = ["torch", *(["torchvision"] if vision else []), *(["torchaudio"] if audio else [])]
+        pin = _pin(version)
+        url = f"{(index_url or INDEX).rstrip('/')}/{build if gpu else 'cpu'}"
+        requirements = [f"torch{pin}", *wanted[1:]]
+        return image.with_pip(*requirements, indexes=(PipIndex(url=url, packages=tuple(wanted)),))
+
+    @contextmanager
+    def around_app(info: InstanceInfo) -> Iterator[None]:
+        with process_group(info, backend=options.backend, init_timeout=options.init_timeout):
+            yield
+
+    return Plugin(name="torch", transform=transform, around_app=around_app, gang=True)
+
+
+def cuda_build(cuda: str | int) -> str:
+    """PyTorch's wheel tag for a CUDA version: ``12`` -> ``cu126``, ``"12.4"`` / ``"cu124"``
+    -> ``cu124``."""
+    text = str(cuda).strip().lower()
+    match = re.fullmatch(r"(?:cu|cuda)?(\d{2})(?:\.?(\d))?", text)
+    if not match:
+        raise PluginError(
+            f"torch plugin: cuda={cuda!r} is not a CUDA version; write it as 12, '12.4' or "
+            f"'cu124' (PyTorch's wheel tags)"
+        )
+    major, minor = match.group(1), match.group(2)
+    if minor is None:
+        return DEFAULT_CUDA if major == DEFAULT_CUDA[2:4] else f"cu{major}0"
+    return f"cu{major}{minor}"
+
+
+def _pin(version: str | None) -> str:
+    if not version:
+        return ""
+    return version if version.lstrip()[:1] in "<>=!~" else f"=={version}"
+
+
+@contextmanager
+def process_group(
+    info: InstanceInfo, *, backend: Backend | None, init_timeout: int
+) -> Iterator[None]:
+    """A ``torch.distributed`` process group over the pool for the life of the block.
+
+    Idempotent: a group something else made in this process is left as it is, and not
+    destroyed here either. On one node it is a group of one, so code that calls
+    ``all_reduce`` runs unchanged on 1 and on N nodes.
+    """
+    env = {
+        "MASTER_ADDR": info.head_addr,
+        "MASTER_PORT": str(info.head_port),
+        "WORLD_SIZE": str(info.total_nodes),
+        "RANK": str(info.node),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
+    os.environ.update(env)
+    import torch as torch_module
+    import torch.distributed as dist
+
+    chosen = backend or ("nccl" if torch_module.cuda.is_available() else "gloo")
+    if chosen == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = interface_of(info.peers[info.node])
+        if interface is not None and len(set(info.peers)) > 1:
+            # gloo otherwise binds what the hostname resolves to: 127.0.1.1 on stock Debian
+            # and Ubuntu hosts, which the other ranks cannot reach.
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+    if dist.is_initialized():
+        yield
+        return
+    host = f"[{info.head_addr}]" if ":" in info.head_addr else info.head_addr
+    try:
+        dist.init_process_group(
+            backend=chosen,
+            init_method=f"tcp://{host}:{info.head_port}",
+            rank=info.node,
+            world_size=info.total_nodes,
+            timeout=datetime.timedelta(seconds=init_timeout),
+        )
+    except Exception as exc:
+        role = "start the process group" if info.node == 0 else "join the process group"
+        raise PluginError(
+            f"torch plugin: node {info.node} could not {role} at "
+            f"{info.head_addr}:{info.head_port} within {init_timeout} s ({chosen}): {exc}"
+        ) from exc
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this host's network interface that holds ``address`` (IPv4), if any."""
+    try:
+        wanted = ipaddress.ip_address(socket.gethostbyname(address))
+    except (OSError, ValueError):
+        return None
+    if wanted.version != 4:
+        return None
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                answer = fcntl.ioctl(probe.fileno(), siocgifaddr, request)
+            except OSError:
+                continue  # no IPv4 address on this interface
+            if ipaddress.ip_address(socket.inet_ntoa(answer[20:24])) == wanted:
+                return name
+    return None

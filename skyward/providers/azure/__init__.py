@@ -1,0 +1,611 @@
+"""``Azure(...)``: nodes are Azure VMs in a resource group the pool creates and always deletes.
+
+::
+
+    check       (when the pool is built) subscription and location given, sizes from the
+                catalog (vcpus=/memory_gb=/accelerator), allocation= against spot=, an
+                on-demand price above max_hourly_cost: refused before anything exists
+    provision   before creating anything: a token (credentials), Azure's SKU list for each
+                location (sizes it does not offer or restricts are left out, a vm_size is
+                described) → the offers in order (``capacity.plan``; locations play the
+                part of zones), within max_hourly_cost → the choice, where, $/h reported;
+                then the pool's resource group → per location tried: network, NSG, managed
+                identity → every node's VM at once; no room (SkuNotAvailable,
+                AllocationFailed, a spot request refused) deletes that attempt's VMs and
+                tries the next (``capacity.launch_first``) → reach each VM over SSH with the
+                host key we made pinned (``ssh/hosts``)
+    terminate   close the nodes → delete the resource group and wait
+    inventory   resource groups tagged skyward-pool in the subscription (``skyward ls``/``down``)
+
+The SDKs are imported only when a pool uses Azure; the calls and their error messages live
+in ``api``, the resources in ``resources``, the idle watchdog's last step in ``watchdog``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from skyward._errors import HostKeyError, ProvisionError
+from skyward._extras import check
+from skyward._phases import Reporter
+from skyward.providers import capacity, catalog
+from skyward.providers.azure import resources as arm
+from skyward.providers.azure.allocation import AzureAllocation, power_state
+from skyward.providers.azure.api import CAPACITY, PUBLIC_CLOUD, Api, failure_code
+from skyward.providers.azure.inventory import AzureInventory
+from skyward.providers.azure.watchdog import RELEASE_PATH, release_script
+from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.capacity import CapacityError, Offer, Refusal, Strategy
+from skyward.providers.catalog import Machine
+from skyward.providers.cloud import (
+    DEFAULT_IP_LOOKUP,
+    HostKey,
+    WatchedDeadline,
+    client_cidr,
+    first_client_bound,
+    key_label,
+    open_or_destroy,
+    user_data,
+)
+from skyward.providers.ssh.connection import PoolKey
+from skyward.providers.ssh.hosts import Access, HostNode, open_hosts
+
+# Microsoft's Ubuntu HPC image (NVIDIA driver, CUDA, NCCL, InfiniBand) for GPU sizes;
+# Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init at boot.
+GPU_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
+CPU_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"
+_MAX_SECONDS = 7 * 24 * 3600.0
+_QUOTA_CODES = ("OperationNotAllowed", "QuotaExceeded")
+_WATCH_POLL = 2.0  # seconds between looks at the VMs while they are reached
+# Public regions, for "did you mean" when Azure lists no sizes in a location.
+# fmt: off
+_LOCATIONS = (
+    "eastus", "eastus2", "westus", "westus2", "westus3", "centralus", "northcentralus",
+    "southcentralus", "westcentralus", "canadacentral", "canadaeast", "brazilsouth",
+    "northeurope", "westeurope", "uksouth", "ukwest", "francecentral", "germanywestcentral",
+    "norwayeast", "swedencentral", "switzerlandnorth", "polandcentral", "italynorth",
+    "spaincentral", "uaenorth", "qatarcentral", "israelcentral", "southafricanorth",
+    "centralindia", "southindia", "westindia", "japaneast", "japanwest", "koreacentral",
+    "koreasouth", "eastasia", "southeastasia", "australiaeast", "australiasoutheast",
+    "australiacentral",
+)
+# fmt: on
+
+
+class Azure(BaseModel):
+    """Run the pool's nodes on Azure VMs made for it, in a resource group of its own.
+
+    - ``subscription_id``: by default ``AZURE_SUBSCRIPTION_ID``.
+    - ``location``: a location, or several in order of preference (failover); by default
+      ``AZURE_DEFAULTS_LOCATION`` (the Azure CLI's default location).
+    - ``vm_size``: wins over the pool's ``accelerator``, which otherwise picks it from the
+      catalog (``"A100"`` is a Standard_NC24ads_A100_v4, 1 GPU; ``"A100:8"`` an ND96asr_v4).
+    - ``image``: ``publisher:offer:sku:version`` or an image's resource id; by default
+      Ubuntu HPC (NVIDIA driver) for GPU sizes, Ubuntu 24.04 for CPU ones.
+    - ``spot``, ``max_price``: spot VMs (evicted means deleted); a spot VM costs at most
+      ``max_price`` USD an hour (default: up to the on-demand price).
+    - ``connect``: reach the nodes at their ``"public"`` or ``"private"`` address.
+    - ``ssh_cidr``: who may reach the SSH port; ``"auto"``: this machine's public address
+      (asked of ``ip_lookup_url``), or with ``connect="private"`` the pool's address space.
+    - ``address_space``: the pool's virtual network; its first /24 is the nodes' subnet.
+    - ``username``, ``disk_gb``: the login user Azure creates, the OS disk.
+    - ``idle_timeout``: a node with no SSH client for this long deletes itself (the
+      watchdog, through the pool's managed identity: ``self_delete``). ``self_delete=False``
+      makes no identity and gives it no role; the watchdog then only powers the VM off,
+      which Azure *keeps billing* until ``skyward down``.
+    - ``boot_timeout``: how long SSH is retried while a VM boots. ``release_timeout``: how
+      long teardown waits for the resource group to go.
+    - ``credential``: an ``azure.core.credentials.TokenCredential``; by default
+      ``DefaultAzureCredential`` (environment, managed identity, ``az login``...).
+    - ``base_url``, ``connection_verify``, ``poll_interval``: the ARM endpoint (a sovereign
+      cloud, Azure Stack Hub), a CA bundle to trust for it (also given to the VMs, for the
+      watchdog), and seconds between polls of a long-running operation.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    subscription_id: str | None = Field(default=None, pattern=r"^[0-9a-fA-F-]{36}$")
+    location: str | tuple[str, ...] | None = None
+    vm_size: str | None = Field(default=None, pattern=r"^[A-Za-z][A-Za-z0-9_]+$")
+    image: str | None = None
+    spot: bool = False
+    max_price: float | None = Field(default=None, gt=0)
+    connect: Literal["public", "private"] = "public"
+    ssh_cidr: str = "auto"
+    address_space: str = "10.77.0.0/16"
+    username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    disk_gb: int = Field(default=100, ge=30, le=4095)
+    idle_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
+    boot_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
+    release_timeout: float = Field(default=1200.0, gt=0, le=_MAX_SECONDS)
+    self_delete: bool = True
+    ip_lookup_url: str = DEFAULT_IP_LOOKUP
+    base_url: str | None = Field(default=None, pattern=r"^https://")
+    connection_verify: str | None = None
+    poll_interval: float = Field(default=5.0, ge=0, le=300)
+    credential: Any = Field(default=None, exclude=True, repr=False)
+    python: str | None = Field(default=None, min_length=1)
+    workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
+
+    @field_validator("location")
+    @classmethod
+    def _locations(cls, value: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+        names = [value] if isinstance(value, str) else list(value or [])
+        for name in names:
+            if not name or not name.replace(" ", "").isalnum():
+                raise ValueError(f"location {name!r}: give a name such as 'eastus'")
+        if isinstance(value, tuple) and not value:
+            raise ValueError("give at least one location")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None:
+            arm.ImageRef.parse(value)
+        return value
+
+    @field_validator("ssh_cidr", "address_space")
+    @classmethod
+    def _network(cls, value: str) -> str:
+        if value == "auto":
+            return value
+        try:
+            return str(ipaddress.ip_network(value, strict=False))
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not a network such as '203.0.113.7/32'") from exc
+
+    @field_validator("username")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        if value in ("root", "admin", "administrator", "user", "test", "guest", "owner"):
+            raise ValueError(f"Azure refuses {value!r} as an admin user name")
+        return value
+
+    @field_validator("credential")
+    @classmethod
+    def _credential(cls, value: Any) -> Any:
+        if value is not None and not callable(getattr(value, "get_token", None)):
+            raise ValueError("credential must be a TokenCredential (it has no get_token)")
+        return value
+
+    @property
+    def kind(self) -> str:
+        return "azure"
+
+    @property
+    def locations(self) -> list[str]:
+        """The locations to try, in order (``ValueError`` if none is given or set)."""
+        value = self.location or os.environ.get("AZURE_DEFAULTS_LOCATION")
+        if not value:
+            raise ValueError(
+                "no Azure location: pass sky.Azure(location='eastus') (or several, in order "
+                "of preference), or set AZURE_DEFAULTS_LOCATION"
+            )
+        names = [value] if isinstance(value, str) else list(value)
+        return [n.replace(" ", "").lower() for n in names]
+
+    @property
+    def subscription(self) -> str:
+        found = self.subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
+        if not found:
+            raise ProvisionError(
+                "no Azure subscription: pass sky.Azure(subscription_id='...') or set "
+                "AZURE_SUBSCRIPTION_ID (`az account show --query id -o tsv` prints yours)"
+            )
+        return found
+
+    def strategy(self, request: ProvisionRequest) -> Strategy:
+        """The pool's ``allocation=``, or this provider's default (``spot``'s)."""
+        if request.allocation is None:
+            return "spot" if self.spot else "on-demand"
+        if request.allocation not in capacity.STRATEGIES:
+            raise ValueError(f"unknown allocation {request.allocation!r}")
+        if self.spot and request.allocation == "on-demand":
+            raise ValueError(
+                "sky.Azure(spot=True) contradicts allocation='on-demand'; give one of them"
+            )
+        return request.allocation
+
+    def machines_for(self, request: ProvisionRequest) -> list[Machine]:
+        """The catalog's machines for the request, in the order to try them (the choice
+        first, then what a capacity failover may move to); empty when ``vm_size`` names a
+        size the catalog lacks (Azure's SKU list describes it at provision). ``ValueError``
+        for a request no size satisfies, or a ``vm_size`` it contradicts."""
+        sizes = {"vcpus": request.vcpus, "memory_gb": request.memory_gb}
+        region = self.locations[0]
+        if self.vm_size is not None:
+            known = catalog.find("azure", self.vm_size)
+            if known is not None:
+                catalog.refuse_contradiction(known, given="vm_size", **sizes)
+            return [known] if known is not None else []
+        if self.strategy(request) == "cheapest":
+            return catalog.matching("azure", request.accelerator, region=region, **sizes)
+        first = catalog.choose("azure", request.accelerator, region=region, **sizes)
+        return [first, *catalog.alternatives(first, request.accelerator, region=region, **sizes)]
+
+    def check(self, request: ProvisionRequest) -> None:
+        """Called when the pool is built, before anything is touched."""
+        for module in ("azure.identity", "azure.mgmt.compute", "azure.mgmt.network"):
+            check(module, feature="sky.Azure")
+        check("azure.mgmt.resource", feature="sky.Azure")
+        check("paramiko", feature="sky.Azure")
+        _ = self.subscription
+        machines = self.machines_for(request)
+        if self.max_price is not None and self.strategy(request) in ("on-demand", "cheapest"):
+            raise ValueError(
+                "max_price is for spot VMs; this pool asks for none (give spot=True or "
+                "allocation='spot' / 'spot-if-available')"
+            )
+        if self.connection_verify is not None and not Path(self.connection_verify).exists():
+            raise ValueError(f"connection_verify: no CA bundle at {self.connection_verify}")
+        if self.strategy(request) == "on-demand" and request.max_hourly_cost is not None:
+            # The catalog's list prices need no network: a pool above the limit is refused
+            # now (unknown prices are, at provision, still before anything is created).
+            offers = [
+                Offer(m, location, "on-demand", price)
+                for location in self.locations
+                for m in machines
+                if (price := _list_price(m.type, location)) is not None
+            ]
+            if offers:
+                capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+
+    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
+        self.check(request)
+        api = self.api()
+        deadline = request.deadline
+        # ── before anything exists: the credential, what, where, at what price ──
+        deadline.check("checking the Azure credential")
+        api.sign_in()
+        deadline.check("listing the VM sizes Azure offers")
+        skus = {location: self._skus(api, location) for location in self.locations}
+        machines = self._machines(request, skus)
+        offers = self._offers(request, machines, skus, reporter)
+        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        _announce(offers, request.nodes, reporter)
+        allocation = AzureAllocation(
+            api,
+            request,
+            connect=self.connect,
+            username=self.username,
+            release_timeout=self.release_timeout,
+        )
+        return open_or_destroy(allocation, lambda made: self._build(made, offers, skus, reporter))
+
+    def api(self) -> Api:
+        return Api.connect(
+            subscription=self.subscription,
+            credential=self.credential,
+            base_url=self.base_url,
+            connection_verify=self.connection_verify,
+            polling_interval=self.poll_interval,
+        )
+
+    def inventory(self) -> Inventory | None:
+        return AzureInventory(
+            subscription=self.subscription,
+            credential=self.credential,
+            base_url=self.base_url,
+            connection_verify=self.connection_verify,
+            release_timeout=self.release_timeout,
+        )
+
+    # ── before anything is made ────────────────────────────────────────────────────────
+
+    def _skus(self, api: Api, location: str) -> dict[str, dict[str, str]]:
+        """The VM sizes Azure offers this subscription in ``location``: lower-cased name ->
+        capabilities, plus ``restricted`` (why) when it may not be used there."""
+        listed = api.call(
+            lambda: list(api.compute.resource_skus.list(filter=f"location eq '{location}'")),
+            f"listing the VM sizes of {location}",
+        )
+        found: dict[str, dict[str, str]] = {}
+        for sku in listed:
+            if str(sku.resource_type).lower() != "virtualmachines":
+                continue
+            capabilities = {str(c.name): str(c.value) for c in sku.capabilities or []}
+            for restriction in sku.restrictions or []:
+                # Zonal restrictions leave regional VMs alone. (The SDK gives enums here.)
+                if str(getattr(restriction.type, "value", restriction.type)) == "Location":
+                    reason = getattr(restriction.reason_code, "value", restriction.reason_code)
+                    capabilities["restricted"] = str(reason)
+            found[str(sku.name).lower()] = capabilities
+        if not found:
+            near = difflib.get_close_matches(location, _LOCATIONS, n=3)
+            hint = f" Did you mean {' or '.join(near)}?" if near else ""
+            raise ProvisionError(
+                f"Azure lists no VM sizes in location {location!r} for this subscription.{hint}"
+            )
+        return found
+
+    def _machines(
+        self, request: ProvisionRequest, skus: Mapping[str, Mapping[str, Mapping[str, str]]]
+    ) -> list[Machine]:
+        """The machines to try; a ``vm_size`` the catalog lacks is described from Azure's SKU
+        list (a typo is an error before anything exists)."""
+        machines = self.machines_for(request)
+        if machines or self.vm_size is None:
+            return machines
+        found = next(
+            (s[self.vm_size.lower()] for s in skus.values() if self.vm_size.lower() in s), None
+        )
+        if found is None:
+            raise ProvisionError(
+                f"vm_size={self.vm_size!r}: Azure lists no such size in "
+                f"{', '.join(self.locations)} for this subscription"
+            )
+        gpus = int(found.get("GPUs", "0") or 0)
+        machine = Machine(
+            cloud="azure",
+            type=self.vm_size,
+            accelerator="GPU" if gpus else None,
+            count=gpus,
+            memory_gb=0,
+            vcpus=int(float(found.get("vCPUs", "0"))),
+            ram_gb=float(found.get("MemoryGB", "0")),
+        )
+        catalog.refuse_contradiction(
+            machine, vcpus=request.vcpus, memory_gb=request.memory_gb, given="vm_size"
+        )
+        return [machine]
+
+    def _offers(
+        self,
+        request: ProvisionRequest,
+        machines: Sequence[Machine],
+        skus: Mapping[str, Mapping[str, Mapping[str, str]]],
+        reporter: Reporter,
+    ) -> list[Offer]:
+        """Every (size, location, market) to try, in the strategy's order (``capacity.plan``;
+        Azure's locations play the part of zones). Sizes Azure does not offer or restricts
+        somewhere, and spot where a size has none, are left out, and said."""
+        zones: dict[str, list[str]] = {}
+        left_out: list[str] = []
+        for machine in machines:
+            zones[machine.type] = []
+            for location in self.locations:
+                sku = skus[location].get(machine.type.lower())
+                if sku is None:
+                    left_out.append(f"{machine.type} in {location}: not offered there")
+                elif "restricted" in sku:
+                    left_out.append(
+                        f"{machine.type} in {location}: restricted for this subscription "
+                        f"({sku['restricted']})"
+                    )
+                else:
+                    zones[machine.type].append(location)
+
+        def price(machine: Machine, location: str, market: capacity.Market) -> float | None:
+            on_demand = _list_price(machine.type, location)
+            if market == "on-demand":
+                return on_demand
+            # No spot price lookup: the cap is its ceiling, else the on-demand price (Azure's
+            # own default maximum for a spot VM).
+            return self.max_price if self.max_price is not None else on_demand
+
+        offers = []
+        for offer in capacity.plan(machines, zones, strategy=self.strategy(request), price=price):
+            sku = skus[offer.zone][offer.machine.type.lower()]
+            if offer.market == "spot" and sku.get("LowPriorityCapable") == "False":
+                left_out.append(f"{offer.machine.type} in {offer.zone}: no spot VMs of this size")
+                continue
+            offers.append(offer)
+        for line in left_out:
+            reporter.status(line)
+        if not offers:
+            raise ProvisionError(
+                f"no VM size of the pool can be had in {', '.join(self.locations)}: "
+                + "; ".join(left_out)
+            )
+        return offers
+
+    # ── the steps ──────────────────────────────────────────────────────────────────────
+
+    def _build(
+        self,
+        made: AzureAllocation,
+        offers: list[Offer],
+        skus: Mapping[str, Mapping[str, Mapping[str, str]]],
+        reporter: Reporter,
+    ) -> None:
+        request, api, deadline = made.request, made.api, made.request.deadline
+        first = offers[0]
+        key = PoolKey()
+        made.adopt_pool_key(key)
+        group = arm.group_name(request.pool)
+        # For skyward ls / down: on Azure the resource group plays the key pair's part.
+        key.label(key_label("azure", first.zone, request.pool, group, self.base_url or ""))
+        host_key = HostKey.generate()
+        made.host_key = host_key.public
+        made.access = Access(
+            key_file=key.path,
+            python=self.python,
+            workdir=self.workdir,
+            boot_timeout=self.boot_timeout,
+        )
+        made.adopt_group(group)  # before the call: an answer lost in flight still counts
+        deadline.check(f"creating resource group {group}")
+        arm.create_group(api, group, first.zone, request.tags)
+        reporter.status(f"resource group {group} in {first.zone}")
+        cidrs = self._ssh_cidrs()
+        names = [f"node-{rank}" for rank in range(request.nodes)]
+        sites: dict[str, arm.Site] = {}
+
+        def launch(offer: Offer) -> arm.VmSpec:
+            location = offer.zone
+            if location not in sites:
+                deadline.check(f"making the network in {location}")
+                sites[location] = arm.make_site(
+                    api,
+                    group,
+                    location,
+                    address_space=self.address_space,
+                    ssh_cidrs=cidrs,
+                    identity=self.self_delete,
+                    tags=request.tags,
+                    deadline=deadline,
+                )
+                reporter.status(f"network in {location}: SSH from {', '.join(cidrs)} only")
+            site = sites[location]
+            sku = skus[location][offer.machine.type.lower()]
+            spec = self._spec(offer, sku, site, key, host_key, request)
+            made.adopt_vms(site, spec, names)
+            for rank in range(request.nodes):
+                reporter.phase(rank, "provisioning", offer.where)
+            try:
+                arm.create_vms(api, group, site, spec, names, deadline)
+            except ProvisionError as exc:
+                refusal = _refusal(exc, offer)
+                if refusal is None:
+                    raise  # a quota, a permission: the group's deletion cleans up
+                arm.delete_vms(api, group, names, deadline)  # nothing of this attempt stays
+                raise CapacityError(str(exc), refusal=refusal) from exc
+            return spec
+
+        offer, _ = capacity.launch_first(
+            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
+        )
+        made.hourly_cost = offer.pool_hourly(request.nodes)
+        made.describe = f"{request.nodes} x {offer.machine.type} {offer.market} in {offer.zone}"
+        made.nodes = list(self._open(made, names, reporter))
+
+    def _spec(
+        self,
+        offer: Offer,
+        sku: Mapping[str, str],
+        site: arm.Site,
+        key: PoolKey,
+        host_key: HostKey,
+        request: ProvisionRequest,
+    ) -> arm.VmSpec:
+        gpu = offer.machine.count > 0 or request.accelerator is not None
+        files = []
+        action = None
+        if site.identity_client_id is not None:
+            ca = Path(self.connection_verify).read_text() if self.connection_verify else None
+            script = release_script(
+                base_url=self.base_url or PUBLIC_CLOUD,
+                client_id=site.identity_client_id,
+                ca_pem=ca,
+            )
+            files.append({"path": RELEASE_PATH, "permissions": "0755", "content": script})
+            action = RELEASE_PATH
+        return arm.VmSpec(
+            size=offer.machine.type,
+            spot=offer.market == "spot",
+            max_price=self.max_price,
+            image=arm.ImageRef.parse(self.image or (GPU_IMAGE if gpu else CPU_IMAGE)),
+            disk_gb=self.disk_gb,
+            disk_type="Premium_LRS" if sku.get("PremiumIO") == "True" else "StandardSSD_LRS",
+            username=self.username,
+            public_key=key.public,
+            user_data=user_data(
+                host_key=host_key,
+                authorized_key=key.public,
+                idle_timeout=self.idle_timeout,
+                # A machine waits for its first client as long as the client waits for it
+                # (and a margin), not idle_timeout: a client killed mid-start costs minutes.
+                first_client_timeout=first_client_bound(self.boot_timeout),
+                idle_action=action,
+                files=files,
+            ),
+            public_ip=self.connect == "public",
+            accelerated_networking=sku.get("AcceleratedNetworkingEnabled") == "True",
+            tags=request.tags,
+        )
+
+    def _ssh_cidrs(self) -> list[str]:
+        if self.ssh_cidr == "auto" and self.connect == "private":
+            return [self.address_space]
+        return [client_cidr(self.ssh_cidr, lookup_url=self.ip_lookup_url)]
+
+    def _open(
+        self, made: AzureAllocation, names: Sequence[str], reporter: Reporter
+    ) -> list[HostNode]:
+        """Reach every VM over SSH and prepare it: the shared remote-host layer."""
+        assert made.access is not None and made.group is not None
+        targets = [made.target(name) for name in names]
+        # A VM that ends while it is being reached (a spot eviction, its watchdog) fails the
+        # start at once, with Azure's reason, rather than after boot_timeout.
+        deadline = WatchedDeadline(made.request.deadline)
+        stop = threading.Event()
+        threading.Thread(
+            target=_watch_vms,
+            args=(made, list(names), deadline, stop),
+            name="skyward-azure-watch",
+            daemon=True,
+        ).start()
+        try:
+            request = dataclasses.replace(made.request, deadline=deadline)
+            return open_hosts(targets, made.access, request, reporter)
+        except (ProvisionError, TimeoutError) as exc:
+            if deadline.failure is None and not isinstance(exc, HostKeyError):
+                exc.add_note(
+                    f"The VMs are running, but SSH did not answer from here: check that this "
+                    f"machine's address is inside the SSH range (ssh_cidr={self.ssh_cidr!r}) "
+                    f"and that their {self.connect} addresses are reachable from this network."
+                )
+            raise
+        finally:
+            stop.set()
+
+
+def _list_price(size: str, location: str) -> float | None:
+    """The on-demand list price of ``size`` in ``location``, else in the catalog's reference
+    location (an estimate: Azure's prices differ a little between locations)."""
+    return catalog.price("azure", size, location) or catalog.price("azure", size)
+
+
+def _refusal(exc: ProvisionError, offer: Offer) -> Refusal | None:
+    """How a failed create counts for the failover: no room for the size there now, or a
+    spot request refused (no spot capacity, the cap below the price, the spot quota); None
+    for what another place would not change (an on-demand quota, a permission)."""
+    code = failure_code(exc)
+    if offer.market == "spot" and (code in CAPACITY or code in _QUOTA_CODES):
+        return "spot"
+    if code in CAPACITY:
+        return "capacity"
+    return None
+
+
+def _announce(offers: Sequence[Offer], nodes: int, reporter: Reporter) -> None:
+    """The choice, where and the price, before anything is created."""
+    first = offers[0]
+    others = sorted({o.where for o in offers[1:]})
+    fallback = f"; then {len(others)} other place(s) if it has no capacity" if others else ""
+    reporter.status(
+        f"{nodes} x {first.machine.describe()} {first.market} in {first.zone}: "
+        f"{capacity.estimate(offers, nodes)}{fallback}"
+    )
+    for rank in range(nodes):
+        reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")
+
+
+def _watch_vms(
+    made: AzureAllocation, names: list[str], deadline: WatchedDeadline, stop: threading.Event
+) -> None:
+    """Fail ``deadline`` as soon as one of the VMs is gone or stopped (until ``stop``)."""
+    assert made.group is not None
+    while not stop.wait(_WATCH_POLL):
+        for name in names:
+            try:
+                view = made.api.compute.virtual_machines.instance_view(made.group, name)
+            except Exception as exc:
+                if failure_code(exc) in ("ResourceNotFound", "NotFound"):
+                    deadline.fail(made.loss_reason(names.index(name)) or f"VM {name} is gone")
+                    return
+                continue  # a hint only; the connections' own bounds still hold
+            power = power_state(view)
+            if power in ("deallocated", "deallocating", "stopped", "stopping"):
+                deadline.fail(f"VM {name} is {power}")
+                return

@@ -1,0 +1,174 @@
+"""What Skyward left in one Azure subscription, by tag, and its removal (``skyward ls`` /
+``down``).
+
+Every pool lives in its own resource group tagged ``skyward-pool``; that tag alone finds it,
+whoever made it and whether or not its client still runs. ``ls`` shows each group and the VMs
+in it (with their list price while they hold compute); ``down`` deletes the groups, which
+takes everything in them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from skyward._errors import ProvisionError
+from skyward._futures import parallel
+from skyward._phases import Reporter
+from skyward.providers import catalog
+from skyward.providers.azure import resources as arm
+from skyward.providers.azure.allocation import power_state
+from skyward.providers.azure.api import Api
+from skyward.providers.base import TAG_CREATED, TAG_OWNER, TAG_POOL, Leftover
+
+# VM power states that hold (and bill) compute.
+_BILLED = {"running", "starting", "stopping", "stopped", None}
+
+
+class AzureInventory:
+    """Leftovers in one subscription, reached with an ``Azure`` configuration's credential
+    and endpoint (handed over as values: the configuration's module builds this one)."""
+
+    def __init__(
+        self,
+        *,
+        subscription: str,
+        credential: Any,
+        base_url: str | None,
+        connection_verify: str | None,
+        release_timeout: float,
+    ) -> None:
+        self._settings: dict[str, Any] = {
+            "subscription": subscription,
+            "credential": credential,
+            "base_url": base_url,
+            "connection_verify": connection_verify,
+            "polling_interval": 5.0,
+        }
+        self.subscription = subscription
+        self._release_timeout = release_timeout
+        self._api: Api | None = None
+
+    @property
+    def api(self) -> Api:
+        if self._api is None:
+            self._api = Api.connect(**self._settings)
+        return self._api
+
+    def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
+        api = self.api
+        wanted = f"tagName eq '{TAG_POOL}'"
+        if pool is not None:
+            wanted += f" and tagValue eq '{pool.replace(chr(39), chr(39) * 2)}'"
+        groups = api.call(
+            lambda: list(api.resource.resource_groups.list(filter=wanted)),
+            f"listing resource groups in subscription {self.subscription}",
+        )
+        found: list[Leftover] = []
+        for group in groups:
+            tags = dict(group.tags or {})
+            state = str(getattr(group.properties, "provisioning_state", "") or "exists")
+            found.append(self._leftover("resource group", group.name, tags, state, group.location))
+            # The VMs carry the prices (the group itself costs nothing).
+            found.extend([] if state == "Deleting" else self._vms(group.name, tags))
+        return found
+
+    def delete(self, leftovers: Sequence[Leftover], reporter: Reporter) -> None:
+        # Deleting a group takes its VMs and everything else in it.
+        groups = sorted(
+            {x.id for x in leftovers if x.provider == "azure" and x.kind == "resource group"}
+        )
+        if not groups:
+            return
+        reporter.status(
+            f"deleting {len(groups)} resource group(s) in subscription {self.subscription}"
+        )
+        results = parallel(
+            lambda name: arm.delete_group(self.api, name, timeout=self._release_timeout), groups
+        )
+        left = [
+            f"resource group {g} ({why})" for g, why in zip(groups, results, strict=True) if why
+        ]
+        if left:
+            raise ProvisionError(f"could not delete {', '.join(left)}")
+
+    def _vms(self, group: str, tags: dict[str, str]) -> list[Leftover]:
+        api = self.api
+        listed = api.call(
+            lambda: list(api.compute.virtual_machines.list(group, expand="instanceView")),
+            f"listing the VMs of {group}",
+        )
+        found = []
+        for vm in listed:
+            power = power_state(getattr(vm, "instance_view", None))
+            size = str(vm.hardware_profile.vm_size)
+            spot = str(getattr(vm, "priority", "") or "").lower() == "spot"
+            price = None if spot else catalog.price("azure", size)
+            hourly = price if power in _BILLED else 0.0
+            vm_tags = {**tags, **(vm.tags or {})}
+            found.append(
+                self._leftover("vm", str(vm.name), vm_tags, power or "?", str(vm.location), hourly)
+            )
+        return found
+
+    def _leftover(
+        self,
+        kind: str,
+        id: str,
+        tags: dict[str, str],
+        state: str,
+        location: str,
+        hourly: float | None = None,
+    ) -> Leftover:
+        return Leftover(
+            provider="azure",
+            kind=kind,
+            id=id,
+            pool=tags.get(TAG_POOL, ""),
+            owner=tags.get(TAG_OWNER, ""),
+            created=_parse_time(tags.get(TAG_CREATED)),
+            state=state,
+            region=location,
+            hourly_cost=hourly,
+        )
+
+
+def inventories(
+    subscriptions: Sequence[str], base_url: str | None
+) -> tuple[list[tuple[str, AzureInventory]], str | None]:
+    """(where, inventory) for ``skyward ls`` / ``down``: each subscription named, else
+    ``AZURE_SUBSCRIPTION_ID``'s; and a line saying why none is looked at, when the SDKs are
+    not installed or no subscription is known."""
+    import importlib.util
+    import os
+
+    asked = list(subscriptions) or [s for s in [os.environ.get("AZURE_SUBSCRIPTION_ID")] if s]
+    if importlib.util.find_spec("azure.mgmt.compute") is None:
+        note = "azure: not checked; install it with: pip install 'skyward[azure]'"
+        return [], note if asked else None
+    if not asked:
+        return [], "azure: not checked; set AZURE_SUBSCRIPTION_ID or pass --subscription"
+    found = [
+        (
+            f"azure {subscription}",
+            AzureInventory(
+                subscription=subscription,
+                credential=None,
+                base_url=base_url,
+                connection_verify=None,
+                release_timeout=1200.0,
+            ),
+        )
+        for subscription in asked
+    ]
+    return found, None
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None

@@ -1,0 +1,329 @@
+"""``GCP(...)``: nodes are Compute Engine instances that the pool creates and always destroys.
+
+::
+
+    provision   the machine types (catalog, ``allocation=``) and the zones of the region
+                that offer each, the offers and their price (``capacity``) → the image (a
+                family, resolved once) → the pool's SSH key and host key → two firewall
+                rules for the pool's network tag (SSH from the client; everything within the
+                pool) → an instance per node, inserted in parallel, in the first place with
+                capacity (``capacity.launch_first``) → wait RUNNING → reach each over SSH
+                with the host key pinned (``reaching``: bootstrap, upload skyward, workers)
+    terminate   close the nodes → delete the instances and the rules, all at once, and wait
+                → sweep for instances labelled with the pool; what is left is named, with
+                ``skyward down --pool NAME --project P``
+    inventory   instances labelled skyward-pool and skyward- rules, in the project
+
+google-cloud-compute is imported only when a pool uses GCP; its calls and error messages
+live in ``api``, the resources in ``resources``, the allocation in ``allocation``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field
+
+from skyward._errors import ProvisionError
+from skyward._extras import check
+from skyward._phases import Reporter
+from skyward.providers import capacity, catalog
+from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.capacity import Offer, Strategy
+from skyward.providers.catalog import Machine
+from skyward.providers.cloud import (
+    BEFORE_POWEROFF_PATH,
+    CloudOptions,
+    HostKey,
+    first_client_bound,
+    key_label,
+    open_or_destroy,
+    user_data,
+)
+from skyward.providers.gcp import resources as gce
+from skyward.providers.gcp.allocation import GCPAllocation
+from skyward.providers.gcp.api import Api, credentials_and_project
+from skyward.providers.gcp.inventory import GCPInventory
+from skyward.providers.reaching import reach
+from skyward.providers.ssh.connection import PoolKey
+
+# Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
+# machines, Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init and the guest agent.
+GPU_IMAGE = (
+    "projects/deeplearning-platform-release/global/images/family/"
+    "common-cu128-ubuntu-2204-nvidia-570"
+)
+CPU_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
+_PRIVATE_RANGES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+_NAME = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+class GCP(CloudOptions):
+    """Run the pool's nodes on Compute Engine instances made for it, in one zone.
+
+    - ``project``: by default the application-default credentials' (``GOOGLE_CLOUD_PROJECT``,
+      gcloud's). ``credentials``: google-auth credentials; by default the ADC.
+    - ``zone``: the zone tried first; ``region``: where to look for zones (default: the
+      zone's). The instances go to the first zone of the region that offers the machine and
+      has capacity. Without either, ``CLOUDSDK_COMPUTE_ZONE`` / ``CLOUDSDK_COMPUTE_REGION``.
+    - ``machine_type``: wins over the pool's ``accelerator``, which otherwise picks it from
+      the catalog (``"H100"`` is an a3-highgpu-8g). ``image``: an image or a family
+      (``projects/P/global/images/family/F``); by default the Deep Learning VM for GPUs.
+    - ``spot``: Spot VMs, deleted when reclaimed. ``network``/``subnetwork``: where they go.
+    - ``username``: the login user (Google's guest agent makes it from ``ssh-keys``).
+      ``disk_gb``: the boot disk. The other options are ``sky.AWS``'s (``CloudOptions``).
+    - ``service_account``: the instances' service account, with the compute scope, so that
+      the watchdog can delete its own instance (``None``: no account; a powered-off machine
+      is then kept, and its disk billed, until ``skyward down``).
+    - ``endpoint``: where the Compute API calls go (a proxy, a test server).
+    """
+
+    project: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9:.-]{4,62}$")
+    zone: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")
+    region: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+$")
+    machine_type: str | None = Field(default=None, pattern=r"^[a-z0-9]+-[a-z0-9-]+$")
+    image: str | None = Field(default=None, pattern=r"^projects/[^/]+/global/images/.+")
+    spot: bool = False
+    network: str = Field(default="default", pattern=_NAME)
+    subnetwork: str | None = Field(default=None, pattern=_NAME)
+    username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]*$")
+    disk_gb: int = Field(default=100, ge=10, le=65536)
+    service_account: str | None = "default"
+    endpoint: str | None = None
+    credentials: Any = None
+
+    @property
+    def kind(self) -> str:
+        return "gcp"
+
+    def strategy(self, request: ProvisionRequest) -> Strategy:
+        return capacity.strategy_of(request.allocation, spot=self.spot, provider="sky.GCP")
+
+    def machines_for(self, request: ProvisionRequest) -> list[Machine]:
+        """The catalog's machines for the request, in the order to try them."""
+        found = capacity.machines_for(
+            "gcp",
+            request.accelerator,
+            strategy=self.strategy(request),
+            vcpus=request.vcpus,
+            memory_gb=request.memory_gb,
+            named=self.machine_type,
+            given="machine_type",
+            region=self.where()[1],
+        )
+        # A type the catalog lacks: GCE says whether a zone offers it, before anything exists.
+        return found or [Machine("gcp", str(self.machine_type), None, 0, 0, 0)]
+
+    def where(self) -> tuple[str | None, str]:
+        """(the zone tried first, the region), from the settings or gcloud's variables."""
+        zone = self.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE") or None
+        region = self.region or os.environ.get("CLOUDSDK_COMPUTE_REGION") or None
+        region = region or (zone.rsplit("-", 1)[0] if zone else None)
+        if region is None:
+            raise ProvisionError(
+                "no GCP zone or region: pass sky.GCP(zone='us-central1-a') or "
+                "region='us-central1', or set CLOUDSDK_COMPUTE_ZONE"
+            )
+        if zone is not None and not zone.startswith(region + "-"):
+            raise ValueError(f"zone {zone} is not in region {region}")
+        return zone, region
+
+    def check(self, request: ProvisionRequest) -> None:
+        """Called when the pool is built, before anything is touched."""
+        check("google.cloud.compute_v1", feature="sky.GCP")
+        check("paramiko", feature="sky.GCP")
+        machines = self.machines_for(request)
+        if self.strategy(request) == "on-demand":
+            capacity.refuse_above(
+                machines,
+                nodes=request.nodes,
+                max_hourly_cost=request.max_hourly_cost,
+                region=self.where()[1],
+            )
+        credentials_and_project(self.project, self.credentials)
+
+    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
+        self.check(request)
+        credentials, project = credentials_and_project(self.project, self.credentials)
+        api = Api.connect(project=project, credentials=credentials, endpoint=self.endpoint)
+        allocation = GCPAllocation(
+            api,
+            request,
+            gce.Names.of(request.pool),
+            connect=self.connect,
+            username=self.username,
+            release_timeout=self.release_timeout,
+        )
+        return open_or_destroy(allocation, lambda made: self._build(made, reporter))
+
+    def inventory(self) -> Inventory | None:
+        return GCPInventory(
+            project=self.project,
+            credentials=self.credentials,
+            endpoint=self.endpoint,
+            release_timeout=self.release_timeout,
+        )
+
+    # ── the steps ──────────────────────────────────────────────────────────────────────
+
+    def _build(self, made: GCPAllocation, reporter: Reporter) -> None:
+        request, api, deadline = made.request, made.api, made.launching
+        # ── before anything exists: what, where, at what price ──
+        first_zone, region = self.where()
+        deadline.check("finding the zones")
+        machines = self.machines_for(request)
+        zones = self._zones(api, machines, first_zone, region)
+
+        def price(machine: Machine, zone: str, market: capacity.Market) -> float | None:
+            # No spot prices without the billing API: on-demand is their ceiling.
+            return catalog.machine_price(machine, region)
+
+        offers = capacity.plan(machines, zones, strategy=self.strategy(request), price=price)
+        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        capacity.announce(offers, request.nodes, reporter, region)
+        first = offers[0]
+        deadline.check("finding the image")
+        gpu = first.machine.accelerator is not None
+        image = self._image(api, self.image or (GPU_IMAGE if gpu else CPU_IMAGE))
+        cidrs = self.ssh_cidrs(_PRIVATE_RANGES)
+        # ── creating ──
+        key = PoolKey()
+        made.adopt_pool_key(key)
+        # The "key pair" of a GCP pool is its names' base (its rules are <base>-ssh, -pool).
+        key.label(key_label("gcp", api.project, request.pool, made.names.base, self.endpoint or ""))
+        host_key = HostKey.generate()
+        made.host_key = host_key.public
+        made.access = self.access(key.path)
+        deadline.check("creating the firewall rules")
+        gce.open_firewalls(
+            api,
+            made.names,
+            network=self.network,
+            ssh_cidrs=cidrs,
+            tags=request.tags,
+            deadline=deadline,
+            adopt=made.adopt_firewall,
+        )
+        reporter.status(f"firewall rules {made.names.base}-*: SSH from {', '.join(cidrs)}")
+        hook = {"path": BEFORE_POWEROFF_PATH, "permissions": "0755"}
+        hook["content"] = gce.self_delete_script(self.endpoint)
+        boot = user_data(
+            host_key=host_key,
+            authorized_key=key.public,
+            idle_timeout=self.idle_timeout,
+            first_client_timeout=first_client_bound(self.boot_timeout),
+            files=[hook] if self.service_account else [],
+        )
+        template = gce.InstanceSpec(
+            machine_type=first.machine.type,
+            attach=None,
+            gpu=gpu,
+            image=image,
+            disk_gb=self.disk_gb,
+            network=self.network,
+            subnetwork=self.subnetwork,
+            tag=made.names.tag,
+            labels=gce.labels(request.tags),
+            metadata={
+                "ssh-keys": f"{self.username}:{key.public} {self.username}",
+                # Only the pool's key logs in: not the project's keys, not OS Login's users.
+                "block-project-ssh-keys": "TRUE",
+                "enable-oslogin": "FALSE",
+                "user-data": boot,
+                gce.TAGS_KEY: json.dumps(dict(request.tags)),  # labels lose case and '@'
+            },
+            public=self.connect == "public",
+            spot=False,
+            service_account=self.service_account,
+        )
+
+        def launch(offer: Offer) -> list[str]:
+            machine = offer.machine
+            made.spec = dataclasses.replace(
+                template,
+                machine_type=machine.type,
+                attach=(machine.attach, machine.count) if machine.attach else None,
+                spot=offer.market == "spot",
+            )
+            return made.launch(offer.zone, range(request.nodes), deadline)
+
+        offer, names = capacity.launch_first(
+            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
+        )
+        made.hourly_cost = offer.pool_hourly(request.nodes)
+        made.describe = f"{request.nodes} x {offer.machine.type} {offer.market} in {offer.zone}"
+        made.instances = [(offer.zone, name) for name in names]
+        for rank, name in enumerate(names):
+            reporter.phase(rank, "provisioning", f"{name} ({offer.where})")
+        described = gce.running(api, offer.zone, names, deadline)
+
+        def gone() -> str | None:
+            return next(filter(None, (made.loss_reason(r) for r in range(len(names)))), None)
+
+        made.nodes = list(
+            reach(
+                [made.target(d) for d in described],
+                made.access,
+                dataclasses.replace(request, deadline=deadline),
+                reporter,
+                gone=gone,
+                hint=f"check that this machine's address is inside the firewall rule's SSH "
+                f"range (ssh_cidr={self.ssh_cidr!r}) and that their {self.connect} addresses "
+                f"are reachable from this network.",
+            )
+        )
+
+    def _zones(
+        self, api: Api, machines: Sequence[Machine], first: str | None, region: str
+    ) -> dict[str, list[str]]:
+        """Per machine type, the zones of ``region`` that offer it (``first`` first); a type
+        no zone there offers is an error before anything exists."""
+        described = api.call(
+            api.regions.get, f"reading region {region}", project=api.project, region=region
+        )
+        every = sorted(z.rsplit("/", 1)[-1] for z in described.zones)
+        if first is not None and first not in every:
+            raise ProvisionError(f"zone {first} is not in {region} (its zones: {', '.join(every)})")
+        ordered = ([first] if first else []) + [z for z in every if z != first]
+        wanted = " OR ".join(f'(name = "{t}")' for t in dict.fromkeys(m.type for m in machines))
+        attached = {m.attach for m in machines if m.attach}
+        zones: dict[str, list[str]] = {m.type: [] for m in machines}
+        for zone in ordered:  # one list per zone, not one get per type and zone
+            doing = f"reading the machine types of {zone}"
+            found = {
+                t.name
+                for t in api.call(
+                    api.machine_types.list,
+                    doing,
+                    request={"project": api.project, "zone": zone, "filter": wanted},
+                )
+            }
+            if attached:
+                request = {"project": api.project, "zone": zone}
+                found |= {
+                    a.name for a in api.call(api.accelerator_types.list, doing, request=request)
+                }
+            for machine in machines:
+                if machine.type in found and (machine.attach is None or machine.attach in found):
+                    zones[machine.type].append(zone)
+        if not any(zones.values()):
+            raise ProvisionError(
+                f"no zone of {region} offers {', '.join(m.describe() for m in machines)} "
+                f"(zones: {', '.join(every)}); choose another region, machine_type or "
+                f"accelerator"
+            )
+        return zones
+
+    def _image(self, api: Api, image: str) -> str:
+        """The image's selfLink (a family's newest image, once for every node)."""
+        parts = image.split("/")
+        doing = f"finding image {image}"
+        if len(parts) == 6 and parts[4] == "family":
+            found = api.call(api.images.get_from_family, doing, project=parts[1], family=parts[5])
+        else:
+            found = api.call(api.images.get, doing, project=parts[1], image=parts[-1])
+        return str(found.self_link)
