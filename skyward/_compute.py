@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import queue
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, as_completed
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
@@ -289,8 +290,17 @@ def gather(*calls: PendingCall[Any], stream: bool = False, ordered: bool = True)
 
 def _as_they_finish(futures: list[Future[Any]], *, ordered: bool) -> Iterator[Any]:
     try:
-        for future in futures if ordered else as_completed(futures):
-            yield future.result()
+        if ordered:
+            for future in futures:
+                yield future.result()
+            return
+        # Not concurrent.futures.as_completed: it takes every future's lock in Python code,
+        # where a Ctrl-C can leave one held. A queue's get holds nothing while it waits.
+        finished: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()
+        for future in futures:
+            future.add_done_callback(finished.put)
+        for _ in futures:
+            yield finished.get().result()
     finally:
         # The loop ended early (break, an error): calls still queued need not run.
         for future in futures:

@@ -4,18 +4,19 @@
 
     SkywardError
      ├─ ProvisionError      a provider could not create (or fully clean up) nodes
-     │   └─ HostKeyError     an SSH host's key is unknown or changed
+     │   ├─ HostKeyError     an SSH host's key is unknown or changed
+     │   └─ ProvisionCancelled  provisioning stopped: the pool was closed meanwhile
      ├─ BootstrapError      a node could not be prepared (missing packages, failed image script)
      ├─ ChannelError        the link to a worker failed
      │   ├─ VersionMismatch  the worker's Python differs from the client's
      │   ├─ WorkerLost       a worker died with calls in flight (node, exit status, stderr tail)
- │   ├─ CollectiveHang   ranks of a gang pool waited in a collective the others had left
+     │   ├─ CollectiveHang   ranks of a gang pool waited in a collective the others had left
      │   └─ StartError       a worker could not start (around_app raised, Ready never came)
      ├─ RemoteError         a remote exception that could not be sent back as itself
      ├─ SerializationError  a function, argument or result that cannot be pickled
      ├─ PluginError         a plugin is invalid, unpicklable, or out of order
- ├─ MissingDependency   an optional package (paramiko, boto3, jax) is not installed; names
- │                      the extra that installs it (also an ImportError)
+     ├─ MissingDependency   an optional package (paramiko, boto3, jax) is not installed; names
+     │                      the extra that installs it (also an ImportError)
      └─ PoolClosed          the pool is not running (never started, or already closed)
 
 ``Terminated`` is no ``SkywardError``: it is a ``KeyboardInterrupt`` that SIGTERM or SIGHUP
@@ -40,6 +41,11 @@ class ProvisionError(SkywardError):
 
 class HostKeyError(ProvisionError):
     """An SSH host's key is unknown (and accepting new keys was not asked for) or changed."""
+
+
+class ProvisionCancelled(ProvisionError):
+    """Provisioning stopped because the pool was closed meanwhile: what a provider raises
+    (through ``request.deadline.check``) when its deadline is cancelled."""
 
 
 class BootstrapError(SkywardError):

@@ -1,8 +1,11 @@
 """Small pieces every layer uses to wait: settling futures, one future for many, running a
 function over items on threads, and a ``Deadline`` that can also be cancelled.
 
-A leaf module (it imports only ``_errors``), so the pool, the channel and providers share it
-without importing each other.
+A leaf module (it imports only ``_errors`` and ``_interrupts``), so the pool, the channel and
+providers share it without importing each other.
+
+Settling and waiting are safe against Ctrl-C (``_interrupts``): what they change is changed
+whole, and the only place a ``KeyboardInterrupt`` can land is the wait itself.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol, TypeVar
 
-from skyward._errors import PoolClosed, ProvisionError, WorkerLost
+from skyward._errors import PoolClosed, ProvisionCancelled, WorkerLost
+from skyward._interrupts import allow_interrupts, hold_interrupts
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -26,41 +30,147 @@ U = TypeVar("U")
 LOSS_GRACE = 2.0
 # How often a wait on threads looks at its deadline's cancel flag.
 _POLL = 0.05
+# A future's states once it is settled (``concurrent.futures._base``'s names).
+_SETTLED = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED", "FINISHED"))
+_sleepers_lock = threading.Lock()  # guards: every CallFuture's _sleepers
+
+
+class _Delivering(threading.local):
+    active = False  # a class default: read on every wait, it must be cheap to find
 
 
 # Set on the threads that deliver results (the channels' readers): done-callbacks run there,
 # and a callback that waited there for another call would wait for itself.
-delivering = threading.local()
+delivering = _Delivering()
 
 
-class Link(Protocol):
+class ReadableLink(Protocol):
+    """A link a caller may read while it waits for its call there (``Channel``)."""
+
     def wait_for(self, future: Future[Any], timeout: float | None) -> float | None: ...
 
 
 class CallFuture(Future[T]):
-    """The ``concurrent.futures.Future`` a call hands out. Waiting for an unfinished one on
-    the thread that delivers results (inside a done-callback) raises at once instead of
-    deadlocking. A call whose caller waits for it at once (``>>``, ``run``) has its ``link``
-    set when it is sent: waiting, the caller reads its result off that link itself."""
+    """The ``concurrent.futures.Future`` a call hands out.
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.link: Link | None = None
+    Waiting for an unfinished one on the thread that delivers results (inside a
+    done-callback) raises at once instead of deadlocking. A call whose caller waits for it
+    at once (``>>``, ``run``) has its ``link`` set when it is sent: waiting, the caller reads
+    its result off that link itself.
+
+    Safe against Ctrl-C on the main thread: every method a user may call that takes the
+    future's lock does so inside ``hold_interrupts`` (``threading.Condition.__enter__`` is
+    Python code, and an interrupt landing in it would leave the lock held and the next
+    thread to settle this future stuck; ``set_running_or_notify_cancel`` is the pool's, which
+    calls it holding interrupts already), and a waiter sleeps on a lock of its own, outside
+    the future's, so an interrupt ends the wait and leaves nothing held. ``done``,
+    ``running`` and ``cancelled`` read the state without the lock (one attribute read,
+    atomic under the GIL).
+    """
+
+    # Class defaults, set on an instance only when used: a map makes thousands of these.
+    link: ReadableLink | None = None
+    _sleepers: list[Any] | None = None  # locks of waiters, released when settled
+
+    # ── waiting ──────────────────────────────────────────────────────────────────────────
 
     def result(self, timeout: float | None = None) -> T:
+        if self._state == "FINISHED" and self._exception is None:
+            return self._result  # type: ignore[return-value]  # settled: no lock needed
         _refuse_reentrant_wait(self)
-        link = self.link
-        if link is not None and not self.done():
-            timeout = link.wait_for(self, timeout)
-        return super().result(timeout)
+        with hold_interrupts:
+            self._wait(timeout)
+            if self._state == "FINISHED" and self._exception is None:
+                return self._result  # type: ignore[return-value]  # settled: no lock needed
+            return super().result(0)  # failed, cancelled or not settled in time: raises
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         _refuse_reentrant_wait(self)
-        return super().exception(timeout)
+        with hold_interrupts:
+            self._wait(timeout)
+            if self._state == "FINISHED":
+                return self._exception
+            return super().exception(0)
+
+    def _wait(self, timeout: float | None) -> None:
+        """Until settled or ``timeout`` passes; interrupts held by the caller."""
+        if self._state in _SETTLED:
+            return
+        link = self.link
+        if link is not None:
+            timeout = link.wait_for(self, timeout)
+            if self._state in _SETTLED:
+                return
+        if timeout is not None and timeout <= 0:
+            return
+        waiter = threading.Lock()
+        waiter.acquire()
+        with _sleepers_lock:
+            if self._sleepers is None:
+                self._sleepers = []
+            self._sleepers.append(waiter)
+        try:
+            # Settled meanwhile: _wake saw the waiter (it looks after the state changed).
+            if self._state not in _SETTLED:
+                with allow_interrupts:  # holds nothing anyone else needs
+                    waiter.acquire(True, -1 if timeout is None else timeout)
+        finally:
+            with _sleepers_lock:
+                if self._sleepers is not None and waiter in self._sleepers:
+                    self._sleepers.remove(waiter)
+
+    def _wake(self) -> None:
+        # Called after the state changed (see _wait); a cancel() that failed changed nothing.
+        if self._state in _SETTLED:
+            with _sleepers_lock:
+                sleepers, self._sleepers = self._sleepers, None
+            for waiter in sleepers or ():
+                waiter.release()
+
+    # ── the state, without the lock ──────────────────────────────────────────────────────
+
+    def done(self) -> bool:
+        return self._state in _SETTLED
+
+    def running(self) -> bool:
+        return self._state == "RUNNING"
+
+    def cancelled(self) -> bool:
+        return self._state in ("CANCELLED", "CANCELLED_AND_NOTIFIED")
+
+    # ── changing the state: whole, or not at all ─────────────────────────────────────────
+
+    def set_result(self, result: T) -> None:
+        with hold_interrupts:
+            try:
+                super().set_result(result)
+            finally:
+                if self._sleepers:
+                    self._wake()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        with hold_interrupts:
+            try:
+                super().set_exception(exception)
+            finally:
+                if self._sleepers:
+                    self._wake()
+
+    def cancel(self) -> bool:
+        with hold_interrupts:
+            try:
+                return super().cancel()
+            finally:
+                if self._sleepers:
+                    self._wake()
+
+    def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
+        with hold_interrupts:
+            super().add_done_callback(fn)
 
 
 def _refuse_reentrant_wait(future: Future[Any]) -> None:
-    if getattr(delivering, "active", False) and not future.done():
+    if delivering.active and not future.done():
         raise RuntimeError(
             "waiting for a Skyward call inside a Future's done-callback would deadlock: "
             "callbacks run on the thread that delivers results, so the result you wait for "
@@ -70,23 +180,30 @@ def _refuse_reentrant_wait(future: Future[Any]) -> None:
 
 
 def resolve(future: Future[Any], value: Any) -> None:
+    """Settle ``future`` with ``value`` unless it is already done; a Ctrl-C waits for it
+    (a ``CallFuture`` holds it back itself)."""
     try:
-        future.set_result(value)
+        if type(future) is CallFuture:
+            future.set_result(value)
+        else:
+            with hold_interrupts:
+                future.set_result(value)
     except InvalidStateError:
         pass  # already failed by a timeout or a close
 
 
 def fail(future: Future[Any], error: BaseException) -> bool:
-    """Fail ``future`` unless it is already done; True if this call failed it."""
+    """Fail ``future`` unless it is already done; True if this call failed it. A Ctrl-C
+    waits for it (a ``CallFuture`` holds it back itself)."""
     try:
-        future.set_exception(error)
+        if type(future) is CallFuture:
+            future.set_exception(error)
+        else:
+            with hold_interrupts:
+                future.set_exception(error)
     except InvalidStateError:
         return False
     return True
-
-
-class Cancelled(ProvisionError):
-    """Provisioning stopped because the pool was closed (or interrupted) meanwhile."""
 
 
 class Deadline:
@@ -120,9 +237,9 @@ class Deadline:
         self._cancelled.set()
 
     def check(self, doing: str) -> None:
-        """Raise if cancelled (``Cancelled``) or past the end (``TimeoutError``)."""
+        """Raise if cancelled (``ProvisionCancelled``) or past the end (``TimeoutError``)."""
         if self._cancelled.is_set():
-            raise Cancelled(f"{doing}: stopped, {self._reason}")
+            raise ProvisionCancelled(f"{doing}: stopped, {self._reason}")
         if self.expired:
             raise TimeoutError(f"{doing}: not done within {self.what}")
 

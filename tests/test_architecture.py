@@ -134,6 +134,7 @@ def test_modules_live_in_packages_by_side_of_the_wire() -> None:
         "_futures",
         "_image",
         "_info",
+        "_interrupts",
         "_multihost",
         "_options",
         "_output",

@@ -256,9 +256,9 @@ def drop_link_on_node_1() -> None:
         return
     import gc
 
-    from skyward.worker.link import Link
+    from skyward.worker.link import WorkerLink
 
-    link = next(o for o in gc.get_objects() if isinstance(o, Link))
+    link = next(o for o in gc.get_objects() if isinstance(o, WorkerLink))
     os.close(link._out_fd)
     os.kill(os.getpid(), signal.SIGSTOP)
 

@@ -31,6 +31,7 @@ EXPECTED = [
     "PoolSpec",
     "PoolStatistics",
     "Provider",
+    "ProvisionCancelled",
     "ProvisionError",
     "ProvisionRequest",
     "RemoteError",

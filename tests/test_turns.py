@@ -1,5 +1,6 @@
-"""Callers that read their own results (``_turns``), and workers whose main thread reads its
-own calls: what users rely on stays true when the thread that reads is not the one it was."""
+"""Callers that read their own results (``skyward.link.turns``), and workers whose main thread
+reads its own calls: what users rely on stays true when the thread that reads is not the one
+it was."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 import skyward as sky
 from skyward.link import protocol as proto
-from skyward.link.turns import Inbox, Turns
+from skyward.link.turns import PipeReader, Turns
 
 
 def _square(x: int) -> int:
@@ -88,15 +89,15 @@ def test_a_worker_lost_while_its_caller_reads_fails_the_call() -> None:
 
 def _pipe_turns(read_frame: object = None) -> tuple[Turns, int, list[object], list[str]]:
     r, w = os.pipe()
-    inbox = Inbox(r)
+    pipe = PipeReader(r)
     seen: list[object] = []
     torn: list[str] = []
     turns = Turns(
-        ready=inbox.ready,
-        read=read_frame or (lambda: proto.read_frame(inbox.readinto)),  # type: ignore[arg-type,return-value]
+        ready=pipe.ready,
+        read=read_frame or (lambda: proto.read_frame(pipe.readinto)),  # type: ignore[arg-type,return-value]
         dispatch=lambda message, parts: seen.append(message),
-        in_flight=lambda: False,
-        torn=lambda: torn.append("torn"),
+        torn=torn.append,
+        recheck=0.1,
     )
     return turns, w, seen, torn
 
@@ -113,7 +114,7 @@ def test_a_leader_dispatches_every_frame_in_order_until_its_own() -> None:
         proto.write_parts(w, proto.frame(proto.Bye()))
 
     threading.Thread(target=settle).start()
-    assert turns.wait_for(future, 5) is not None
+    assert turns.wait_for(future.done, 5) is not None
     assert future.result() == "ok"
     assert [m.data for m in seen if isinstance(m, proto.Log)] == [b"0", b"1", b"2"]
     os.close(w)
@@ -126,10 +127,34 @@ def test_an_interrupt_inside_a_frame_tears_the_link_and_goes_on() -> None:
     turns, w, _, torn = _pipe_turns(interrupted)
     os.write(w, b"x")  # something to read
     with pytest.raises(KeyboardInterrupt):
-        turns.wait_for(Future(), 5)
-    assert torn == ["torn"]
+        turns.wait_for(Future().done, 5)
+    assert torn == ["the client was interrupted while reading its frame"]
     assert turns.ended()
     began = time.monotonic()
-    turns.wait_for(Future(), 5)  # the link is over: nobody reads it again
+    turns.wait_for(Future().done, 5)  # the link is over: nobody reads it again
     assert time.monotonic() - began < 1
     os.close(w)
+
+
+def test_unblock_wakes_a_thread_polling_the_pipe_for_bytes_already_buffered() -> None:
+    # A leader can read ahead, in one read, a frame another thread is waiting for; the pipe
+    # is then empty and would never wake that thread. unblock does (the race itself is
+    # caught by test_interrupts' sweep; here the read-ahead is written into the buffer).
+    r, w = os.pipe()
+    pipe = PipeReader(r)
+    answered: list[bool] = []
+    waiter = threading.Thread(target=lambda: answered.append(pipe.ready(None)))
+    waiter.start()
+    time.sleep(0.2)  # polling the empty pipe by now
+    pipe.unblock()  # nothing buffered: nothing to say
+    waiter.join(0.3)
+    assert waiter.is_alive() and answered == []
+    pipe._buffer[:1] = b"x"  # what a leader's read of two frames leaves behind
+    pipe._end = 1
+    pipe.unblock()
+    waiter.join(5)
+    assert answered == [True]
+    view = bytearray(1)
+    assert pipe.readinto(view) == 1 and view == b"x"
+    os.close(w)
+    os.close(r)

@@ -5,7 +5,8 @@
     pool ── submit(Call + payload) ──> outbox ──> sender thread ──> transport.write ──> worker
     reader thread <── frames ── transport.readinto  (Result → done, Log → console,
                                                       Hello/Ready/StartFailed → control queue)
-      (or the caller waiting for its own call, which reads every frame meanwhile: _turns)
+      (or the caller waiting for its own call, which reads every frame meanwhile, where
+       the transport says a caller may: ``Transport.caller_reads``, ``turns``)
     stderr thread <── lines ─── transport.read_stderr (→ console, and a tail kept for
                                                        WorkerLost)
 
@@ -19,6 +20,11 @@ free page, the SSH window has room): a worker that stopped reading never blocks 
 That saves a thread switch on every small call, a good part of a no-op's round trip. When
 the protocol stream ends, every call in flight fails with ``WorkerLost`` naming the node,
 the exit status (or the dropped link) and the last lines of stderr.
+
+Ctrl-C: what a caller's thread does here (registering a call and sending its frame, reading
+and dispatching frames while it waits) runs inside ``hold_interrupts``, so a
+``KeyboardInterrupt`` never splits a call's registration from its frame, nor a frame from
+its dispatch; it lands where the caller waits (see ``_interrupts``).
 """
 
 from __future__ import annotations
@@ -42,9 +48,10 @@ from skyward._errors import (
     describe_status,
 )
 from skyward._futures import Deadline, delivering, fail, resolve
+from skyward._interrupts import hold_interrupts
 from skyward.link import protocol as proto
 from skyward.link.protocol import Relay, RelayFailed
-from skyward.link.turns import Turns
+from skyward.link.turns import CHECK, Turns
 
 if TYPE_CHECKING:  # a streaming call's state; its frames come back through on_frame
     from skyward.pool.streams import Streams
@@ -68,12 +75,22 @@ Done = Callable[[BaseException | None, Any], None]
 
 
 # ----------------------------------------------------------------------------------------------
-# ``Transport``: the byte streams a channel (``_channel``) has to one worker process.
+# ``Transport``: the byte streams a channel has to one worker process.
 
 
 class Transport(Protocol):
     """Byte streams to one worker process, called by the channel's threads, and by a
-    caller's thread for a small frame when ``can_write_now`` says it will not block."""
+    caller's thread for a small frame when ``can_write_now`` says it will not block.
+
+    ``caller_reads`` declares whether a caller waiting for its result may read the stream
+    itself (see ``turns``): True when ``ready`` can tell that a read would not wait and
+    reading on the caller's thread saves a hand-off (a pipe read through ``PipeReader``).
+    False where something else reads the wire anyway (paramiko's own thread for SSH): the
+    channel's reader thread then reads every frame, and ``ready`` is never called.
+    """
+
+    @property
+    def caller_reads(self) -> bool: ...
 
     def write(self, parts: Sequence[proto.Part]) -> None: ...
     def readinto(self, buffer: memoryview) -> int | None: ...
@@ -91,9 +108,14 @@ class Transport(Protocol):
 
     def ready(self, timeout: float | None) -> bool:
         """Whether ``readinto`` would return without waiting (data, or the end of the
-        stream), waiting up to ``timeout`` seconds (None: until it would). A transport
-        that cannot tell raises ``NotImplementedError``: its channel's reader thread then
-        reads every frame (see ``_turns``)."""
+        stream), waiting up to ``timeout`` seconds (None: until it would, or ``unblock``).
+        Called only when ``caller_reads``; a Ctrl-C may land in it, so it keeps nothing half
+        changed."""
+        ...
+
+    def unblock(self) -> None:
+        """Make a ``ready`` waiting on another thread return if bytes are buffered (read
+        ahead by a caller that has stopped reading). Called only when ``caller_reads``."""
         ...
 
     def can_write_now(self, nbytes: int) -> bool:
@@ -109,7 +131,7 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def _finish(done: Done, error: BaseException | None, value: Any) -> None:
+def _settle(done: Done, error: BaseException | None, value: Any) -> None:
     try:
         done(error, value)
     except Exception:  # a bug in the pool's books must not end the reader thread
@@ -151,7 +173,7 @@ class Channel:
         self._on_lost = on_lost
         self._on_broken = on_broken
         self._on_frame = on_frame  # Shared, Yield, Want, RelayFailed: for the pool
-        self._on_result = on_result  # before a result is handed over: flush partial output
+        self._flush_output = on_result  # before a result is handed over: flush partial output
         self._diagnose = diagnose  # why a node's link dropped, if its provider can tell
         # Frames to write, in order; None stops the sender. Unbounded: the payloads are the
         # caller's own objects, referenced, not copied.
@@ -171,18 +193,17 @@ class Channel:
         self._ready = False  # set once the worker said Ready; only for messages
         self.broken = False
         self.lost: WorkerLost | None = None
-        self._turns: Turns | None = None  # callers read their own results (see _turns)
-        try:
-            transport.ready(0)
+        self._turns: Turns | None = None  # callers read their own results (see turns)
+        if transport.caller_reads:
             self._turns = Turns(
                 ready=transport.ready,
                 read=lambda: proto.read_frame(transport.readinto),
                 dispatch=self._dispatch,
-                in_flight=lambda: bool(self._pending),
-                torn=lambda: self.kill("the client was interrupted while reading its frame"),
+                needs_reader=lambda: bool(self._pending),
+                torn=self.kill,
+                recheck=CHECK,  # a call can also end by a timeout or a close
+                unblock=transport.unblock,
             )
-        except NotImplementedError:
-            pass
         self._stderr_thread = threading.Thread(
             target=self._read_stderr, name=f"skyward-stderr-{node}", daemon=True
         )
@@ -244,28 +265,31 @@ class Channel:
         ``done`` will not be called, so the caller can send it elsewhere. With ``relay``,
         the call is part of a relayed broadcast; ``payload`` is not sent if ``inbound``.
         ``waited``: the caller will wait for it with ``wait_for`` (the reader may sleep on).
+        A Ctrl-C waits until the call is both registered and sent.
         """
-        with self._lock:
-            if self.broken:
-                return False
-            call_id = next(self._ids)
-            self._pending[call_id] = (name, done)
-        if streams is not None:
-            message = streams.call(self, call_id)
-        else:
-            message = proto.Call(call_id, name, relay=relay)
-            payload = [] if relay is not None and relay.inbound else payload
-        if self._turns is not None:
-            self._turns.sent(waited)
-        self._send(message, payload)
-        return True
+        with hold_interrupts:
+            with self._lock:
+                if self.broken:
+                    return False
+                call_id = next(self._ids)
+                self._pending[call_id] = (name, done)
+            if streams is not None:
+                message = streams.call(self, call_id)
+            else:
+                message = proto.Call(call_id, name, relay=relay)
+                payload = [] if relay is not None and relay.inbound else payload
+            if self._turns is not None and not waited:
+                self._turns.want_reader()  # nobody reads for it: the reader must
+            self._send_held(message, payload)
+            return True
 
     def wait_for(self, future: Future[Any], timeout: float | None) -> float | None:
         """Read this link until ``future`` (a call sent here) is settled, the link ends, or
-        ``timeout`` passes; the time left of ``timeout``. See ``_turns``."""
+        ``timeout`` passes; the time left of ``timeout``. See ``turns``. On the main thread,
+        called inside ``hold_interrupts`` (``CallFuture.result`` holds)."""
         if self._turns is None:
             return timeout
-        return self._turns.wait_for(future, timeout)
+        return self._turns.wait_for(future.done, timeout)
 
     def send(self, message: object, payload: proto.Parts | None = None) -> None:
         """Send one frame to the worker (a reply); never waits on a slow worker."""
@@ -274,20 +298,23 @@ class Channel:
     def request_stacks(self) -> Future[proto.StacksReport]:
         """Ask the worker for every thread's stack; answered even while calls run."""
         future: Future[proto.StacksReport] = Future()
-        with self._lock:
-            if self.lost is not None or self.broken:
-                fail(future, self.lost or ChannelError(f"node {self.node}: the link is broken"))
-                return future
-            request_id = next(self._ids)
-            self._stack_requests[request_id] = future
-        self._send(proto.StacksRequest(request_id))
-        return future
+        with hold_interrupts:
+            with self._lock:
+                if self.lost is not None or self.broken:
+                    error = self.lost or ChannelError(f"node {self.node}: the link is broken")
+                    fail(future, error)
+                    return future
+                request_id = next(self._ids)
+                self._stack_requests[request_id] = future
+            self._send(proto.StacksRequest(request_id))
+            return future
 
     def shutdown(self, *, cancel: bool) -> None:
         """Ask the worker to exit; returns at once. See ``proto.Shutdown`` for ``cancel``."""
-        with self._lock:
-            self._closing = True
-        self._send(proto.Shutdown(cancel=cancel))
+        with hold_interrupts:
+            with self._lock:
+                self._closing = True
+            self._send(proto.Shutdown(cancel=cancel))
 
     def interrupt(self) -> None:
         """Tell the worker it is being stopped (a cancelling ``Shutdown``), without this
@@ -306,6 +333,10 @@ class Channel:
         self._transport.kill()
 
     def _send(self, message: object, payload: proto.Parts | None = None) -> None:
+        with hold_interrupts:  # a frame goes out whole, and _queued stays true
+            self._send_held(message, payload)
+
+    def _send_held(self, message: object, payload: proto.Parts | None) -> None:
         parts = proto.frame(message, payload)
         size = proto.size(parts)
         # Cheap checks first: while the sender is busy the frame is queued without a select.
@@ -377,43 +408,52 @@ class Channel:
         self._lose()
 
     def _dispatch(self, message: object, parts: proto.Parts) -> None:
-        if isinstance(message, proto.Log):
-            self._output(self.node, "stdout", message.data)
-        elif isinstance(message, proto.Shared | proto.Yield | proto.Want | RelayFailed):
-            self._on_frame(self, message, parts)
-        elif isinstance(message, proto.Result):
-            with self._lock:
-                entry = self._pending.pop(message.call_id, None)
-            if entry is None:
-                return
-            if self._on_result is not None:
-                self._on_result(self.node)
-            if not message.ok:
-                _finish(entry[1], proto.decode_error(parts), None)
-                return
-            try:
-                value = proto.loads(parts)
-            except BaseException as exc:  # even SystemExit: it must not end this thread
-                text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
-                _finish(entry[1], RemoteError(type(exc).__name__, text, ""), None)
-                return
-            _finish(entry[1], None, value)
-        elif isinstance(message, proto.StartFailed):
-            error = proto.decode_error(parts)
-            failure = StartError(
-                f"node {self.node}: a plugin's around_app failed: {type(error).__name__}: {error}"
-            )
-            failure.__cause__ = error
-            self._control.put(failure)
-        elif isinstance(message, proto.StacksReport):
-            with self._lock:
-                request = self._stack_requests.pop(message.request_id, None)
-            if request is not None:
-                resolve(request, message)
-        elif isinstance(message, proto.Bye):
-            pass
-        else:
-            self._control.put(message)
+        # A table, not a chain of isinstance: a result, the usual frame, costs one lookup.
+        _HANDLERS.get(type(message), Channel._on_control)(self, message, parts)
+
+    def _on_result(self, message: proto.Result, parts: proto.Parts) -> None:
+        with self._lock:
+            entry = self._pending.pop(message.call_id, None)
+        if entry is None:
+            return
+        if self._flush_output is not None:
+            self._flush_output(self.node)
+        if not message.ok:
+            _settle(entry[1], proto.decode_error(parts), None)
+            return
+        try:
+            value = proto.loads(parts)
+        except BaseException as exc:  # even SystemExit: it must not end this thread
+            text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
+            _settle(entry[1], RemoteError(type(exc).__name__, text, ""), None)
+            return
+        _settle(entry[1], None, value)
+
+    def _on_log(self, message: proto.Log, parts: proto.Parts) -> None:
+        self._output(self.node, "stdout", message.data)
+
+    def _on_pool_frame(self, message: object, parts: proto.Parts) -> None:
+        self._on_frame(self, message, parts)  # Shared, Yield, Want, RelayFailed
+
+    def _on_start_failed(self, message: proto.StartFailed, parts: proto.Parts) -> None:
+        error = proto.decode_error(parts)
+        failure = StartError(
+            f"node {self.node}: a plugin's around_app failed: {type(error).__name__}: {error}"
+        )
+        failure.__cause__ = error
+        self._control.put(failure)
+
+    def _on_stacks(self, message: proto.StacksReport, parts: proto.Parts) -> None:
+        with self._lock:
+            request = self._stack_requests.pop(message.request_id, None)
+        if request is not None:
+            resolve(request, message)
+
+    def _on_bye(self, message: proto.Bye, parts: proto.Parts) -> None:
+        pass
+
+    def _on_control(self, message: object, parts: proto.Parts) -> None:
+        self._control.put(message)  # Hello, Ready: the handshake waits for them
 
     def _read_stderr(self) -> None:
         partial = b""
@@ -473,7 +513,7 @@ class Channel:
         if closing:
             error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
         for _, done in pending:
-            _finish(done, error, None)
+            _settle(done, error, None)
         for request in requests:
             fail(request, self.lost)
         self._control.put(self.lost)
@@ -482,3 +522,17 @@ class Channel:
         self._transport.close()
         if self._on_lost is not None and not closing:
             self._on_lost(self, self.lost)
+
+
+# How the channel handles each frame it reads, by the frame's type (see Channel._dispatch).
+_HANDLERS: dict[type, Callable[[Channel, Any, proto.Parts], None]] = {
+    proto.Result: Channel._on_result,
+    proto.Log: Channel._on_log,
+    proto.Shared: Channel._on_pool_frame,
+    proto.Yield: Channel._on_pool_frame,
+    proto.Want: Channel._on_pool_frame,
+    RelayFailed: Channel._on_pool_frame,
+    proto.StartFailed: Channel._on_start_failed,
+    proto.StacksReport: Channel._on_stacks,
+    proto.Bye: Channel._on_bye,
+}

@@ -190,7 +190,7 @@ class StacksReport:
 
 @dataclass(frozen=True)
 class Shared:
-    """An operation on a distributed collection (``_collections``); payload: its arguments.
+    """An operation on a distributed collection (``skyward.collections``); payload: its arguments.
     The client answers with ``SharedReply``, at once or when the operation can proceed."""
 
     request_id: int

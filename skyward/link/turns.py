@@ -1,49 +1,97 @@
-"""``Turns``: who reads a worker link next, the caller waiting for a result or the channel's
-reader thread.
+"""``Turns``: who reads a link next, a thread waiting for what the link will bring or a
+standby reader thread. Both ends use it: the client's channel (a caller waiting for its
+call's result) and the worker (its main thread waiting for its next call).
 
-A reader thread that reads every frame and hands each result to the thread waiting for it
-costs every round trip two wake-ups (the reader's, then the caller's) and a turn at the GIL;
-on a 2-core VM a thread woken on the other core costs 10-30 µs. So a caller that waits for
-its own call reads the link itself while it waits (it "leads"), dispatching every frame
-that arrives as the reader thread would: other calls' results, output, requests. Other
-callers waiting on the same link meanwhile "follow": they sleep until a frame settles their
-call or the leader leaves, and one of them leads next. The reader thread reads whenever
-nobody leads, except that it stays parked for ``LINGER`` seconds after a leader left with
-nothing in flight, so a loop of calls does not wake it every time; a call nobody waits for
-wakes it at once (its result must reach its future, and its callbacks run).
+A reader thread that reads every frame and hands each one to the thread waiting for it
+costs every round trip two wake-ups (the reader's, then the waiter's) and a turn at the
+GIL; on a 2-core VM a thread woken on the other core costs 10-30 µs. So a thread that waits
+for something the link will bring reads the link itself while it waits (it "leads"),
+dispatching every frame that arrives as the reader thread would: other calls' results,
+output, requests. Other threads waiting on the same link meanwhile "follow": they sleep
+until a frame is dispatched or the leader leaves, and one of them leads next.
+
+The standby reader thread reads whenever nobody leads, except that it stays parked for
+``LINGER`` seconds after a leader left, so a loop of calls does not wake it every time:
+a waiter that comes back within ``LINGER`` finds it still parked. It reads at once when
+it is wanted (``want_reader``: a frame nobody waits for is coming, such as the result of a
+call nobody waits for, whose callbacks must run; or a call running on the worker waits for
+frames), and stays wanted until a waiter leads again; and when the last leader leaves with
+work in flight (``needs_reader``).
+
+::
+
+    waiter:  wait_for(done) ── baton free? ── lead: poll, read, dispatch, until done()
+                                └─ taken ───── follow: sleep until a frame or the leader
+                                               leaves, then look again
+    reader:  parked while someone leads, or for LINGER after; else poll, read, dispatch
 
 A frame is read whole by one thread (``baton``) and dispatched before the next is read, so
-frames are handled in the order they came. A Ctrl-C that lands while a leader reads a frame
+frames are handled in the order they came.
+
+Ctrl-C (a waiter on the client's main thread): the waiter runs inside ``hold_interrupts``
+(its caller's: ``CallFuture.result``), so its bookkeeping, its reading of a frame and the
+frame's dispatch are never split by a ``KeyboardInterrupt``; ``wait_for`` lets one through
+only where the waiter blocks holding nothing shared (polling the link, sleeping as a
+follower), so a waiter interrupted anywhere leaves the turns balanced: the reader or a
+follower takes over, and every other call's frame is dispatched. Without a hold (a
+program whose SIGINT handler is not Python's), an interrupt that lands inside a frame
 leaves the stream torn: ``torn`` is called (the channel kills the worker, whose calls then
-fail with ``WorkerLost``) and the interrupt goes on. Waiting, the usual place for a Ctrl-C,
-reads nothing and is safe.
+fail with ``WorkerLost``) and the interrupt goes on.
+
+``PipeReader`` (below) is the buffered pipe reader both ends read through: it can say
+whether a read would wait, which a leader needs and ``io.BufferedReader`` cannot tell.
+Standard library only (and skyward's stdlib-only leaves): the worker imports it first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 from skyward._futures import delivering
+from skyward._interrupts import allow_interrupts
 
-# How long the reader thread stays parked after a caller read for itself, nothing in flight.
+# How long the reader thread stays parked after a waiter read for itself.
 LINGER = 0.05
-# How often a leader looks whether its call was settled by someone else (a timeout, a close).
-_CHECK = 0.1
+# How often a leader whose wait can end without a frame (a client's call timed out or was
+# failed by a close, on another thread) looks again.
+CHECK = 0.1
 
 Frame = tuple[Any, list[Any]]
 
 
+def _never() -> bool:
+    return False
+
+
+def _nothing() -> None:
+    pass
+
+
+def _ignore(why: str) -> None:
+    pass
+
+
 class Turns:
-    """Turns at reading one link. ``ready(timeout)``: whether a read would not wait (data,
-    or the end of the stream); ``read``: one frame; ``dispatch``: handle one frame;
-    ``in_flight``: whether any call on the link is unsettled; ``torn``: a frame was left half
-    read."""
+    """Turns at reading one link.
+
+    ``ready(timeout)``: whether a read would not wait (data, or the end of the stream),
+    waiting up to ``timeout`` (None: until it would); ``read``: one frame; ``dispatch``:
+    handle one frame; ``needs_reader``: whether the reader must read once the last waiter
+    leaves (calls nobody waits for are in flight); ``torn(why)``: a waiter left the stream
+    unusable (a frame half read, or one it could not decode): end it (the reader thread,
+    perhaps polling the pipe, learns it from the pipe's end);
+    ``recheck``: how often a leader looks whether its wait ended without a frame (None: it
+    cannot); ``unblock``: make a ``ready(None)`` blocked on another thread look again, for
+    what a leader read ahead and left buffered (``PipeReader.unblock``). Thread-safe; a
+    waiter on the main thread waits inside ``hold_interrupts`` (see the module docstring).
+    """
 
     def __init__(
         self,
@@ -51,147 +99,202 @@ class Turns:
         ready: Callable[[float | None], bool],
         read: Callable[[], Frame],
         dispatch: Callable[[Any, list[Any]], None],
-        in_flight: Callable[[], bool],
-        torn: Callable[[], None],
+        needs_reader: Callable[[], bool] = _never,
+        torn: Callable[[str], None] = _ignore,
+        recheck: float | None = None,
+        unblock: Callable[[], None] = _nothing,
     ) -> None:
         self._ready = ready
         self._read = read
         self._dispatch = dispatch
-        self._in_flight = in_flight
+        self._needs_reader = needs_reader
         self._torn = torn
+        self._recheck = recheck
+        self._unblock = unblock
         self._baton = threading.Lock()  # guards: reading a frame, and dispatching it
-        self._turn = threading.Condition()  # guards: the fields below
-        self._waiting = 0  # callers in wait_for: the leader and its followers
-        self._wanted = False  # a call nobody waits for was sent: the reader must read
+        self._lock = threading.Lock()  # guards: the fields below
+        self._sleepers: list[Any] = []  # locks of threads asleep until the next _wake
+        self._waiting = 0  # threads in wait_for: the leader and its followers
+        self._wanted = False  # the reader must read, until a waiter leads again
         self._quiet_until = 0.0  # the reader stays parked until then (see LINGER)
-        self._ended: BaseException | None = None  # how the stream ended, once it did
+        self._ended = False  # the stream ended: nothing more is read
+        self._ending: BaseException | None = None  # what ended it, if reading did
 
     # ── the reader thread ────────────────────────────────────────────────────────────────
 
     def run_reader(self) -> None:
-        """The reader thread's loop. Returns when the stream ended, raising what ended it
-        (``EOFError`` at its end, whoever read that)."""
+        """The reader thread's loop. Returns once the stream ended, raising what ended it
+        if reading did (``EOFError`` at its end, whoever read that)."""
         while True:
-            with self._turn:
-                while self._ended is None and (
-                    self._waiting or (not self._wanted and time.monotonic() < self._quiet_until)
-                ):
-                    self._turn.wait(LINGER)
-                self._wanted = False
-            if self._ended is None:
-                self._ready(None)  # without the baton: a caller may take it meanwhile
+            with self._lock:
+                if self._ended:
+                    break
+                left = self._quiet_until - time.monotonic()
+                park = self._waiting > 0 or (not self._wanted and left > 0)
+                if park:
+                    waiter = self._sleeper()
+            if park:
+                self._sleep(waiter, LINGER if self._waiting else left)
+                continue
+            self._ready(None)  # without the baton: a waiter may take it meanwhile
             with self._baton:
-                if self._ended is not None:
-                    raise self._ended
+                if self._ended:
+                    break
                 if self._waiting or not self._ready(0):
-                    continue  # a caller read it
+                    continue  # a waiter read it
                 try:
                     frame = self._read()
                 except BaseException as exc:
                     self._end(exc)
                     raise
                 self._dispatch(*frame)
-            if self._waiting:
-                with self._turn:
-                    self._turn.notify_all()  # maybe a follower's result
+            if self._waiting:  # a follower may wait for that frame
+                with self._lock:
+                    self._wake()
+        if self._ending is not None:
+            raise self._ending
 
-    def sent(self, waited: bool) -> None:
-        """A call was sent; ``waited``: its caller is about to wait for it."""
-        if not waited:
-            with self._turn:
+    def want_reader(self) -> None:
+        """The reader must read now, and until a waiter leads again."""
+        with self._lock:
+            if not self._wanted:
                 self._wanted = True
-                self._turn.notify_all()
+                self._wake()
 
-    # ── callers ──────────────────────────────────────────────────────────────────────────
+    # ── waiters ──────────────────────────────────────────────────────────────────────────
 
-    def wait_for(self, future: Future[Any], timeout: float | None) -> float | None:
-        """Read the link until ``future`` is settled, the stream ends, or ``timeout``
-        passes; the time left of ``timeout``."""
+    def wait_for(self, done: Callable[[], bool], timeout: float | None) -> float | None:
+        """Read the link until ``done()``, the stream ends, or ``timeout`` passes; the time
+        left of ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._turn:
+        recheck = self._recheck
+        with self._lock:
             self._waiting += 1
+            self._wanted = False  # the leader reads for everyone meanwhile
         try:
-            while not future.done() and self._ended is None:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                if not self._baton.acquire(blocking=False):
-                    with self._turn:  # follow: woken when a frame settles a call, or we lead
-                        if not future.done() and self._baton.locked() and self._ended is None:
-                            self._turn.wait(_CHECK if left is None else min(left, _CHECK))
+            while not done() and not self._ended:
+                step = recheck
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    step = left if step is None else min(left, step)
+                if self._baton.acquire(blocking=False):
+                    try:
+                        self._lead(done, step)
+                    finally:
+                        self._baton.release()
                     continue
-                try:
-                    self._lead(future, _CHECK if left is None else min(left, _CHECK))
-                finally:
-                    self._baton.release()
+                with self._lock:  # follow: woken by a frame, or to lead
+                    asleep = not done() and self._baton.locked() and not self._ended
+                    if asleep:
+                        waiter = self._sleeper()
+                if asleep:
+                    self._sleep(waiter, step)
         finally:
-            with self._turn:
+            with self._lock:
                 self._waiting -= 1
-                if self._waiting:
-                    self._turn.notify_all()  # a follower leads next
-                elif self._in_flight():
+                last = not self._waiting
+                if not last:
+                    self._wake()  # a follower leads next
+                elif self._needs_reader():
                     self._wanted = True  # calls nobody waits for: the reader reads them
-                    self._turn.notify_all()
+                    self._wake()
                 else:
                     self._quiet_until = time.monotonic() + LINGER
+            if last:
+                # The reader may be polling the pipe while frames this waiter read ahead sit
+                # in the buffer: the pipe would never wake it for them.
+                self._unblock()
         return None if deadline is None else deadline - time.monotonic()
 
-    def _lead(self, future: Future[Any], timeout: float) -> None:
-        """Read and dispatch what arrives within ``timeout``, until ``future`` is settled.
-        Baton held."""
-        while not future.done() and self._ended is None and self._ready(timeout):
+    def _lead(self, done: Callable[[], bool], timeout: float | None) -> None:
+        """Read and dispatch what arrives within ``timeout``, until ``done()``. Baton held."""
+        while not done() and not self._ended:
+            with allow_interrupts:  # polling holds nothing shared
+                if not self._ready(timeout):
+                    return
             try:
                 frame = self._read()
-            except (EOFError, OSError, ValueError) as exc:
+            except (EOFError, OSError, ValueError) as exc:  # the end: the reader reports it
                 self._end(exc)
                 return
-            except Exception as exc:  # a frame we cannot decode: the reader reports it
+            except Exception as exc:  # a frame we cannot decode: the link is unusable
                 self._end(exc)
+                self._torn(f"a frame from it could not be read ({type(exc).__name__}: {exc})")
                 return
-            except BaseException:  # Ctrl-C mid-frame: where the next frame starts is lost
+            except BaseException:  # interrupted mid-frame: where the next frame starts is lost
                 self._end(EOFError("a frame was left half read"))
-                self._torn()
+                self._torn("the client was interrupted while reading its frame")
                 raise
-            was = getattr(delivering, "active", False)
+            was = delivering.active
             delivering.active = True  # callbacks run here too: see CallFuture
             try:
                 self._dispatch(*frame)
             finally:
                 delivering.active = was
             if self._waiting > 1:
-                with self._turn:
-                    self._turn.notify_all()  # maybe a follower's result
+                with self._lock:
+                    self._wake()  # maybe a follower's frame
 
-    def _end(self, how: BaseException) -> None:
-        with self._turn:
-            if self._ended is None:
-                self._ended = how
-            self._turn.notify_all()
+    # ── the end ──────────────────────────────────────────────────────────────────────────
+
+    def end(self, how: BaseException | None = None) -> None:
+        """The stream is over (the worker read a Shutdown, or reading failed: ``how``)."""
+        self._end(how)
+
+    def _end(self, how: BaseException | None) -> None:
+        with self._lock:
+            if not self._ended:
+                self._ended, self._ending = True, how
+            self._wake()
 
     def ended(self) -> bool:
-        """Whether the stream has ended (its frames are all read)."""
-        return self._ended is not None
+        """Whether the stream has ended (nothing more will be read)."""
+        return self._ended
+
+    # ── sleeping ─────────────────────────────────────────────────────────────────────────
+    # Each sleeper waits on a lock of its own, which _wake releases. Not a Condition: a
+    # Ctrl-C that lands inside Condition.wait can leave its lock released under a `with`
+    # that still means to release it; a private lock holds nothing anyone else needs.
+
+    def _sleeper(self) -> Any:
+        """A new sleeper, woken by the next ``_wake``. ``_lock`` held."""
+        waiter = threading.Lock()
+        waiter.acquire()
+        self._sleepers.append(waiter)
+        return waiter
+
+    def _sleep(self, waiter: Any, timeout: float | None) -> None:
+        try:
+            with allow_interrupts:
+                waiter.acquire(True, -1 if timeout is None else max(timeout, 0.0))
+        finally:
+            with self._lock, contextlib.suppress(ValueError):
+                self._sleepers.remove(waiter)  # not woken: timed out, or interrupted
+
+    def _wake(self) -> None:
+        """Wake every sleeper. ``_lock`` held."""
+        for waiter in self._sleepers:
+            waiter.release()
+        self._sleepers.clear()
 
 
 # ----------------------------------------------------------------------------------------------
-# ``Inbox``: a buffered reader of one pipe that can say whether a read would wait.
+# ``PipeReader``: a buffered reader of one pipe that can say whether a read would wait.
 #
 # ``io.BufferedReader`` cannot: it may hold a whole frame read ahead while ``poll`` on its
-# descriptor says nothing is there. Both ends of a worker link need the answer, so that the
-# thread waiting for a result (or for the next call) reads the frame itself while another
-# thread stands by, instead of one thread reading and handing every frame over: on a 2-core
-# VM a thread woken on the other core costs 10-30 µs, the largest part of a no-op's round trip.
-#
-# Standard library only: the worker imports it before anything else.
+# descriptor says nothing is there. Both ends of a local worker link read through one, so
+# that a thread waiting for a frame can lead (see ``Turns``).
 
 _BUFFER = 1 << 16
-# poll objects refuse to be polled from two threads at once: each thread has its own.
 _READABLE = select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
-class Inbox:
+class PipeReader:
     """Reads one descriptor through a 64 KiB buffer. ``readinto`` is for one reader at a
-    time (its callers take turns under their own lock); ``ready`` may be asked by anyone."""
+    time (its callers take turns: ``Turns``' baton); ``ready`` and ``unblock`` may be called
+    by anyone. The descriptor stays the caller's to close."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -199,21 +302,48 @@ class Inbox:
         self._view = memoryview(self._buffer)
         self._start = 0  # the buffered bytes are _buffer[_start:_end]
         self._end = 0
-        self._polls = threading.local()
+        self._polls = threading.local()  # poll objects refuse two threads at once: one each
+        # A byte here wakes whoever polls: a thread can wait for the pipe while a leader has
+        # read ahead everything the pipe held into the buffer.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        # Closed once nothing can poll them any more (a thread still polling a closed
+        # descriptor, its number reused, would read someone else's bytes).
+        weakref.finalize(self, _close_both, self._wake_r, self._wake_w)
 
     def fileno(self) -> int:
         return self._fd
 
     def ready(self, timeout: float | None = 0.0) -> bool:
         """Whether a read would return without waiting (buffered bytes, data in the pipe, or
-        its end), waiting up to ``timeout`` seconds (None: until it would)."""
+        its end), waiting up to ``timeout`` seconds (None: until it would, or ``unblock``).
+        A Ctrl-C may land anywhere in it: it changes nothing a reader relies on."""
         if self._end > self._start:
             return True
         poll = getattr(self._polls, "poll", None)
         if poll is None:
-            poll = self._polls.poll = select.poll()
+            poll = select.poll()
             poll.register(self._fd, _READABLE)
-        return bool(poll.poll(None if timeout is None else max(0, int(timeout * 1000))))
+            poll.register(self._wake_r, select.POLLIN)
+            self._polls.poll = poll  # stored only once registered
+        events = poll.poll(None if timeout is None else max(0, int(timeout * 1000)))
+        if len(events) == 1 and events[0][0] == self._fd:
+            return True  # the usual answer, without the loop below
+        readable = False
+        for fd, _ in events:
+            if fd == self._wake_r:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 4096)
+            else:
+                readable = True
+        return readable or self._end > self._start
+
+    def unblock(self) -> None:
+        """Make a ``ready`` waiting on another thread return if bytes are buffered."""
+        if self._end > self._start:
+            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+                os.write(self._wake_w, b"\0")
 
     def readinto(self, view: memoryview | bytearray) -> int:
         """Up to ``len(view)`` bytes into ``view``; 0 at the end of the stream."""
@@ -231,3 +361,9 @@ class Inbox:
         view[:n] = self._view[:n]
         self._start, self._end = n, got
         return n
+
+
+def _close_both(a: int, b: int) -> None:
+    for fd in (a, b):
+        with contextlib.suppress(OSError):
+            os.close(fd)

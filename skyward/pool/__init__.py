@@ -59,6 +59,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 from skyward._compute import CallTarget, PendingCall, pending_call
 from skyward._errors import PoolClosed
 from skyward._futures import CallFuture, Deadline, fail, gather
+from skyward._interrupts import hold_interrupts
 from skyward._options import refuse_unknown
 from skyward.collections.proxies import (
     BarrierProxy,
@@ -412,7 +413,10 @@ class ComputePool(CallTarget):
     def run(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` on the least busy node and return its value.
         ``pool.run(f(x))`` (a pending call, alone) is ``f(x) >> pool``."""
-        return self._submit([pending_call(fn, args, kwargs)], waited=True)[0].result()
+        # One hold for the whole call (the books and the wait hold it too, nested): a
+        # Ctrl-C lands only where the caller waits. See skyward._interrupts.
+        with hold_interrupts:
+            return self._submit([pending_call(fn, args, kwargs)], waited=True)[0].result()
 
     @overload
     def submit(self, call: PendingCall[R], /) -> Future[R]: ...

@@ -16,7 +16,7 @@ The scheduler is the only owner of its slots, queue, backlogs, counters and call
 the pool, recovery and the hang watch call its methods, each of which takes the scheduler's
 own lock briefly. Under it nothing waits on a worker (a channel's ``submit`` never waits)
 and no future settles: settling runs callers' callbacks, which may call back in, so
-failures found under the lock are settled once it is let go (``_settle``). The pool may call
+failures found under the lock are settled once it is let go (``_fail_each``). The pool may call
 in while it holds its own lock; nothing here calls the pool.
 
 Intake, only ever forward: starting (workers come up; no calls taken) → open (the pool runs)
@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from skyward._errors import WorkerLost
 from skyward._futures import LOSS_GRACE, CallFuture, fail, resolve
+from skyward._interrupts import hold_interrupts
 from skyward.console import Route
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
@@ -139,7 +140,7 @@ def prefetch_depth(recent: float) -> int:
 Failures = list[tuple[Future[Any], BaseException]]
 
 
-def _settle(failures: Failures) -> None:
+def _fail_each(failures: Failures) -> None:
     for future, error in failures:
         fail(future, error)
 
@@ -216,17 +217,20 @@ class Scheduler:
     # ── calls ───────────────────────────────────────────────────────────────────────────
 
     def submit(self, tasks: Sequence[Task]) -> bool:
-        """Queue ``tasks`` and start what can start; False (nothing queued) unless open."""
-        with self._lock:
-            if self._intake != _OPEN:
-                return False
-            self._submitted += len(tasks)
-            self._queue.extend(tasks)
-            self._pump()
-            failures = self._take_failures()
-        if failures:
-            _settle(failures)
-        return True
+        """Queue ``tasks`` and start what can start; False (nothing queued) unless open.
+        A Ctrl-C waits until the books agree with what was sent (see ``skyward._interrupts``).
+        """
+        with hold_interrupts:
+            with self._lock:
+                if self._intake != _OPEN:
+                    return False
+                self._submitted += len(tasks)
+                self._queue.extend(tasks)
+                self._pump()
+                failures = self._take_failures()
+            if failures:
+                _fail_each(failures)
+            return True
 
     def broadcast(self, call: Pickled, route: Route | None) -> list[Future[Any]] | None:
         """One part of ``call`` per node, sent now where it can be; None (nothing sent)
@@ -236,19 +240,20 @@ class Scheduler:
         node: its collectives would otherwise pair with the earlier one's on a rank that is
         behind, and both would return each other's data.
         """
-        with self._lock:
-            if self._intake != _OPEN:
-                return None
-            futures: list[Future[Any]] = [CallFuture() for _ in self._slots]
-            self._submitted += len(futures)
-            if self._gang and (self._gang_running or self._gang_waiting):
-                self._gang_waiting.append((call, route, futures))
-            else:
-                self._dispatch_broadcast(call, route, futures)
-            failures = self._take_failures()
-        if failures:
-            _settle(failures)
-        return futures
+        with hold_interrupts:  # as in submit
+            with self._lock:
+                if self._intake != _OPEN:
+                    return None
+                futures: list[Future[Any]] = [CallFuture() for _ in self._slots]
+                self._submitted += len(futures)
+                if self._gang and (self._gang_running or self._gang_waiting):
+                    self._gang_waiting.append((call, route, futures))
+                else:
+                    self._dispatch_broadcast(call, route, futures)
+                failures = self._take_failures()
+            if failures:
+                _fail_each(failures)
+            return futures
 
     def wait_idle(self) -> bool:
         """Until nothing is queued, held or running (True), or ``hurry`` was called (False)."""
@@ -339,7 +344,7 @@ class Scheduler:
             self._pump()
             failures = self._take_failures()
         if failures:
-            _settle(failures)
+            _fail_each(failures)
         return True
 
     def broken(self, channel: Channel, *, everyone: bool) -> None:
@@ -383,7 +388,7 @@ class Scheduler:
             self._idle.notify_all()
             failures = self._take_failures()
         if failures:
-            _settle(failures)
+            _fail_each(failures)
 
     def take_all(self) -> tuple[list[Future[Any]], list[Channel]]:
         """The pool is closing (``stop`` came first): empty the queue and every backlog, and
@@ -496,7 +501,7 @@ class Scheduler:
                 self._dispatch_broadcast(*self._gang_waiting.popleft())
             failures = self._take_failures()
         if failures:
-            _settle(failures)
+            _fail_each(failures)
 
     def _pump(self) -> None:
         """Send queued calls to the least busy ready nodes with a free slot."""
@@ -595,7 +600,7 @@ class Scheduler:
                 self._idle.notify_all()
             failures = self._take_failures()
         if failures:
-            _settle(failures)
+            _fail_each(failures)
 
     def _expired(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
         """A call outlived its timeout: fail it, and kill the worker running it (which is
@@ -615,7 +620,7 @@ class Scheduler:
                 self._pump()
                 failures = self._take_failures()
             if failures:
-                _settle(failures)
+                _fail_each(failures)
             return
         channel.kill(f"{name} exceeded its timeout of {timeout:g} s")
 

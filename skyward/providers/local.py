@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from skyward._errors import BootstrapError, ProvisionError
 from skyward.link import protocol as proto
-from skyward.link.turns import Inbox
+from skyward.link.turns import PipeReader
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 
 if TYPE_CHECKING:
@@ -160,15 +160,19 @@ class LocalNode:
 class PipeTransport:
     """A worker's stdin/stdout (the protocol) and stderr, as subprocess pipes."""
 
+    # A caller waiting for its result reads the pipe itself (see skyward.link.turns): a
+    # PipeReader can say whether a read would wait, and nothing else reads the pipe.
+    caller_reads = True
+
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         assert process.stdin and process.stdout and process.stderr
         self.process = process
         self._stdin = process.stdin
         # Buffered: a frame is several small reads (count, lengths, parts); large parts
-        # still go straight into their destination buffer. An Inbox can also say whether a
-        # read would wait, so a caller may read its own result (see skyward.link.turns).
+        # still go straight into their destination buffer.
         self._stdout = process.stdout
-        self._inbox = Inbox(process.stdout.fileno())
+        self._pipe = PipeReader(process.stdout.fileno())
+        self.unblock = self._pipe.unblock  # bound once: asked after every caller's wait
         self._stderr = process.stderr
         for stream in (process.stdin, process.stdout):
             _widen_pipe(stream.fileno())
@@ -184,10 +188,10 @@ class PipeTransport:
         proto.write_parts(fd, parts)
 
     def readinto(self, buffer: memoryview) -> int | None:
-        return self._inbox.readinto(buffer)
+        return self._pipe.readinto(buffer)
 
     def ready(self, timeout: float | None) -> bool:
-        return self._inbox.ready(timeout)
+        return self._pipe.ready(timeout)
 
     def read_stderr(self) -> bytes:
         data = os.read(self._stderr.fileno(), 1 << 16)

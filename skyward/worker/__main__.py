@@ -5,6 +5,7 @@
     fd 0 (pipe/SSH) ──> main thread, idle: reads its next call itself ──┐ runs it
                     └─> reader thread, while a call runs: the frames    │ result frames
                         that call waits for, Shutdown, stack requests   │
+                        (who reads when: skyward.link.turns)             │
     private dup of fd 1 <─────────────── send lock <───────────────────┘
           ^                                  ^
           │                                  └── stdout forwarder: fd 1 is a pipe it drains
@@ -40,9 +41,10 @@ from typing import TYPE_CHECKING, Any
 from skyward.collections.proxies import LinkRequester, use_link
 from skyward.link import protocol as proto
 from skyward.link.protocol import RelayAbort, RelayPayload
+from skyward.link.turns import Turns
 from skyward.worker import hooks
-from skyward.worker.calls import CallIO, decorating, route, run_call
-from skyward.worker.link import Link, StdoutForwarder
+from skyward.worker.calls import CallIO, decorating, feed_streaming_call, run_call
+from skyward.worker.link import StdoutForwarder, WorkerLink
 from skyward.worker.relay import Relays
 
 if TYPE_CHECKING:
@@ -51,8 +53,6 @@ if TYPE_CHECKING:
 # How long a worker whose client vanished may spend leaving its contexts before it quits.
 _ORPHAN_EXIT_TIMEOUT = 10.0
 _orphaned = threading.Event()  # the client went away without a Shutdown
-# How often a parked reader thread looks whether the main thread's call runs long.
-_CHECK = 0.1
 
 
 def _free_port() -> int:
@@ -64,17 +64,19 @@ def _free_port() -> int:
 class _Worker:
     """Runs calls on ``concurrency`` threads, the main thread first.
 
-    Threads take turns reading the link (``link.baton``). With one thread for calls (the
-    default), the main thread reads its next call itself whenever it is idle, so a call and
-    its result cross no thread on the way; the reader thread reads only while a call runs
-    (a cancelling ``Shutdown``, a stack request, a shared collection's reply, a stream's
-    elements). With more threads, the reader thread reads everything and queues the calls.
+    Threads take turns reading the link (``turns``, the client's waiting callers' too). With
+    one thread for calls (the default), the main thread reads its next call itself whenever
+    it is idle, so a call and its result cross no thread on the way; the reader thread reads
+    while a call runs: at once when the call waits for frames (a shared collection's reply,
+    a stream's elements, a relayed payload: ``wake_reader``), else once the call has run
+    ``LINGER`` seconds (a cancelling ``Shutdown``, a stack request). With more threads, the
+    reader thread reads everything and queues the calls.
 
     Only the main thread's work can be interrupted (by SIGINT), so a cancelling shutdown
     stops a running call or a slow ``around_app`` entry there.
     """
 
-    def __init__(self, link: Link, stdout: StdoutForwarder, concurrency: int) -> None:
+    def __init__(self, link: WorkerLink, stdout: StdoutForwarder, concurrency: int) -> None:
         self.link = link
         self.stdout = stdout
         self.concurrency = concurrency
@@ -83,15 +85,18 @@ class _Worker:
         self.shared = LinkRequester(link.send, self.wake_reader)
         use_link(self.shared)
         self.calls: queue.SimpleQueue[tuple[proto.Call, proto.Parts] | None] = queue.SimpleQueue()
+        self.turns = Turns(
+            ready=link.pipe.ready,
+            read=self._recv,
+            dispatch=self._handle,
+            unblock=link.pipe.unblock,  # a Shutdown read ahead with a call is read at once
+        )
+        if concurrency > 1:
+            self.turns.want_reader()  # the reader thread reads everything
         self._lock = threading.Lock()  # guards: the fields below
-        self._turn = threading.Condition(self._lock)  # notified when the reader is wanted
         self.stopping = False
         self.cancelled = False
         self._main_busy = False
-        self._main_reads = False  # the main thread reads (or is about to): the reader waits
-        self._reader_wanted = concurrency > 1  # the reader thread reads whenever it can
-        self._started = 0  # calls the main thread read itself
-        self._ended = False  # Shutdown or EOF was read; set with the baton held
         self._io: dict[int, CallIO] = {}  # streaming calls, by id, until their Result
         self._last_call = 0  # the highest call id received
         self._early_cancels: set[int] = set()  # Cancel frames that overtook their Call
@@ -132,36 +137,14 @@ class _Worker:
         # are daemon threads and end with the process.
 
     def _read(self) -> None:
-        """The reader thread: reads while the main thread runs a call that needs it (see
-        ``wake_reader``), or has run one for ``_CHECK`` seconds, or always when calls run
-        on other threads. Parked, it wakes every ``_CHECK`` seconds to look: notifying it
-        at every call would cost each round trip a wake-up and a turn at the GIL."""
-        while True:
-            with self._turn:
-                while not self._reader_wanted:
-                    if self._ended:
-                        return  # the main thread read the Shutdown (or EOF)
-                    started, busy = self._started, not self._main_reads
-                    self._turn.wait(_CHECK)
-                    if busy and not self._main_reads and self._started == started:
-                        break  # one call has run all this time: a Shutdown may come for it
-            while True:
-                self.link.inbox.ready(_CHECK)  # without the baton: the main thread may take it
-                with self.link.baton:
-                    if self._ended:
-                        return
-                    if self._main_reads:
-                        break
-                    if self.link.inbox.ready():
-                        self._read_one()
+        """The reader thread (see ``turns``): ends once the Shutdown or EOF is read."""
+        with contextlib.suppress(BaseException):  # the end was handled where it was read
+            self.turns.run_reader()
 
     def wake_reader(self) -> None:
         """A call on the main thread waits for a frame (a shared collection's reply, a
         stream's elements, a relayed payload): have the reader thread read for it now."""
-        with self._turn:
-            if not self._reader_wanted:
-                self._reader_wanted = True
-                self._turn.notify()
+        self.turns.want_reader()
 
     def _next(self, main: bool) -> tuple[proto.Call, proto.Parts] | None:
         """The next call to run, or None: stop."""
@@ -169,34 +152,27 @@ class _Worker:
             return self.calls.get()
         with contextlib.suppress(queue.Empty):
             return self.calls.get_nowait()  # the reader thread read it while a call ran
-        with self._turn:
-            self._main_reads = True
-            self._reader_wanted = False
-        try:
-            with self.link.baton:
-                while not self._ended:
-                    with contextlib.suppress(queue.Empty):
-                        return self.calls.get_nowait()
-                    self._read_one()
-        finally:
-            with self._turn:
-                self._main_reads = False
-                self._started += 1
-        return self.calls.get()  # the Nones _stop queued
+        self.turns.wait_for(self._has_call, None)  # a call, or the end: Nones from _stop
+        return self.calls.get()
 
-    def _read_one(self) -> None:
-        """Read and handle one frame. Baton held."""
+    def _has_call(self) -> bool:
+        return not self.calls.empty()
+
+    def _recv(self) -> tuple[Any, proto.Parts]:
+        """Read one frame (whoever's turn it is). At EOF, a broken pipe or a frame we cannot
+        read (all the same: the client is gone), stop, then raise what happened."""
         try:
-            self._handle(*self.link.recv())
-        except BaseException:  # EOF, a broken pipe, or a frame we cannot read: all the same
+            return self.link.recv()
+        except BaseException:
             self.shared.fail_all("the pool's client is gone")
-            # The client is gone; nobody will read results. Leave, but bounded, and take
-            # what the calls started along (see _exit).
+            # Nobody will read results. Leave, but bounded, and take what the calls
+            # started along (see _exit).
             _orphaned.set()
             orphan = threading.Timer(_ORPHAN_EXIT_TIMEOUT, _exit_orphaned)
             orphan.daemon = True
             orphan.start()
             self._stop(cancel=True)
+            raise
 
     def _handle(self, message: object, parts: proto.Parts) -> None:
         if isinstance(message, proto.Call):
@@ -205,7 +181,7 @@ class _Worker:
         elif isinstance(message, proto.Cancel) and message.call_id > self._last_call:
             # The client may cancel a streaming call it is still sending.
             self._early_cancels.add(message.call_id)
-        elif route(self._io, message, parts):
+        elif feed_streaming_call(self._io, message, parts):
             pass
         elif isinstance(message, RelayAbort) and self.link.relays is not None:
             self.link.relays.abort(message.token, message.node, message.reason)
@@ -219,8 +195,8 @@ class _Worker:
             self._stop(message.cancel)
 
     def _stop(self, cancel: bool) -> None:
-        """Shutdown or EOF: no more frames will be read. Baton held."""
-        self._ended = True
+        """Shutdown or EOF: no more frames will be read. By the thread reading."""
+        self.turns.end()
         with self._lock:
             self.stopping = True
             self.cancelled = cancel
@@ -348,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
     # Keep the protocol on private fds, then give user code harmless fd 0 and 1.
-    link = Link(os.dup(0), os.dup(1))
+    link = WorkerLink(os.dup(0), os.dup(1))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)

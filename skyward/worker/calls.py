@@ -1,10 +1,10 @@
 """Running one call on the worker (``run_call``), and streaming calls, the worker's end (see
-``_stream`` for the client's, and the picture).
+``skyward.pool.streams`` for the client's, and the picture).
 
-A streaming call has a ``CallIO``: the credit its generator's values may use, and an
-``Inbox`` per streamed argument. The worker's reader thread feeds them (``More``,
+A streaming call has a ``CallIO``: the credit its generator's values may use, and a
+``StreamedArgument`` per streamed argument. The worker's reader thread feeds them (``More``,
 ``Cancel``, ``Item``, ``ItemsEnd``); the executor thread running the call waits on them.
-Standard library and ``_protocol`` only, like the rest of the worker's start.
+Standard library and ``skyward.link.protocol`` only, like the rest of the worker's start.
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from skyward._errors import SerializationError  # stdlib-only, like _protocol
+from skyward._errors import SerializationError  # stdlib-only, like the protocol
 from skyward.link import protocol as proto
 
 SendFrame = Callable[[object, "proto.Parts | None"], None]
 
 
-class Cancelled(Exception):
-    """The client stopped reading; raised where the function waits on the call's IO."""
+class StreamCancelled(Exception):
+    """The client stopped reading a streaming call (or the pool is closing); raised where
+    the function waits on the call's IO, a streamed argument's next element."""
 
 
 class CallIO:
@@ -34,7 +35,7 @@ class CallIO:
         self._cond = threading.Condition()  # guards: _credit, cancelled
         self._credit = message.window
         self.cancelled = False
-        self.inboxes = [Inbox(self, arg) for arg in range(message.inputs)]
+        self.arguments = [StreamedArgument(self, arg) for arg in range(message.inputs)]
 
     def more(self, count: int) -> None:
         with self._cond:
@@ -45,8 +46,8 @@ class CallIO:
         with self._cond:
             self.cancelled = True
             self._cond.notify_all()
-        for inbox in self.inboxes:
-            inbox.wake()
+        for argument in self.arguments:
+            argument.wake()
 
     def send_value(self, parts: proto.Parts) -> bool:
         """Send one value once the client has room for it; False if it cancelled instead."""
@@ -80,7 +81,7 @@ class CallIO:
                 close()  # runs the generator's finally blocks, now rather than at GC
 
 
-class Inbox(Iterator[Any]):
+class StreamedArgument(Iterator[Any]):
     """A streamed argument, as the function sees it: asks the client for elements as it is
     iterated, ``STREAM_WINDOW`` ahead at most."""
 
@@ -94,7 +95,7 @@ class Inbox(Iterator[Any]):
         self._asked = False
         self._taken = 0
 
-    def __iter__(self) -> Inbox:
+    def __iter__(self) -> StreamedArgument:
         return self
 
     def __next__(self) -> Any:
@@ -108,7 +109,7 @@ class Inbox(Iterator[Any]):
             while not self._items and not self._ended and not self._io.cancelled:
                 self._cond.wait()
             if self._io.cancelled:
-                raise Cancelled
+                raise StreamCancelled
             if not self._items:
                 if self._error is not None:
                     raise decoded(self._error)
@@ -151,14 +152,14 @@ def decoded(parts: proto.Parts) -> BaseException:
     return RuntimeError(f"the client raised {info.type_name}: {info.message}")
 
 
-def with_inboxes(value: Any, io: CallIO | None) -> Any:
-    """``value`` with an ``InputStream`` placeholder replaced by its inbox."""
+def with_arguments(value: Any, io: CallIO | None) -> Any:
+    """``value`` with an ``InputStream`` placeholder replaced by its streamed argument."""
     if io is not None and isinstance(value, proto.InputStream):
-        return io.inboxes[value.arg]
+        return io.arguments[value.arg]
     return value
 
 
-def route(calls: dict[int, CallIO], message: object, parts: proto.Parts) -> bool:
+def feed_streaming_call(calls: dict[int, CallIO], message: object, parts: proto.Parts) -> bool:
     """Hand a streaming frame to its call (the reader thread); False if it is none."""
     if isinstance(message, proto.More):
         if (io := calls.get(message.call_id)) is not None:
@@ -168,12 +169,12 @@ def route(calls: dict[int, CallIO], message: object, parts: proto.Parts) -> bool
             io.cancel()
     elif isinstance(message, proto.Item | proto.ItemsEnd):
         io = calls.get(message.call_id)
-        if io is not None and 0 <= message.arg < len(io.inboxes):
-            inbox = io.inboxes[message.arg]
+        if io is not None and 0 <= message.arg < len(io.arguments):
+            argument = io.arguments[message.arg]
             if isinstance(message, proto.Item):
-                inbox.put(parts)
+                argument.put(parts)
             else:
-                inbox.end(None if message.ok else parts)
+                argument.end(None if message.ok else parts)
     else:
         return False
     return True
@@ -210,7 +211,8 @@ def run_call(
     message: proto.Call, parts: proto.Parts, io: CallIO | None, drain: Callable[[], None]
 ) -> tuple[bool, proto.Parts]:
     """Run one call; its result frame's ``ok`` and payload. A streaming call (``io``) gets
-    its inboxes in place of the placeholders, and a generator's values go out as it runs."""
+    its streamed arguments in place of the placeholders, and a generator's values go out as
+    it runs."""
     try:
         function, args, kwargs = proto.loads(parts)
         fn = _function(function)
@@ -219,8 +221,8 @@ def run_call(
 
             fn = decorated(fn, decorating)
         if io is not None:
-            args = tuple(with_inboxes(a, io) for a in args)
-            kwargs = {k: with_inboxes(v, io) for k, v in kwargs.items()}
+            args = tuple(with_arguments(a, io) for a in args)
+            kwargs = {k: with_arguments(v, io) for k, v in kwargs.items()}
     except BaseException as exc:
         # Not the function's own error: say so, or it reads as one (a ValueError from a
         # class's __setstate__, a module the worker lacks).

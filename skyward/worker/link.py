@@ -11,18 +11,17 @@ import threading
 from typing import Any
 
 from skyward.link import protocol as proto
-from skyward.link.turns import Inbox
+from skyward.link.turns import PipeReader
 from skyward.worker import hooks
 from skyward.worker.relay import Relays
 
 
-class Link:
-    """The worker's end of the protocol. ``send`` is thread-safe; ``recv`` is called with
-    ``baton`` held, by whichever thread's turn it is to read (see ``_Worker``)."""
+class WorkerLink:
+    """The worker's end of the protocol. ``send`` is thread-safe; ``recv`` is called by one
+    thread at a time, whichever's turn it is to read (``skyward.link.turns``)."""
 
     def __init__(self, in_fd: int, out_fd: int) -> None:
-        self.inbox = Inbox(in_fd)
-        self.baton = threading.Lock()  # guards: reading frames from the inbox
+        self.pipe = PipeReader(in_fd)
         self._out_fd = out_fd
         self._send_lock = threading.Lock()  # guards: one whole frame at a time on out_fd
         self.relays: Relays | None = None  # set at Start when the pool relays broadcasts
@@ -33,11 +32,11 @@ class Link:
             proto.write_parts(self._out_fd, parts)
 
     def recv(self) -> tuple[Any, proto.Parts]:
-        readinto = self.inbox.readinto
+        readinto = self.pipe.readinto
         message, lengths = proto.read_message(readinto)
         relay = getattr(message, "relay", None)
         if relay is not None and relay.chain and self.relays is not None:
-            # A broadcast's payload, passed on down the relay chain as it arrives (_relay).
+            # A broadcast's payload, passed on down the relay chain as it arrives (relay).
             parts = self.relays.forward_from(relay.token, relay.chain, lengths, readinto)
             return message, [*parts]
         return message, [proto.read_exact(readinto, n) for n in lengths]
@@ -50,7 +49,7 @@ class StdoutForwarder:
     before its return value does.
     """
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: WorkerLink) -> None:
         self._link = link
         read_fd, write_fd = os.pipe()
         os.dup2(write_fd, 1)

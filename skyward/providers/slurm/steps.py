@@ -387,8 +387,17 @@ class SlurmTransport:
     def readinto(self, buffer: memoryview) -> int | None:
         return self._inner.readinto(buffer)
 
+    @property
+    def caller_reads(self) -> bool:
+        # The wire is the inner transport's (srun's stdio over its SSH channel): so is
+        # whether a waiting caller may read it (see Transport.caller_reads).
+        return self._inner.caller_reads
+
     def ready(self, timeout: float | None) -> bool:
         return self._inner.ready(timeout)
+
+    def unblock(self) -> None:
+        self._inner.unblock()
 
     def can_write_now(self, nbytes: int) -> bool:
         return self._inner.can_write_now(nbytes)

@@ -2,7 +2,7 @@
 
 The protocol goes over the channel's stdin and stdout; its stderr is the worker's stderr,
 after the launch shell's one line naming the process group to kill. Shared by every provider
-that reaches its machines over SSH (``_hosts``).
+that reaches its machines over SSH (``hosts``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ class _ChannelReader(io.RawIOBase):
 
 class SSHTransport:
     """A worker over an SSH exec channel: the protocol on stdin/stdout, stderr as itself."""
+
+    # paramiko's own thread reads the socket and wakes whoever waits on the channel: a
+    # caller reading its own result would save no hand-off, so the channel's reader thread
+    # reads every frame (see Transport.caller_reads).
+    caller_reads = False
 
     def __init__(self, connection: Connection, channel: paramiko.Channel, marker: str) -> None:
         self._connection = connection
@@ -88,9 +93,10 @@ class SSHTransport:
         return self._stdout.readinto(buffer)
 
     def ready(self, timeout: float | None) -> bool:
-        # paramiko's own thread reads the socket and wakes the reader: a caller reading
-        # its own result would save no hand-off, so the channel's reader thread reads all.
-        raise NotImplementedError
+        raise NotImplementedError("never called: caller_reads is False")
+
+    def unblock(self) -> None:
+        raise NotImplementedError("never called: caller_reads is False")
 
     def read_stderr(self) -> bytes:
         while True:
