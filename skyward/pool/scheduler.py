@@ -30,7 +30,7 @@ from skyward._compute import PendingCall
 from skyward._errors import WorkerLost
 from skyward._futures import LOSS_GRACE, CallFuture, fail, resolve
 from skyward._info import InstanceInfo
-from skyward._interrupts import hold_interrupts
+from skyward._interrupts import held
 from skyward.console import Route
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
@@ -171,14 +171,14 @@ class Scheduler:
             tuple[PendingCall[Any], proto.Parts, Route | None, list[Future[Any]]]
         ] = deque()
 
+    @held  # a Ctrl-C waits until the books agree with what was sent (skyward._interrupts)
     def submit(self, tasks: Sequence[Task]) -> None:
-        """Queue ``tasks`` and start what can start. Lock held by the caller. A Ctrl-C
-        waits until the books agree with what was sent (see ``skyward._interrupts``)."""
-        with hold_interrupts:
-            self.counts["submitted"] += len(tasks)
-            self.queue.extend(tasks)
-            self.pump()
+        """Queue ``tasks`` and start what can start. Lock held by the caller."""
+        self.counts["submitted"] += len(tasks)
+        self.queue.extend(tasks)
+        self.pump()
 
+    @held  # as submit
     def broadcast(
         self, call: PendingCall[Any], payload: proto.Parts, route: Route | None
     ) -> list[Future[Any]]:
@@ -188,14 +188,13 @@ class Scheduler:
         node: its collectives would otherwise pair with the earlier one's on a rank that is
         behind, and both would return each other's data.
         """
-        with hold_interrupts:  # as in submit
-            futures: list[Future[Any]] = [CallFuture() for _ in self.slots]
-            self.counts["submitted"] += len(futures)
-            if self._gang and (self._gang_running or self._gang_waiting):
-                self._gang_waiting.append((call, payload, route, futures))
-            else:
-                self._dispatch_broadcast(call, payload, route, futures)
-            return futures
+        futures: list[Future[Any]] = [CallFuture() for _ in self.slots]
+        self.counts["submitted"] += len(futures)
+        if self._gang and (self._gang_running or self._gang_waiting):
+            self._gang_waiting.append((call, payload, route, futures))
+        else:
+            self._dispatch_broadcast(call, payload, route, futures)
+        return futures
 
     def _dispatch_broadcast(
         self,
