@@ -209,7 +209,9 @@ def strategy_of(allocation: str | None, *, spot: bool, provider: str) -> Strateg
     if allocation not in STRATEGIES:
         raise ValueError(f"unknown allocation {allocation!r}")
     if spot and allocation == "on-demand":
-        raise ValueError(f"{provider}(spot=True) contradicts allocation='on-demand'")
+        raise ValueError(
+            f"{provider}(spot=True) contradicts allocation='on-demand'; give one of them"
+        )
     return allocation
 
 

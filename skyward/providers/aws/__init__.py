@@ -166,31 +166,23 @@ class AWS(BaseModel):
 
     def strategy(self, request: ProvisionRequest) -> Strategy:
         """The pool's ``allocation=``, or this provider's default (``spot``)."""
-        if request.allocation is None:
-            return "spot" if self.spot else "on-demand"
-        if request.allocation not in capacity.STRATEGIES:
-            raise ValueError(f"unknown allocation {request.allocation!r}")
-        if self.spot and request.allocation == "on-demand":
-            raise ValueError(
-                "sky.AWS(spot=True) contradicts allocation='on-demand'; give one of them"
-            )
-        return request.allocation
+        return capacity.strategy_of(request.allocation, spot=self.spot, provider="sky.AWS")
 
     def machines_for(self, request: ProvisionRequest, region: str | None = None) -> list[Machine]:
         """The catalog's machines for the request, in the order to try them (the choice
         first, then what a capacity failover may move to); empty when ``instance_type`` names
         a type the catalog lacks (EC2 describes it at provision). ``ValueError`` for a
         request no machine satisfies, or an ``instance_type`` it contradicts."""
-        sizes = {"vcpus": request.vcpus, "memory_gb": request.memory_gb}
-        if self.instance_type is not None:
-            known = catalog.find("aws", self.instance_type)
-            if known is not None:
-                catalog.refuse_contradiction(known, given="instance_type", **sizes)
-            return [known] if known is not None else []
-        if self.strategy(request) == "cheapest":
-            return catalog.matching("aws", request.accelerator, region=region, **sizes)
-        first = catalog.choose("aws", request.accelerator, region=region, **sizes)
-        return [first, *catalog.alternatives(first, request.accelerator, region=region, **sizes)]
+        return capacity.machines_for(
+            "aws",
+            request.accelerator,
+            strategy=self.strategy(request),
+            vcpus=request.vcpus,
+            memory_gb=request.memory_gb,
+            named=self.instance_type,
+            given="instance_type",
+            region=region,
+        )
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""

@@ -206,32 +206,23 @@ class Azure(BaseModel):
 
     def strategy(self, request: ProvisionRequest) -> Strategy:
         """The pool's ``allocation=``, or this provider's default (``spot``'s)."""
-        if request.allocation is None:
-            return "spot" if self.spot else "on-demand"
-        if request.allocation not in capacity.STRATEGIES:
-            raise ValueError(f"unknown allocation {request.allocation!r}")
-        if self.spot and request.allocation == "on-demand":
-            raise ValueError(
-                "sky.Azure(spot=True) contradicts allocation='on-demand'; give one of them"
-            )
-        return request.allocation
+        return capacity.strategy_of(request.allocation, spot=self.spot, provider="sky.Azure")
 
     def machines_for(self, request: ProvisionRequest) -> list[Machine]:
         """The catalog's machines for the request, in the order to try them (the choice
         first, then what a capacity failover may move to); empty when ``vm_size`` names a
         size the catalog lacks (Azure's SKU list describes it at provision). ``ValueError``
         for a request no size satisfies, or a ``vm_size`` it contradicts."""
-        sizes = {"vcpus": request.vcpus, "memory_gb": request.memory_gb}
-        region = self.locations[0]
-        if self.vm_size is not None:
-            known = catalog.find("azure", self.vm_size)
-            if known is not None:
-                catalog.refuse_contradiction(known, given="vm_size", **sizes)
-            return [known] if known is not None else []
-        if self.strategy(request) == "cheapest":
-            return catalog.matching("azure", request.accelerator, region=region, **sizes)
-        first = catalog.choose("azure", request.accelerator, region=region, **sizes)
-        return [first, *catalog.alternatives(first, request.accelerator, region=region, **sizes)]
+        return capacity.machines_for(
+            "azure",
+            request.accelerator,
+            strategy=self.strategy(request),
+            vcpus=request.vcpus,
+            memory_gb=request.memory_gb,
+            named=self.vm_size,
+            given="vm_size",
+            region=self.locations[0],
+        )
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""
