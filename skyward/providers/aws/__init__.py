@@ -30,15 +30,14 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
-import threading
 from collections.abc import Sequence
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from skyward._errors import HostKeyError, ProvisionError
+from skyward._errors import ProvisionError
 from skyward._extras import check
-from skyward._phases import Phase, Reporter
+from skyward._phases import Reporter
 from skyward.providers import capacity, catalog
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
@@ -51,15 +50,15 @@ from skyward.providers.cloud import (
     DEFAULT_IP_LOOKUP,
     TAG_ALLOCATION,
     HostKey,
-    WatchedDeadline,
     client_cidr,
     first_client_bound,
     key_label,
     open_or_destroy,
     user_data,
 )
+from skyward.providers.reaching import reach
 from skyward.providers.ssh.connection import PoolKey
-from skyward.providers.ssh.hosts import Access, HostNode, open_hosts
+from skyward.providers.ssh.hosts import Access, HostNode
 
 # AWS's public SSM parameters for the newest images, by the machine's architecture: the Deep
 # Learning Base AMI with NVIDIA's open driver for GPU machines, Canonical's Ubuntu for CPU
@@ -442,35 +441,24 @@ class AWS(BaseModel):
     def _open(
         self, made: AWSAllocation, described: list[dict[str, Any]], reporter: Reporter
     ) -> list[HostNode]:
-        """Reach every instance over SSH and prepare it: the shared remote-host layer."""
+        """Reach every instance over SSH and prepare it: the shared remote-host layer. An
+        instance that ends meanwhile (a spot reclaim, its watchdog) fails the start at once,
+        with EC2's reason, rather than after boot_timeout."""
         assert made.access is not None
-        targets = [made.target(instance) for instance in described]
-        watched = _Reached(reporter)
-        # An instance that ends while it is being reached (a spot reclaim, its watchdog)
-        # fails the start at once, with EC2's reason, rather than after boot_timeout.
-        deadline = WatchedDeadline(made.request.deadline)
-        stop = threading.Event()
-        threading.Thread(
-            target=_watch_instances,
-            args=(made.api, list(made.instances), deadline, stop),
-            name="skyward-aws-watch",
-            daemon=True,
-        ).start()
-        try:
-            request = dataclasses.replace(made.request, deadline=deadline)
-            return open_hosts(targets, made.access, request, watched)
-        except (ProvisionError, TimeoutError) as exc:
-            silent = [t.target.host for r, t in enumerate(targets) if r not in watched.reached]
-            if silent and deadline.failure is None and not isinstance(exc, HostKeyError):
-                exc.add_note(
-                    f"Instances {', '.join(silent)} are running, but SSH did not answer from "
-                    f"here: check that this machine's address is inside the security "
-                    f"group's SSH range (ssh_cidr={self.ssh_cidr!r}) and that their "
-                    f"{self.connect} addresses are reachable from this network."
-                )
-            raise
-        finally:
-            stop.set()
+        api, ids = made.api, list(made.instances)
+        return reach(
+            [made.target(instance) for instance in described],
+            made.access,
+            made.request,
+            reporter,
+            gone=lambda: _gone(api, ids),
+            hint=(
+                f"check that this machine's address is inside the security group's SSH range "
+                f"(ssh_cidr={self.ssh_cidr!r}) and that their {self.connect} addresses are "
+                f"reachable from this network."
+            ),
+            poll=ec2.POLL,
+        )
 
     def _launch(self, api: Api, spec: ec2.LaunchSpec, count: int) -> list[str]:
         """One run_instances for every node (all or none); ``CapacityError`` when another
@@ -562,39 +550,14 @@ class AWS(BaseModel):
         return ranges or [str(described["CidrBlock"])]
 
 
-class _Reached:
-    """A reporter that also remembers which nodes got past connecting (SSH answered)."""
-
-    def __init__(self, reporter: Reporter) -> None:
-        self._reporter = reporter
-        self.reached: set[int] = set()
-
-    def phase(self, node: int, phase: Phase, detail: str = "") -> None:
-        if phase not in ("provisioning", "connecting"):
-            self.reached.add(node)
-        self._reporter.phase(node, phase, detail)
-
-    def log(self, node: int, line: str) -> None:
-        self._reporter.log(node, line)
-
-    def status(self, line: str) -> None:
-        self._reporter.status(line)
-
-
-def _watch_instances(
-    api: Api, ids: list[str], deadline: WatchedDeadline, stop: threading.Event
-) -> None:
-    """Fail ``deadline`` as soon as one of ``ids`` stops running (until ``stop``)."""
-    while not stop.wait(ec2.POLL):
-        try:
-            answer = api.ec2.describe_instances(InstanceIds=ids)
-        except Exception:
-            continue  # a hint only; the connections' own bounds still hold
-        for reservation in answer["Reservations"]:
-            for instance in reservation["Instances"]:
-                if instance["State"]["Name"] not in ("pending", "running"):
-                    deadline.fail(
-                        f"instance {instance['InstanceId']} is {instance['State']['Name']}: "
-                        f"{ec2.describe_reason(instance)}"
-                    )
-                    return
+def _gone(api: Api, ids: list[str]) -> str | None:
+    """Why one of ``ids`` is no longer running, or None while all are."""
+    answer = api.ec2.describe_instances(InstanceIds=ids)
+    for reservation in answer["Reservations"]:
+        for instance in reservation["Instances"]:
+            if instance["State"]["Name"] not in ("pending", "running"):
+                return (
+                    f"instance {instance['InstanceId']} is {instance['State']['Name']}: "
+                    f"{ec2.describe_reason(instance)}"
+                )
+    return None
