@@ -627,3 +627,19 @@ def test_a_node_named_by_a_hostname_that_is_loopback_on_itself_listens_on_its_ne
         provider=ssh_provider(hosts, h1.target), image=sky.Image(index_url=index.url), quiet=True
     ) as pool:
         assert pool.run(address_for_node_1_named_h1) == h1.address
+
+
+def test_a_node_with_an_efa_device_gets_libfabrics_efa_settings(tmp_path: Path) -> None:
+    from skyward.plugins._jax import efa_environment
+
+    assert efa_environment(str(tmp_path)) == {}  # no RDMA devices at all
+    device = tmp_path / "class" / "infiniband" / "mlx5_0" / "device"
+    device.mkdir(parents=True)
+    (tmp_path / "bus" / "mlx5_core").mkdir(parents=True)
+    (device / "driver").symlink_to(tmp_path / "bus" / "mlx5_core")
+    assert efa_environment(str(tmp_path)) == {}  # an RDMA device, not EFA
+    efa = tmp_path / "class" / "infiniband" / "rdmap16s27" / "device"
+    efa.mkdir(parents=True)
+    (tmp_path / "bus" / "efa").mkdir()
+    (efa / "driver").symlink_to(tmp_path / "bus" / "efa")
+    assert efa_environment(str(tmp_path)) == {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import ipaddress
+import os
 import re
 import shlex
 import socket
@@ -164,6 +165,8 @@ def jax(**options: Unpack[JaxOptions]) -> Plugin:
 
     @contextmanager
     def around_app(info: InstanceInfo) -> Iterator[None]:
+        for name, value in efa_environment().items():
+            os.environ.setdefault(name, value)  # before NCCL starts; the user's own win
         with ExitStack() as stack:
             if not verbose and info.total_nodes > 1:
                 stack.enter_context(hooks.stdout_filter(GlooFilter()))
@@ -176,6 +179,26 @@ def jax(**options: Unpack[JaxOptions]) -> Plugin:
 
 # help() and notebooks show every option with _Options' default.
 jax.__signature__ = keyword_signature(JaxOptions, _Options, returns=Plugin)  # type: ignore[attr-defined]
+
+
+def efa_environment(sys_root: str = "/sys") -> dict[str, str]:
+    """What NCCL's libfabric plugin (aws-ofi-nccl, on AWS's Deep Learning AMIs) needs to run
+    collectives over EFA, when this node has an EFA device; nothing otherwise.
+
+    An EFA device is an RDMA device whose driver is ``efa``. ``FI_PROVIDER=efa`` keeps
+    libfabric from choosing the TCP provider, and ``FI_EFA_USE_DEVICE_RDMA=1`` lets it use
+    the device's RDMA reads (p4d, p5 and later), as AWS's EFA guide for NCCL sets them.
+    """
+    devices = os.path.join(sys_root, "class", "infiniband")
+    try:
+        names = os.listdir(devices)
+    except OSError:
+        return {}
+    for name in names:
+        driver = os.path.join(devices, name, "device", "driver")
+        if os.path.basename(os.path.realpath(driver)) == "efa":
+            return {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
+    return {}
 
 
 def accelerator_platform(accelerator: str | None) -> Platform:
