@@ -20,6 +20,7 @@ import pytest
 from support.gcpcloud import PROJECT, ZONE, GCPStandIns, TokenServer, held, nothing
 from support.gcpcloud import standin_provider as gcp
 from support.moto import MotoServer
+from support.pools import broadcast_in_background
 from support.sshhosts import PackageIndex
 
 import skyward as sky
@@ -168,8 +169,6 @@ def _sleep_on(rank: int) -> None:
 def test_a_reclaimed_spot_vm_is_named_in_worker_lost_and_replaced(
     gcp_standins: GCPStandIns, package_index: PackageIndex
 ) -> None:
-    from skyward._compute import PendingCall
-
     fake = gcp_standins.fake
     with sky.ComputePool(
         provider=gcp(gcp_standins, spot=True, boot_timeout=60),
@@ -181,7 +180,7 @@ def test_a_reclaimed_spot_vm_is_named_in_worker_lost_and_replaced(
         before = pool.broadcast(lambda: os.uname().nodename)
         first = {s.address: s.instance for s in gcp_standins.standins.values()}
         lost = first["-".join(before[1].split("-")[1:]).replace("-", ".")]
-        in_flight = pool._broadcast_call(PendingCall(_sleep_on, (1,), {}))
+        in_flight = broadcast_in_background(pool, _sleep_on, 1)
         time.sleep(0.5)
         fake.preempt(PROJECT, ZONE, lost)  # Google reclaims node 1, and deletes it
         failure = in_flight.exception(timeout=120)
