@@ -27,7 +27,6 @@ nothing to hold back. Standard library only: the worker's link shares ``turns``.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import signal
@@ -35,10 +34,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import Any, ParamSpec, TypeVar
-
-P = ParamSpec("P")
-R = TypeVar("R")
+from typing import Any
 
 # The C functions behind signal.getsignal and signal.signal, which wrap them in enum
 # conversions that cost microseconds (a ValueError raised and caught per call).
@@ -146,17 +142,6 @@ class _Allow:
 # Module-level instances: entering one costs no allocation, and they hold no state of their own.
 hold_interrupts = _Hold()
 allow_interrupts = _Allow()
-
-
-def held(fn: Callable[P, R]) -> Callable[P, R]:
-    """``fn`` run inside ``hold_interrupts``: for a method whose whole body keeps books."""
-
-    @functools.wraps(fn)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        with hold_interrupts:
-            return fn(*args, **kwargs)
-
-    return run
 
 
 def holding() -> bool:

@@ -108,11 +108,6 @@ def in_framework(frame: proto.Frame) -> bool:
     return any(part in frame[0] for part in _FRAMEWORKS)
 
 
-def in_framework_call(report: proto.StacksReport) -> bool:
-    """Whether some thread is inside jax (where a collective waits), not in plain Python."""
-    return any(any(in_framework(f) for f in user_frames(frames)) for _, frames in report.threads)
-
-
 # What a rank inside jax is doing, read from where its Python stack ends.
 Wait = Literal["collective", "callback", "compile", "transfer"]
 # jax turns a Python function into a program here; a first call, or a new shape, waits here.
