@@ -141,12 +141,9 @@ class ComputePool(CallTarget):
         self._remote = not isinstance(spec.provider, Local)
         self._before_pickling()
         mode: ConsoleMode = "off" if spec.quiet else spec.console
-        log = PoolLog.open(
-            spec.name,
-            meta={"provider": spec.provider_kind, "nodes": spec.nodes},
-            secrets=secrets_of(self.image.env),
-        )
-        self._console = Console(mode=mode, output=spec.output, log=log)
+        # The log directory is made when the pool starts: a pool only built (to check its
+        # options) leaves no directory, and does not prune other pools' logs.
+        self._console = Console(mode=mode, output=spec.output)
         out = self._console  # (``console`` is the option)
 
         self._lock = threading.Lock()  # guards: _state, _opening, _started_at
@@ -232,6 +229,11 @@ class ComputePool(CallTarget):
         atexit.register(self._close_at_exit)
         # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
         signals.hold(self)
+        self._console.log_file = PoolLog.open(
+            spec.name,
+            meta={"provider": spec.provider_kind, "nodes": spec.nodes},
+            secrets=secrets_of(self.image.env),
+        )
         self._console.begin(
             f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
         )
