@@ -193,7 +193,8 @@ class ComputePool(CallTarget):
     @property
     def log_dir(self) -> Path | None:
         """Where this pool writes its nodes' output and its events (``skyward logs`` reads
-        them); None when logs could not be written on this machine."""
+        them); None before the pool starts, or when logs could not be written on this
+        machine."""
         log = self._console.log_file
         return None if log is None else log.directory
 
