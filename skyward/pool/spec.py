@@ -26,6 +26,7 @@ from skyward._plugin import Plugin
 from skyward.console import ConsoleMode, OutputMode
 from skyward.link import protocol as proto
 from skyward.providers.base import Provider, ProvisionRequest, identity_tags
+from skyward.providers.catalog import Accelerator
 
 # Bounds for the durations users give: enough for any real start, and small enough that the
 # standard library's timeouts (threading's TIMEOUT_MAX) never overflow.
@@ -61,9 +62,10 @@ class PoolOptions(TypedDict, total=False):
 
     nodes: int | tuple[int, int]
     """Nodes in the pool, 1 to 4096; ``(min, max)`` runs ``max`` (pools do not autoscale)."""
-    accelerator: str | None
-    """An accelerator name such as ``"A100"``; passed to the provider, plugins and
-    ``InstanceInfo``."""
+    accelerator: str | Accelerator | None
+    """An accelerator such as ``"A100"``, ``"A100:8"`` or ``sky.accelerators.A100(count=8)``
+    (the same request as a value); passed to the provider, plugins and ``InstanceInfo`` as
+    its string."""
     vcpus: float | None
     """At least this many CPUs per node; ``None`` leaves it to the provider."""
     memory_gb: float | None
@@ -191,6 +193,19 @@ class PoolSpec(BaseModel):
         if self.quiet and self.console not in ("auto", "off"):
             raise ValueError(f"quiet=True means console='off'; it contradicts {self.console=}")
         return self
+
+    @field_validator("accelerator", mode="before")
+    @classmethod
+    def _accelerator(cls, accelerator: Any) -> Any:
+        """``sky.accelerators.A100(count=8)`` is the request ``"A100:8"``."""
+        if isinstance(accelerator, Accelerator):
+            return str(accelerator)
+        if accelerator is not None and not isinstance(accelerator, str):
+            raise ValueError(
+                f"accelerator is a name such as 'A100:8' or sky.accelerators.A100(count=8), "
+                f"not {type(accelerator).__name__}"
+            )
+        return accelerator
 
     @field_validator("provider")
     @classmethod
