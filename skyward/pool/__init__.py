@@ -72,7 +72,7 @@ from skyward.collections.proxies import (
     unregister,
 )
 from skyward.collections.state import SharedState
-from skyward.console import Console, ConsoleMode
+from skyward.console import Console, ConsoleMode, handlers
 from skyward.console.logs import PoolLog, secrets_of
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
@@ -149,6 +149,7 @@ class ComputePool(CallTarget):
         self._lock = threading.Lock()  # guards: _state, _opening, _started_at
         self._changed = threading.Condition(self._lock)  # the pool closed, or a spawn ended
         self._state: State = "new"
+        self._log_handlers: handlers.Installed | None = None  # logging=, while open
         self._opening = 0  # workers being spawned now; a close waits for them
         self._started_at = 0.0
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
@@ -227,6 +228,13 @@ class ComputePool(CallTarget):
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
             self._started_at = time.monotonic()
+        try:
+            # Before anything is logged; removed in _teardown, on every path.
+            self._log_handlers = handlers.install(spec.logging)
+        except BaseException:
+            with self._lock:
+                self._state = "closed"  # nothing was started
+            raise
         atexit.register(self._close_at_exit)
         # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
         signals.hold(self)
@@ -399,6 +407,7 @@ class ComputePool(CallTarget):
                     self._changed.notify_all()
                 self._console.flush()
                 self._console.closed()
+                handlers.remove(self._log_handlers)
                 atexit.unregister(self._close_at_exit)
                 signals.release(self)
 
@@ -583,6 +592,10 @@ class ComputePool(CallTarget):
 
     def lock(self, name: str) -> LockProxy:
         return LockProxy(name, self._shared.request)
+
+
+# The public skyward project's later name for the pool (``sky.Compute(...)``).
+Compute = ComputePool
 
 
 def _pickle(call: PendingCall[Any], function: bytes | None = None) -> Pickled:

@@ -24,6 +24,7 @@ from skyward._image import Image
 from skyward._options import keyword_signature
 from skyward._plugin import Plugin
 from skyward.console import ConsoleMode, OutputMode
+from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
 from skyward.providers.base import Provider, ProvisionRequest, identity_tags
 from skyward.providers.catalog import Accelerator
@@ -101,6 +102,10 @@ class PoolOptions(TypedDict, total=False):
     """Whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``."""
     quiet: bool
     """The older spelling of ``console="off"``."""
+    logging: LogConfig | bool | None
+    """``sky.LogConfig(level=, file=, console=)``: handlers on the standard ``skyward``
+    logger while the pool is open; ``True`` is ``LogConfig()``; ``None``/``False``: none
+    added (the program's own logging configuration decides)."""
 
 
 # Options whose None means "the default" though their field takes no None: ComputePool has
@@ -142,6 +147,7 @@ class PoolSpec(BaseModel):
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
+    logging: LogConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -193,6 +199,14 @@ class PoolSpec(BaseModel):
         if self.quiet and self.console not in ("auto", "off"):
             raise ValueError(f"quiet=True means console='off'; it contradicts {self.console=}")
         return self
+
+    @field_validator("logging", mode="before")
+    @classmethod
+    def _logging(cls, logging: Any) -> Any:
+        """skyward 0.5's ``logging=True`` / ``False``."""
+        if logging is True:
+            return LogConfig()
+        return None if logging is False else logging
 
     @field_validator("accelerator", mode="before")
     @classmethod
