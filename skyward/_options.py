@@ -29,10 +29,14 @@ def keyword_signature(
 
     A field whose default is made afresh each time (``default_factory``: a pool's random
     name) shows ``None``, which the model must then take as "the default"; so does a key
-    that is no field of the model (an alias its validators unfold).
+    that is no field of the model (an alias its validators unfold). A key that ``before``
+    names is shown there only (an option that may also be given by position).
     """
     parameters = list(before)
+    shown = {p.name for p in parameters}
     for name, annotation in get_type_hints(options).items():
+        if name in shown:
+            continue
         field = model.model_fields.get(name)
         default = None  # an alias, or a default made afresh
         if field is not None and field.default_factory is None:
