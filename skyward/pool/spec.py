@@ -280,28 +280,51 @@ def pool_signature() -> inspect.Signature:
 
 
 def apply_transforms(image: Image, spec: PoolSpec) -> Image:
-    """Run every plugin's ``transform`` in list order; wrap foreign failures in PluginError."""
+    """Run every plugin's ``transform`` in list order, each followed by its ``bootstrap``
+    steps (added to the image's ``setup``); wrap foreign failures in PluginError."""
     for plugin in spec.plugins:
-        if plugin.transform is None:
-            continue
-        try:
-            result = plugin.transform(image, spec)
-        except PluginError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"plugin {plugin.name!r}: transform failed: {exc}") from exc
-        if not isinstance(result, Image):
-            raise PluginError(
-                f"plugin {plugin.name!r}: transform must return an Image, "
-                f"not {type(result).__name__}"
-            )
-        image = result
+        if plugin.transform is not None:
+            try:
+                result = plugin.transform(image, spec)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(f"plugin {plugin.name!r}: transform failed: {exc}") from exc
+            if not isinstance(result, Image):
+                raise PluginError(
+                    f"plugin {plugin.name!r}: transform must return an Image, "
+                    f"not {type(result).__name__}"
+                )
+            image = result
+        image = _add_bootstrap(image, plugin, spec)
     return image
+
+
+def _add_bootstrap(image: Image, plugin: Plugin, spec: PoolSpec) -> Image:
+    try:
+        steps = plugin.bootstrap_steps(spec)
+    except PluginError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"plugin {plugin.name!r}: bootstrap failed: {exc}") from exc
+    if not steps:
+        return image
+    if spec.provider_kind == "local":
+        # Its nodes are processes on this machine, run by the client's own interpreter:
+        # running a plugin's shell steps here would change the user's machine.
+        raise PluginError(
+            f"plugin {plugin.name!r} adds bootstrap steps, which prepare a remote node before "
+            f"its worker starts; the local pool's nodes are this machine, which Skyward does "
+            f"not change. Run them here yourself ({'; '.join(steps)}) and leave the plugin "
+            f"out of local pools, or use a remote provider (sky.SSH, a cloud)"
+        )
+    return image.model_copy(update={"setup": (*image.setup, *steps)})
 
 
 def pickle_plugins(plugins: tuple[Plugin, ...]) -> proto.Parts:
     """The plugins as the workers receive them; ``PluginError`` names one that cannot go."""
-    for plugin in plugins:
+    workers = [plugin.for_workers() for plugin in plugins]  # the client's hooks stay here
+    for plugin in workers:
         try:
             proto.dumps(plugin)
         except Exception as exc:
@@ -309,4 +332,4 @@ def pickle_plugins(plugins: tuple[Plugin, ...]) -> proto.Parts:
                 f"plugin {plugin.name!r} cannot be pickled, so it cannot reach the workers: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-    return proto.dumps(list(plugins))
+    return proto.dumps(workers)
