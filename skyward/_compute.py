@@ -106,7 +106,9 @@ class ComputeFunction(Generic[P, R]):
 @overload
 def compute(fn: Callable[P, R], /) -> ComputeFunction[P, R]: ...
 @overload
-def compute(*, timeout: float | None = None) -> Callable[[Callable[P, R]], ComputeFunction[P, R]]: ...
+def compute(
+    *, timeout: float | None = None
+) -> Callable[[Callable[P, R]], ComputeFunction[P, R]]: ...
 def compute(
     fn: Callable[P, R] | None = None, /, *, timeout: float | None = None
 ) -> ComputeFunction[P, R] | Callable[[Callable[P, R]], ComputeFunction[P, R]]:

@@ -12,7 +12,7 @@ import ipaddress
 import re
 import socket
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 

@@ -78,6 +78,11 @@ class Plugin(BaseModel):
     def with_bootstrap(self, steps: Bootstrap) -> Plugin:
         """Shell steps for every remote node's bootstrap: a list of commands, or a function
         of the pool's spec that returns one (skyward 0.5 passed the cluster)."""
+        if isinstance(steps, str):
+            raise PluginError(
+                f"plugin {self.name!r}: with_bootstrap takes a list of shell commands, not one "
+                f"string: with_bootstrap([{steps!r}])"
+            )
         return self.model_validate({**dict(self), "bootstrap": steps})
 
     def with_around_client(self, around_client: AroundClient) -> Plugin:

@@ -106,7 +106,7 @@ V100 = _factory("V100")
 P100 = _factory("P100")
 
 
-def Custom(  # noqa: N802 (a constructor, spelled as skyward 0.5 spelled it)
+def Custom(
     name: str, *, count: int | None = None, memory: str | int | None = None
 ) -> Accelerator:
     """An accelerator outside the catalog, or one named as a machine names it: sky.SSH and
