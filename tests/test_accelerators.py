@@ -30,7 +30,9 @@ from skyward.providers.slurm import gres_for
         (Custom("MI300X", count=8, memory="192GB"), "MI300X-192GB:8"),
     ],
 )
-def test_a_value_is_the_request_its_string_is(value: sky.accelerators.Accelerator, text: str) -> None:
+def test_a_value_is_the_request_its_string_is(
+    value: sky.accelerators.Accelerator, text: str
+) -> None:
     assert str(value) == text
     if value.name in catalog.NAMES:
         assert catalog.parse(text) == value
@@ -93,7 +95,7 @@ def test_a_local_pool_refuses_an_accelerator_naming_every_provider_that_offers_i
 
 
 def test_a_name_no_catalog_has_points_at_the_providers_that_take_any_name() -> None:
-    with pytest.raises(ValueError, match="sky.SSH and sky.Slurm run on machines that have it"):
+    with pytest.raises(ValueError, match=r"sky\.SSH and sky\.Slurm run on machines that have it"):
         sky.ComputePool(accelerator=Custom("MI300X"))
 
 

@@ -13,12 +13,12 @@ import sys
 from typing import Any
 
 import pytest
+from support.pools import PoolFactory
 
 import skyward as sky
 import skyward.api
 from skyward._info import InstanceInfo
 from skyward.pool.spec import PoolSpec
-from support.pools import PoolFactory
 
 
 @sky.function
@@ -71,7 +71,7 @@ def test_skyward_api_gives_the_very_objects_skyward_does() -> None:
 def test_a_name_skyward_api_lacks_says_what_to_write() -> None:
     with pytest.raises(AttributeError, match="write name the pool"):
         skyward.api.sky  # noqa: B018
-    with pytest.raises(AttributeError, match="coming-from-0.5"):
+    with pytest.raises(AttributeError, match=r"coming-from-0\.5"):
         skyward.api.NoSuchThing  # noqa: B018
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pydantic
 import pytest
+from support.pools import ssh_provider
+from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
 from skyward.plugins import Plugin
-from support.pools import ssh_provider
-from support.sshhosts import Hosts, PackageIndex
 
 
 def my_framework(log: str) -> Plugin:
@@ -241,7 +241,12 @@ def test_a_failing_around_client_closes_the_pool_and_exits_the_ones_entered() ->
     pool = sky.ComputePool(plugins=plugins, quiet=True)
     with pytest.raises(sky.PluginError, match="plugin 'b': around_client failed: b cannot start"):
         pool.start()
-    assert events == ["a enter running 1", "b enter running 1", "a saw PluginError", "a exit running"]
+    assert events == [
+        "a enter running 1",
+        "b enter running 1",
+        "a saw PluginError",
+        "a exit running",
+    ]
     assert pool.statistics().state == "closed"
 
 
