@@ -49,9 +49,17 @@ def keyword_signature(
     return inspect.Signature(parameters, return_annotation=returns)
 
 
-def refuse_unknown(options: Mapping[str, object], known: type, caller: str) -> None:
+def refuse_unknown(
+    options: Mapping[str, object],
+    known: type,
+    caller: str,
+    instead: Mapping[str, str] | None = None,
+) -> None:
     """A misspelled keyword is a ``TypeError``, as Python says it for any other call (the
-    model would call it an extra input, which reads as a wrong value)."""
+    model would call it an extra input, which reads as a wrong value). ``instead``: for
+    keywords another API took (skyward 0.5's), what to write here."""
     for name in options:
         if name not in known.__annotations__:
-            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+            hint = (instead or {}).get(name)
+            said = f"; {hint}" if hint else ""
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{said}")

@@ -18,7 +18,7 @@ from support.pools import PoolFactory
 import skyward as sky
 import skyward.api
 from skyward._info import InstanceInfo
-from skyward.pool.spec import PoolSpec
+from skyward.pool.spec import FROM_05, PoolSpec
 
 
 @sky.function
@@ -178,3 +178,12 @@ def test_jax_takes_its_cuda_version_by_position_as_skyward_05_did() -> None:
     assert list(inspect.signature(sky.plugins.jax).parameters)[:2] == ["cuda", "version"]
     with pytest.raises(TypeError, match="both by position and by keyword"):
         sky.plugins.jax("cu124", cuda=12)
+
+
+@pytest.mark.parametrize("name", sorted(FROM_05))
+def test_a_05_pool_option_we_lack_says_what_to_write_instead(name: str) -> None:
+    with pytest.raises(TypeError) as caught:
+        sky.ComputePool(**{name: 1})  # type: ignore[misc]
+    assert str(caught.value) == (
+        f"ComputePool() got an unexpected keyword argument {name!r}; {FROM_05[name]}"
+    )

@@ -85,6 +85,7 @@ from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
 from skyward.pool.spec import (
+    FROM_05,
     PoolOptions,
     PoolSpec,
     apply_transforms,
@@ -130,7 +131,7 @@ class ComputePool(CallTarget):
     def __init__(self, provider: Provider | None = None, **options: Unpack[PoolOptions]) -> None:
         from skyward.providers.local import Local
 
-        refuse_unknown(options, PoolOptions, "ComputePool")
+        refuse_unknown(options, PoolOptions, "ComputePool", FROM_05)
         # Only what the caller gave: every default is PoolSpec's.
         given = {"provider": Local() if provider is None else provider, **options}
         self.spec = spec = PoolSpec.model_validate(given)

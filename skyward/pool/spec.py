@@ -108,6 +108,32 @@ class PoolOptions(TypedDict, total=False):
     added (the program's own logging configuration decides)."""
 
 
+# skyward 0.5's pool options that have no counterpart here, and what to write instead: a
+# program moved over is told, not met with a bare "unexpected keyword argument".
+FROM_05: dict[str, str] = {
+    "architecture": "the catalog's machines are all x86_64: leave it out",
+    "ttl": (
+        "cloud machines shut themselves down once the client has been gone for the "
+        "provider's idle_timeout, as in sky.AWS(idle_timeout=600)"
+    ),
+    "ssh_timeout": (
+        "the cloud providers' boot_timeout bounds the wait for SSH (sky.AWS(boot_timeout=...)), "
+        "and provision_timeout the whole start"
+    ),
+    "ssh_retry_interval": "leave it out: SSH is retried until boot_timeout on its own",
+    "provision_retry_delay": (
+        "leave it out: a pool tries each place its allocation allows (zone, type, market) "
+        "once, within provision_timeout"
+    ),
+    "max_provision_attempts": (
+        "leave it out: a pool tries each place its allocation allows (zone, type, market) "
+        "once, within provision_timeout"
+    ),
+    "reconcile_tick_interval": (
+        "leave it out: a lost node is seen on its link at once, with no polling"
+    ),
+}
+
 # Options whose None means "the default" though their field takes no None: ComputePool has
 # always accepted these, and the signature shows the afresh-made ones so.
 _NONE_MEANS_DEFAULT = ("image", "name", "concurrency")
