@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import numpy as np
 
 import skyward as sky
 from skyward.link import protocol as proto
+from skyward.link.turns import PipeReader
 
 
 def _roundtrip(message: object, payload: proto.Parts | None) -> tuple[object, proto.Parts]:
@@ -28,6 +30,74 @@ def test_a_frame_carries_a_message_and_its_payload() -> None:
     message, parts = _roundtrip(proto.Call(7, "f"), payload)
     assert message == proto.Call(7, "f")
     assert proto.loads(parts) == {"a": [1, 2, 3]}
+
+
+def test_every_call_and_result_survives_the_packed_encoding() -> None:
+    # A call and a result are packed rather than pickled (see proto.frame); the others,
+    # and calls that stream or relay, are pickles. Each must come back equal.
+    relay = proto.Relay(b"t" * 16, chain=((1, "10.0.0.2", 4000),))
+    messages: list[object] = [
+        proto.Call(1, "noop"),
+        proto.Call(2**63 + 5, "f.<locals>.g ünïcode"),
+        proto.Call(3, ""),
+        proto.Call(4, "gen", window=8),
+        proto.Call(5, "feed", inputs=2),
+        proto.Call(6, "bcast", relay=relay),
+        proto.Result(7, True),
+        proto.Result(8, False),
+        proto.Log(b"hello"),
+    ]
+    for message in messages:
+        for payload in (None, proto.dumps(None), proto.dumps(b"x" * 10_000)):
+            got, parts = _roundtrip(message, payload)
+            assert got == message
+            assert type(got) is type(message)
+            assert proto.loads(parts) == proto.loads(payload) if payload else parts == []
+
+
+def test_the_pipe_reader_reads_frames_whole_split_or_several_at_once() -> None:
+    # PipeReader.read_frame parses frames from its buffer when they are all there; frames
+    # that arrive in pieces, or are larger than its buffer, are read part by part.
+    big = np.arange(50_000, dtype=np.float64)  # 400 KB: larger than the reader's buffer
+    frames = [
+        (proto.Call(1, "a"), proto.dumps(((), {}))),
+        (proto.Result(1, True), proto.dumps(None)),
+        (proto.Log(b"x" * 100), None),
+        (proto.Result(2, True), proto.dumps(big)),
+        (proto.Result(3, False), proto.dumps("after the big one")),
+    ]
+    wire = b"".join(bytes(p) for m, pl in frames for p in proto.frame(m, pl))
+    read_fd, write_fd = os.pipe()
+
+    def write() -> None:  # in uneven pieces, so frames straddle reads
+        for start in range(0, len(wire), 7_777):
+            os.write(write_fd, wire[start : start + 7_777])
+        os.close(write_fd)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    reader = PipeReader(read_fd)
+    try:
+        for message, payload in frames:
+            got, parts = reader.read_frame()
+            assert got == message
+            if payload is None:
+                assert parts == []
+            else:
+                value = proto.loads(parts)
+                if isinstance(value, np.ndarray):
+                    np.testing.assert_array_equal(value, big)
+                else:
+                    assert value == proto.loads(payload)
+        try:
+            reader.read_frame()
+        except EOFError:
+            pass
+        else:
+            raise AssertionError("the end of the stream must be an EOFError")
+    finally:
+        writer.join()
+        os.close(read_fd)
 
 
 def test_numpy_arrays_travel_out_of_band_and_are_not_copied_on_arrival() -> None:

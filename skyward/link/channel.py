@@ -94,6 +94,11 @@ class Transport(Protocol):
 
     def write(self, parts: Sequence[proto.Part]) -> None: ...
     def readinto(self, buffer: memoryview) -> int | None: ...
+    def read_frame(self) -> tuple[Any, proto.Parts]:
+        """The next frame (``proto.read_frame`` over ``readinto``, or a faster way to the
+        same); ``EOFError`` at the end of the stream."""
+        ...
+
     def read_stderr(self) -> bytes:
         """The next chunk of the worker's stderr; ``b""`` at end of stream."""
         ...
@@ -197,7 +202,7 @@ class Channel:
         if transport.caller_reads:
             self._turns = Turns(
                 ready=transport.ready,
-                read=lambda: proto.read_frame(transport.readinto),
+                read=transport.read_frame,
                 dispatch=self._dispatch,
                 needs_reader=lambda: bool(self._pending),
                 torn=self.kill,
@@ -338,8 +343,8 @@ class Channel:
 
     def _send_held(self, message: object, payload: proto.Parts | None) -> None:
         parts = proto.frame(message, payload)
-        size = proto.size(parts)
-        # Cheap checks first: while the sender is busy the frame is queued without a select.
+        # Cheap checks first: while the sender is busy the frame is queued without a poll.
+        size = len(parts[0]) if len(parts) == 1 else proto.size(parts)  # see proto.frame
         if size <= _INLINE_BYTES and self._queued == 0 and self._write_lock.acquire(blocking=False):
             try:
                 # Nothing queued may be overtaken: frames keep the order they were sent in.
@@ -394,7 +399,7 @@ class Channel:
                 self._turns.run_reader()  # raises when the stream ends, as read_frame does
             else:
                 while True:
-                    message, parts = proto.read_frame(self._transport.readinto)
+                    message, parts = self._transport.read_frame()
                     self._dispatch(message, parts)
         except (EOFError, OSError, ValueError):
             pass

@@ -4,7 +4,10 @@ A frame is ``!I`` part count, ``!Q`` length of each part, then the parts::
 
     [n][len0 .. lenN-1][control][payload main][payload buffer 1] ...
 
-Part 0 is a small message (a dataclass below, plain pickle). The optional payload is user data
+Part 0 is a small message (a dataclass below): a plain pickle, except the two that every call
+sends, a ``Call`` that neither streams nor relays and a ``Result``, which are packed (a tag
+byte and their fields: ``_pack``), several times cheaper both ways. A pickle starts with
+its protocol byte (0x80), so the first byte tells them apart. The optional payload is user data
 pickled once with cloudpickle protocol 5: its out-of-band buffers (numpy arrays and the like)
 are separate parts, written with ``writev`` straight from the array's memory and read into
 buffers that the unpickled arrays then own, so large arrays are never copied into a bigger
@@ -332,12 +335,80 @@ def _safely(make: Callable[[], str], fallback: str) -> str:
 
 
 def frame(message: object, payload: Parts | None = None) -> Parts:
-    """The parts to write for one frame, header first."""
-    parts: Parts = [pickle.dumps(message, protocol=5)]
-    if payload:
-        parts.extend(payload)
-    header = struct.pack(f"!I{len(parts)}Q", len(parts), *(_nbytes(p) for p in parts))
-    return [header, *parts]
+    """The parts to write for one frame. A small frame (payload of at most ``_JOIN_BYTES``)
+    is one ``bytes``, so its size is its ``len`` and it goes out in one ``write``; a larger
+    one is the header and message, then the payload's parts as they are (never copied)."""
+    head = _pack(message)
+    if not payload:
+        return [_HEADER_1.pack(1, len(head)) + head]
+    count = len(payload) + 1
+    lengths = [_nbytes(p) for p in payload]
+    header = _header(count).pack(count, len(head), *lengths)
+    if sum(lengths) <= _JOIN_BYTES:
+        return [b"".join((header, head, *payload))]
+    return [header + head, *payload]
+
+
+# A frame whose payload is this small is joined into one bytes object: copying it costs
+# less than a part of its own costs in every layer below (and a pipe takes it whole).
+_JOIN_BYTES = 2048
+_HEADER_1 = struct.Struct("!IQ")
+_HEADERS: dict[int, struct.Struct] = {}  # by part count: the frame header's layout
+_LENGTHS: dict[int, struct.Struct] = {}  # by part count: the lengths alone
+
+
+def _header(count: int) -> struct.Struct:
+    layout = _HEADERS.get(count)
+    if layout is None:
+        layout = struct.Struct(f"!I{count}Q")
+        if count <= _CACHED_COUNTS:
+            _HEADERS[count] = layout
+    return layout
+
+
+def _lengths(count: int) -> struct.Struct:
+    layout = _LENGTHS.get(count)
+    if layout is None:
+        layout = struct.Struct(f"!{count}Q")
+        if count <= _CACHED_COUNTS:
+            _LENGTHS[count] = layout
+    return layout
+
+
+_CACHED_COUNTS = 64  # frames of more parts (many arrays) are rare, and large anyway
+
+
+# Part 0 of the two frames of every call, packed instead of pickled (see the module
+# docstring): tag, call id, and the call's name (the rest of the part) or the result's ok.
+_PICKLED = 0x80  # pickle's PROTO opcode: the first byte of any pickle of protocol 2 or more
+_CALL_TAG = 1
+_RESULT_TAG = 2
+_CALL = struct.Struct("!BQ")
+_RESULT = struct.Struct("!BQ?")
+
+
+def _pack(message: object) -> bytes:
+    kind = type(message)
+    if kind is Result:
+        return _RESULT.pack(_RESULT_TAG, message.call_id, message.ok)  # type: ignore[attr-defined]
+    if kind is Call:
+        call: Call = message  # type: ignore[assignment]
+        if not call.window and not call.inputs and call.relay is None:
+            return _CALL.pack(_CALL_TAG, call.call_id) + call.name.encode()
+    return pickle.dumps(message, protocol=5)
+
+
+def _unpack(data: Part) -> Any:
+    tag = data[0]
+    if tag == _PICKLED:
+        return pickle.loads(data)
+    if tag == _RESULT_TAG:
+        _, call_id, ok = _RESULT.unpack(data)
+        return Result(call_id, ok)
+    if tag == _CALL_TAG:
+        _, call_id = _CALL.unpack_from(data)
+        return Call(call_id, bytes(data[_CALL.size :]).decode())
+    raise ValueError(f"unknown message tag {tag} in a frame")
 
 
 def _nbytes(part: Part) -> int:
@@ -354,8 +425,11 @@ _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 def write_parts(fd: int, parts: Sequence[Part]) -> None:
     """Write every part to ``fd`` with as few syscalls as the kernel allows."""
-    if len(parts) <= _IOV_MAX:
-        # Mostly one writev takes it all (a small frame always does, into a pipe with room).
+    if len(parts) == 1:  # a small frame (see frame): one write mostly takes it all
+        written = os.write(fd, parts[0])
+        if written == _nbytes(parts[0]):
+            return
+    elif len(parts) <= _IOV_MAX:
         written = os.writev(fd, parts)
         if written == size(parts):
             return
@@ -404,10 +478,34 @@ def read_message(readinto: Callable[[memoryview], int | None]) -> tuple[Any, tup
     """Read a frame's header and message; return the message and the lengths of its payload
     parts, which the caller reads next (all of them, in order)."""
     (count,) = _COUNT.unpack(read_exact(readinto, _COUNT.size))
+    _check_count(count)
+    lengths = _lengths(count).unpack(read_exact(readinto, 8 * count))
+    return _unpack(read_exact(readinto, lengths[0])), lengths[1:]
+
+
+def parse_message(
+    buffer: bytearray, start: int, end: int
+) -> tuple[Any, tuple[int, ...], int] | None:
+    """``read_message`` from bytes already read: the message, the lengths of its payload
+    parts and where the payload starts, if ``buffer[start:end]`` holds the whole header and
+    message; else None (nothing consumed)."""
+    if end - start < 4:
+        return None
+    (count,) = _COUNT.unpack_from(buffer, start)
+    _check_count(count)
+    body = start + 4 + 8 * count
+    if body > end:
+        return None
+    lengths = _lengths(count).unpack_from(buffer, start + 4)
+    stop = body + lengths[0]
+    if stop > end:
+        return None
+    return _unpack(buffer[body:stop]), lengths[1:], stop
+
+
+def _check_count(count: int) -> None:
     if not 0 < count <= _MAX_PARTS:
         raise EOFError(f"corrupt frame header ({count} parts); something else wrote here")
-    lengths = struct.unpack(f"!{count}Q", read_exact(readinto, 8 * count))
-    return pickle.loads(read_exact(readinto, lengths[0])), lengths[1:]
 
 
 def python_version() -> tuple[int, int, int]:

@@ -56,6 +56,7 @@ from typing import Any
 
 from skyward._futures import delivering
 from skyward._interrupts import allow_interrupts
+from skyward.link import protocol as proto
 
 # How long the reader thread stays parked after a waiter read for itself.
 LINGER = 0.05
@@ -344,6 +345,34 @@ class PipeReader:
         if self._end > self._start:
             with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
                 os.write(self._wake_w, b"\0")
+
+    def read_frame(self) -> tuple[Any, list[Any]]:
+        """One frame, as ``proto.read_frame`` reads it; from the buffer when it holds the
+        frame (the usual case: a small frame arrives whole), without a read per field."""
+        message, lengths = self.read_message()
+        return message, [self.read_exact(n) for n in lengths]
+
+    def read_message(self) -> tuple[Any, tuple[int, ...]]:
+        """A frame's header and message, as ``proto.read_message`` reads them."""
+        if self._end == self._start:  # one read for the lot, mostly the whole frame
+            got = os.readv(self._fd, [self._buffer])
+            if not got:
+                raise EOFError("stream ended after 0 of 4 bytes")
+            self._start, self._end = 0, got
+        head = proto.parse_message(self._buffer, self._start, self._end)
+        if head is None:  # a frame larger than what arrived so far
+            return proto.read_message(self.readinto)
+        message, lengths, self._start = head
+        return message, lengths
+
+    def read_exact(self, n: int) -> bytearray:
+        """Exactly ``n`` bytes (``EOFError`` if the stream ends first), in a buffer of their
+        own: a part of a frame."""
+        start = self._start
+        if self._end - start >= n:
+            self._start = start + n
+            return self._buffer[start : start + n]
+        return proto.read_exact(self.readinto, n)
 
     def readinto(self, view: memoryview | bytearray) -> int:
         """Up to ``len(view)`` bytes into ``view``; 0 at the end of the stream."""

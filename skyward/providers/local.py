@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -190,6 +190,9 @@ class PipeTransport:
 
     def readinto(self, buffer: memoryview) -> int | None:
         return self._pipe.readinto(buffer)
+
+    def read_frame(self) -> tuple[Any, proto.Parts]:
+        return self._pipe.read_frame()
 
     def ready(self, timeout: float | None) -> bool:
         return self._pipe.ready(timeout)

@@ -32,14 +32,14 @@ class WorkerLink:
             proto.write_parts(self._out_fd, parts)
 
     def recv(self) -> tuple[Any, proto.Parts]:
-        readinto = self.pipe.readinto
-        message, lengths = proto.read_message(readinto)
+        pipe = self.pipe
+        message, lengths = pipe.read_message()
         relay = getattr(message, "relay", None)
         if relay is not None and relay.chain and self.relays is not None:
             # A broadcast's payload, passed on down the relay chain as it arrives (relay).
-            parts = self.relays.forward_from(relay.token, relay.chain, lengths, readinto)
+            parts = self.relays.forward_from(relay.token, relay.chain, lengths, pipe.readinto)
             return message, [*parts]
-        return message, [proto.read_exact(readinto, n) for n in lengths]
+        return message, [pipe.read_exact(n) for n in lengths]
 
 
 class StdoutForwarder:

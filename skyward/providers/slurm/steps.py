@@ -32,6 +32,7 @@ import shlex
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
@@ -386,6 +387,9 @@ class SlurmTransport:
 
     def readinto(self, buffer: memoryview) -> int | None:
         return self._inner.readinto(buffer)
+
+    def read_frame(self) -> tuple[Any, proto.Parts]:
+        return self._inner.read_frame()
 
     @property
     def caller_reads(self) -> bool:

@@ -92,6 +92,9 @@ class SSHTransport:
     def readinto(self, buffer: memoryview) -> int | None:
         return self._stdout.readinto(buffer)
 
+    def read_frame(self) -> tuple[Any, proto.Parts]:
+        return proto.read_frame(self._stdout.readinto)
+
     def ready(self, timeout: float | None) -> bool:
         raise NotImplementedError("never called: caller_reads is False")
 
