@@ -21,6 +21,7 @@ from what pickling at that moment would have sent.
 from __future__ import annotations
 
 import functools
+import operator
 import site
 import sys
 import sysconfig
@@ -37,116 +38,192 @@ _MAX_BYTES = 1 << 16
 # How deep the check follows tuples and helper functions before it gives up (no caching).
 _MAX_DEPTH = 8
 _ATOMS = frozenset({int, float, complex, str, bytes, bool, type(None), type(...), range})
+_ABSENT = object()  # what a read found where there was nothing (a name not defined yet)
+
+
+class _Reads:
+    """Every read a function's pickle depends on, recorded while the function is first
+    looked at, so that later calls only repeat the reads and compare what they find with
+    ``is``: the same objects mean the same pickle (see the module docstring). The reads of
+    one object are repeated by one ``attrgetter`` (or ``itemgetter``) and compared in one
+    ``map(operator.is_, ...)``: a fraction of walking the function again."""
+
+    __slots__ = ("_absent", "_attributes", "_checks", "_items", "_missing", "_sizes")
+
+    def __init__(self) -> None:
+        # by id of the object read: (the object, [names], [what they were])
+        self._attributes: dict[int, tuple[object, list[str], list[object]]] = {}
+        self._items: dict[int, tuple[dict[Any, Any], list[object], list[object]]] = {}
+        self._absent: dict[int, tuple[dict[Any, Any], set[object]]] = {}  # keys not there
+        self._missing: list[tuple[object, str]] = []  # attributes not there
+        self._sizes: list[tuple[dict[Any, Any], int]] = []  # len(mapping) == size
+        self._checks: list[tuple[Callable[[Any], Any], object, tuple[object, ...]]] = []
+
+    def attribute(self, obj: object, name: str) -> Any:
+        value = getattr(obj, name, _ABSENT)
+        if value is _ABSENT:  # rare: a builtin without __module__, a name a module lacks
+            self._missing.append((obj, name))
+            return None
+        _, names, values = self._attributes.setdefault(id(obj), (obj, [], []))
+        names.append(name)
+        values.append(value)
+        return value
+
+    def item(self, mapping: dict[Any, Any], key: object) -> Any:
+        value = mapping.get(key, _ABSENT)
+        if value is _ABSENT:
+            self._absent.setdefault(id(mapping), (mapping, set()))[1].add(key)
+        else:
+            _, keys, values = self._items.setdefault(id(mapping), (mapping, [], []))
+            keys.append(key)
+            values.append(value)
+        return value
+
+    def size(self, mapping: dict[Any, Any]) -> None:
+        self._sizes.append((mapping, len(mapping)))  # a key added later is a change
+
+    def seal(self) -> _Reads:
+        """Done recording: build the getters ``unchanged`` repeats."""
+        for obj, names, values in self._attributes.values():
+            # Each name twice: attrgetter of one name returns the value, not a tuple.
+            getter = operator.attrgetter(*names, *names)
+            self._checks.append((getter, obj, (*values, *values)))
+        for mapping, keys, values in self._items.values():
+            self._checks.append((operator.itemgetter(*keys, *keys), mapping, (*values, *values)))
+        self._attributes.clear()
+        self._items.clear()
+        return self
+
+    def unchanged(self) -> bool:
+        """Whether every read finds what it found when recorded."""
+        try:
+            for getter, source, expected in self._checks:
+                if not all(map(operator.is_, getter(source), expected)):
+                    return False
+            for mapping, absent in self._absent.values():
+                if not mapping.keys().isdisjoint(absent):
+                    return False
+            for obj, name in self._missing:
+                if hasattr(obj, name):
+                    return False
+            for mapping, size in self._sizes:
+                if len(mapping) != size:
+                    return False
+        except Exception:  # a read that now fails (a name deleted, an empty cell): changed
+            return False
+        return True
+
 
 _lock = threading.Lock()  # guards: _cache, _names
-# function -> (by-value registry, len(sys.modules), objects it was made from, the bytes)
-_cache: weakref.WeakKeyDictionary[
-    Callable[..., Any], tuple[frozenset[str], int, list[object], bytes]
-] = weakref.WeakKeyDictionary()
+# function -> (by-value registry, len(sys.modules), the reads it was made from, the bytes)
+_cache: weakref.WeakKeyDictionary[Callable[..., Any], tuple[frozenset[str], int, _Reads, bytes]] = (
+    weakref.WeakKeyDictionary()
+)
 # The global names each code object reads, by id (hashing a code object hashes its whole
 # bytecode), with the code object itself, which also keeps its id from being reused.
 _names: dict[int, tuple[types.CodeType, tuple[str, ...]]] = {}
+_cloudpickle: Any = None  # imported by the first pickle: `import skyward` stays light
 
 
 def dumps_function(fn: Callable[..., Any]) -> bytes:
     """``cloudpickle.dumps(fn, protocol=5)``, from the cache when it would be the same."""
-    import cloudpickle
+    global _cloudpickle
+    if _cloudpickle is None:
+        import cloudpickle
 
-    registry = frozenset(cloudpickle.list_registry_pickle_by_value())
+        _cloudpickle = cloudpickle
+    registry = _cloudpickle.list_registry_pickle_by_value()  # a copy: a set of names
     modules = len(sys.modules)
-    made_from = _identities(fn, registry) if isinstance(fn, types.FunctionType) else None
-    if made_from is not None:
+    entry = _cache.get(fn) if isinstance(fn, types.FunctionType) else None
+    if entry is not None and entry[1] == modules and entry[0] == registry and entry[2].unchanged():
+        return entry[3]
+    frozen = frozenset(registry)
+    reads = _reads(fn, frozen) if isinstance(fn, types.FunctionType) else None
+    data = bytes(_cloudpickle.dumps(fn, protocol=5))
+    if reads is not None and len(data) <= _MAX_BYTES:
         with _lock:
-            entry = _cache.get(fn)
-        if (
-            entry is not None
-            and entry[0] == registry
-            and entry[1] == modules
-            and len(entry[2]) == len(made_from)
-            and all(a is b for a, b in zip(entry[2], made_from, strict=True))
-        ):
-            return entry[3]
-    data = bytes(cloudpickle.dumps(fn, protocol=5))
-    if made_from is not None and len(data) <= _MAX_BYTES:
-        with _lock:
-            _cache[fn] = (registry, modules, made_from, data)
+            _cache[fn] = (frozen, modules, reads, data)
     return data
 
 
-def _identities(fn: types.FunctionType, registry: frozenset[str]) -> list[object] | None:
-    """The objects ``fn``'s pickle is made from, or None if it could change without one of
+def _reads(fn: types.FunctionType, registry: frozenset[str]) -> _Reads | None:
+    """The reads ``fn``'s pickle is made from, or None if it could change without one of
     them changing (something mutable is reachable)."""
-    out: list[object] = []
-    return out if _function(fn, registry, out, set(), 0) else None
+    reads = _Reads()
+    return reads.seal() if _function(fn, registry, reads, set(), 0) else None
 
 
 def _function(
-    fn: types.FunctionType, registry: frozenset[str], out: list[object], seen: set[int], depth: int
+    fn: types.FunctionType, registry: frozenset[str], reads: _Reads, seen: set[int], depth: int
 ) -> bool:
     if id(fn) in seen:
         return True  # recursion, or a helper reached twice: recorded already
     seen.add(id(fn))
-    out.append(fn)
-    if _by_reference(fn, registry):
+    if _by_reference(fn, registry, reads):
         return True  # pickled as "module.name": nothing of it travels
     if depth > _MAX_DEPTH:
         return False
-    code = fn.__code__
     # What cloudpickle's _function_getstate puts in the pickle, besides the code.
-    out += [code, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__]
-    values: list[object] = [fn.__defaults__]
-    for cell in fn.__closure__ or ():
+    code = reads.attribute(fn, "__code__")
+    for name in ("__name__", "__qualname__", "__doc__"):
+        reads.attribute(fn, name)  # (__module__ was read by _by_reference)
+    values: list[object] = [reads.attribute(fn, "__defaults__")]
+    for cell in reads.attribute(fn, "__closure__") or ():
         try:
-            values.append(cell.cell_contents)
+            values.append(reads.attribute(cell, "cell_contents"))
         except ValueError:
-            values.append(None)  # an empty cell (a name assigned later)
-    namespace = fn.__globals__
-    named = [(name, namespace[name]) for name in _global_names(code) if name in namespace]
-    for mapping in (fn.__kwdefaults__, fn.__dict__, fn.__annotations__):
-        if mapping:
-            named += mapping.items()
-    for name, value in named:
-        out.append(name)
-        values.append(value)
-    return all(_frozen(value, registry, out, seen, depth + 1) for value in values)
+            return False  # an empty cell (a name assigned later): not worth caching
+    namespace = fn.__globals__  # read-only: always the same dict
+    for name in _global_names(code):
+        value = reads.item(namespace, name)
+        if value is not _ABSENT:
+            values.append(value)
+    for attribute in ("__kwdefaults__", "__dict__", "__annotations__"):
+        mapping = reads.attribute(fn, attribute)
+        if mapping is None:
+            continue
+        if type(mapping) is not dict:
+            return False
+        reads.size(mapping)
+        for key in mapping:
+            values.append(key)
+            values.append(reads.item(mapping, key))
+    return all(_frozen(value, registry, reads, seen, depth + 1) for value in values)
 
 
 def _frozen(
-    value: object, registry: frozenset[str], out: list[object], seen: set[int], depth: int
+    value: object, registry: frozenset[str], reads: _Reads, seen: set[int], depth: int
 ) -> bool:
-    """Whether ``value`` pickles the same as long as it is the same object; records it."""
+    """Whether ``value`` pickles the same as long as it is the same object (the read that
+    found it checks that); records the reads below it."""
     kind = type(value)
     if kind in _ATOMS:
-        out.append(value)
         return True
     if depth > _MAX_DEPTH:
         return False
-    if kind is tuple or kind is frozenset:
-        out.append(value)
-        return all(_frozen(item, registry, out, seen, depth + 1) for item in value)  # type: ignore[attr-defined]
+    if kind is tuple or kind is frozenset:  # immutable: their items cannot change
+        return all(_frozen(item, registry, reads, seen, depth + 1) for item in value)  # type: ignore[attr-defined]
     if kind is types.FunctionType:
-        return _function(value, registry, out, seen, depth + 1)  # type: ignore[arg-type]
+        return _function(value, registry, reads, seen, depth + 1)  # type: ignore[arg-type]
     if kind is types.ModuleType:
-        out.append(value)
-        name = value.__name__  # type: ignore[attr-defined]
-        return name in sys.modules and not _registered(name, registry)
+        name = reads.attribute(value, "__name__")
+        return reads.item(sys.modules, name) is value and not _registered(name, registry)
     if isinstance(value, type) or kind is types.BuiltinFunctionType:
-        out.append(value)
-        return _by_reference(value, registry)
+        return _by_reference(value, registry, reads)
     return False
 
 
-def _by_reference(obj: Any, registry: frozenset[str]) -> bool:
+def _by_reference(obj: Any, registry: frozenset[str], reads: _Reads) -> bool:
     """cloudpickle's rule: a function or class its module holds under its name, in a module
     that is imported here and not registered for pickling by value, travels as a name."""
-    module_name = getattr(obj, "__module__", None)
+    module_name = reads.attribute(obj, "__module__")
     if not module_name or module_name == "__main__" or _registered(module_name, registry):
         return False
-    target: Any = sys.modules.get(module_name)
-    for part in getattr(obj, "__qualname__", "<locals>").split("."):
-        if target is None or part == "<locals>":
+    target: Any = reads.item(sys.modules, module_name)
+    for part in (reads.attribute(obj, "__qualname__") or "<locals>").split("."):
+        if target is _ABSENT or target is None or part == "<locals>":
             return False
-        target = getattr(target, part, None)
+        target = reads.attribute(target, part)
     return target is obj
 
 
