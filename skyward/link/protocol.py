@@ -407,7 +407,7 @@ def _unpack(data: Part) -> Any:
         return Result(call_id, ok)
     if tag == _CALL_TAG:
         _, call_id = _CALL.unpack_from(data)
-        return Call(call_id, bytes(data[_CALL.size :]).decode())
+        return Call(call_id, str(data[_CALL.size :], "utf-8"))
     raise ValueError(f"unknown message tag {tag} in a frame")
 
 

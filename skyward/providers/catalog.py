@@ -494,4 +494,3 @@ def refuse_contradiction(
             f"{given}={machine.type!r} has {machine.ram_gb:g} GB of memory, less than "
             f"memory_gb={memory_gb:g}; drop one of them, or name a larger type"
         )
-

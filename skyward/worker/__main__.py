@@ -34,7 +34,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -100,20 +99,14 @@ class _Worker:
         self._io: dict[int, CallIO] = {}  # streaming calls, by id, until their Result
         self._last_call = 0  # the highest call id received
         self._early_cancels: set[int] = set()  # Cancel frames that overtook their Call
+        self._interruptible = _Interruptible(self)
 
     def start_reader(self) -> None:
         threading.Thread(target=self._read, name="skyward-reader", daemon=True).start()
 
-    @contextlib.contextmanager
-    def interruptible(self) -> Iterator[None]:
-        """Main-thread work that a cancelling shutdown may interrupt."""
-        with self._lock:
-            self._main_busy = not self.stopping
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._main_busy = False
+    def interruptible(self) -> _Interruptible:
+        """Main-thread work that a cancelling shutdown may interrupt (``with``)."""
+        return self._interruptible
 
     def serve(self) -> None:
         """Run calls until Shutdown or EOF."""
@@ -150,8 +143,11 @@ class _Worker:
         """The next call to run, or None: stop."""
         if not main or self.concurrency > 1 or self.processes is not None:
             return self.calls.get()
-        with contextlib.suppress(queue.Empty):
-            return self.calls.get_nowait()  # the reader thread read it while a call ran
+        if not self.calls.empty():  # the reader thread read it while a call ran
+            try:
+                return self.calls.get_nowait()
+            except queue.Empty:  # dropped by a cancelling shutdown meanwhile
+                pass
         self.turns.wait_for(self._has_call, None)  # a call, or the end: Nones from _stop
         return self.calls.get()
 
@@ -229,14 +225,17 @@ class _Worker:
     def _execute(self, main: bool = False) -> None:
         while (item := self._next(main)) is not None:
             message, parts = item
-            with self._lock:
-                call = self._io.get(message.call_id)
+            call = None
+            if message.window or message.inputs:  # a streaming call: _register gave it IO
+                with self._lock:
+                    call = self._io.get(message.call_id)
             if call is not None or message.relay is not None:
                 self.wake_reader()  # it waits for frames: credit, elements, a payload
-            with self.interruptible() if main else contextlib.nullcontext():
+            with self._interruptible if main else _NOT_INTERRUPTIBLE:
                 ok, payload = self._run(message, parts, call)
-            with self._lock:
-                self._io.pop(message.call_id, None)
+            if call is not None:
+                with self._lock:
+                    self._io.pop(message.call_id, None)
             del parts, item
             if not ok and self.cancelled:
                 # Interrupted by a cancelling shutdown: the client fails this call with
@@ -261,6 +260,29 @@ class _Worker:
         if self.processes is not None and call is None:
             return self.processes.run(message, parts)
         return run_call(message, parts, call, self.stdout.drain)
+
+
+class _Interruptible:
+    """``with worker.interruptible():`` main-thread work that a cancelling shutdown may
+    interrupt. A class, not a generator context manager: it wraps every call."""
+
+    __slots__ = ("_worker",)
+
+    def __init__(self, worker: _Worker) -> None:
+        self._worker = worker
+
+    def __enter__(self) -> None:
+        worker = self._worker
+        with worker._lock:
+            worker._main_busy = not worker.stopping
+
+    def __exit__(self, *exc: object) -> None:
+        worker = self._worker
+        with worker._lock:
+            worker._main_busy = False
+
+
+_NOT_INTERRUPTIBLE = contextlib.nullcontext()
 
 
 # Threads of the worker's own machinery, left out of stack reports: never where user code is.

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import sys
@@ -56,10 +55,11 @@ class StdoutForwarder:
         os.close(write_fd)
         os.set_blocking(read_fd, False)
         self._fd = read_fd
-        self._pending = select.poll()
-        self._pending.register(read_fd, select.POLLIN)
+        pending = select.poll()
+        pending.register(read_fd, select.POLLIN)
+        self._poll = pending.poll  # bound once: asked before every result
         self._lock = threading.Lock()  # guards: reading the pipe and sending what was read
-        self._libc: Any = None
+        self._fflush: Any = None  # libc's fflush, found by the first drain
         threading.Thread(target=self._run, name="skyward-stdout", daemon=True).start()
 
     def _run(self) -> None:
@@ -87,19 +87,19 @@ class StdoutForwarder:
                 return False  # the client is gone; the output has nowhere to go
 
     def drain(self) -> None:
-        with contextlib.suppress(Exception):
+        try:
             sys.stdout.flush()
-        self._flush_c_stdio()
+        except Exception:  # a stream the user replaced or closed
+            pass
+        # printf() from C extensions is block-buffered on a pipe; flush it like Python's.
+        fflush = self._fflush
+        if fflush is None:
+            import ctypes
+
+            fflush = self._fflush = ctypes.CDLL(None).fflush
+        fflush(None)
         # The lock first: output the forwarder thread has read must be sent before the
         # result is. Then a poll, cheaper than a read that fails: most calls print nothing.
         with self._lock:
-            if self._pending.poll(0):
+            if self._poll(0):
                 self._forward()
-
-    def _flush_c_stdio(self) -> None:
-        # printf() from C extensions is block-buffered on a pipe; flush it like Python's.
-        if self._libc is None:
-            import ctypes
-
-            self._libc = ctypes.CDLL(None)
-        self._libc.fflush(None)
