@@ -80,7 +80,7 @@ Done = Callable[[BaseException | None, Any], None]
 
 class Transport(Protocol):
     """Byte streams to one worker process, called by the channel's threads, and by a
-    caller's thread for a small frame when ``can_write_now`` says it will not block.
+    caller's thread for a small frame through ``write_now``, which never blocks.
 
     ``caller_reads`` declares whether a caller waiting for its result may read the stream
     itself (see ``turns``): True when ``ready`` can tell that a read would not wait and
@@ -123,9 +123,10 @@ class Transport(Protocol):
         ahead by a caller that has stopped reading). Called only when ``caller_reads``."""
         ...
 
-    def can_write_now(self, nbytes: int) -> bool:
-        """Whether ``write`` of ``nbytes`` (≤ 4 KiB) would return without waiting. The
-        caller's own thread writes small frames only then: it may hold the pool's lock."""
+    def write_now(self, frame: bytes) -> bool:
+        """Write ``frame`` (one frame of at most ``PIPE_BUF`` bytes) if that cannot wait;
+        False, with nothing written, if it could. The caller's own thread writes small
+        frames only so: it may hold the pool's lock. Raises as ``write`` does."""
         ...
 
     def link_lost(self) -> str | None:
@@ -343,17 +344,22 @@ class Channel:
 
     def _send_held(self, message: object, payload: proto.Parts | None) -> None:
         parts = proto.frame(message, payload)
-        # Cheap checks first: while the sender is busy the frame is queued without a poll.
-        size = len(parts[0]) if len(parts) == 1 else proto.size(parts)  # see proto.frame
-        if size <= _INLINE_BYTES and self._queued == 0 and self._write_lock.acquire(blocking=False):
+        # Cheap checks first: while the sender is busy the frame is queued without a write.
+        # A small frame is one bytes object (proto.frame).
+        if (
+            len(parts) == 1
+            and len(parts[0]) <= _INLINE_BYTES
+            and self._queued == 0
+            and self._write_lock.acquire(blocking=False)
+        ):
             try:
                 # Nothing queued may be overtaken: frames keep the order they were sent in.
-                if self._queued == 0 and self._transport.can_write_now(size):
+                if self._queued == 0:
                     try:
-                        self._transport.write(parts)
+                        if self._transport.write_now(parts[0]):  # type: ignore[arg-type]
+                            return
                     except (OSError, ValueError):
-                        pass  # the worker is gone; the reader thread sees EOF and reports it
-                    return
+                        return  # the worker is gone; the reader thread sees EOF and reports it
             finally:
                 self._write_lock.release()
         with self._queued_lock:

@@ -350,8 +350,9 @@ def frame(message: object, payload: Parts | None = None) -> Parts:
 
 
 # A frame whose payload is this small is joined into one bytes object: copying it costs
-# less than a part of its own costs in every layer below (and a pipe takes it whole).
-_JOIN_BYTES = 2048
+# less than a part of its own costs in every layer below, and the frame stays within what
+# a pipe takes whole (PIPE_BUF, 4 KiB on Linux), so a caller may write it itself.
+_JOIN_BYTES = 3584
 _HEADER_1 = struct.Struct("!IQ")
 _HEADERS: dict[int, struct.Struct] = {}  # by part count: the frame header's layout
 _LENGTHS: dict[int, struct.Struct] = {}  # by part count: the lengths alone

@@ -8,6 +8,7 @@ is a ``BootstrapError`` that says how to install it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -177,8 +178,10 @@ class PipeTransport:
         self._stderr = process.stderr
         for stream in (process.stdin, process.stdout):
             _widen_pipe(stream.fileno())
-        # Asked before every small frame a caller writes itself: made once.
-        self._writable = select.poll()
+        # A small frame a caller writes itself (write_now) goes through a non-blocking open
+        # of the same pipe: one write that says "it would wait", not a poll and a write.
+        self._stdin_now = _nonblocking_twin(process.stdin.fileno())
+        self._writable = select.poll()  # where there is no such twin: a poll first
         self._writable.register(process.stdin.fileno(), select.POLLOUT)
 
     def write(self, parts: Sequence[proto.Part]) -> None:
@@ -204,18 +207,30 @@ class PipeTransport:
             self._stderr.close()
         return data
 
-    def can_write_now(self, nbytes: int) -> bool:
-        # A pipe that polls writable has a free page: a write of up to PIPE_BUF bytes (4 KiB
-        # on Linux) goes in whole, at once. A stopped worker's full pipe does not.
-        # poll, not select: select refuses descriptors past 1023, and a client with many open
-        # files must not take that for "writable" and block the pool's lock on a full pipe.
-        if self._stdin.closed:
-            return True  # closed: write() raises at once, which is what the caller handles
-        try:
-            events = self._writable.poll(0)
-        except OSError:
-            return False  # unknown: let the sender thread write it
-        return any(mask & (select.POLLOUT | select.POLLERR | select.POLLHUP) for _, mask in events)
+    def write_now(self, frame: bytes) -> bool:
+        # A write of up to PIPE_BUF bytes (4 KiB on Linux) to a pipe goes in whole or not
+        # at all; on a non-blocking description "not at all" is EAGAIN, at once. A stopped
+        # worker's full pipe does not take it.
+        fd = self._stdin_now
+        if fd >= 0:
+            try:
+                os.write(fd, frame)
+            except BlockingIOError:
+                return False
+            return True
+        # A pipe that polls writable has a free page. poll, not select: select refuses
+        # descriptors past 1023, and a client with many open files must not take that for
+        # "writable" and block the pool's lock on a full pipe.
+        if not self._stdin.closed:  # closed: write() raises at once, as the caller expects
+            try:
+                events = self._writable.poll(0)
+            except OSError:
+                return False  # unknown: let the sender thread write it
+            room = select.POLLOUT | select.POLLERR | select.POLLHUP
+            if not any(mask & room for _, mask in events):
+                return False
+        self.write([frame])
+        return True
 
     def link_lost(self) -> None:
         return None  # a pipe breaks only when the process ends
@@ -230,11 +245,25 @@ class PipeTransport:
         _kill_group(self.process)
 
     def close(self) -> None:
+        twin, self._stdin_now = self._stdin_now, -1
+        if twin >= 0:
+            with contextlib.suppress(OSError):
+                os.close(twin)
         for stream in (self._stdin, self._stdout):
             try:
                 stream.close()
             except OSError:
                 pass
+
+
+def _nonblocking_twin(fd: int) -> int:
+    """A second, non-blocking open of the pipe ``fd`` writes to (Linux: through /proc), so
+    that a write through it never waits while ``fd`` stays blocking for the sender thread;
+    -1 where the system cannot reopen a pipe so."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return -1
 
 
 def _memory_gb() -> float | None:

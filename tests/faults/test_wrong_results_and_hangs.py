@@ -75,7 +75,8 @@ def _high_fd() -> Iterator[int]:
 
 def test_a_full_pipe_past_fd_1023_is_not_taken_for_writable() -> None:
     # select() refuses fds past 1023; the answer must still be "no room" for a full pipe,
-    # or a caller writes inline under the pool's lock and blocks it.
+    # or a caller writes inline under the pool's lock and blocks it: write_now writes
+    # nothing and says so, at once.
     with _high_fd() as high:
         process = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(60)"],
@@ -89,12 +90,12 @@ def test_a_full_pipe_past_fd_1023_is_not_taken_for_writable() -> None:
             os.close(process.stdin.fileno())
             process.stdin = open(high, "wb", buffering=0)  # noqa: SIM115
             transport = PipeTransport(process)
-            assert transport.can_write_now(64)
+            assert transport.write_now(b"x" * 64)
             os.set_blocking(high, False)
             with contextlib.suppress(BlockingIOError):
                 while True:
                     os.write(high, b"x" * select.PIPE_BUF)
-            assert not transport.can_write_now(64)
+            assert not transport.write_now(b"x" * 64)
         finally:
             process.kill()
             process.wait()

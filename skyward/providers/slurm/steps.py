@@ -403,8 +403,8 @@ class SlurmTransport:
     def unblock(self) -> None:
         self._inner.unblock()
 
-    def can_write_now(self, nbytes: int) -> bool:
-        return self._inner.can_write_now(nbytes)
+    def write_now(self, frame: bytes) -> bool:
+        return self._inner.write_now(frame)
 
     def read_stderr(self) -> bytes:
         while True:

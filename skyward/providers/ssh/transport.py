@@ -127,10 +127,14 @@ class SSHTransport:
             if out:
                 return out
 
-    def can_write_now(self, nbytes: int) -> bool:
+    def write_now(self, frame: bytes) -> bool:
         # The peer's receive window has room, so sendall() will not wait for the remote side
-        # to reopen it (it still encrypts and writes to the socket in this thread).
-        return bool(self._channel.closed or self._channel.out_window_size >= nbytes)
+        # to reopen it (it still encrypts and writes to the socket in this thread). Closed:
+        # write() raises at once, which is what the caller handles.
+        if not self._channel.closed and self._channel.out_window_size < len(frame):
+            return False
+        self.write([frame])
+        return True
 
     def _exited(self) -> bool:
         # The host reported an exit status. (paramiko's exit_status_ready() and status_event
