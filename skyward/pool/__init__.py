@@ -8,7 +8,9 @@
                start_timeout (pool/startup.py) → running
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
     failures   lost workers, gang restarts, hangs (pool/recovery.py); call timeouts (the
-               scheduler)
+               scheduler; default_compute_timeout for calls without their own)
+    size       nodes=(min, max): nodes added while calls wait, idle ones let go
+               (pool/autoscale.py)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
                → bounded wait → kill → allocation.terminate(), on every path
 
@@ -29,7 +31,8 @@ The parts, made in this order, each from those above it (◄── called by, �
      ├ Scheduler   slots, queue, books, call timeouts          ◄── the pool, Recovery, HangWatch
      ├ Startup     the start-up barrier                        ──► pool._open(rank): a worker
      ├ Recovery    lost workers, replacement, gang restart     ──► Scheduler, Startup
-     └ HangWatch   collectives that never complete (gangs)     ──► Scheduler
+     ├ HangWatch   collectives that never complete (gangs)     ──► Scheduler
+     └ Autoscaler  nodes=(min, max): grow, shrink              ──► Machines, Startup, Scheduler
     each Channel   on_lost ──► Recovery    on_broken ──► pool._broken (collections, Recovery)
                    on_frame ──► pool._frame, by type: Shared ──► collections.state,
                                 Yield/Want ──► streams, RelayFailed ──► Scheduler
@@ -56,7 +59,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 
-from skyward._compute import CallTarget, PendingCall, pending_call
+from skyward import _current
+from skyward._compute import CallGroup, CallTarget, PendingCall, pending_call
 from skyward._errors import PoolClosed
 from skyward._futures import CallFuture, Deadline, fail, gather
 from skyward._interrupts import hold_interrupts
@@ -78,8 +82,9 @@ from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
+from skyward.pool import named, signals
 from skyward.pool import profile as _profile
-from skyward.pool import signals
+from skyward.pool.autoscale import Autoscaler
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
@@ -157,7 +162,7 @@ class ComputePool(CallTarget):
         self._machines = Machines(spec.provider, pool=spec.name, reporter=out)
         self._scheduler = Scheduler(
             name=spec.name,
-            nodes=spec.nodes,
+            nodes=spec.initial_nodes,
             concurrency=spec.concurrency,
             gang=bool(spec.gang),
             bind_output=out.bind,
@@ -185,6 +190,35 @@ class ComputePool(CallTarget):
             if spec.gang and spec.hang_timeout is not None
             else None
         )
+        self._autoscaler = (
+            Autoscaler(
+                self._scheduler,
+                self._machines,
+                self._startup,
+                low=spec.initial_nodes,
+                high=spec.nodes,
+                concurrency=spec.concurrency,
+                cooldown=spec.autoscale_cooldown,
+                idle_timeout=spec.autoscale_idle_timeout,
+                start_timeout=spec.start_timeout,
+                shutdown_timeout=spec.shutdown_timeout,
+                status=out.status,
+            )
+            if spec.autoscaling
+            else None
+        )
+
+    @classmethod
+    def Named(cls, name: str, /, **options: Any) -> ComputePool:
+        """The pool ``[pools.<name>]`` of ``skyward.toml`` describes (this directory's, then
+        the user's configuration directory's), not started; ``options`` override its values.
+        A wrong value is a ``ValueError`` naming the file, the table and the field."""
+        known = set(cls.__signature__.parameters) - {"provider"}
+        found = named.resolve(name, options, known=known)
+        try:
+            return cls(found.provider, **found.options)
+        except (TypeError, ValueError) as exc:
+            raise named.wrong(found.where, exc) from exc
 
     @property
     def name(self) -> str:
@@ -199,10 +233,28 @@ class ComputePool(CallTarget):
         return None if log is None else log.directory
 
     def __repr__(self) -> str:
-        return (
-            f"<ComputePool {self.name!r} {self.spec.provider_kind} "
-            f"nodes={self.spec.nodes} {self._state}>"
-        )
+        spec = self.spec
+        nodes = f"{spec.nodes}"
+        if spec.autoscaling:
+            nodes = f"{self.current_nodes()} of ({spec.min_nodes}, {spec.nodes})"
+        return f"<ComputePool {self.name!r} {spec.provider_kind} nodes={nodes} {self._state}>"
+
+    def current_nodes(self) -> int:
+        """How many nodes the pool has now: ``nodes``, or for ``nodes=(min, max)`` between
+        the two as it grows and shrinks (0 before it starts and once it is closed)."""
+        if self._state not in ("running", "draining"):
+            return 0
+        return self._scheduler.pressure().nodes
+
+    @property
+    def is_active(self) -> bool:
+        """Whether the pool takes calls now (started, and not closing)."""
+        return self._state == "running"
+
+    @property
+    def concurrency(self) -> int:
+        """Calls each node runs at once."""
+        return self.spec.concurrency
 
     # ── lifecycle ────────────────────────────────────────────────────────────────────────
 
@@ -235,18 +287,16 @@ class ComputePool(CallTarget):
             meta={"provider": spec.provider_kind, "nodes": spec.nodes},
             secrets=secrets_of(self.image.env),
         )
+        initial = spec.initial_nodes
+        growing = f", growing to {spec.nodes} while calls wait" if spec.autoscaling else ""
         self._console.begin(
-            f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
+            f"starting {initial} node(s){growing} on {spec.provider_kind} (pool {self.name})",
+            initial,
         )
-        if spec.min_nodes is not None and spec.min_nodes < spec.nodes:
-            self._console.status(
-                f"nodes=({spec.min_nodes}, {spec.nodes}): pools do not autoscale; "
-                f"this one runs {spec.nodes} nodes throughout"
-            )
         try:
-            self._machines.provision(spec.request(self.image), spec.nodes)
+            self._machines.provision(spec.request(self.image), initial)
             deadline = Deadline(spec.start_timeout, f"start_timeout ({spec.start_timeout:g} s)")
-            ranks = list(range(spec.nodes))
+            ranks = list(range(initial))
             self._scheduler.attach(self._startup.bring_up(ranks, deadline, whole_pool=True))
         except BaseException as exc:
             self._console.end()
@@ -268,11 +318,15 @@ class ComputePool(CallTarget):
             register(self._shared.request)  # sky.dict(...) in this process means this pool's
             if self._hangs is not None:
                 self._hangs.start()
+            if self._autoscaler is not None:
+                self._autoscaler.start()
+            _current.opened(self)  # `f(x) >> sky` in this thread means this pool now
         for channel in lost:
             assert channel.lost is not None
             self._recovery.on_lost(channel, channel.lost)
+        most = f" of up to {spec.nodes}" if spec.autoscaling else ""
         self._console.end(
-            f"pool {self.name} ready: {spec.nodes} node(s), "
+            f"pool {self.name} ready: {initial} node(s){most}, "
             f"{spec.accelerator or 'no accelerator'}, in "
             f"{time.monotonic() - self._started_at:.1f} s"
         )
@@ -334,6 +388,7 @@ class ComputePool(CallTarget):
         ``shutdown_timeout`` seconds to leave their plugins' contexts, then are killed; the
         allocation's ``terminate`` always runs.
         """
+        _current.closed(self)  # `>> sky` picks another pool from now on
         with self._lock:
             if self._state == "new":
                 self._state = "closed"
@@ -370,6 +425,8 @@ class ComputePool(CallTarget):
             self._state = "closing"
             self._scheduler.stop()
         self._machines.cancel(f"pool {self.name!r} was closed")  # a replacement stops
+        if self._autoscaler is not None:
+            self._autoscaler.stop()  # an addition under way is cut short by the above
         with self._lock:
             while self._opening:  # bounded by the spawns' own connect and provision bounds
                 self._changed.wait(0.5)
@@ -392,6 +449,10 @@ class ComputePool(CallTarget):
                 channel.wait_closed(5.0)
         finally:
             try:
+                if self._autoscaler is not None:
+                    # Its last step ends the workers and machines it had made; what it is
+                    # still waiting for from a provider is terminated just below.
+                    self._autoscaler.join(self.spec.shutdown_timeout + 5.0)
                 self._machines.terminate()
             finally:
                 with self._lock:
@@ -429,6 +490,24 @@ class ComputePool(CallTarget):
         """Like ``run`` but returns a ``concurrent.futures.Future`` at once."""
         return self._submit([pending_call(fn, args, kwargs)])[0]
 
+    @overload
+    def run_async(self, call: PendingCall[R], /) -> Future[R]: ...
+    @overload
+    def run_async(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]: ...
+    def run_async(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """``submit`` under skyward 0.5's name: what ``f(x) > pool`` does."""
+        return self.submit(fn, *args, **kwargs)
+
+    def run_parallel(self, group: CallGroup, /) -> Any:
+        """``group >> pool``: the group's calls in parallel, their values as a tuple (or,
+        for ``gather(..., stream=True)``, an iterator of them as they finish)."""
+        if not isinstance(group, CallGroup):
+            raise TypeError(
+                f"run_parallel takes a group of calls, such as f(x) & g(y) or "
+                f"sky.gather(...), not {type(group).__name__}"
+            )
+        return group >> self
+
     def submit_all(self, calls: Iterable[PendingCall[Any]], /) -> list[Future[Any]]:
         """Send several pending calls, each to the least busy node; their futures, in order.
 
@@ -457,7 +536,7 @@ class ComputePool(CallTarget):
                 f"node with >>; a broadcast of a stream is not supported yet"
             )
         self._before_pickling()
-        pickled = _pickle(call)  # once, for every node
+        pickled = _pickle(call, timeout=self.spec.default_compute_timeout)  # once, for every node
         futures = self._scheduler.broadcast(pickled, self._console.route())
         if futures is None:
             raise self._refused()
@@ -501,12 +580,13 @@ class ComputePool(CallTarget):
         route = self._console.route()
         tasks: list[Task] = []
         futures: list[Future[Any]] = []  # what the callers get
+        default = self.spec.default_compute_timeout
         for call in calls:
             future: Future[Any] = CallFuture()
             sent, state = prepare(call, future)  # a generator, or iterator arguments
             tasks.append(
                 Task(
-                    _pickle(sent, function),
+                    _pickle(sent, function, timeout=default),
                     future,
                     route=route,
                     prefetch=prefetch,
@@ -585,8 +665,12 @@ class ComputePool(CallTarget):
         return LockProxy(name, self._shared.request)
 
 
-def _pickle(call: PendingCall[Any], function: bytes | None = None) -> Pickled:
+def _pickle(
+    call: PendingCall[Any], function: bytes | None = None, *, timeout: float | None = None
+) -> Pickled:
     """A call as the scheduler sends it: the one place calls are pickled (``_submit`` and
     ``broadcast`` come here), before the scheduler sees them. ``function``: the function's
-    pickle, made once for a map's many calls."""
-    return Pickled(call.name, call.timeout, call.serialize(function))
+    pickle, made once for a map's many calls. ``timeout``: the pool's
+    ``default_compute_timeout``, for a call without a timeout of its own."""
+    bound = call.timeout if call.timeout is not None else timeout
+    return Pickled(call.name, bound, call.serialize(function))

@@ -12,8 +12,9 @@
 
 Everything is bounded by one ``Deadline`` (``start_timeout``). A restart of some nodes gives
 their new workers the InstanceInfo their nodes already have (with a new address, if a node
-got a new machine), so they rejoin the same pool. Startup owns those InstanceInfos; where
-each node is, it asks ``Machines``.
+got a new machine), so they rejoin the same pool. A node an autoscaling pool adds is told
+the pool as it is when it joins (the same head, every node so far as its peers). Startup
+owns those InstanceInfos; where each node is, it asks ``Machines``.
 """
 
 from __future__ import annotations
@@ -95,6 +96,15 @@ class Startup:
             infos = self._new_infos(ranks, [message for _, message in hellos])
             with self._lock:
                 self._infos.update(zip(ranks, infos, strict=True))
+        else:
+            with self._lock:
+                joining = [i for i, rank in enumerate(ranks) if rank not in self._infos]
+            if joining:
+                infos = self._join_infos(
+                    [ranks[i] for i in joining], [hellos[i][1] for i in joining]
+                )
+                with self._lock:
+                    self._infos.update((info.node, info) for info in infos)
         if self._hooked:
             names = ", ".join(self._hooked)
             self._reporter.status(f"entering plugins on every node: {names}")
@@ -121,7 +131,7 @@ class Startup:
         return [
             InstanceInfo(
                 node=rank,
-                total_nodes=spec.nodes,
+                total_nodes=len(ranks),
                 head_addr=addresses[0],
                 head_port=head_port,
                 peers=addresses,
@@ -135,6 +145,38 @@ class Startup:
             )
             for rank, node, message in zip(ranks, nodes, hellos, strict=True)
         ]
+
+    def _join_infos(
+        self, ranks: Sequence[int], hellos: Sequence[proto.Hello]
+    ) -> list[InstanceInfo]:
+        """InstanceInfos for nodes an autoscaling pool adds: node 0 stays the head, and the
+        pool is every node up to the last one joining."""
+        with self._lock:
+            head = self._infos[0]
+        size = max(ranks) + 1
+        machines = [self._machines.node(rank) for rank in range(size)]
+        peers = tuple(machine.address for machine in machines)
+        total_accelerators = sum(machine.accelerators for machine in machines)
+        return [
+            head.model_copy(
+                update={
+                    "node": rank,
+                    "total_nodes": size,
+                    "peers": peers,
+                    "head_addr": peers[0],
+                    "accelerators": machines[rank].accelerators,
+                    "total_accelerators": total_accelerators,
+                    "hostname": message.hostname,
+                }
+            )
+            for rank, message in zip(ranks, hellos, strict=True)
+        ]
+
+    def forget(self, rank: int) -> None:
+        """Node ``rank`` left the pool (autoscaling): a node added later in its place is
+        told afresh."""
+        with self._lock:
+            self._infos.pop(rank, None)
 
     def _info(self, rank: int, address: str) -> InstanceInfo:
         """Node ``rank``'s InstanceInfo; a node on a new machine is told its new address."""

@@ -19,16 +19,17 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from skyward._errors import BootstrapError, ProvisionError
 from skyward.link import protocol as proto
 from skyward.link.turns import PipeReader
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
+from skyward.providers.base import Allocation, Inventory, Node, ProvisionRequest, refuse_spot
 
 if TYPE_CHECKING:
+    from skyward._futures import Deadline
     from skyward._phases import Reporter
 
 # The directory that holds the skyward package, so workers import this very copy even when
@@ -44,6 +45,9 @@ class Local(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Its allocations add and release nodes (processes) while the pool runs: autoscaling.
+    grows: ClassVar[bool] = True
 
     python: str | None = None
 
@@ -99,7 +103,34 @@ class Local(BaseModel):
             )
         if not Path(self.interpreter).exists():
             raise ProvisionError(f"Local(python={self.interpreter!r}): no such interpreter")
-        return Allocation([LocalNode(self.interpreter) for _ in range(request.nodes)])
+        return LocalAllocation(self.interpreter, request.nodes)
+
+
+class LocalAllocation(Allocation):
+    """Local nodes: more of them are only more processes, so the pool may grow and shrink."""
+
+    def __init__(self, python: str, count: int) -> None:
+        super().__init__([LocalNode(python) for _ in range(count)])
+        self._python = python
+
+    @property
+    def can_grow(self) -> bool:
+        return True
+
+    def grow(self, ranks: Sequence[int], reporter: Reporter, deadline: Deadline) -> list[Node]:
+        made: list[Node] = []
+        for rank in ranks:
+            deadline.check("adding a local node")  # cancelled: the pool is closing
+            node = LocalNode(self._python)
+            self.adopt(node)
+            reporter.phase(rank, "connecting", "a process on this machine")
+            made.append(node)
+        return made
+
+    def shrink(self, rank: int) -> None:
+        node = self.drop(rank)
+        if node is not None:
+            node.close()
 
 
 class LocalNode:
