@@ -278,7 +278,7 @@ class CallGroup:
                     future.cancel()  # the ones still queued; running ones have their bound
                 raise TimeoutError(
                     f"{len(late)} of the group's {len(futures)} calls did not finish within "
-                    f"its timeout of {self.timeout:g} s: {', '.join(late)}"
+                    f"the group's timeout of {self.timeout:g} s: {', '.join(late)}"
                 ) from None
             raise  # a call's own TimeoutError
 
@@ -370,7 +370,9 @@ def _target(target: object, operator: str) -> CallTarget:
         return target
     if inspect.ismodule(target):
         if target.__name__ == "skyward" or target.__name__.startswith("skyward."):
-            return innermost(operator)
+            pool = innermost(operator)
+            assert isinstance(pool, CallTarget)  # only pools say they are open
+            return pool
         what = f"the module {target.__name__!r}"
     else:
         what = "None" if target is None else _a(type(target).__name__)

@@ -10,30 +10,28 @@ The pool says when it opens (running) and when it closes; the operators ask ``in
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 from skyward._errors import PoolClosed
 
-if TYPE_CHECKING:
-    from skyward._compute import CallTarget
-
+# Pools are only stored and compared here (the operators' module checks what it gets back),
+# so this leaf needs neither it nor the pool's.
 _lock = threading.Lock()  # guards: _open
-_open: list[tuple[int, CallTarget]] = []  # (the thread that opened it, the pool), oldest first
+_open: list[tuple[int, object]] = []  # (the thread that opened it, the pool), oldest first
 
 
-def opened(pool: CallTarget) -> None:
+def opened(pool: object) -> None:
     """``pool`` runs now, opened by this thread."""
     with _lock:
         _open.append((threading.get_ident(), pool))
 
 
-def closed(pool: CallTarget) -> None:
+def closed(pool: object) -> None:
     """``pool`` is closing (from any thread): it is nobody's open pool any more."""
     with _lock:
         _open[:] = [(thread, p) for thread, p in _open if p is not pool]
 
 
-def innermost(operator: str) -> CallTarget:
+def innermost(operator: str) -> object:
     """This thread's innermost open pool; ``PoolClosed`` saying what to write if none."""
     me = threading.get_ident()
     with _lock:

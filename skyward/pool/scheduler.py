@@ -400,6 +400,7 @@ class Scheduler:
 
     def pressure(self) -> Pressure:
         with self._lock:
+            self._drop_cancelled()
             waited = time.monotonic() - self._queue[0].queued_at if self._queue else 0.0
             return Pressure(len(self._slots), len(self._queue), waited)
 
@@ -469,6 +470,7 @@ class Scheduler:
 
     def statistics(self, state: str, uptime: float) -> PoolStatistics:
         with self._lock:
+            self._drop_cancelled()
             return PoolStatistics(
                 name=self._name,
                 state=state,
@@ -499,6 +501,12 @@ class Scheduler:
             return running, [s.busy for s in self._slots]
 
     # ── inside: lock held ───────────────────────────────────────────────────────────────
+
+    def _drop_cancelled(self) -> None:
+        """Calls cancelled while queued (a group past its timeout, a map that failed) are
+        no demand: out of the queue now rather than when a node would have taken them."""
+        if any(task.future.done() for task in self._queue):
+            self._queue = deque(task for task in self._queue if not task.future.done())
 
     def _slot_of(self, channel: Channel) -> Slot | None:
         """``channel``'s slot, if it is still that slot's worker (a retired node has none)."""
