@@ -23,6 +23,7 @@ from skyward._futures import Deadline
 from skyward._image import Image
 from skyward._options import keyword_signature
 from skyward._plugin import Plugin
+from skyward._volume import Volume, check_volumes
 from skyward.console import ConsoleMode, OutputMode
 from skyward.link import protocol as proto
 from skyward.providers.base import Provider, ProvisionRequest, identity_tags
@@ -99,6 +100,8 @@ class PoolOptions(TypedDict, total=False):
     """Whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``."""
     quiet: bool
     """The older spelling of ``console="off"``."""
+    volumes: Sequence[Volume]
+    """Object storage (``sky.Volume``) mounted on every node before its workers start."""
 
 
 # Options whose None means "the default" though their field takes no None: ComputePool has
@@ -140,6 +143,7 @@ class PoolSpec(BaseModel):
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
+    volumes: tuple[Volume, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -201,6 +205,11 @@ class PoolSpec(BaseModel):
             )
         return provider
 
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, volumes: tuple[Volume, ...]) -> tuple[Volume, ...]:
+        return check_volumes(volumes)
+
     @field_validator("plugins")
     @classmethod
     def _unique(cls, plugins: tuple[Plugin, ...]) -> tuple[Plugin, ...]:
@@ -232,6 +241,7 @@ class PoolSpec(BaseModel):
             memory_gb=self.memory_gb,
             allocation=self.allocation,
             max_hourly_cost=self.max_hourly_cost,
+            volumes=self.volumes,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),
