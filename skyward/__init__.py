@@ -61,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "StartError": "skyward._errors",
     "Terminated": "skyward._errors",
     "VersionMismatch": "skyward._errors",
+    "Volume": "skyward._volume",
     "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
     "barrier": "skyward.collections.proxies",
@@ -108,6 +109,7 @@ if TYPE_CHECKING:
     from skyward._multihost import shard
     from skyward._output import is_head, silent, stderr, stdout
     from skyward._plugin import Plugin
+    from skyward._volume import Volume
     from skyward.collections.proxies import barrier, counter, dict, lock, queue, set
     from skyward.pool import ComputePool
     from skyward.pool.scheduler import PoolStatistics
