@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "InstanceInfo": "skyward._info",
     "Local": "skyward.providers.local",
     "MissingDependency": "skyward._errors",
+    "NoSpecStarted": "skyward._errors",
     "PendingCall": "skyward._compute",
     "PipIndex": "skyward._image",
     "Plugin": "skyward._plugin",
@@ -56,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
+    "Spec": "skyward.pool.fallback",
     "Slurm": "skyward.providers.slurm",
     "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
@@ -91,6 +93,7 @@ if TYPE_CHECKING:
         CollectiveHang,
         HostKeyError,
         MissingDependency,
+        NoSpecStarted,
         PluginError,
         PoolClosed,
         ProvisionCancelled,
@@ -112,6 +115,7 @@ if TYPE_CHECKING:
     from skyward._volume import Volume
     from skyward.collections.proxies import barrier, counter, dict, lock, queue, set
     from skyward.pool import ComputePool
+    from skyward.pool.fallback import Spec
     from skyward.pool.scheduler import PoolStatistics
     from skyward.pool.spec import PoolSpec, Worker
     from skyward.pool.stacks import Stacks

@@ -167,7 +167,7 @@ def test_wrong_credentials_fail_the_start_naming_the_bucket_and_leave_no_mount(
     # moto checks no signatures; a bucket that is not there is what it refuses.
     volume = _volume(s3, mount, bucket="s3://no-such-bucket/x")
     pool = sky.ComputePool(volumes=[volume], quiet=True)
-    with pytest.raises(sky.BootstrapError, match="s3://no-such-bucket/x at .* cannot be read"):
+    with pytest.raises(sky.BootstrapError, match=r"s3://no-such-bucket/x at .* cannot be read"):
         pool.start()
     assert not _fuse_mounts(Path("/proc/mounts").read_text())
     assert not mount.exists()

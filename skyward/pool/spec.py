@@ -102,6 +102,8 @@ class PoolOptions(TypedDict, total=False):
     """The older spelling of ``console="off"``."""
     volumes: Sequence[Volume]
     """Object storage (``sky.Volume``) mounted on every node before its workers start."""
+    selection: Literal["first", "cheapest"]
+    """With several ``sky.Spec``: try them in the order given, or cheapest first."""
 
 
 # Options whose None means "the default" though their field takes no None: ComputePool has
@@ -144,6 +146,7 @@ class PoolSpec(BaseModel):
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
     volumes: tuple[Volume, ...] = ()
+    selection: Literal["first", "cheapest"] = "first"
 
     @model_validator(mode="before")
     @classmethod
@@ -255,9 +258,11 @@ def pool_signature() -> inspect.Signature:
         "provider",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         default=None,
-        annotation=Provider | None,
+        annotation="Provider | Spec | None",
     )
-    return keyword_signature(PoolOptions, PoolSpec, before=[provider])
+    # More sky.Spec to fall back to (pool/fallback.py).
+    specs = inspect.Parameter("specs", inspect.Parameter.VAR_POSITIONAL, annotation="Spec")
+    return keyword_signature(PoolOptions, PoolSpec, before=[provider, specs])
 
 
 def apply_transforms(image: Image, spec: PoolSpec) -> Image:
