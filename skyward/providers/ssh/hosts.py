@@ -35,17 +35,13 @@ from skyward._extras import require
 from skyward._futures import Deadline, parallel
 from skyward._image import Image
 from skyward._phases import Reporter
+
+# The module, not its names: volumes.py loads the bootstrap, and so this package, first.
+from skyward.providers import volumes
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.ssh.bootstrap import ERROR, MARKER, Plan, render, shell_path
 from skyward.providers.ssh.connection import Connection, HostKeyPolicy, Target, parse_public_key
 from skyward.providers.ssh.transport import SSHTransport
-from skyward.providers.volumes import (
-    Mounts,
-    mount_failed,
-    mount_script,
-    unmount_script,
-    volume_dir,
-)
 
 _RECONNECT_TO_KILL = 5.0  # seconds; a pool's close waits this long at most per lost host
 _RECONNECT_PAUSE = 0.5  # seconds between attempts to reach a host again
@@ -229,7 +225,7 @@ class HostNode:
         package: str,
         accelerators: int,
         included: str | None = None,
-        mounts: Mounts | None = None,
+        mounts: volumes.Mounts | None = None,
     ) -> None:
         self._access = access
         self._mounts = mounts  # the pool's volumes on this host, unmounted by close()
@@ -436,25 +432,27 @@ def bootstrap(connection: Shell, plan: Plan, on_line: Any) -> None:
 
 def mount_volumes(
     connection: Shell, request: ProvisionRequest, access: Access, on_line: Callable[[str], None]
-) -> Mounts | None:
+) -> volumes.Mounts | None:
     """Mount the pool's volumes on the host (``providers/volumes.py``); what ``close`` needs
     to unmount them, or None when the pool has none. ``BootstrapError`` names why not."""
     if not request.volumes:
         return None
-    mounts = Mounts(request.volumes, volume_dir(access.workdir, request.pool))
+    mounts = volumes.Mounts(request.volumes, volumes.volume_dir(access.workdir, request.pool))
     profile = access.instance_profile
-    script = mount_script(mounts.volumes, mounts.directory, instance_profile=profile)
+    script = volumes.mount_script(mounts.volumes, mounts.directory, instance_profile=profile)
     status, output = connection.run("sh -s", stdin=script.encode(), on_line=on_line)
     if status != 0:
-        raise mount_failed(connection.target, status, output)
+        raise volumes.mount_failed(connection.target, status, output)
     return mounts
 
 
-def unmount_volumes(connection: Shell, mounts: Mounts) -> None:
+def unmount_volumes(connection: Shell, mounts: volumes.Mounts) -> None:
     """Unmount the pool's volumes from the host; what goes wrong is logged (a close goes on)."""
     try:
         status, output = connection.run(
-            "sh -s", stdin=unmount_script(mounts.volumes, mounts.directory).encode(), timeout=60
+            "sh -s",
+            stdin=volumes.unmount_script(mounts.volumes, mounts.directory).encode(),
+            timeout=60,
         )
     except (ProvisionError, OSError) as error:
         status, output = -1, str(error)
