@@ -117,8 +117,7 @@ def candidates(
 
     listed: list[Any] = [first, *more] if isinstance(first, Spec) or more else []
     if not listed:  # the keyword form: one spec, as the pool always took it
-        provider = options.get("provider", first)
-        single = {**options, "provider": Local() if provider is None else provider}
+        single = {**options, "provider": Local() if first is None else first}
         return [_candidate(PoolSpec.model_validate(single))]
     specs: list[Spec] = []
     for number, spec in enumerate(listed, 1):
@@ -128,8 +127,6 @@ def candidates(
                 f"positional arguments each is a sky.Spec(provider, ...)"
             )
         specs.append(spec)
-    if "provider" in options:
-        raise TypeError("give the provider in each sky.Spec, not also as provider=")
     selection = options.get("selection", "first")
     made: list[Candidate] = []
     for number, spec in enumerate(specs, 1):
