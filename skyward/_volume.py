@@ -24,6 +24,7 @@ import itertools
 import posixpath
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -34,7 +35,8 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 class Volume(BaseModel):
     """An S3 bucket (or a prefix of it) mounted at ``mount`` on every node.
 
-    - ``bucket``: ``"s3://bucket"`` or ``"s3://bucket/prefix"``.
+    - ``bucket``: ``"s3://bucket"`` or ``"s3://bucket/prefix"`` (``"bucket"`` with
+      ``prefix="..."``, skyward 0.5's spelling, is the same).
     - ``mount``: an absolute path on the nodes; made if missing (with password-less sudo
       when the node's user cannot), removed at unmount if the pool made it.
     - ``read_only``: mounted read-only (the default), so a bug cannot delete the data set.
@@ -54,12 +56,30 @@ class Volume(BaseModel):
     access_key_id: str | None = Field(default=None, min_length=1, pattern=r"^[^:\s]+$")
     secret_access_key: SecretStr | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bucket_and_prefix(cls, given: Any) -> Any:
+        """``bucket="my-bucket", prefix="datasets/"`` (skyward 0.5's spelling) is
+        ``bucket="s3://my-bucket/datasets"``."""
+        if not isinstance(given, dict) or not isinstance(given.get("bucket"), str):
+            return given
+        given = dict(given)
+        bucket: str = given["bucket"]
+        prefix = given.pop("prefix", None)
+        if "://" not in bucket:
+            bucket = f"s3://{bucket}"
+        if prefix:
+            bucket = f"{bucket.rstrip('/')}/{str(prefix).strip('/')}"
+        given["bucket"] = bucket
+        return given
+
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, bucket: str) -> str:
         if not bucket.startswith("s3://"):
             raise ValueError(
-                f"bucket must be an S3 URL such as 's3://my-bucket/prefix', not {bucket!r}"
+                f"only S3 buckets (and S3-compatible services, with endpoint_url=) can be "
+                f"mounted: give 's3://my-bucket/prefix' or 'my-bucket', not {bucket!r}"
             )
         name = bucket[len("s3://") :].split("/", 1)[0]
         if not _BUCKET.match(name):

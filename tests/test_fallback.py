@@ -9,6 +9,7 @@ for capacity by the tests' EC2 proxy; and an SSH host whose port nobody listens 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -187,3 +188,11 @@ def test_a_wrong_spec_value_is_a_validation_error_naming_the_field() -> None:
         sky.ComputePool(sky.Spec(sky.Local(), nodes=0), sky.Spec(sky.Local()))
     with pytest.raises(ValueError, match="selection"):
         sky.ComputePool(sky.Spec(), sky.Spec(), selection="fastest")  # type: ignore[typeddict-item]
+
+
+@pytest.mark.parametrize(
+    ("field", "hint"), [("region", "sky.AWS(region="), ("ttl", "idle_timeout")]
+)
+def test_a_05_spec_field_we_lack_says_what_to_write(field: str, hint: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(hint)):
+        sky.Spec(sky.Local(), **{field: "x"})

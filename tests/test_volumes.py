@@ -283,7 +283,7 @@ def test_a_host_without_s3fs_gets_it_from_apt_before_the_volumes_are_mounted(
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"bucket": "my-bucket"}, "must be an S3 URL"),
+        ({"bucket": "gs://my-bucket"}, "only S3 buckets"),
         ({"bucket": "s3://A_B"}, "is not an S3 bucket name"),
         ({"mount": "data"}, "absolute path"),
         ({"mount": "/"}, "cannot be a mount point"),
@@ -296,6 +296,12 @@ def test_a_wrong_volume_is_a_validation_error_naming_it(
 ) -> None:
     with pytest.raises(ValidationError, match=message):
         sky.Volume(**{"bucket": "s3://my-bucket", "mount": "/data", **options})
+
+
+def test_a_bucket_name_with_a_prefix_is_the_s3_url_of_that_prefix() -> None:
+    volume = sky.Volume(bucket="my-bucket", prefix="datasets/", mount="/data")
+    assert volume.bucket == "s3://my-bucket/datasets"
+    assert (volume.bucket_name, volume.prefix) == ("my-bucket", "datasets")
 
 
 def test_overlapping_mount_points_are_refused() -> None:

@@ -26,16 +26,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from skyward._errors import NoSpecStarted, PoolClosed, ProvisionCancelled, SkywardError
 from skyward._image import Image
 from skyward._phases import Reporter
 from skyward.pool.machines import Machines
-from skyward.pool.spec import PoolSpec, apply_transforms
+from skyward.pool.spec import FROM_05, PoolSpec, apply_transforms
 from skyward.providers.base import Provider
 
 Selection = Literal["first", "cheapest"]
+
+_SPEC_FROM_05 = {
+    "region": "the region is the provider's: sky.Spec(sky.AWS(region='us-east-1'), ...)",
+}
 
 # The providers whose machines exist already: a pool on them adds nothing to the bill.
 _OWN_MACHINES = ("local", "ssh", "slurm")
@@ -53,7 +57,7 @@ class Spec(BaseModel):
 
     provider: Any = None
     nodes: int | tuple[int, int] | None = None
-    accelerator: str | None = None
+    accelerator: Any = None  # a name ("H100:8") or sky.accelerators.H100(count=8): PoolSpec's
     vcpus: float | None = None
     memory_gb: float | None = None
     allocation: str | None = None
@@ -66,6 +70,17 @@ class Spec(BaseModel):
                 raise TypeError("Spec() got the provider twice")
             fields["provider"] = provider
         super().__init__(**fields)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_05(cls, given: Any) -> Any:
+        """skyward 0.5's Spec fields we have no counterpart for say what to write instead."""
+        if isinstance(given, dict):
+            for name in given:
+                why = _SPEC_FROM_05.get(name) or FROM_05.get(name)
+                if why is not None:
+                    raise ValueError(f"sky.Spec has no {name}=: {why}")
+        return given
 
     def given(self) -> dict[str, Any]:
         """What this spec sets, as pool options."""
