@@ -49,13 +49,22 @@ class Machines:
         self._provisioned = threading.Event()  # provision() has returned or raised
         self._since = 0.0  # when the allocation was handed over
 
-    def provision(self, request: ProvisionRequest, nodes: int) -> Allocation:
-        """Ask the provider for ``nodes`` machines. Anything but a ``SkywardError`` that
-        escapes the provider becomes a ``ProvisionError`` (its cause kept); a pool closed
-        meanwhile gets ``PoolClosed``, and what the provider made anyway is terminated."""
-        kind = self._provider.kind
+    def provision(
+        self, request: ProvisionRequest, nodes: int, *, provider: Provider | None = None
+    ) -> Allocation:
+        """Ask the provider (``provider``, when the pool falls back to another one) for
+        ``nodes`` machines. Anything but a ``SkywardError`` that escapes the provider becomes
+        a ``ProvisionError`` (its cause kept); a pool closed meanwhile gets ``PoolClosed``,
+        and what the provider made anyway is terminated. After a failure it may be called
+        again (the next ``sky.Spec``)."""
         with self._lock:
+            if self._cancelled:
+                raise PoolClosed(f"pool {self._pool!r} was closed while it started")
+            if provider is not None:
+                self._provider = provider
             self._request = request
+            self._provisioned.clear()  # a close from now on waits for this attempt
+        kind = self._provider.kind
         try:
             try:
                 allocation = self._provider.provision(request, self._reporter)
@@ -82,6 +91,9 @@ class Machines:
         finally:
             self._provisioned.set()
         if len(allocation.nodes) != nodes:
+            with self._lock:
+                self._allocation, self._nodes = None, []
+            allocation.terminate()  # nothing of a failed attempt stays
             raise ProvisionError(
                 f"provider {kind} returned {len(allocation.nodes)} nodes, not {nodes}"
             )

@@ -23,6 +23,7 @@ from skyward._futures import Deadline
 from skyward._image import Image
 from skyward._options import keyword_signature
 from skyward._plugin import Plugin
+from skyward._volume import Volume, check_volumes
 from skyward.console import ConsoleMode, OutputMode
 from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
@@ -102,6 +103,10 @@ class PoolOptions(TypedDict, total=False):
     """Whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``."""
     quiet: bool
     """The older spelling of ``console="off"``."""
+    volumes: Sequence[Volume]
+    """Object storage (``sky.Volume``) mounted on every node before its workers start."""
+    selection: Literal["first", "cheapest"]
+    """With several ``sky.Spec``: try them in the order given, or cheapest first."""
     logging: LogConfig | bool | None
     """``sky.LogConfig(level=, file=, console=)``: handlers on the standard ``skyward``
     logger while the pool is open; ``True`` is ``LogConfig()``; ``None``/``False``: none
@@ -173,6 +178,8 @@ class PoolSpec(BaseModel):
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
+    volumes: tuple[Volume, ...] = ()
+    selection: Literal["first", "cheapest"] = "first"
     logging: LogConfig | None = None
 
     @model_validator(mode="before")
@@ -256,6 +263,11 @@ class PoolSpec(BaseModel):
             )
         return provider
 
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, volumes: tuple[Volume, ...]) -> tuple[Volume, ...]:
+        return check_volumes(volumes)
+
     @field_validator("plugins")
     @classmethod
     def _unique(cls, plugins: tuple[Plugin, ...]) -> tuple[Plugin, ...]:
@@ -287,6 +299,7 @@ class PoolSpec(BaseModel):
             memory_gb=self.memory_gb,
             allocation=self.allocation,
             max_hourly_cost=self.max_hourly_cost,
+            volumes=self.volumes,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),
@@ -300,9 +313,11 @@ def pool_signature() -> inspect.Signature:
         "provider",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         default=None,
-        annotation=Provider | None,
+        annotation="Provider | Spec | None",
     )
-    return keyword_signature(PoolOptions, PoolSpec, before=[provider])
+    # More sky.Spec to fall back to (pool/fallback.py).
+    specs = inspect.Parameter("specs", inspect.Parameter.VAR_POSITIONAL, annotation="Spec")
+    return keyword_signature(PoolOptions, PoolSpec, before=[provider, specs])
 
 
 def apply_transforms(image: Image, spec: PoolSpec) -> Image:

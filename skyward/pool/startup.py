@@ -65,6 +65,12 @@ class Startup:
         self._lock = threading.Lock()  # guards: _infos
         self._infos: dict[int, InstanceInfo] = {}  # by rank: what each node's worker is told
 
+    def use(self, spec: PoolSpec, image: Image) -> None:
+        """The pool fell back to another ``sky.Spec``: its options and image, before any
+        worker starts."""
+        self._spec, self._image = spec, image
+        self._hooked = [p.name for p in spec.plugins if p.around_app is not None]
+
     def bring_up(
         self,
         ranks: Sequence[int],
