@@ -500,9 +500,7 @@ class Channel:
             running = ", ".join(name for name, _ in pending) or "no calls"
             doing = f"running {running}" if self._ready else "starting (before Ready)"
             if link is not None:
-                message = (
-                    f"{self.label}: {link}; lost the worker (pid {self.pid}) while {doing}"
-                )
+                message = f"{self.label}: {link}; lost the worker (pid {self.pid}) while {doing}"
                 if why:
                     message += f"; {why}"
             else:

@@ -59,7 +59,7 @@ class Layout:
     def label(self, rank: int) -> str:
         """How messages and output name a worker: ``node 2``, or ``node 2 worker 1``."""
         node = self.node_of(rank)
-        return f"node {node}" if self.per_node == 1 else f"node {node} worker {rank % self.per_node}"
+        return f"node {node}" if self.per_node == 1 else f"node {node} worker {self.local_of(rank)}"
 
     def devices(self, rank: int, gpus: int) -> tuple[int, ...]:
         """The node's GPUs (of ``gpus``) that worker ``rank`` owns: an equal block each when

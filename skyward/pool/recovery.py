@@ -141,8 +141,7 @@ class Recovery:
         self._scheduler.lose(
             {
                 rank: WorkerLost(
-                    f"{layout.label(rank)}: its worker died and no new one could be started: "
-                    f"{exc}",
+                    f"{layout.label(rank)}: its worker died and no new one could be started: {exc}",
                     node=layout.node_of(rank),
                 )
                 for rank in ranks

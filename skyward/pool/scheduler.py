@@ -1,5 +1,6 @@
-"""Where calls go: one slot per worker (per node, unless nodes run several), the pool's queue, least busy first, map prefetch, call
-timeouts, and broadcasts (relayed between nodes where that spares the client's link).
+"""Where calls go: one slot per worker (per node, unless nodes run several), the pool's
+queue, least busy first, map prefetch, call timeouts, and broadcasts (relayed between nodes
+where that spares the client's link).
 
 ::
 
