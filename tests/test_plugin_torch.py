@@ -11,7 +11,6 @@ from typing import Any, get_type_hints
 
 import pytest
 import torch  # the dev extra installs the CPU build
-
 from support.pools import ssh_provider
 from support.sshhosts import Hosts, PackageIndex
 
