@@ -177,3 +177,22 @@ def test_jax_runs_one_process_per_worker() -> None:
     plugins = [sky.plugins.jax(cpu_devices=1)]
     with sky.ComputePool(nodes=2, workers_per_node=2, plugins=plugins, console="off") as pool:
         assert (jax_ranks() @ pool) == [(0, 4, 4), (1, 4, 4), (2, 4, 4), (3, 4, 4)]
+
+
+@sky.compute
+def digest(data: bytes) -> tuple[int, str]:
+    import hashlib
+
+    return sky.instance_info().global_worker_index, hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.timeout(300)
+def test_a_large_broadcast_reaches_every_worker(make_pool: PoolFactory) -> None:
+    """2 MiB: on SSH pools it is relayed, worker to worker, including between two workers of
+    one host."""
+    import hashlib
+
+    data = os.urandom(2 << 20)
+    expected = hashlib.sha256(data).hexdigest()
+    with make_pool(nodes=2, workers_per_node=2) as pool:
+        assert (digest(data) @ pool) == [(rank, expected) for rank in range(4)]
