@@ -166,7 +166,7 @@ class ComputePool(CallTarget):
             concurrency=spec.concurrency,
             gang=bool(spec.gang),
             bind_output=out.bind,
-            address=self._machines.address,
+            address=self._machines.worker_address,
         )
         self._startup = Startup(
             spec,
@@ -179,7 +179,7 @@ class ComputePool(CallTarget):
         self._recovery = Recovery(
             self._scheduler,
             self._startup,
-            nodes=spec.nodes,
+            layout=lambda: self._machines.layout,
             gang=spec.gang,
             start_timeout=spec.start_timeout,
             shutdown_timeout=spec.shutdown_timeout,
@@ -261,8 +261,10 @@ class ComputePool(CallTarget):
         try:
             self._use(self._choices.provision(self._machines, self._console))
             spec = self.spec
+            layout = self._machines.layout
+            self._console.workers_per_node = layout.per_node
             deadline = Deadline(spec.start_timeout, f"start_timeout ({spec.start_timeout:g} s)")
-            ranks = list(range(spec.nodes))
+            ranks = list(range(layout.workers))
             self._scheduler.attach(self._startup.bring_up(ranks, deadline, whole_pool=True))
         except BaseException as exc:
             self._console.end()
@@ -287,8 +289,10 @@ class ComputePool(CallTarget):
         for channel in lost:
             assert channel.lost is not None
             self._recovery.on_lost(channel, channel.lost)
+        per = self._machines.layout.per_node
         self._console.end(
-            f"pool {self.name} ready: {spec.nodes} node(s), "
+            f"pool {self.name} ready: {spec.nodes} node(s)"
+            f"{f' x {per} workers' if per > 1 else ''}, "
             f"{spec.accelerator or 'no accelerator'}, in "
             f"{time.monotonic() - self._started_at:.1f} s"
         )
@@ -364,7 +368,7 @@ class ComputePool(CallTarget):
             stack.__exit__(exc_type, exc, tb)
 
     def _open(self, rank: int) -> Channel:
-        """Spawn a worker on node ``rank`` (a new machine in its place if the node is gone
+        """Spawn worker ``rank`` on its node (a new machine in the node's place if it is gone
         and the provider can replace it); the scheduler holds its channel from now on, so
         that a close ends it. Startup's ``open_channel``."""
         with self._lock:
@@ -376,9 +380,12 @@ class ComputePool(CallTarget):
             replace = self._state == "running"
         try:
             transport = self._machines.spawn(rank, self.image.env, replace=replace)
+            layout = self._machines.layout
             channel = Channel(
                 transport,
-                node=rank,
+                node=layout.node_of(rank),
+                rank=rank,
+                label=layout.label(rank),
                 output=self._console.output,
                 on_lost=self._recovery.on_lost,
                 on_broken=self._broken,
@@ -395,7 +402,7 @@ class ComputePool(CallTarget):
 
     def _broken(self, channel: Channel) -> None:
         # Before its calls fail: nothing a caller does next may go to the dead worker.
-        self._shared.forget(channel, f"node {channel.node}'s worker was lost")
+        self._shared.forget(channel, f"{channel.label}'s worker was lost")
         self._recovery.on_broken(channel)
 
     def _frame(self, channel: Channel, message: Any, parts: proto.Parts) -> None:
@@ -541,7 +548,8 @@ class ComputePool(CallTarget):
     @overload
     def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]: ...
     def broadcast(self, fn: Any, /, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every node; results by node rank.
+        """Run ``fn(*args, **kwargs)`` on every worker (every node, with one worker per node);
+        results by rank (node-major: node 0's workers first).
         ``pool.broadcast(f(x))`` (a pending call, alone) is ``f(x) @ pool``."""
         call = pending_call(fn, args, kwargs)
         if is_streaming(call):

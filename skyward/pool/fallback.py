@@ -215,7 +215,9 @@ class Choices:
         (``PoolClosed``), Ctrl-C and the like end the start at once, as with one spec."""
         if len(self.candidates) == 1:
             only = self.candidates[0]
-            machines.provision(only.spec.request(only.image), only.spec.nodes)
+            machines.provision(
+                only.spec.request(only.image), only.spec.nodes, only.spec.workers_per_node
+            )
             self.attempts = (Attempt(only, None),)
             return only
         tried: list[Attempt] = []
@@ -225,6 +227,7 @@ class Choices:
                 machines.provision(
                     candidate.spec.request(candidate.image),
                     candidate.spec.nodes,
+                    candidate.spec.workers_per_node,
                     provider=candidate.spec.provider,
                 )
             except (PoolClosed, ProvisionCancelled):
