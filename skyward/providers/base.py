@@ -51,6 +51,7 @@ from skyward._errors import ProvisionCancelled, ProvisionError
 from skyward._futures import Deadline
 from skyward._image import Image
 from skyward._phases import Reporter
+from skyward._volume import Volume
 
 if TYPE_CHECKING:
     from skyward.link.channel import Transport
@@ -103,6 +104,10 @@ class ProvisionRequest:
     # An autoscaling pool may grow to this many nodes (Allocation.grow); None: it keeps
     # ``nodes``. A provider that can only ever have so many (SSH's hosts) checks it.
     max_nodes: int | None = None
+    # Object storage to mount on every node before its workers start, and to unmount when
+    # the node is closed (``providers/volumes.py``). A provider that cannot refuses them in
+    # check().
+    volumes: tuple[Volume, ...] = ()
 
 
 def refuse_spot(request: ProvisionRequest, why: str) -> None:
