@@ -177,6 +177,11 @@ def test_autoscale_options_without_a_range_are_refused_not_ignored() -> None:
     assert (spec.initial_nodes, spec.nodes, spec.autoscaling) == (1, 2, True)
 
 
+def test_several_workers_per_node_refuse_a_node_range() -> None:
+    with pytest.raises(pydantic.ValidationError, match="runs one worker per node"):
+        sky.ComputePool(nodes=(1, 2), workers_per_node=2)
+
+
 def test_a_provider_that_cannot_grow_refuses_a_node_range() -> None:
     class Fixed(sky.Local):  # a provider with no `grows`: its allocations have a fixed size
         grows = False  # type: ignore[misc]
