@@ -46,11 +46,13 @@ _RECIPE = 1  # bump when the copy is made differently
 class HostImage:
     """``python``: ``"system"`` (this machine's, as it is), a minor version (``"3.12"``: the
     only Python, no pip, no ensurepip) or None (none at all). ``unzip``: whether ``unzip``
-    stays. ``tools``: more executables in ``/usr/bin``, name -> script text."""
+    stays. ``tools``: more executables in ``/usr/bin``, name -> script text. ``sftp``:
+    whether its sshd offers the SFTP subsystem (some hardened hosts and appliances do not)."""
 
     python: str | None = "system"
     unzip: bool = True
     tools: Mapping[str, str] = field(default_factory=dict)
+    sftp: bool = True
 
     def prepare(self, directory: Path) -> str:
         """Lay out this image's files under ``directory``; the shell lines that mount it, to
