@@ -41,7 +41,7 @@ from skyward._phases import Reporter
 from skyward.providers import capacity, catalog
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
-from skyward.providers.aws.api import Api, refusal
+from skyward.providers.aws.api import Api, check_credentials, refusal
 from skyward.providers.aws.inventory import AWSInventory
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
 from skyward.providers.capacity import CapacityError, Offer, Strategy
@@ -190,6 +190,7 @@ class AWS(BaseModel):
         # Reads only the environment and ~/.aws: an unknown profile, no region at all, or a
         # region no partition has is said now, not after the pool has started.
         session = Api.session(region=self.region, profile=self.profile)
+        check_credentials(session, profile=self.profile)
         strategy = self.strategy(request)
         machines = self.machines_for(request, session.region_name)
         if (
