@@ -546,7 +546,8 @@ def test_what_teardown_cannot_delete_is_named_with_the_command_that_removes_it(
     assert len(left["security groups"]) == 1
     env = {**os.environ, "AWS_ENDPOINT_URL": moto.url}
     down = subprocess.run(
-        [str(Path(sys.executable).parent / "skyward"), "down", "--pool", "undeletable", "--yes"],
+        [str(Path(sys.executable).parent / "skyward"), "down", "--pool", "undeletable", "--yes"]
+        + ["--cloud", "aws"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -567,7 +568,7 @@ def _cli(moto: MotoServer, *args: str, tmp: Path) -> subprocess.CompletedProcess
         "TMPDIR": str(tmp),
     }
     return subprocess.run(
-        [str(Path(sys.executable).parent / "skyward"), *args],
+        [str(Path(sys.executable).parent / "skyward"), *args, "--cloud", "aws"],
         capture_output=True,
         text=True,
         timeout=120,
