@@ -38,6 +38,7 @@ from pathlib import Path
 import click
 
 from skyward._errors import SkywardError
+from skyward._phases import Choice
 from skyward.providers.base import Inventory, Leftover
 from skyward.providers.cloud import LocalKey, local_keys, remove_local_key
 
@@ -62,6 +63,9 @@ class _Echo:
 
     def status(self, line: str) -> None:
         click.echo(line)
+
+    def chosen(self, choice: Choice) -> None:
+        pass
 
 
 CLOUDS = ("aws", "gcp", "azure")

@@ -82,6 +82,12 @@ class Machine:
             return f"{self.type} ({self.vcpus} vCPUs{memory}, no accelerator)"
         return f"{self.type} ({self.count}x {self.accelerator} {self.memory_gb} GB)"
 
+    def hardware(self) -> str:
+        """``"8x A100 40 GB"``; ``"4 vCPUs, 16 GB"`` for a CPU machine."""
+        if self.accelerator is None:
+            return f"{self.vcpus} vCPUs" + (f", {self.ram_gb:g} GB" if self.ram_gb else "")
+        return f"{self.count}x {self.accelerator} {self.memory_gb} GB"
+
     def satisfies(self, vcpus: float | None, memory_gb: float | None) -> bool:
         """At least ``vcpus`` vCPUs and ``memory_gb`` GB of memory (``None``: any)."""
         if vcpus is not None and self.vcpus < vcpus:
@@ -425,4 +431,3 @@ def refuse_contradiction(
             f"{given}={machine.type!r} has {machine.ram_gb:g} GB of memory, less than "
             f"memory_gb={memory_gb:g}; drop one of them, or name a larger type"
         )
-

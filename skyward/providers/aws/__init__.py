@@ -249,7 +249,7 @@ class AWS(BaseModel):
         offers = self._offers(api, machines, zones, strategy)
         offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
         first = offers[0]
-        self._announce(api, offers, request.nodes, reporter)
+        capacity.announce(offers, request.nodes, reporter, api.region)
         deadline.check("finding the image")
         image, root_device, snapshot_gb = self._image(api, first.machine, request)
         gpu = request.accelerator is not None or first.machine.accelerator is not None
@@ -426,18 +426,6 @@ class AWS(BaseModel):
             return spot.get((machine.type, zone), on_demand)
 
         return capacity.plan(machines, zones, strategy=strategy, price=price)
-
-    def _announce(self, api: Api, offers: Sequence[Offer], nodes: int, reporter: Reporter) -> None:
-        """The choice, where and the price, before anything is created."""
-        first = offers[0]
-        others = sorted({o.where for o in offers[1:]})
-        fallback = f"; then {len(others)} other place(s) if it has no capacity" if others else ""
-        reporter.status(
-            f"{nodes} x {first.machine.describe()} {first.market} in {api.region} "
-            f"({first.zone}): {capacity.estimate(offers, nodes)}{fallback}"
-        )
-        for rank in range(nodes):
-            reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")
 
     def _open(
         self, made: AWSAllocation, described: list[dict[str, Any]], reporter: Reporter
