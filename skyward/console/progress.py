@@ -227,8 +227,8 @@ class RichProgress:
             cells[hardware] = cells[hardware][: max(room - 1, 0)] + "…"
         choice = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
         for i in keep:
-            justify = "right" if header[i] in ("nodes", "$/h each", "$/h pool") else "left"
-            choice.add_column(header[i], justify=justify, no_wrap=True)
+            right = header[i] in ("nodes", "$/h each", "$/h pool")
+            choice.add_column(header[i], justify="right" if right else "left", no_wrap=True)
         choice.add_row(*(cells[i] for i in keep), style="yellow")
         return choice
 
