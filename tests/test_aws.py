@@ -545,9 +545,9 @@ def test_what_teardown_cannot_delete_is_named_with_the_command_that_removes_it(
     assert left["instances"] == [] and left["key pairs"] == []  # the rest went
     assert len(left["security groups"]) == 1
     env = {**os.environ, "AWS_ENDPOINT_URL": moto.url}
+    command = ["down", "--pool", "undeletable", "--yes", "--cloud", "aws"]
     down = subprocess.run(
-        [str(Path(sys.executable).parent / "skyward"), "down", "--pool", "undeletable"]
-        + ["--yes", "--cloud", "aws"],
+        [str(Path(sys.executable).parent / "skyward"), *command],
         capture_output=True,
         text=True,
         timeout=120,
