@@ -238,3 +238,21 @@ def test_a_choice_without_a_known_price_says_so() -> None:
     board = Board("t", 2)
     board.choice = unknown
     assert board.choice_table()[1][-2:] == ("?", "?")
+
+
+@pytest.mark.timeout(90)
+def test_a_map_longer_than_a_second_shows_a_progress_bar_and_a_short_one_none() -> None:
+    screen = _run_in_terminal(
+        "import time, skyward as sky\n"
+        "def slow(x):\n"
+        "    time.sleep(0.05)\n"
+        "    return x\n"
+        "with sky.ComputePool(nodes=2, name='bar-pool') as pool:\n"
+        "    pool.map(abs, range(10))\n"
+        "    print('SHORT DONE', flush=True)\n"
+        "    pool.map(slow, range(60), chunksize=1)\n"
+    )
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
+    short, long = plain.split("SHORT DONE", 1)
+    assert "map abs" not in short  # under a second: no bar
+    assert "map slow" in long and "60/60" in long

@@ -134,7 +134,9 @@ def results(
         while True:
             # Fill the window, one submission for every chunk that fits.
             batch: list[_Chunk] = []
-            while not exhausted and len(in_flight) + len(batch) < window:
+            # Chunks waiting to be yielded in order count against the window too: a slow
+            # chunk holds back what is read, not only what is sent.
+            while not exhausted and len(in_flight) + len(finished) + len(batch) < window:
                 items = list(itertools.islice(source, size.next()))
                 if not items:
                     exhausted = True
