@@ -530,8 +530,13 @@ class ComputePool(CallTarget):
         total = len(iterable) if isinstance(iterable, Sized) else None
         name = getattr(fn, "__name__", None) or type(fn).__name__
         bar = map_bar(self._console.mode, total, f"map {name}", progress)
+
+        def submit(calls: list[PendingCall[Any]], function: bytes | None) -> list[Future[Any]]:
+            return self._submit(calls, same_function=True, prefetch=True, function=function)
+
+        slots = self.spec.nodes * self.spec.concurrency
         return mapping.results(
-            self, fn, iterable, chunksize=chunksize, ordered=ordered, bar=bar
+            submit, fn, iterable, slots=slots, chunksize=chunksize, ordered=ordered, bar=bar
         )
 
     def _submit(

@@ -45,9 +45,11 @@ from skyward._compute import PendingCall, pending_call
 
 if TYPE_CHECKING:
     from skyward.console.mapbar import MapBar
-    from skyward.pool import ComputePool
 
 R = TypeVar("R")
+# How chunks reach the pool: pending calls, and their function pickled already (or None);
+# their futures, in order. (The pool's ``_submit``, as a map's calls: ``prefetch``.)
+Submit = Callable[[list[PendingCall[Any]], bytes | None], list[Future[Any]]]
 
 TARGET_CHUNK_SECONDS = 0.02  # a chunk's send-to-result time the automatic size aims at
 MAX_CHUNK = 4096  # items in one chunk at most, chosen automatically
@@ -106,10 +108,11 @@ def check_chunksize(chunksize: int | None) -> int | None:
 
 
 def results(
-    pool: ComputePool,
+    submit: Submit,
     fn: Callable[..., R],
     iterable: Iterable[Any],
     *,
+    slots: int,
     chunksize: int | None,
     ordered: bool,
     bar: MapBar | None,
@@ -119,9 +122,8 @@ def results(
     # A Compute's options (its timeout), and the TypeErrors for what is not a function.
     call = pending_call(fn, (None,), {})
     total = len(iterable) if hasattr(iterable, "__len__") else None  # type: ignore[arg-type]
-    slots = pool.spec.nodes * pool.spec.concurrency
     size = ChunkSize(fixed, slots=slots, total=total)
-    chunked = _Runner(pool, call)
+    chunked = _Runner(submit, call)
     source = iter(iterable)
     done: queue.SimpleQueue[_Chunk] = queue.SimpleQueue()
     in_flight: dict[int, _Chunk] = {}  # by first index
@@ -194,8 +196,8 @@ class _Runner:
     """Sends a map's chunks: a one-item chunk as the call itself, larger ones through
     ``run_chunk`` with the function pickled once for the map."""
 
-    def __init__(self, pool: ComputePool, call: PendingCall[Any]) -> None:
-        self._pool = pool
+    def __init__(self, submit: Submit, call: PendingCall[Any]) -> None:
+        self._submit = submit
         self._call = call
         self._chunked: PendingCall[Any] | None = None
         self._function: bytes | None = None  # partial(run_chunk, fn), pickled once
@@ -233,7 +235,7 @@ class _Runner:
         done: queue.SimpleQueue[_Chunk],
     ) -> None:
         now = time.monotonic()
-        futures = self._pool._submit(calls, same_function=True, prefetch=True, function=function)
+        futures = self._submit(calls, function)
         for chunk, future in zip(chunks, futures, strict=True):
             chunk.sent, chunk.future = now, future
             # On the thread that settles it (a reader): only a put, which never waits.
