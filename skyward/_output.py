@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, cast
 
-from skyward._compute import Compute
+from skyward._compute import ComputeFunction
 from skyward._info import InstanceInfo, instance_info
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,8 +76,8 @@ def _muting(
     streams: tuple[Stream, ...], allowed: Callable[[InstanceInfo], bool]
 ) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
-        if isinstance(fn, Compute):  # above @sky.compute: wrap the function inside it
-            return cast(F, Compute(decorate(fn.fn), timeout=fn.timeout))
+        if isinstance(fn, ComputeFunction):  # above @sky.compute: wrap the function inside it
+            return cast(F, ComputeFunction(decorate(fn.fn), timeout=fn.timeout))
         if inspect.isgeneratorfunction(fn):
             # Still a generator function, so a pool streams its values (see _stream).
             @functools.wraps(fn)

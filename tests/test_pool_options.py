@@ -20,6 +20,7 @@ from support.pools import ssh_provider
 from support.sshhosts import Hosts
 
 import skyward as sky
+from skyward.accelerators import Accelerator
 from skyward.pool.spec import PoolOptions, PoolSpec
 
 
@@ -93,6 +94,8 @@ _WIDER: dict[str, set[object]] = {
     "image": {type(None)},
     "name": {type(None)},
     "concurrency": {type(None)},
+    "accelerator": {Accelerator},  # sky.accelerators.A100(count=8): kept as "A100:8"
+    "logging": {bool},  # skyward 0.5's logging=True / False
 }
 _OPTIONS = get_type_hints(PoolOptions)
 _ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -106,8 +106,9 @@ class _Options(BaseModel):
     verbose: bool = False
 
 
-def jax(**options: Unpack[JaxOptions]) -> Plugin:
-    """The jax plugin.
+def jax(cuda: str | int | None = None, /, **options: Unpack[JaxOptions]) -> Plugin:
+    """The jax plugin. ``cuda`` may be given by position, as skyward 0.5 did:
+    ``sky.plugins.jax("cu124")``.
 
     - ``version``: pin jax (``"0.10.2"``) or constrain it (``">=0.6,<0.11"``); default, the
       newest the index has.
@@ -132,6 +133,10 @@ def jax(**options: Unpack[JaxOptions]) -> Plugin:
       terminal; node 0 says so in one line.
     """
     refuse_unknown(options, JaxOptions, "jax")
+    if cuda is not None:
+        if "cuda" in options:
+            raise TypeError("jax() got cuda both by position and by keyword; give it once")
+        options = {**options, "cuda": cuda}
     chosen = _Options.model_validate(options)  # only what the caller gave
     # The hooks below travel to every worker: they close over plain values, not the model.
     version, cuda, index_url = chosen.version, chosen.cuda, chosen.index_url
@@ -178,7 +183,19 @@ def jax(**options: Unpack[JaxOptions]) -> Plugin:
 
 
 # help() and notebooks show every option with _Options' default.
-jax.__signature__ = keyword_signature(JaxOptions, _Options, returns=Plugin)  # type: ignore[attr-defined]
+jax.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+    JaxOptions,
+    _Options,
+    before=[
+        inspect.Parameter(
+            "cuda",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=_Options.model_fields["cuda"].default,
+            annotation=get_type_hints(JaxOptions)["cuda"],
+        )
+    ],
+    returns=Plugin,
+)
 
 
 def efa_environment(sys_root: str = "/sys") -> dict[str, str]:

@@ -52,12 +52,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import Future
+from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 
 from skyward._compute import CallTarget, PendingCall, pending_call
-from skyward._errors import PoolClosed
+from skyward._errors import PluginError, PoolClosed
 from skyward._futures import CallFuture, Deadline, fail, gather
 from skyward._interrupts import hold_interrupts
 from skyward._options import refuse_unknown
@@ -72,7 +73,7 @@ from skyward.collections.proxies import (
     unregister,
 )
 from skyward.collections.state import SharedState
-from skyward.console import Console, ConsoleMode
+from skyward.console import Console, ConsoleMode, handlers
 from skyward.console.logs import PoolLog, secrets_of
 from skyward.console.mapbar import map_bar
 from skyward.link import protocol as proto
@@ -86,6 +87,7 @@ from skyward.pool.mapping import check_chunksize
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
 from skyward.pool.spec import (
+    FROM_05,
     PoolOptions,
     PoolSpec,
     apply_transforms,
@@ -131,7 +133,7 @@ class ComputePool(CallTarget):
     def __init__(self, provider: Provider | None = None, **options: Unpack[PoolOptions]) -> None:
         from skyward.providers.local import Local
 
-        refuse_unknown(options, PoolOptions, "ComputePool")
+        refuse_unknown(options, PoolOptions, "ComputePool", FROM_05)
         # Only what the caller gave: every default is PoolSpec's.
         given = {"provider": Local() if provider is None else provider, **options}
         self.spec = spec = PoolSpec.model_validate(given)
@@ -151,6 +153,8 @@ class ComputePool(CallTarget):
         self._lock = threading.Lock()  # guards: _state, _opening, _started_at
         self._changed = threading.Condition(self._lock)  # the pool closed, or a spawn ended
         self._state: State = "new"
+        self._log_handlers: handlers.Installed | None = None  # logging=, while open
+        self._client_hooks: ExitStack | None = None  # plugins' around_client, while open
         self._opening = 0  # workers being spawned now; a close waits for them
         self._started_at = 0.0
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
@@ -219,7 +223,10 @@ class ComputePool(CallTarget):
     ) -> None:
         # Leaving normally waits for submitted calls, like an executor; leaving on an error
         # or Ctrl-C does not: the user is already on their way out.
-        self.close(wait=exc_type is None)
+        try:
+            self._leave_client_hooks(exc_type, exc, tb)  # they see why the block ended
+        finally:
+            self.close(wait=exc_type is None)
 
     def start(self) -> ComputePool:
         """Provision the nodes and start a worker on each; returns when all are ready."""
@@ -229,6 +236,13 @@ class ComputePool(CallTarget):
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
             self._started_at = time.monotonic()
+        try:
+            # Before anything is logged; removed in _teardown, on every path.
+            self._log_handlers = handlers.install(spec.logging)
+        except BaseException:
+            with self._lock:
+                self._state = "closed"  # nothing was started
+            raise
         atexit.register(self._close_at_exit)
         # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
         signals.hold(self)
@@ -278,7 +292,58 @@ class ComputePool(CallTarget):
             f"{spec.accelerator or 'no accelerator'}, in "
             f"{time.monotonic() - self._started_at:.1f} s"
         )
+        self._enter_client_hooks()
         return self
+
+    def _enter_client_hooks(self) -> None:
+        """The plugins' ``around_client`` contexts, first plugin outermost, once the pool
+        runs; a failure closes the pool (``PluginError`` naming the plugin)."""
+        plugins = [p for p in self.spec.plugins if p.around_client is not None]
+        if not plugins:
+            return
+        stack = ExitStack()
+        try:
+            for plugin in plugins:
+                assert plugin.around_client is not None
+                try:
+                    context = plugin.around_client(self, self.spec)
+                    if not hasattr(context, "__enter__"):
+                        raise PluginError(
+                            f"plugin {plugin.name!r}: around_client must return a context "
+                            f"manager, not {type(context).__name__}"
+                        )
+                    stack.enter_context(context)
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(
+                        f"plugin {plugin.name!r}: around_client failed: {exc}"
+                    ) from exc
+            with self._lock:
+                running = self._state == "running"
+                if running:
+                    self._client_hooks = stack  # close() leaves them from now on
+            if not running:
+                stack.close()
+                raise PoolClosed(f"pool {self.name!r} was closed while it started")
+        except BaseException as exc:
+            try:
+                stack.__exit__(type(exc), exc, exc.__traceback__)
+            finally:
+                self.close(wait=False)
+            raise
+
+    def _leave_client_hooks(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        tb: TracebackType | None = None,
+    ) -> None:
+        """Exit the ``around_client`` contexts, last plugin first; once, whoever asks."""
+        with self._lock:
+            stack, self._client_hooks = self._client_hooks, None
+        if stack is not None:
+            stack.__exit__(exc_type, exc, tb)
 
     def _open(self, rank: int) -> Channel:
         """Spawn a worker on node ``rank`` (a new machine in its place if the node is gone
@@ -334,8 +399,15 @@ class ComputePool(CallTarget):
         yet started with ``PoolClosed`` and interrupts the running ones, also when another
         ``close()`` is already waiting for them (the stronger close takes over). Workers get
         ``shutdown_timeout`` seconds to leave their plugins' contexts, then are killed; the
-        allocation's ``terminate`` always runs.
+        allocation's ``terminate`` always runs. The plugins' ``around_client`` contexts are
+        exited first, while the workers still run.
         """
+        try:
+            self._leave_client_hooks()
+        finally:
+            self._close(wait=wait)
+
+    def _close(self, *, wait: bool) -> None:
         with self._lock:
             if self._state == "new":
                 self._state = "closed"
@@ -401,6 +473,7 @@ class ComputePool(CallTarget):
                     self._changed.notify_all()
                 self._console.flush()
                 self._console.closed()
+                handlers.remove(self._log_handlers)
                 atexit.unregister(self._close_at_exit)
                 signals.release(self)
 
@@ -646,6 +719,10 @@ class ComputePool(CallTarget):
 
     def lock(self, name: str) -> LockProxy:
         return LockProxy(name, self._shared.request)
+
+
+# The public skyward project's later name for the pool (``sky.Compute(...)``).
+Compute = ComputePool
 
 
 def _pickle(call: PendingCall[Any], function: bytes | None = None) -> Pickled:

@@ -24,8 +24,10 @@ from skyward._image import Image
 from skyward._options import keyword_signature
 from skyward._plugin import Plugin
 from skyward.console import ConsoleMode, OutputMode
+from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
 from skyward.providers.base import Provider, ProvisionRequest, identity_tags
+from skyward.providers.catalog import Accelerator
 
 # Bounds for the durations users give: enough for any real start, and small enough that the
 # standard library's timeouts (threading's TIMEOUT_MAX) never overflow.
@@ -61,9 +63,10 @@ class PoolOptions(TypedDict, total=False):
 
     nodes: int | tuple[int, int]
     """Nodes in the pool, 1 to 4096; ``(min, max)`` runs ``max`` (pools do not autoscale)."""
-    accelerator: str | None
-    """An accelerator name such as ``"A100"``; passed to the provider, plugins and
-    ``InstanceInfo``."""
+    accelerator: str | Accelerator | None
+    """An accelerator such as ``"A100"``, ``"A100:8"`` or ``sky.accelerators.A100(count=8)``
+    (the same request as a value); passed to the provider, plugins and ``InstanceInfo`` as
+    its string."""
     vcpus: float | None
     """At least this many CPUs per node; ``None`` leaves it to the provider."""
     memory_gb: float | None
@@ -99,7 +102,37 @@ class PoolOptions(TypedDict, total=False):
     """Whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``."""
     quiet: bool
     """The older spelling of ``console="off"``."""
+    logging: LogConfig | bool | None
+    """``sky.LogConfig(level=, file=, console=)``: handlers on the standard ``skyward``
+    logger while the pool is open; ``True`` is ``LogConfig()``; ``None``/``False``: none
+    added (the program's own logging configuration decides)."""
 
+
+# skyward 0.5's pool options that have no counterpart here, and what to write instead: a
+# program moved over is told, not met with a bare "unexpected keyword argument".
+FROM_05: dict[str, str] = {
+    "architecture": "the catalog's machines are all x86_64: leave it out",
+    "ttl": (
+        "cloud machines shut themselves down once the client has been gone for the "
+        "provider's idle_timeout, as in sky.AWS(idle_timeout=600)"
+    ),
+    "ssh_timeout": (
+        "the cloud providers' boot_timeout bounds the wait for SSH (sky.AWS(boot_timeout=...)), "
+        "and provision_timeout the whole start"
+    ),
+    "ssh_retry_interval": "leave it out: SSH is retried until boot_timeout on its own",
+    "provision_retry_delay": (
+        "leave it out: a pool tries each place its allocation allows (zone, type, market) "
+        "once, within provision_timeout"
+    ),
+    "max_provision_attempts": (
+        "leave it out: a pool tries each place its allocation allows (zone, type, market) "
+        "once, within provision_timeout"
+    ),
+    "reconcile_tick_interval": (
+        "leave it out: a lost node is seen on its link at once, with no polling"
+    ),
+}
 
 # Options whose None means "the default" though their field takes no None: ComputePool has
 # always accepted these, and the signature shows the afresh-made ones so.
@@ -140,6 +173,7 @@ class PoolSpec(BaseModel):
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
+    logging: LogConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -191,6 +225,27 @@ class PoolSpec(BaseModel):
         if self.quiet and self.console not in ("auto", "off"):
             raise ValueError(f"quiet=True means console='off'; it contradicts {self.console=}")
         return self
+
+    @field_validator("logging", mode="before")
+    @classmethod
+    def _logging(cls, logging: Any) -> Any:
+        """skyward 0.5's ``logging=True`` / ``False``."""
+        if logging is True:
+            return LogConfig()
+        return None if logging is False else logging
+
+    @field_validator("accelerator", mode="before")
+    @classmethod
+    def _accelerator(cls, accelerator: Any) -> Any:
+        """``sky.accelerators.A100(count=8)`` is the request ``"A100:8"``."""
+        if isinstance(accelerator, Accelerator):
+            return str(accelerator)
+        if accelerator is not None and not isinstance(accelerator, str):
+            raise ValueError(
+                f"accelerator is a name such as 'A100:8' or sky.accelerators.A100(count=8), "
+                f"not {type(accelerator).__name__}"
+            )
+        return accelerator
 
     @field_validator("provider")
     @classmethod
@@ -251,28 +306,51 @@ def pool_signature() -> inspect.Signature:
 
 
 def apply_transforms(image: Image, spec: PoolSpec) -> Image:
-    """Run every plugin's ``transform`` in list order; wrap foreign failures in PluginError."""
+    """Run every plugin's ``transform`` in list order, each followed by its ``bootstrap``
+    steps (added to the image's ``setup``); wrap foreign failures in PluginError."""
     for plugin in spec.plugins:
-        if plugin.transform is None:
-            continue
-        try:
-            result = plugin.transform(image, spec)
-        except PluginError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"plugin {plugin.name!r}: transform failed: {exc}") from exc
-        if not isinstance(result, Image):
-            raise PluginError(
-                f"plugin {plugin.name!r}: transform must return an Image, "
-                f"not {type(result).__name__}"
-            )
-        image = result
+        if plugin.transform is not None:
+            try:
+                result = plugin.transform(image, spec)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(f"plugin {plugin.name!r}: transform failed: {exc}") from exc
+            if not isinstance(result, Image):
+                raise PluginError(
+                    f"plugin {plugin.name!r}: transform must return an Image, "
+                    f"not {type(result).__name__}"
+                )
+            image = result
+        image = _add_bootstrap(image, plugin, spec)
     return image
+
+
+def _add_bootstrap(image: Image, plugin: Plugin, spec: PoolSpec) -> Image:
+    try:
+        steps = plugin.bootstrap_steps(spec)
+    except PluginError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"plugin {plugin.name!r}: bootstrap failed: {exc}") from exc
+    if not steps:
+        return image
+    if spec.provider_kind == "local":
+        # Its nodes are processes on this machine, run by the client's own interpreter:
+        # running a plugin's shell steps here would change the user's machine.
+        raise PluginError(
+            f"plugin {plugin.name!r} adds bootstrap steps, which prepare a remote node before "
+            f"its worker starts; the local pool's nodes are this machine, which Skyward does "
+            f"not change. Run them here yourself ({'; '.join(steps)}) and leave the plugin "
+            f"out of local pools, or use a remote provider (sky.SSH, a cloud)"
+        )
+    return image.model_copy(update={"setup": (*image.setup, *steps)})
 
 
 def pickle_plugins(plugins: tuple[Plugin, ...]) -> proto.Parts:
     """The plugins as the workers receive them; ``PluginError`` names one that cannot go."""
-    for plugin in plugins:
+    workers = [plugin.for_workers() for plugin in plugins]  # the client's hooks stay here
+    for plugin in workers:
         try:
             proto.dumps(plugin)
         except Exception as exc:
@@ -280,4 +358,4 @@ def pickle_plugins(plugins: tuple[Plugin, ...]) -> proto.Parts:
                 f"plugin {plugin.name!r} cannot be pickled, so it cannot reach the workers: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-    return proto.dumps(list(plugins))
+    return proto.dumps(workers)

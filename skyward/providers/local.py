@@ -66,7 +66,8 @@ class Local(BaseModel):
                 f"the local pool has no {request.accelerator}: its nodes are processes on "
                 f"this machine's CPUs. Leave accelerator=None to try the code here (the jax "
                 f"plugin then uses CPU jax; cpu_devices= gives each node several devices), "
-                f"and give the accelerator to a provider that has it, such as sky.AWS()."
+                f"and give the accelerator to a provider that has it. "
+                f"{_who_offers(request.accelerator)}"
             )
         refuse_spot(request, "the local provider runs on this machine")
         cores = os.cpu_count() or 1
@@ -313,3 +314,16 @@ def _unsatisfied(requirements: list[str]) -> list[str]:
         if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
             missing.append(f"{text} (installed: {version})")
     return missing
+
+
+def _who_offers(accelerator: str) -> str:
+    """Which providers have ``accelerator``, for the refusal above."""
+    from skyward.providers import catalog  # the tables load only for this message
+
+    try:
+        return catalog.who_offers(accelerator)
+    except ValueError:  # a name outside the clouds' catalog
+        return (
+            f"No cloud's catalog has {accelerator!r}; sky.SSH and sky.Slurm run on machines "
+            f"that have it, under their own name."
+        )

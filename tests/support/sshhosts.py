@@ -238,6 +238,7 @@ class Hosts:
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
             "MaxSessions 100\nMaxStartups 100:30:200\nUseDNS no\nPrintMotd no\n"
             "AcceptEnv SKYWARD_*\n"
+            "PermitUserEnvironment yes\n"  # ~/.ssh/environment: see set_environment
             + ("Subsystem sftp internal-sftp\n" if image.sftp else "")
         )
         # Its own UTS and mount namespaces: its own hostname, and its own /home/skytest, so
@@ -267,6 +268,17 @@ class Hosts:
         )
         log.close()
         return host
+
+    def set_environment(self, variables: dict[str, str]) -> None:
+        """Variables every later SSH session on every host gets (the user's
+        ``~/.ssh/environment``), as a user sets up a host's own settings: a mirror for the
+        downloads a real host would make from the internet, say."""
+        for host in self.hosts:
+            ssh = host.home / ".ssh"
+            ssh.mkdir(exist_ok=True)
+            (ssh / "environment").write_text("".join(f"{k}={v}\n" for k, v in variables.items()))
+            shutil.chown(ssh, USER, USER)
+            shutil.chown(ssh / "environment", USER, USER)
 
     def forget_known_host(self, host: Host) -> None:
         lines = self.known_hosts.read_text().splitlines(keepends=True)
@@ -431,8 +443,10 @@ class PackageIndex:
                 "download",
                 "-q",
                 "--only-binary=:all:",
+                # The hosts' workers run the client's own minor version (the bootstrap
+                # matches it), so their wheels are for this interpreter, not a fixed one.
                 "--python-version",
-                "3.11",
+                f"{sys.version_info.major}.{sys.version_info.minor}",
                 "-d",
                 str(cache),
                 *requirements,
