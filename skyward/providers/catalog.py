@@ -623,13 +623,7 @@ def _browse(cloud: Cloud, accelerator: str | None) -> list[Machine]:
     if accelerator.strip().lower() == "cpu":
         return [m for m in machines(cloud) if m.accelerator is None]
     wanted = parse(accelerator)
-    return [
-        m
-        for m in machines(cloud)
-        if m.accelerator == wanted.name
-        and (wanted.count is None or m.count == wanted.count)
-        and (wanted.memory_gb is None or m.memory_gb == wanted.memory_gb)
-    ]
+    return [m for m in machines(cloud) if fits(m, wanted)]
 
 
 def _with_spot(entries: list[CatalogEntry]) -> list[CatalogEntry]:
