@@ -107,24 +107,38 @@ def test_a_bad_chunksize_is_refused_before_anything_is_sent(
 
 def test_the_automatic_size_probes_with_single_items_then_aims_at_the_target() -> None:
     size = ChunkSize(None, slots=2, total=None)
+    size.started(0.0)
     assert [size.next(), size.next()] == [1, 1]  # one probe per slot
-    size.finished(1, 0.001)  # 1 ms for one item (round trip included)
+    size.finished(2, 0.001)  # two items in 1 ms on 2 slots: 1 ms of a slot each
     assert size.next() == 20  # about 20 ms of items
-    size.finished(20, 0.004)  # 0.2 ms each, once the round trip is shared
+    size.finished(40, 0.005)  # 0.2 ms each, once the round trips are shared
     assert 20 < size.next() <= MAX_CHUNK
-    for _ in range(20):
-        size.finished(1000, 0.001)  # a microsecond each
+    for step in range(20):
+        size.finished(10_000, 0.006 + step * 0.001)  # a microsecond of a slot each
     assert size.next() == MAX_CHUNK
+
+
+def test_waiting_behind_other_chunks_does_not_count_as_an_items_cost() -> None:
+    # Many one-item chunks in flight: each waited long after it was sent, but results
+    # arrive every 0.1 ms, and that is what an item costs the pool.
+    size = ChunkSize(None, slots=2, total=None)
+    size.started(0.0)
+    size.next(), size.next()
+    for step in range(1, 50):
+        size.finished(1, step * 0.0001)
+    assert size.next() >= 50
 
 
 def test_the_automatic_size_keeps_every_slot_busy_to_the_end_of_a_known_length() -> None:
     size = ChunkSize(None, slots=4, total=1000)
+    size.started(0.0)
     size.next(), size.next(), size.next(), size.next()
-    size.finished(1, 1e-6)
+    size.finished(4, 1e-6)
     assert size.next() == -(-1000 // (4 * BALANCE))  # 63: at least BALANCE chunks per slot
 
 
 def test_a_fixed_size_is_kept() -> None:
     size = ChunkSize(50, slots=2, total=10)
+    size.started(0.0)
     size.finished(50, 10.0)
     assert size.next() == 50

@@ -13,9 +13,10 @@ chunks, lazily, with a bounded number of chunks in flight.
         (imap_unordered), refills the window, advances the progress bar
 
 Chunk size. ``chunksize=N`` sends N items per call. ``chunksize=None`` measures: the first
-chunk of each slot carries one item, and every finished chunk updates the time one item
-takes (send to result, divided by its size, so the round trip is counted against small
-items); the next chunks carry as many items as take about ``TARGET_CHUNK_SECONDS``, never so
+chunk of each slot carries one item, and every batch of results that arrives updates the
+time one item costs a slot (the slots times the time since the previous batch, over the
+items in it: the round trip and every overhead counted against the items, as throughput
+sees them); the next chunks carry as many items as take about ``TARGET_CHUNK_SECONDS``, never so
 many that a node gets fewer than ``BALANCE`` chunks of a map whose length is known (so the
 last chunks do not leave nodes idle), and never more than ``MAX_CHUNK``.
 
@@ -67,7 +68,12 @@ class _Chunk:
 
 class ChunkSize:
     """The chunk size of one map: fixed, or measured as chunks finish (see the module
-    docstring). Used by the driver's thread only."""
+    docstring). Used by the driver's thread only.
+
+    The measure is the map's throughput, not a chunk's send-to-result time: that time
+    includes the wait behind the other chunks in flight (and, on a loaded machine, for the
+    threads to be scheduled), so it overstates an item's cost by the depth of the window and
+    would keep chunks at one item exactly where chunking matters most."""
 
     def __init__(self, fixed: int | None, *, slots: int, total: int | None) -> None:
         self.fixed = fixed
@@ -75,8 +81,9 @@ class ChunkSize:
         self._cap = MAX_CHUNK
         if total is not None:
             self._cap = max(1, min(MAX_CHUNK, -(-total // (self._slots * BALANCE))))
-        self._per_item: float | None = None  # seconds, a moving average
+        self._per_item: float | None = None  # seconds of one slot per item, a moving average
         self._probes = self._slots  # one-item chunks first, one per slot
+        self._since: float | None = None  # when the last arrivals were counted
 
     def next(self) -> int:
         if self.fixed is not None:
@@ -87,11 +94,18 @@ class ChunkSize:
         wanted = int(TARGET_CHUNK_SECONDS / max(self._per_item, 1e-7))
         return max(1, min(self._cap, wanted))
 
-    def finished(self, items: int, elapsed: float) -> None:
-        if self.fixed is not None or items <= 0:
+    def started(self, now: float) -> None:
+        """The first chunks were sent at ``now``."""
+        if self._since is None:
+            self._since = now
+
+    def finished(self, items: int, now: float) -> None:
+        """``items`` results arrived at ``now`` since the last call: every slot worked for
+        the time between, so one item cost about ``slots x elapsed / items``."""
+        if self.fixed is not None or items <= 0 or self._since is None:
             return
-        per_item = elapsed / items
-        # Weighted toward the larger chunks, whose time is mostly the items' own.
+        elapsed, self._since = max(now - self._since, 1e-7), now
+        per_item = self._slots * elapsed / items
         self._per_item = (
             per_item if self._per_item is None else 0.5 * self._per_item + 0.5 * per_item
         )
@@ -146,6 +160,7 @@ def results(
                 batch.append(_Chunk(position, items, 0.0))
                 position += len(items)
             if batch:
+                size.started(time.monotonic())
                 chunked.submit(batch, done)
                 for chunk in batch:
                     in_flight[chunk.first] = chunk
@@ -158,10 +173,9 @@ def results(
                     arrived.append(done.get_nowait())
                 except queue.Empty:
                     break
-            now = time.monotonic()
+            size.finished(sum(len(c.items) for c in arrived), time.monotonic())
             for chunk in arrived:
                 del in_flight[chunk.first]
-                size.finished(len(chunk.items), now - chunk.sent)
                 if ordered:
                     finished[chunk.first] = chunk
                 else:
