@@ -133,6 +133,7 @@ def test_modules_live_in_packages_by_side_of_the_wire() -> None:
         "_extras",
         "_futures",
         "_image",
+        "_volume",
         "_info",
         "_interrupts",
         "_multihost",

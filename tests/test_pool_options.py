@@ -143,7 +143,7 @@ def test_none_for_an_option_whose_field_takes_no_none_means_the_default(name: st
 
 def test_the_signature_shows_each_option_with_pool_spec_default() -> None:
     parameters = inspect.signature(sky.ComputePool).parameters
-    assert list(parameters) == ["provider", *_OPTIONS]
+    assert list(parameters) == ["provider", "specs", *_OPTIONS]  # specs: more sky.Spec
     for name in _OPTIONS:
         field = PoolSpec.model_fields.get(name)
         if field is not None and field.default_factory is None:

@@ -2,10 +2,11 @@
 
 ::
 
-    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (pool/spec.py)
-    start()    provider.provision(request) → Allocation, bounded by provision_timeout
-               (pool/machines.py) → workers through the start-up barrier, bounded by
-               start_timeout (pool/startup.py) → running
+    __init__   every sky.Spec (the keyword form is one): PoolSpec (validate) → transforms →
+               provider.check (pool/fallback.py) → plugins pickled
+    start()    the first spec whose provider.provision(request) → Allocation, bounded by
+               provision_timeout (pool/fallback.py, pool/machines.py) → workers through the
+               start-up barrier, bounded by start_timeout (pool/startup.py) → running
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
     failures   lost workers, gang restarts, hangs (pool/recovery.py); call timeouts (the
                scheduler)
@@ -82,18 +83,12 @@ from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
 from skyward.pool import mapping, signals
 from skyward.pool import profile as _profile
+from skyward.pool.fallback import Attempt, Candidate, Choices, Spec, candidates
 from skyward.pool.machines import Machines
 from skyward.pool.mapping import check_chunksize
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
-from skyward.pool.spec import (
-    FROM_05,
-    PoolOptions,
-    PoolSpec,
-    apply_transforms,
-    pickle_plugins,
-    pool_signature,
-)
+from skyward.pool.spec import FROM_05, PoolOptions, pickle_plugins, pool_signature
 from skyward.pool.stacks import Stacks, collect
 from skyward.pool.startup import Startup
 from skyward.pool.streams import ResultStream, Streams, is_streaming, prepare
@@ -130,19 +125,25 @@ class ComputePool(CallTarget):
     # help(), notebooks and inspect show every option with PoolSpec's default.
     __signature__: ClassVar[inspect.Signature] = pool_signature()
 
-    def __init__(self, provider: Provider | None = None, **options: Unpack[PoolOptions]) -> None:
+    def __init__(
+        self,
+        provider: Provider | Spec | None = None,
+        *specs: Spec,
+        **options: Unpack[PoolOptions],
+    ) -> None:
         from skyward.providers.local import Local
 
         refuse_unknown(options, PoolOptions, "ComputePool", FROM_05)
-        # Only what the caller gave: every default is PoolSpec's.
-        given = {"provider": Local() if provider is None else provider, **options}
-        self.spec = spec = PoolSpec.model_validate(given)
+        # Every spec (the keyword form is one) validated, transformed by the plugins and
+        # checked by its provider, before anything is touched (pool/fallback.py). Only what
+        # the caller gave: every default is PoolSpec's.
+        self._choices = Choices(candidates(provider, specs, options))
+        first = self._choices.candidates[0]
+        self.spec = spec = first.spec  # the spec the pool started with, once it has
         self._plugin_payload = pickle_plugins(spec.plugins)
-        self.image = apply_transforms(spec.image, spec)
-        # Provider-specific limits and missing SDKs, before anything is touched.
-        spec.provider.check(spec.request(self.image))
+        self.image = first.image
         # Remote workers cannot import the client's own modules; local ones can.
-        self._remote = not isinstance(spec.provider, Local)
+        self._remote = any(not isinstance(c.spec.provider, Local) for c in self._choices.candidates)
         self._before_pickling()
         mode: ConsoleMode = "off" if spec.quiet else spec.console
         # The log directory is made when the pool starts: a pool only built (to check its
@@ -167,7 +168,7 @@ class ComputePool(CallTarget):
             concurrency=spec.concurrency,
             gang=bool(spec.gang),
             bind_output=out.bind,
-            address=self._machines.address,
+            address=self._machines.worker_address,
         )
         self._startup = Startup(
             spec,
@@ -180,7 +181,7 @@ class ComputePool(CallTarget):
         self._recovery = Recovery(
             self._scheduler,
             self._startup,
-            nodes=spec.nodes,
+            layout=lambda: self._machines.layout,
             gang=spec.gang,
             start_timeout=spec.start_timeout,
             shutdown_timeout=spec.shutdown_timeout,
@@ -252,7 +253,7 @@ class ComputePool(CallTarget):
             secrets=secrets_of(self.image.env),
         )
         self._console.begin(
-            f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
+            f"starting {spec.nodes} node(s) on {self._where()} (pool {self.name})", spec.nodes
         )
         if spec.min_nodes is not None and spec.min_nodes < spec.nodes:
             self._console.status(
@@ -260,9 +261,12 @@ class ComputePool(CallTarget):
                 f"this one runs {spec.nodes} nodes throughout"
             )
         try:
-            self._machines.provision(spec.request(self.image), spec.nodes)
+            self._use(self._choices.provision(self._machines, self._console))
+            spec = self.spec
+            layout = self._machines.layout
+            self._console.workers_per_node = layout.per_node
             deadline = Deadline(spec.start_timeout, f"start_timeout ({spec.start_timeout:g} s)")
-            ranks = list(range(spec.nodes))
+            ranks = list(range(layout.workers))
             self._scheduler.attach(self._startup.bring_up(ranks, deadline, whole_pool=True))
         except BaseException as exc:
             self._console.end()
@@ -287,13 +291,33 @@ class ComputePool(CallTarget):
         for channel in lost:
             assert channel.lost is not None
             self._recovery.on_lost(channel, channel.lost)
+        per = self._machines.layout.per_node
         self._console.end(
-            f"pool {self.name} ready: {spec.nodes} node(s), "
+            f"pool {self.name} ready: {spec.nodes} node(s)"
+            f"{f' x {per} workers' if per > 1 else ''}, "
             f"{spec.accelerator or 'no accelerator'}, in "
             f"{time.monotonic() - self._started_at:.1f} s"
         )
         self._enter_client_hooks()
         return self
+
+    def _where(self) -> str:
+        kinds = [c.spec.provider_kind for c in self._choices.candidates]
+        return " or then ".join(dict.fromkeys(kinds))
+
+    def _use(self, chosen: Candidate) -> None:
+        """The pool runs on ``chosen``'s machines: its spec and image from now on."""
+        from skyward.providers.local import Local
+
+        self.spec, self.image = chosen.spec, chosen.image
+        self._remote = not isinstance(chosen.spec.provider, Local)
+        self._startup.use(chosen.spec, chosen.image)
+
+    @property
+    def attempts(self) -> tuple[Attempt, ...]:
+        """The specs tried when the pool started, in order, each with why it was given up
+        (``error``), the one used last (its ``error`` None); empty before ``start``."""
+        return self._choices.attempts
 
     def _enter_client_hooks(self) -> None:
         """The plugins' ``around_client`` contexts, first plugin outermost, once the pool
@@ -346,7 +370,7 @@ class ComputePool(CallTarget):
             stack.__exit__(exc_type, exc, tb)
 
     def _open(self, rank: int) -> Channel:
-        """Spawn a worker on node ``rank`` (a new machine in its place if the node is gone
+        """Spawn worker ``rank`` on its node (a new machine in the node's place if it is gone
         and the provider can replace it); the scheduler holds its channel from now on, so
         that a close ends it. Startup's ``open_channel``."""
         with self._lock:
@@ -358,9 +382,12 @@ class ComputePool(CallTarget):
             replace = self._state == "running"
         try:
             transport = self._machines.spawn(rank, self.image.env, replace=replace)
+            layout = self._machines.layout
             channel = Channel(
                 transport,
-                node=rank,
+                node=layout.node_of(rank),
+                rank=rank,
+                label=layout.label(rank),
                 output=self._console.output,
                 on_lost=self._recovery.on_lost,
                 on_broken=self._broken,
@@ -377,7 +404,7 @@ class ComputePool(CallTarget):
 
     def _broken(self, channel: Channel) -> None:
         # Before its calls fail: nothing a caller does next may go to the dead worker.
-        self._shared.forget(channel, f"node {channel.node}'s worker was lost")
+        self._shared.forget(channel, f"{channel.label}'s worker was lost")
         self._recovery.on_broken(channel)
 
     def _frame(self, channel: Channel, message: Any, parts: proto.Parts) -> None:
@@ -523,7 +550,8 @@ class ComputePool(CallTarget):
     @overload
     def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]: ...
     def broadcast(self, fn: Any, /, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every node; results by node rank.
+        """Run ``fn(*args, **kwargs)`` on every worker (every node, with one worker per node);
+        results by rank (node-major: node 0's workers first).
         ``pool.broadcast(f(x))`` (a pending call, alone) is ``f(x) @ pool``."""
         call = pending_call(fn, args, kwargs)
         if is_streaming(call):

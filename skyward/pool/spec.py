@@ -23,6 +23,7 @@ from skyward._futures import Deadline
 from skyward._image import Image
 from skyward._options import keyword_signature
 from skyward._plugin import Plugin
+from skyward._volume import Volume, check_volumes
 from skyward.console import ConsoleMode, OutputMode
 from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
@@ -80,8 +81,11 @@ class PoolOptions(TypedDict, total=False):
     """What every worker needs (``sky.Image()`` when ``None``)."""
     plugins: Sequence[Plugin]
     """Plugins, first = outermost ``around_app``."""
+    workers_per_node: int | Literal["gpus"]
+    """Worker processes on each node (1 to 256), each its own rank with its own
+    ``instance_info()``; ``"gpus"``: one per GPU of the node (needs ``accelerator``)."""
     concurrency: int | None
-    """Calls at once per node."""
+    """Calls at once per worker."""
     worker: Worker | None
     """``sky.Worker(concurrency=N, executor=...)``: concurrency and where calls run."""
     name: str | None
@@ -102,6 +106,10 @@ class PoolOptions(TypedDict, total=False):
     """Whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``."""
     quiet: bool
     """The older spelling of ``console="off"``."""
+    volumes: Sequence[Volume]
+    """Object storage (``sky.Volume``) mounted on every node before its workers start."""
+    selection: Literal["first", "cheapest"]
+    """With several ``sky.Spec``: try them in the order given, or cheapest first."""
     logging: LogConfig | bool | None
     """``sky.LogConfig(level=, file=, console=)``: handlers on the standard ``skyward``
     logger while the pool is open; ``True`` is ``LogConfig()``; ``None``/``False``: none
@@ -163,6 +171,8 @@ class PoolSpec(BaseModel):
     accelerator: str | None = Field(default=None, min_length=1)
     image: Image = Field(default_factory=Image)
     plugins: tuple[Plugin, ...] = ()
+    # "gpus": one per GPU, resolved from each node's GPU count once the machines exist.
+    workers_per_node: int | Literal["gpus"] = Field(default=1)
     concurrency: int = Field(default=1, ge=1, le=1024)
     executor: Literal["thread", "process"] = "thread"
     name: str = Field(default_factory=lambda: f"pool-{secrets.token_hex(3)}", min_length=1)
@@ -173,6 +183,8 @@ class PoolSpec(BaseModel):
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
+    volumes: tuple[Volume, ...] = ()
+    selection: Literal["first", "cheapest"] = "first"
     logging: LogConfig | None = None
 
     @model_validator(mode="before")
@@ -226,6 +238,22 @@ class PoolSpec(BaseModel):
             raise ValueError(f"quiet=True means console='off'; it contradicts {self.console=}")
         return self
 
+    @field_validator("workers_per_node", mode="before")
+    @classmethod
+    def _workers_per_node(cls, value: Any) -> Any:
+        if value == "gpus" or (type(value) is int and 1 <= value <= 256):
+            return value
+        raise ValueError(f"workers_per_node must be 1 to 256, or 'gpus'; not {value!r}")
+
+    @model_validator(mode="after")
+    def _gpus_need_an_accelerator(self) -> PoolSpec:
+        if self.workers_per_node == "gpus" and self.accelerator is None:
+            raise ValueError(
+                "workers_per_node='gpus' runs one worker per GPU, but this pool asks for no "
+                "accelerator; give accelerator= (such as 'A100'), or a number of workers"
+            )
+        return self
+
     @field_validator("logging", mode="before")
     @classmethod
     def _logging(cls, logging: Any) -> Any:
@@ -256,6 +284,11 @@ class PoolSpec(BaseModel):
             )
         return provider
 
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, volumes: tuple[Volume, ...]) -> tuple[Volume, ...]:
+        return check_volumes(volumes)
+
     @field_validator("plugins")
     @classmethod
     def _unique(cls, plugins: tuple[Plugin, ...]) -> tuple[Plugin, ...]:
@@ -271,9 +304,11 @@ class PoolSpec(BaseModel):
 
     @property
     def gang(self) -> list[str]:
-        """Plugins that tie every node into one runtime (jax), when there are several nodes:
-        a worker lost is every worker lost, and a broadcast runs on one generation."""
-        return [p.name for p in self.plugins if p.gang] if self.nodes > 1 else []
+        """Plugins that tie every worker into one runtime (jax, torch), when there are
+        several workers: a worker lost is every worker lost, and a broadcast runs on one
+        generation."""
+        several = self.nodes > 1 or self.workers_per_node != 1
+        return [p.name for p in self.plugins if p.gang] if several else []
 
     def request(self, image: Image) -> ProvisionRequest:
         """What the provider is asked for, with a fresh ``provision_timeout`` deadline."""
@@ -287,6 +322,7 @@ class PoolSpec(BaseModel):
             memory_gb=self.memory_gb,
             allocation=self.allocation,
             max_hourly_cost=self.max_hourly_cost,
+            volumes=self.volumes,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),
@@ -300,9 +336,11 @@ def pool_signature() -> inspect.Signature:
         "provider",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         default=None,
-        annotation=Provider | None,
+        annotation="Provider | Spec | None",
     )
-    return keyword_signature(PoolOptions, PoolSpec, before=[provider])
+    # More sky.Spec to fall back to (pool/fallback.py).
+    specs = inspect.Parameter("specs", inspect.Parameter.VAR_POSITIONAL, annotation="Spec")
+    return keyword_signature(PoolOptions, PoolSpec, before=[provider, specs])
 
 
 def apply_transforms(image: Image, spec: PoolSpec) -> Image:
