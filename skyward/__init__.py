@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "Azure": "skyward.providers.azure",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
+    "CatalogEntry": "skyward.providers.catalog",
     "ChannelError": "skyward._errors",
     "CollectiveHang": "skyward._errors",
     "Compute": "skyward.pool",
@@ -42,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "Local": "skyward.providers.local",
     "LogConfig": "skyward.console.handlers",
     "MissingDependency": "skyward._errors",
+    "NoSpecStarted": "skyward._errors",
     "PendingCall": "skyward._compute",
     "PendingCompute": "skyward._compute",
     "PendingComputeGroup": "skyward._compute",
@@ -60,14 +62,17 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
+    "Spec": "skyward.pool.fallback",
     "Slurm": "skyward.providers.slurm",
     "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
     "Terminated": "skyward._errors",
     "VersionMismatch": "skyward._errors",
+    "Volume": "skyward._volume",
     "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
     "barrier": "skyward.collections.proxies",
+    "catalog": "skyward.providers.catalog",
     "compute": "skyward._compute",
     "counter": "skyward.collections.proxies",
     "dict": "skyward.collections.proxies",
@@ -107,6 +112,7 @@ if TYPE_CHECKING:
         CollectiveHang,
         HostKeyError,
         MissingDependency,
+        NoSpecStarted,
         PluginError,
         PoolClosed,
         ProvisionCancelled,
@@ -125,15 +131,18 @@ if TYPE_CHECKING:
     from skyward._multihost import shard
     from skyward._output import is_head, silent, stderr, stdout
     from skyward._plugin import Plugin
+    from skyward._volume import Volume
     from skyward.collections.proxies import barrier, counter, dict, lock, queue, set
     from skyward.console.handlers import LogConfig
     from skyward.pool import Compute, ComputePool
+    from skyward.pool.fallback import Spec
     from skyward.pool.scheduler import PoolStatistics
     from skyward.pool.spec import PoolSpec, Worker
     from skyward.pool.stacks import Stacks
     from skyward.providers.aws import AWS
     from skyward.providers.azure import Azure
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
+    from skyward.providers.catalog import CatalogEntry, catalog
     from skyward.providers.gcp import GCP
     from skyward.providers.local import Local
     from skyward.providers.slurm import Slurm

@@ -37,7 +37,7 @@ from skyward.console.logs import PoolLog
 from skyward.console.progress import Board, JupyterProgress, PlainProgress, Progress, RichProgress
 
 if TYPE_CHECKING:
-    from skyward._phases import Phase
+    from skyward._phases import Choice, Phase
 
 ConsoleMode = Literal["auto", "rich", "plain", "off"]
 OutputMode = Literal["all", "head", "none"]
@@ -61,6 +61,9 @@ class Console:
     ) -> None:
         self.mode = mode
         self.output_mode = output
+        # Output is labelled by worker rank: ``[node 2]``, or ``[node 2 worker 1]`` once the
+        # pool knows it runs several workers per node (set before any worker starts).
+        self.workers_per_node = 1
         self.log_file = log  # every node's output and every event, whatever is shown
         self._lock = threading.Lock()  # guards: everything below, and whole-line writes
         self._partial: dict[tuple[int, str], LineBuffer] = {}
@@ -116,6 +119,18 @@ class Console:
                 self._board.set_line(node, line)
             if self._progress is not None:
                 self._progress.line(node, line)
+
+    def chosen(self, choice: Choice) -> None:
+        """A cloud pool picked its machines: shown under the title until the display ends."""
+        text = choice.line()
+        logger.info(text)
+        if self.log_file is not None:
+            self.log_file.event(text)
+        with self._lock:
+            if self._board is not None:
+                self._board.choice = choice
+            if self._progress is not None:
+                self._progress.chosen(choice)
 
     def status(self, text: str) -> None:
         """A one-off event: a worker replaced, plugins entering, the pool closing."""
@@ -195,10 +210,11 @@ class Console:
             pass  # the client's stream is closed (interpreter exit); nothing to show it on
 
     def _label(self, node: int, target: Any) -> str:
-        label = f"[node {node}]"
+        per = self.workers_per_node
+        label = f"[node {node}]" if per == 1 else f"[node {node // per} worker {node % per}]"
         if self.mode in ("off", "plain") or not (_colour(target) or _jupyter.in_jupyter()):
             return label
-        return f"\x1b[{_COLOURS[node % len(_COLOURS)]}m{label}\x1b[0m"
+        return f"\x1b[{_COLOURS[node // per % len(_COLOURS)]}m{label}\x1b[0m"
 
 
 class LineBuffer:

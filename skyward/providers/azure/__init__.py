@@ -58,6 +58,7 @@ from skyward.providers.cloud import (
 )
 from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.ssh.hosts import Access, HostNode, open_hosts
+from skyward.providers.volumes import refuse_keyless
 
 # Microsoft's Ubuntu HPC image (NVIDIA driver, CUDA, NCCL, InfiniBand) for GPU sizes;
 # Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init at boot.
@@ -230,6 +231,7 @@ class Azure(BaseModel):
             check(module, feature="sky.Azure")
         check("azure.mgmt.resource", feature="sky.Azure")
         check("paramiko", feature="sky.Azure")
+        refuse_keyless(request.volumes, "Azure")
         _ = self.subscription
         machines = self.machines_for(request)
         if self.max_price is not None and self.strategy(request) in ("on-demand", "cheapest"):
@@ -263,7 +265,7 @@ class Azure(BaseModel):
         machines = self._machines(request, skus)
         offers = self._offers(request, machines, skus, reporter)
         offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
-        _announce(offers, request.nodes, reporter)
+        capacity.announce(offers, request.nodes, reporter, offers[0].zone)
         allocation = AzureAllocation(
             api,
             request,
@@ -567,19 +569,6 @@ def _refusal(exc: ProvisionError, offer: Offer) -> Refusal | None:
     if code in CAPACITY:
         return "capacity"
     return None
-
-
-def _announce(offers: Sequence[Offer], nodes: int, reporter: Reporter) -> None:
-    """The choice, where and the price, before anything is created."""
-    first = offers[0]
-    others = sorted({o.where for o in offers[1:]})
-    fallback = f"; then {len(others)} other place(s) if it has no capacity" if others else ""
-    reporter.status(
-        f"{nodes} x {first.machine.describe()} {first.market} in {first.zone}: "
-        f"{capacity.estimate(offers, nodes)}{fallback}"
-    )
-    for rank in range(nodes):
-        reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")
 
 
 def _watch_vms(
