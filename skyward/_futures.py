@@ -143,7 +143,7 @@ class CallFuture(Future[T]):
     def set_result(self, result: T) -> None:
         with hold_interrupts:
             try:
-                super().set_result(result)
+                self._settle(result, None)
             finally:
                 if self._sleepers:
                     self._wake()
@@ -151,10 +151,34 @@ class CallFuture(Future[T]):
     def set_exception(self, exception: BaseException | None) -> None:
         with hold_interrupts:
             try:
-                super().set_exception(exception)
+                self._settle(None, exception)
             finally:
                 if self._sleepers:
                     self._wake()
+
+    def _settle(self, result: Any, exception: BaseException | None) -> None:
+        """``Future.set_result`` / ``set_exception``, the same steps under the same lock,
+        except that the condition is notified only when a thread waits on it: nobody does
+        but ``Future``'s own waits, which ``result`` and ``exception`` do not use (they sleep
+        on a lock of their own, ``_sleepers``), and notifying nobody costs a deque and an
+        islice on every call."""
+        condition = self._condition
+        with condition:
+            if self._state in _SETTLED:
+                raise InvalidStateError(f"{self._state}: {self!r}")
+            if exception is None:
+                self._result = result
+            else:
+                self._exception = exception
+            self._state = "FINISHED"
+            for waiter in self._waiters:
+                if exception is None:
+                    waiter.add_result(self)
+                else:
+                    waiter.add_exception(self)
+            if condition._waiters:  # type: ignore[attr-defined]
+                condition.notify_all()
+        self._invoke_callbacks()  # type: ignore[attr-defined]
 
     def cancel(self) -> bool:
         with hold_interrupts:

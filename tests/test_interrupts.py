@@ -292,7 +292,8 @@ def test_ctrl_c_inside_a_futures_lock_while_the_leader_settles_it() -> None:
         return (
             isinstance(condition, threading.Condition)
             and condition._is_owned()  # type: ignore[attr-defined]
-            and _on_stack(frame, "concurrent/futures/_base.py", "set_result")
+            # CallFuture settles under the Future's own condition (CallFuture._settle)
+            and _on_stack(frame, "skyward/_futures.py", "_settle")
             and _on_stack(frame, "link/channel.py", "_dispatch")
         )
 

@@ -67,6 +67,10 @@ class Console:
         self.log_file = log  # every node's output and every event, whatever is shown
         self._lock = threading.Lock()  # guards: everything below, and whole-line writes
         self._partial: dict[tuple[int, str], LineBuffer] = {}
+        # Nodes whose buffers may hold a line without its newline; read without the lock by
+        # flush(node) after every result (the thread that dispatched the node's output before
+        # its result is the one asking, or handed the link over through a lock).
+        self._unfinished: set[int] = set()
         self._routes: dict[int, Route] = {}
         self._board: Board | None = None
         self._progress: Progress | None = None
@@ -163,6 +167,8 @@ class Console:
             if buffer is None:
                 buffer = self._partial[key] = LineBuffer()
             self._write(node, stream, buffer.feed(data, time.monotonic()))
+            if buffer.has_text:
+                self._unfinished.add(node)
 
     def closed(self) -> None:
         """The pool is closed: its log says so, and its files are closed."""
@@ -176,13 +182,17 @@ class Console:
     def flush(self, node: int | None = None) -> None:
         """Write out every line still missing its newline: of ``node`` (a call of its has
         returned), or of every node (the workers have ended)."""
+        if node is not None and node not in self._unfinished:
+            return  # after every result: mostly nothing to write, and no lock to take
         with self._lock:
-            if node is not None:  # after every result: two lookups, no sort
+            if node is not None:
+                self._unfinished.discard(node)
                 for stream in ("stdout", "stderr"):
                     buffer = self._partial.get((node, stream))
                     if buffer is not None and buffer.has_text:
                         self._write(node, stream, buffer.take())
                 return
+            self._unfinished.clear()
             for (rank, stream), buffer in sorted(self._partial.items()):
                 self._write(rank, stream, buffer.take())
 

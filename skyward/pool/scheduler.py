@@ -659,8 +659,8 @@ class Scheduler:
             else:
                 resolve(task.future, value)
 
-        # Before the worker can print anything for this call.
-        self._bind_output(slot.rank, task.route)
+        if task.route is not None:  # before the worker can print anything for this call
+            self._bind_output(slot.rank, task.route)
         call = task.call
         if not channel.submit(call.name, call.payload, done, task.streams, task.relay, task.waited):
             # The worker broke a moment ago; on_broken is on its way. Take the node out of

@@ -27,7 +27,7 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -260,7 +260,11 @@ class PipeTransport:
         # still go straight into their destination buffer.
         self._stdout = process.stdout
         self._pipe = PipeReader(process.stdout.fileno())
-        self.unblock = self._pipe.unblock  # bound once: asked after every caller's wait
+        # Bound once: asked on every round trip (see Transport).
+        self.ready = self._pipe.ready
+        self.read_frame = self._pipe.read_frame
+        self.readinto = self._pipe.readinto
+        self.unblock = self._pipe.unblock
         self._stderr = process.stderr
         for stream in (process.stdin, process.stdout):
             _widen_pipe(stream.fileno())
@@ -276,15 +280,6 @@ class PipeTransport:
         except ValueError:  # closed after the worker was lost
             raise BrokenPipeError("the worker's stdin is closed") from None
         proto.write_parts(fd, parts)
-
-    def readinto(self, buffer: memoryview) -> int | None:
-        return self._pipe.readinto(buffer)
-
-    def read_frame(self) -> tuple[Any, proto.Parts]:
-        return self._pipe.read_frame()
-
-    def ready(self, timeout: float | None) -> bool:
-        return self._pipe.ready(timeout)
 
     def read_stderr(self) -> bytes:
         data = os.read(self._stderr.fileno(), 1 << 16)
