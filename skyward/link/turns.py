@@ -212,9 +212,13 @@ class Turns:
     def _lead(self, done: Callable[[], bool], timeout: float | None) -> None:
         """Read and dispatch what arrives within ``timeout``, until ``done()``. Baton held."""
         while not done() and not self._ended:
-            with allow_interrupts:  # polling holds nothing shared
-                if not self._ready(timeout):
-                    return
+            # A leader that waits without a bound (the worker's idle main thread) has nothing
+            # to look at meanwhile: the read itself waits for the frame, one system call
+            # instead of a poll and then a read. (Ctrl-C: such a leader holds no interrupts.)
+            if timeout is not None:
+                with allow_interrupts:  # polling holds nothing shared
+                    if not self._ready(timeout):
+                        return
             try:
                 frame = self._read()
             except (EOFError, OSError, ValueError) as exc:  # the end: the reader reports it
