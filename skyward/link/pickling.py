@@ -85,11 +85,9 @@ class _Reads:
     def seal(self) -> _Reads:
         """Done recording: build the getters ``unchanged`` repeats."""
         for obj, names, values in self._attributes.values():
-            # Each name twice: attrgetter of one name returns the value, not a tuple.
-            getter = operator.attrgetter(*names, *names)
-            self._checks.append((getter, obj, (*values, *values)))
+            self._checks.append((operator.attrgetter(*names, *_once(names)), obj, _tuple(values)))
         for mapping, keys, values in self._items.values():
-            self._checks.append((operator.itemgetter(*keys, *keys), mapping, (*values, *values)))
+            self._checks.append((operator.itemgetter(*keys, *_once(keys)), mapping, _tuple(values)))
         self._attributes.clear()
         self._items.clear()
         return self
@@ -112,6 +110,15 @@ class _Reads:
         except Exception:  # a read that now fails (a name deleted, an empty cell): changed
             return False
         return True
+
+
+def _once(names: list[Any]) -> list[Any]:
+    # A getter of one name returns the value, not a tuple: such a getter asks twice.
+    return names if len(names) == 1 else []
+
+
+def _tuple(values: list[object]) -> tuple[object, ...]:
+    return (*values, *_once(values))
 
 
 _lock = threading.Lock()  # guards: _cache, _names
