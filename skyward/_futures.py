@@ -193,6 +193,48 @@ class CallFuture(Future[T]):
             super().add_done_callback(fn)
 
 
+class Sleepers:
+    """Threads asleep until ``wake_all``, each on a lock of its own, so that a Ctrl-C ends a
+    sleep at once and leaves nothing held (a ``threading.Condition`` interrupted inside its
+    ``wait`` can leave its lock released under a ``with`` that still means to release it).
+
+    The owner registers a sleeper (``sleeper``) while it holds its own lock and has just
+    seen that it must wait, lets go of that lock, then ``sleep``s; a thread that changes the
+    state under the owner's lock then calls ``wake_all``, so no wake-up is lost. Called
+    inside ``hold_interrupts``, the sleep is where a Ctrl-C lands. Thread-safe.
+    """
+
+    __slots__ = ("_lock", "_waiting")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards: _waiting
+        self._waiting: list[Any] = []
+
+    def sleeper(self) -> Any:
+        """A new sleeper, woken by the next ``wake_all``."""
+        waiter = threading.Lock()
+        waiter.acquire()
+        with self._lock:
+            self._waiting.append(waiter)
+        return waiter
+
+    def sleep(self, waiter: Any, timeout: float | None = None) -> None:
+        """Until woken or ``timeout`` passes; a Ctrl-C may end it (see the class)."""
+        try:
+            with allow_interrupts:  # holds nothing anyone else needs
+                waiter.acquire(True, -1 if timeout is None else max(timeout, 0.0))
+        finally:
+            with self._lock:
+                if waiter in self._waiting:  # not woken: timed out, or interrupted
+                    self._waiting.remove(waiter)
+
+    def wake_all(self) -> None:
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            waiter.release()
+
+
 def _refuse_reentrant_wait(future: Future[Any]) -> None:
     if delivering.active and not future.done():
         raise RuntimeError(

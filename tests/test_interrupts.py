@@ -12,6 +12,7 @@ a storm of real SIGINTs sent to the main thread at random moments.
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -40,6 +41,13 @@ def echo(x: int) -> int:
 def nap(seconds: float, x: int) -> int:
     time.sleep(seconds)
     return x
+
+
+@sky.compute
+def count_to(n: int) -> Iterator[int]:
+    for i in range(n):
+        time.sleep(0.002)
+        yield i
 
 
 # ── checks ───────────────────────────────────────────────────────────────────────────────────
@@ -475,6 +483,110 @@ def test_a_storm_of_ctrl_c_while_threads_call_and_submit_leaves_exact_books() ->
                 assert future.result(timeout=10) == value
             _wait_until(lambda: len(settled) == len(submitted), 10, "every callback ran")
             assert set(settled.values()) == {1}
+            _assert_healthy(pool, [], [])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# ── closing, and iterating a stream ──────────────────────────────────────────────────────────
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_ctrl_c_inside_a_close_lets_the_teardown_finish_then_raises() -> None:
+    # Without the hold, an interrupt as the teardown began skipped all of it: the worker
+    # ran on and the machines were never terminated. Now it waits for the teardown's end.
+    pool = sky.ComputePool(nodes=1, quiet=True).start()
+    worker = pool.run(os.getpid)
+    injector = _Injector(
+        lambda frame, event: event == "call" and _in(frame, "pool/__init__.py", "_teardown")
+    )
+    with pytest.raises(KeyboardInterrupt), injector.armed():
+        pool.close(wait=False)
+    assert injector.fired
+    assert pool.statistics().state == "closed"
+    _wait_until(lambda: _gone(worker), 10, "the worker has exited")
+
+
+def test_ctrl_c_during_a_waiting_close_ends_the_wait_and_the_pool_still_closes() -> None:
+    # A close waits for submitted calls; Ctrl-C ends that wait at once, and the close goes
+    # on as one that cancels: the running call is stopped, the workers and machines end. A
+    # second Ctrl-C inside the teardown changes nothing (the first one answers it).
+    pool = sky.ComputePool(nodes=1, quiet=True).start()
+    worker = pool.run(os.getpid)
+    running = nap(30.0, 1) > pool
+    main = threading.main_thread().ident or 0
+    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
+    injector = _Injector(
+        lambda frame, event: event == "call" and _in(frame, "pool/__init__.py", "_teardown")
+    )
+    began = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt), injector.armed():
+            pool.close()
+    finally:
+        timer.join()
+    assert time.monotonic() - began < 20  # not the call's 30 s
+    assert injector.fired
+    assert pool.statistics().state == "closed"
+    assert isinstance(running.exception(timeout=10), sky.PoolClosed)
+    _wait_until(lambda: _gone(worker), 10, "the worker has exited")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_storm_of_ctrl_c_while_iterating_a_stream_loses_and_repeats_no_value() -> None:
+    # Each interrupted step raises KeyboardInterrupt and the next step goes on where it
+    # left off: every value arrives once, in order, and the pool stays whole.
+    main = threading.main_thread().ident or 0
+    aimed = [True]
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        while aimed[0] and frame is not None:  # aimed at Skyward, as in the storm above
+            if "/skyward/" in frame.f_code.co_filename:
+                raise KeyboardInterrupt
+            frame = frame.f_back
+
+    stop = threading.Event()
+
+    def storm() -> None:
+        rng = random.Random(11)
+        while not stop.is_set():
+            time.sleep(rng.uniform(0.0002, 0.004))
+            signal.pthread_kill(main, signal.SIGINT)
+
+    values = 1500
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        with _bounded_pool() as pool:
+            stream = count_to(values) >> pool
+            thread = threading.Thread(target=storm)
+            thread.start()
+            got: list[int] = []
+            interrupted = 0
+            try:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    try:
+                        got.append(next(stream))
+                    except StopIteration:
+                        break
+                    except KeyboardInterrupt:
+                        interrupted += 1
+            finally:
+                aimed[0] = False
+                stop.set()
+                thread.join()
+            signal.signal(signal.SIGINT, previous)
+            assert got == list(range(values))
+            assert interrupted > 20, interrupted
             _assert_healthy(pool, [], [])
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -64,7 +64,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 from skyward import _current
 from skyward._compute import CallGroup, CallTarget, PendingCall, pending_call
 from skyward._errors import PluginError, PoolClosed
-from skyward._futures import CallFuture, Deadline, fail, gather
+from skyward._futures import CallFuture, Deadline, Sleepers, fail, gather
 from skyward._interrupts import hold_interrupts
 from skyward._options import refuse_unknown
 from skyward.collections.proxies import (
@@ -158,6 +158,7 @@ class ComputePool(CallTarget):
 
         self._lock = threading.Lock()  # guards: _state, _opening, _started_at
         self._changed = threading.Condition(self._lock)  # the pool closed, or a spawn ended
+        self._closers = Sleepers()  # close() calls waiting for another thread's close
         self._state: State = "new"
         self._log_handlers: handlers.Installed | None = None  # logging=, while open
         self._client_hooks: ExitStack | None = None  # plugins' around_client, while open
@@ -487,7 +488,11 @@ class ComputePool(CallTarget):
         try:
             self._leave_client_hooks()
         finally:
-            self._close(wait=wait)
+            # Ctrl-C: it ends a wait (for submitted calls, or for another thread's close),
+            # never the teardown, which then stops the workers and terminates the machines
+            # whole; one that comes during the teardown is raised once it is done.
+            with hold_interrupts:
+                self._close(wait=wait)
 
     def _close(self, *, wait: bool) -> None:
         with self._lock:
@@ -495,18 +500,27 @@ class ComputePool(CallTarget):
                 self._state = "closed"
                 self._scheduler.stop()
                 return
-            if self._state in ("draining", "closing", "closed"):
-                if not wait:
-                    self._scheduler.hurry()  # a draining close stops waiting and cancels
-                while self._state != "closed":
-                    self._changed.wait()
-                return
-            drain = wait and self._state == "running"
-            self._state = "draining" if drain else "closing"
-            if drain:
-                self._scheduler.drain()
+            closing_elsewhere = self._state in ("draining", "closing", "closed")
+            if closing_elsewhere and not wait:
+                self._scheduler.hurry()  # a draining close stops waiting and cancels
+        if closing_elsewhere:
+            self._wait_closed()
+            return
+        with self._lock:
+            if self._state in ("draining", "closing", "closed"):  # another close came first
+                closing_elsewhere = True
             else:
-                self._scheduler.stop()
+                drain = wait and self._state == "running"
+                self._state = "draining" if drain else "closing"
+                if drain:
+                    self._scheduler.drain()
+                else:
+                    self._scheduler.stop()
+        if closing_elsewhere:
+            if not wait:
+                self._scheduler.hurry()
+            self._wait_closed()
+            return
         # A stream waits on its reader, who may be the caller of close: end them all, or a
         # waiting close would never see their workers go idle.
         closed = PoolClosed(f"pool {self.name!r} was closed while this stream was open")
@@ -518,6 +532,15 @@ class ComputePool(CallTarget):
                 cancel = not self._scheduler.wait_idle()
         finally:
             self._teardown(cancel=cancel)
+
+    def _wait_closed(self) -> None:
+        """Until the close another thread is doing has finished; a Ctrl-C ends the wait."""
+        while True:
+            with self._lock:
+                if self._state == "closed":
+                    return
+                waiter = self._closers.sleeper()
+            self._closers.sleep(waiter)
 
     def _teardown(self, *, cancel: bool) -> None:
         unregister(self._shared.request)
@@ -559,6 +582,7 @@ class ComputePool(CallTarget):
                 with self._lock:
                     self._state = "closed"
                     self._changed.notify_all()
+                self._closers.wake_all()
                 self._console.flush()
                 self._console.closed()
                 handlers.remove(self._log_handlers)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from skyward._errors import WorkerLost
-from skyward._futures import LOSS_GRACE, CallFuture, fail, resolve
+from skyward._futures import LOSS_GRACE, CallFuture, Sleepers, fail, resolve
 from skyward._interrupts import hold_interrupts
 from skyward.console import Route
 from skyward.link import protocol as proto
@@ -190,7 +190,7 @@ class Scheduler:
         self._address = address
         # guards: everything below, and every slot's fields
         self._lock = threading.RLock()
-        self._idle = threading.Condition(self._lock)  # notified as calls finish, if watched
+        self._idle = Sleepers()  # threads in wait_idle, woken as calls finish
         self._watchers = 0  # threads in wait_idle
         self._hurried = False  # wait_idle gives up (a stronger close came)
         self._intake = _STARTING
@@ -228,7 +228,7 @@ class Scheduler:
         """Take no new calls, start nothing more, replace no worker: the pool closes."""
         with self._lock:
             self._intake = _SHUT
-            self._idle.notify_all()
+            self._idle.wake_all()
         self._timeouts.stop()
 
     def refusal(self) -> str:
@@ -280,28 +280,34 @@ class Scheduler:
             return futures
 
     def wait_idle(self) -> bool:
-        """Until nothing is queued, held or running (True), or ``hurry`` was called (False)."""
-        with self._idle:
-            self._watchers += 1
+        """Until nothing is queued, held or running (True), or ``hurry`` was called (False).
+        A Ctrl-C ends the wait (only the wait: see ``skyward._interrupts``)."""
+        with hold_interrupts:
+            with self._lock:
+                self._watchers += 1
             try:
-                while (
-                    self._queue
-                    or self._gang_waiting
-                    or any(s.busy or s.backlog for s in self._slots)
-                ):
-                    if self._hurried:
-                        return False
-                    self._idle.wait(1.0)
-                return True
+                while True:
+                    with self._lock:
+                        if not (
+                            self._queue
+                            or self._gang_waiting
+                            or any(s.busy or s.backlog for s in self._slots)
+                        ):
+                            return True
+                        if self._hurried:
+                            return False
+                        waiter = self._idle.sleeper()
+                    self._idle.sleep(waiter, 1.0)
             finally:
-                self._watchers -= 1
+                with self._lock:
+                    self._watchers -= 1
 
     def hurry(self) -> None:
         """``wait_idle`` returns False now: a close that cancels took over from one that
         waited."""
         with self._lock:
             self._hurried = True
-            self._idle.notify_all()
+            self._idle.wake_all()
 
     def relay_failed(self, report: RelayFailed) -> None:
         """A node could not reach the next one in a relay (``Fanout.failed``)."""
@@ -455,7 +461,7 @@ class Scheduler:
                 backlog, slot.backlog = slot.backlog, []
                 self._failures.extend((task.future, error) for task in backlog)
             self._pump()
-            self._idle.notify_all()
+            self._idle.wake_all()
             failures = self._take_failures()
         if failures:
             _fail_each(failures)
@@ -697,7 +703,7 @@ class Scheduler:
             if self._queue:
                 self._pump()
             if self._watchers:
-                self._idle.notify_all()
+                self._idle.wake_all()
             failures = self._take_failures()
         if failures:
             _fail_each(failures)

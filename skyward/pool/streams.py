@@ -36,6 +36,8 @@ from typing import Any, Protocol
 
 from skyward._compute import PendingCall
 from skyward._errors import PoolClosed, RemoteError, SerializationError
+from skyward._futures import Sleepers
+from skyward._interrupts import hold_interrupts
 from skyward.link import protocol as proto
 
 WINDOW = proto.STREAM_WINDOW
@@ -65,7 +67,8 @@ class Streams:
         self.name = name
         self.window = window
         self.inputs = len(inputs)
-        self._cond = threading.Condition()  # guards: everything below
+        self._cond = threading.Lock()  # guards: everything below
+        self._waiting = Sleepers()  # the consumer, waiting for a value (see next)
         self._values: collections.deque[proto.Parts] = collections.deque()
         self._error: BaseException | None = None  # ends the stream before the call does
         self._send: Send | None = None
@@ -93,7 +96,7 @@ class Streams:
         with self._cond:
             if self._error is None:
                 self._values.append(parts)
-                self._cond.notify_all()
+        self._waiting.wake_all()
 
     def on_want(self, arg: int, count: int) -> None:
         if 0 <= arg < len(self._feeders):
@@ -101,8 +104,8 @@ class Streams:
 
     def _ended(self, _: Future[Any]) -> None:
         with self._cond:
-            self._cond.notify_all()
             channel = self._channel
+        self._waiting.wake_all()
         for feeder in self._feeders:
             feeder.stop()
         if channel is not None:
@@ -112,47 +115,63 @@ class Streams:
     # ── the consumer's side ──────────────────────────────────────────────────────────────
 
     def next(self) -> Any:
-        with self._cond:
-            while not self._values and self._error is None and not self.future.done():
-                self._cond.wait()
-            if self._error is not None:
-                raise self._error
-            if not self._values:  # the call ended and every value was taken
-                if self.future.cancelled():
-                    error: BaseException | None = PoolClosed("the call was cancelled")
-                else:
-                    error = self.future.exception()
-                if error is not None:
-                    self._error = error
-                    raise error
-                raise StopIteration
-            parts = self._values.popleft()
-            self._taken += 1
-            grant = 0
-            if self._taken >= max(1, self.window // 2) and self._send is not None:
-                grant, self._taken = self._taken, 0
-            send, call_id = self._send, self._call_id
-        if grant and send is not None and not self.future.done():
-            send(proto.More(call_id, grant), None)
+        """The next value. Ctrl-C (the consumer on the main thread) lands only in the wait
+        for it; one that comes as a value is taken leaves the value for the next call (see
+        ``skyward._interrupts``)."""
+        parts: proto.Parts | None = None
+        given = False
         try:
-            return proto.loads(parts)
+            with hold_interrupts:
+                parts = self._take()
+                with self._cond:
+                    self._taken += 1
+                    grant = 0
+                    if self._taken >= max(1, self.window // 2) and self._send is not None:
+                        grant, self._taken = self._taken, 0
+                    send, call_id = self._send, self._call_id
+                if grant and send is not None and not self.future.done():
+                    send(proto.More(call_id, grant), None)
+                given = True  # from here on the value (or its error) is the consumer's
+                value = _load(parts)
+            return value
         except KeyboardInterrupt:
-            raise  # a Ctrl-C while unpickling is the user's, not the value's
-        except BaseException as exc:  # even a SystemExit from a value's __reduce__
-            raise RemoteError(
-                type(exc).__name__, f"cannot unpickle a streamed value on the client: {exc}", ""
-            ) from exc
+            if parts is not None and given:
+                with self._cond:
+                    if self._error is None:
+                        self._values.appendleft(parts)
+            raise
+
+    def _take(self) -> proto.Parts:
+        """Wait for the next value and take it; raise where the stream ends. Interrupts held
+        (``next``): a Ctrl-C lands only in the sleep."""
+        while True:
+            with self._cond:
+                if self._error is not None:
+                    raise self._error
+                if self._values:
+                    return self._values.popleft()
+                if self.future.done():  # the call ended and every value was taken
+                    if self.future.cancelled():
+                        error: BaseException | None = PoolClosed("the call was cancelled")
+                    else:
+                        error = self.future.exception()
+                    if error is not None:
+                        self._error = error
+                        raise error
+                    raise StopIteration
+                waiter = self._waiting.sleeper()
+            self._waiting.sleep(waiter)
 
     def abandon(self, error: BaseException) -> None:
         """Stop the call: the consumer is gone (``close``) or the pool is closing. Values not
         yet taken are dropped; ``next`` raises ``error`` from now on."""
-        with self._cond:
+        with hold_interrupts, self._cond:
             if self._error is not None or self.future.done():
                 return
             self._error = error
             self._values.clear()
-            self._cond.notify_all()
             send, call_id = self._send, self._call_id
+        self._waiting.wake_all()
         for feeder in self._feeders:
             feeder.stop()
         if send is not None:
@@ -311,6 +330,18 @@ def prepare(call: PendingCall[Any], future: Future[Any]) -> tuple[PendingCall[An
     kwargs = {k: placeholder(v, k) for k, v in call.kwargs.items()}
     window = WINDOW if generator else 0
     return replace(call, args=args, kwargs=kwargs), Streams(future, call.name, window, inputs)
+
+
+def _load(parts: proto.Parts) -> Any:
+    """A streamed value, unpickled; one that cannot be is a ``RemoteError`` in its place."""
+    try:
+        return proto.loads(parts)
+    except KeyboardInterrupt:
+        raise  # a Ctrl-C while unpickling is the user's, not the value's
+    except BaseException as exc:  # even a SystemExit from a value's __reduce__
+        raise RemoteError(
+            type(exc).__name__, f"cannot unpickle a streamed value on the client: {exc}", ""
+        ) from exc
 
 
 def _streamed(value: Any, name: str | None, streamed: frozenset[str]) -> bool:
