@@ -1,12 +1,12 @@
-"""Rewrite ``skyward/providers/prices.py`` from AWS's public price list.
+"""Rewrite ``skyward/providers/cloud/prices.py`` from AWS's public price list.
 
 Asks the AWS Price List Query API (``pricing:GetProducts``, any AWS credentials with that
 permission; the API answers in us-east-1) for the on-demand Linux, shared-tenancy price of
-every AWS machine type in ``skyward.providers.catalog``, in every region, and writes the
+every AWS machine type in ``skyward.providers.cloud.catalog``, in every region, and writes the
 dated table. It needs the network and credentials, so it cannot run in the offline test
 environment: run it by hand, look at the diff, commit it.
 
-    python scripts/refresh_prices.py            # rewrites skyward/providers/prices.py
+    python scripts/refresh_prices.py            # rewrites skyward/providers/cloud/prices.py
     python scripts/refresh_prices.py --check    # exits 1 if the table is out of date
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$")
-TABLE = ROOT / "skyward" / "providers" / "prices.py"
+TABLE = ROOT / "skyward" / "providers" / "cloud" / "prices.py"
 
 
 def on_demand_prices(instance_type: str, client: Any) -> dict[str, float]:
@@ -78,7 +78,7 @@ def main() -> int:
     import boto3
 
     sys.path.insert(0, str(ROOT))
-    from skyward.providers import catalog
+    from skyward.providers.cloud import catalog
 
     session = boto3.session.Session(profile_name=options.profile)
     client = session.client("pricing", region_name="us-east-1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from skyward.providers import catalog
+from skyward.providers.cloud import catalog
 
 
 @pytest.mark.parametrize(

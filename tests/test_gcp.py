@@ -31,9 +31,9 @@ from support.reporter import Recorder
 import skyward as sky
 from skyward._errors import ProvisionError
 from skyward._phases import SilentReporter
-from skyward.providers import catalog
-from skyward.providers.capacity import CapacityError
-from skyward.providers.cloud import BEFORE_POWEROFF_PATH, WATCHDOG_PATH
+from skyward.providers.cloud import catalog
+from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, WATCHDOG_PATH
+from skyward.providers.cloud.capacity import CapacityError
 from skyward.providers.gcp.allocation import GCPAllocation
 from skyward.providers.gcp.api import Api
 from skyward.providers.gcp.resources import Names

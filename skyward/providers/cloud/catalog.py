@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from skyward.providers.prices import ON_DEMAND
+from skyward.providers.cloud.prices import ON_DEMAND
 
 Cloud = Literal["aws", "gcp", "azure"]
 
@@ -425,4 +425,3 @@ def refuse_contradiction(
             f"{given}={machine.type!r} has {machine.ram_gb:g} GB of memory, less than "
             f"memory_gb={memory_gb:g}; drop one of them, or name a larger type"
         )
-
