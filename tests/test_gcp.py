@@ -393,7 +393,7 @@ def test_an_unknown_image_or_zone_is_named_before_anything_is_created(gce: GCPFa
 
 
 def test_max_hourly_cost_refuses_before_anything_is_created(gce: GCPFake) -> None:
-    with pytest.raises(ProvisionError, match=r"about \$176.51/h"):
+    with pytest.raises(ProvisionError, match=r"about \$176.98/h"):
         sky.ComputePool(
             provider=provider(gce), accelerator="H100", nodes=2, max_hourly_cost=100, quiet=True
         )
