@@ -197,6 +197,34 @@ def test_a_missing_key_is_a_key_error_on_the_worker(pool: sky.ComputePool) -> No
         pool.run(read)
 
 
+class _Exits:
+    """A value whose unpickling calls ``sys.exit``: user data may do anything."""
+
+    def __reduce__(self) -> tuple[object, tuple[int]]:
+        return (sys.exit, (7,))
+
+
+def test_a_value_whose_unpickling_exits_is_that_calls_error_and_no_reader_dies(
+    pool: sky.ComputePool,
+) -> None:
+    # Once: SystemExit: 7 reached the >> caller; a > future never settled, and later
+    # broadcasts hung with 3 of 4 reader threads alive.
+    name = fresh("exits")
+
+    def store() -> None:
+        sky.dict(name)["k"] = _Exits()
+
+    with pytest.raises(RuntimeError, match=r"SystemExit\(7\)"):
+        pool.run(store)
+    futures = [pool.submit(store) for _ in range(8)]  # every node's reader, and then some
+    for future in futures:
+        with pytest.raises(RuntimeError, match="shared collection"):
+            future.result(timeout=30)
+    assert pool.broadcast(os.getpid) is not None  # every reader thread still reads
+    assert len(set(pool.broadcast(os.getpid))) == 4
+    assert "k" not in pool.dict(name)  # nothing half stored
+
+
 def test_outside_a_pool_the_collections_say_where_they_live() -> None:
     # a fresh interpreter: this module's pool is running here
     code = "import skyward as sky\nsky.counter('x').increment()"

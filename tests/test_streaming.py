@@ -6,6 +6,7 @@ back-pressure, exceptions where you iterate, cancellation when you stop or close
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,6 +109,29 @@ def test_an_exception_is_raised_where_the_values_stop(pool: sky.ComputePool) -> 
         for value in two_then_fail() >> pool:
             seen.append(value)
     assert seen == [1, 2]
+
+
+class _Exits:
+    def __reduce__(self) -> tuple[object, tuple[int]]:
+        return (sys.exit, (7,))
+
+
+def test_a_streamed_value_whose_unpickling_exits_is_an_error_where_you_iterate(
+    pool: sky.ComputePool,
+) -> None:
+    # A remote value must never end the client's program (README): not even one whose
+    # unpickling calls sys.exit.
+    @sky.compute
+    def one_then_exit() -> Iterator[object]:
+        yield 1
+        yield _Exits()
+
+    seen = []
+    with pytest.raises(sky.RemoteError, match="SystemExit"):
+        for value in one_then_exit() >> pool:
+            seen.append(value)
+    assert seen == [1]
+    assert pool.run(os.getpid) > 0  # the pool still serves
 
 
 def test_a_slow_consumer_holds_the_worker_back(pool: sky.ComputePool, tmp_path: Path) -> None:

@@ -74,14 +74,16 @@ class SharedState:
         def reply(ok: bool, value: Any) -> None:
             try:
                 payload = proto.dumps(value) if ok else proto.encode_error(value)
-            except Exception as exc:
+            except BaseException as exc:  # a user's __reduce__, even one calling sys.exit
                 ok, payload = False, proto.encode_error(exc)
             channel.send(proto.SharedReply(message.request_id, ok), payload)
 
         try:
             args = tuple(proto.loads(parts))
-        except Exception as exc:
-            reply(False, exc)
+        except BaseException as exc:
+            # User data, unpickled on a channel's reader thread: even a SystemExit from its
+            # __reduce__ is that request's error, never the end of the reader.
+            reply(False, _unloadable(exc))
             return
         self.handle(channel, message.kind, message.name, message.op, args, reply)
 
@@ -109,8 +111,8 @@ class SharedState:
             else:
                 try:
                     outcome = method(owner, name, reply, *args)
-                except Exception as exc:  # a KeyError, a wrong argument: the caller's error
-                    outcome = (False, exc)
+                except BaseException as exc:  # a KeyError, a wrong argument, a key's
+                    outcome = (False, _unloadable(exc))  # __hash__ calling sys.exit
         if outcome is not None:  # None: a waiter will be answered later
             reply(*outcome)
 
@@ -290,3 +292,17 @@ class SharedState:
                     waiters.append(entry[1])
         for waiter in waiters:
             waiter(False, PoolClosed("the pool was closed while this waited"))
+
+
+def _unloadable(exc: BaseException) -> Exception:
+    """``exc`` as the error of one request. A ``SystemExit`` or ``KeyboardInterrupt`` raised
+    by user data (a ``__reduce__`` or ``__hash__``) is not let out as itself: re-raised in the
+    caller it would end a worker's call as if it exited, or the client's program."""
+    if isinstance(exc, Exception):
+        return exc
+    error = RuntimeError(
+        f"a value in a shared collection raised {type(exc).__name__}({exc}) while being "
+        "unpickled or compared; collections hold plain data"
+    )
+    error.__cause__ = exc
+    return error

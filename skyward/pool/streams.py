@@ -136,7 +136,9 @@ class Streams:
             send(proto.More(call_id, grant), None)
         try:
             return proto.loads(parts)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise  # a Ctrl-C while unpickling is the user's, not the value's
+        except BaseException as exc:  # even a SystemExit from a value's __reduce__
             raise RemoteError(
                 type(exc).__name__, f"cannot unpickle a streamed value on the client: {exc}", ""
             ) from exc
