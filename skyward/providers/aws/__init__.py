@@ -152,13 +152,7 @@ class AWS(CloudOptions):
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         self.check(request)
         api = Api.connect(region=self.region, profile=self.profile, endpoint_url=self.endpoint_url)
-        allocation = AWSAllocation(
-            api,
-            request,
-            connect=self.connect,
-            username=self.username,
-            release_timeout=self.release_timeout,
-        )
+        allocation = AWSAllocation(api, request, **self.allocation_options)
         return open_or_destroy(allocation, lambda made: self._build(made, reporter))
 
     def inventory(self) -> Inventory | None:

@@ -11,6 +11,8 @@ sweeps for those twice, by key pair and by the allocation's own tag
 
 from __future__ import annotations
 
+from typing import Any
+
 from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.aws import resources as ec2
@@ -24,18 +26,9 @@ class AWSAllocation(CloudAllocation[Api, ec2.LaunchSpec]):
     """A pool's key pair, security group, placement groups and instances (node ``i`` runs
     on ``instances[i]``)."""
 
-    def __init__(
-        self,
-        api: Api,
-        request: ProvisionRequest,
-        *,
-        connect: str,
-        username: str,
-        release_timeout: float,
-    ) -> None:
-        super().__init__(
-            api, request, connect=connect, username=username, release_timeout=release_timeout
-        )
+    def __init__(self, api: Api, request: ProvisionRequest, **options: Any) -> None:
+        super().__init__(api, request, **options)
+        self.scope = (f" in {api.region}", f"--region {api.region}")
         # Unique per provision: the key pair's and group's name, and the value of the
         # skyward-allocation tag on everything made (the sweep's handle).
         self.name = ec2.resource_name(request.pool)
@@ -68,14 +61,6 @@ class AWSAllocation(CloudAllocation[Api, ec2.LaunchSpec]):
             self.instances += ids
 
     # ── the contract ───────────────────────────────────────────────────────────────────
-
-    @property
-    def down_command(self) -> str:
-        return f"skyward down --pool {self.request.pool} --region {self.api.region}"
-
-    @property
-    def where(self) -> str:
-        return f" in {self.api.region}"
 
     def delete_all(self) -> list[str]:
         """Terminate every instance and wait, then delete the groups and the key pair,

@@ -213,13 +213,7 @@ class Azure(CloudOptions):
         offers = self._offers(request, machines, skus, reporter)
         offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
         capacity.announce(offers, request.nodes, reporter)
-        allocation = AzureAllocation(
-            api,
-            request,
-            connect=self.connect,
-            username=self.username,
-            release_timeout=self.release_timeout,
-        )
+        allocation = AzureAllocation(api, request, **self.allocation_options)
         return open_or_destroy(allocation, lambda made: self._build(made, offers, skus, reporter))
 
     def api(self) -> Api:

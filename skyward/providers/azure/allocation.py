@@ -24,18 +24,8 @@ from skyward.providers.ssh.hosts import HostTarget
 class AzureAllocation(CloudAllocation[Api, arm.VmSpec]):
     """A pool's resource group and its VMs (node ``i`` runs on ``vms[i]``)."""
 
-    def __init__(
-        self,
-        api: Api,
-        request: ProvisionRequest,
-        *,
-        connect: str,
-        username: str,
-        release_timeout: float,
-    ) -> None:
-        super().__init__(
-            api, request, connect=connect, username=username, release_timeout=release_timeout
-        )
+    def __init__(self, api: Api, request: ProvisionRequest, **options: Any) -> None:
+        super().__init__(api, request, **options)
         self.group: str | None = None
         self.site: arm.Site | None = None
         self.vms: list[str] = []  # by rank

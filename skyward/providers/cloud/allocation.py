@@ -178,6 +178,9 @@ class CloudAllocation(Allocation, Generic[ApiT, SpecT]):
         self.host_key: str | None = None
         self.spec: SpecT | None = None
         self.pool_key: PoolKey | None = None
+        # Where the pool's resources are: words for messages (" in us-east-1"), and the
+        # `skyward down` option that names it ("--region us-east-1").
+        self.scope = ("", "")
         self._released = False
         # guards: every field that changes (a Condition, for waits on in-flight requests)
         self._guard = threading.Condition(threading.RLock())
@@ -229,12 +232,7 @@ class CloudAllocation(Allocation, Generic[ApiT, SpecT]):
     @property
     def down_command(self) -> str:
         """The ``skyward down`` command that removes what this pool leaves behind."""
-        return f"skyward down --pool {self.request.pool}"
-
-    @property
-    def where(self) -> str:
-        """Where the pool's resources are, for messages (``" in us-east-1"``)."""
-        return ""
+        return " ".join(["skyward down --pool", self.request.pool, self.scope[1]]).rstrip()
 
     def delete_all(self) -> list[str]:
         """Delete everything the pool made (once, after its nodes are closed); what could
@@ -256,7 +254,7 @@ class CloudAllocation(Allocation, Generic[ApiT, SpecT]):
                 pool_key.delete()
         if left:
             raise ProvisionError(
-                f"pool {self.request.pool}: could not delete {', '.join(left)}{self.where}. "
+                f"pool {self.request.pool}: could not delete {', '.join(left)}{self.scope[0]}. "
                 f"Remove what is left with: {self.down_command}"
             )
 

@@ -51,6 +51,7 @@ class CloudOptions(BaseModel):
     machine_option: ClassVar[str]
 
     spot: bool = False
+    username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]*$")
     ssh_cidr: str = "auto"
     connect: Literal["public", "private"] = "public"
     idle_timeout: float = Field(default=1800.0, gt=0, le=MAX_SECONDS)
@@ -79,6 +80,15 @@ class CloudOptions(BaseModel):
     def catalog_region(self) -> str | None:
         """The region whose prices rank the catalog's machines (None: the reference one)."""
         return None
+
+    @property
+    def allocation_options(self) -> dict[str, Any]:
+        """What the pool's ``CloudAllocation`` is made with, from these options."""
+        return {
+            "connect": self.connect,
+            "username": self.username,
+            "release_timeout": self.release_timeout,
+        }
 
     def strategy(self, request: ProvisionRequest) -> Strategy:
         """The pool's ``allocation=``, or this provider's default (its ``spot``)."""

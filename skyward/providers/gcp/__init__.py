@@ -84,7 +84,6 @@ class GCP(CloudOptions):
     image: str | None = Field(default=None, pattern=r"^projects/[^/]+/global/images/.+")
     network: str = Field(default="default", pattern=_NAME)
     subnetwork: str | None = Field(default=None, pattern=_NAME)
-    username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]*$")
     disk_gb: int = Field(default=100, ge=10, le=65536)
     service_account: str | None = "default"
     endpoint: str | None = None
@@ -124,14 +123,8 @@ class GCP(CloudOptions):
         self.check(request)
         credentials, project = credentials_and_project(self.project, self.credentials)
         api = Api.connect(project=project, credentials=credentials, endpoint=self.endpoint)
-        allocation = GCPAllocation(
-            api,
-            request,
-            gce.Names.of(request.pool),
-            connect=self.connect,
-            username=self.username,
-            release_timeout=self.release_timeout,
-        )
+        names = gce.Names.of(request.pool)
+        allocation = GCPAllocation(api, request, names, **self.allocation_options)
         return open_or_destroy(allocation, lambda made: self._build(made, reporter))
 
     def inventory(self) -> Inventory | None:

@@ -32,18 +32,10 @@ class GCPAllocation(CloudAllocation[Api, gce.InstanceSpec]):
     (zone, name))."""
 
     def __init__(
-        self,
-        api: Api,
-        request: ProvisionRequest,
-        names: gce.Names,
-        *,
-        connect: str,
-        username: str,
-        release_timeout: float,
+        self, api: Api, request: ProvisionRequest, names: gce.Names, **options: Any
     ) -> None:
-        super().__init__(
-            api, request, connect=connect, username=username, release_timeout=release_timeout
-        )
+        super().__init__(api, request, **options)
+        self.scope = (f" in project {api.project}", f"--project {api.project}")
         self.names = names
         self.firewalls: list[str] = []
         self.instances: list[tuple[str, str]] = []  # by rank
@@ -120,14 +112,6 @@ class GCPAllocation(CloudAllocation[Api, gce.InstanceSpec]):
             )
 
     # ── the contract ───────────────────────────────────────────────────────────────────
-
-    @property
-    def down_command(self) -> str:
-        return f"skyward down --pool {self.request.pool} --project {self.api.project}"
-
-    @property
-    def where(self) -> str:
-        return f" in project {self.api.project}"
 
     def delete_all(self) -> list[str]:
         """Delete every instance and wait, then both firewall rules; sweep by label."""
