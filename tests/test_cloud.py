@@ -20,8 +20,10 @@ from cryptography.hazmat.primitives import serialization
 from support import cloudinit
 from support.sandbox import Sandbox
 
+import skyward as sky
 from skyward._errors import ProvisionError
-from skyward.providers.base import Allocation, Resource
+from skyward._futures import Deadline
+from skyward.providers.base import Allocation, ProvisionRequest, Resource
 from skyward.providers.cloud import allocation as cloud_allocation
 from skyward.providers.cloud import boot, options
 
@@ -380,3 +382,37 @@ def test_the_pool_reports_its_approximate_cost_at_close() -> None:
     machines.terminate()
     (line,) = [s for s in recorder.statuses if "about $" in s]
     assert line.startswith("pool p: about $0.00 for 0.0 min at about $3.60/h (2 x m7i.xlarge")
+
+
+def _request(**sizes: Any) -> ProvisionRequest:
+    return ProvisionRequest(
+        pool="p",
+        nodes=1,
+        accelerator=None,
+        image=sky.Image(),
+        tags={},
+        deadline=Deadline(60, "the test"),
+        **sizes,
+    )
+
+
+def test_every_cloud_describes_a_named_type_its_catalog_lacks_and_refuses_it_when_small() -> None:
+    facts = {"accelerator": None, "count": 0, "memory_gb": 0, "vcpus": 2, "ram_gb": 8.0}
+    for config, option in (
+        (sky.AWS(region="us-east-1", instance_type="m7g.large"), "instance_type"),
+        (
+            sky.GCP(project="proj-1", zone="us-central1-a", machine_type="e2-standard-2"),
+            "machine_type",
+        ),
+        (sky.Azure(location="eastus", vm_size="Standard_D2s_v5"), "vm_size"),
+    ):
+        (machine,) = config.described(_request(vcpus=2), **facts)
+        assert (machine.cloud, machine.type, machine.ram_gb) == (
+            config.kind,
+            getattr(config, option),
+            8.0,
+        )
+        with pytest.raises(ValueError, match=f"{option}=.* has 2 vCPUs, fewer than vcpus=8"):
+            config.described(_request(vcpus=8), **facts)
+        with pytest.raises(ValueError, match=f"{option}=.* has 8 GB of memory"):
+            config.described(_request(memory_gb=16), **facts)

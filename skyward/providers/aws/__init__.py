@@ -288,9 +288,8 @@ class AWS(CloudOptions):
             return machines
         info = answer["InstanceTypes"][0]
         gpus = info.get("GpuInfo", {}).get("Gpus", [])
-        machine = Machine(
-            cloud="aws",
-            type=self.instance_type,
+        return self.described(
+            request,
             accelerator=str(gpus[0]["Name"]) if gpus else None,
             count=int(gpus[0]["Count"]) if gpus else 0,
             memory_gb=round(gpus[0]["MemoryInfo"]["SizeInMiB"] / 1024) if gpus else 0,
@@ -298,10 +297,6 @@ class AWS(CloudOptions):
             ram_gb=info["MemoryInfo"]["SizeInMiB"] / 1024,
             arch=str(info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])[0]),
         )
-        catalog.refuse_contradiction(
-            machine, vcpus=request.vcpus, memory_gb=request.memory_gb, given="instance_type"
-        )
-        return [machine]
 
     def _zones(
         self, api: Api, machines: Sequence[Machine], subnets: dict[str, str]

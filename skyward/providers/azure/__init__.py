@@ -279,19 +279,14 @@ class Azure(CloudOptions):
                 f"{', '.join(self.locations)} for this subscription"
             )
         gpus = int(found.get("GPUs", "0") or 0)
-        machine = Machine(
-            cloud="azure",
-            type=self.vm_size,
+        return self.described(
+            request,
             accelerator="GPU" if gpus else None,
             count=gpus,
             memory_gb=0,
             vcpus=int(float(found.get("vCPUs", "0"))),
             ram_gb=float(found.get("MemoryGB", "0")),
         )
-        catalog.refuse_contradiction(
-            machine, vcpus=request.vcpus, memory_gb=request.memory_gb, given="vm_size"
-        )
-        return [machine]
 
     def _offers(
         self,

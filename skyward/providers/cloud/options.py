@@ -111,6 +111,16 @@ class CloudOptions(BaseModel):
             region=region or self.catalog_region,
         )
 
+    def described(self, request: ProvisionRequest, **facts: Any) -> list[Machine]:
+        """The machine type the machine option names, which the catalog lacks, as the cloud
+        described it (``facts``: ``Machine``'s fields); ``ValueError`` if it is smaller than
+        the pool's ``vcpus=``/``memory_gb=``."""
+        named = str(getattr(self, self.machine_option))
+        machine = Machine(cloud=self.cloud, type=named, **facts)
+        sizes = {"vcpus": request.vcpus, "memory_gb": request.memory_gb}
+        catalog.refuse_contradiction(machine, given=self.machine_option, **sizes)
+        return [machine]
+
     def refuse_above(
         self,
         request: ProvisionRequest,
