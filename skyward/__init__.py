@@ -32,15 +32,20 @@ _EXPORTS: dict[str, str] = {
     "CallGroup": "skyward._compute",
     "ChannelError": "skyward._errors",
     "CollectiveHang": "skyward._errors",
-    "Compute": "skyward._compute",
+    "Compute": "skyward.pool",
+    "ComputeFunction": "skyward._compute",
     "ComputePool": "skyward.pool",
     "GCP": "skyward.providers.gcp",
     "HostKeyError": "skyward._errors",
     "Image": "skyward._image",
     "InstanceInfo": "skyward._info",
     "Local": "skyward.providers.local",
+    "LogConfig": "skyward.console.handlers",
     "MissingDependency": "skyward._errors",
+    "NoSpecStarted": "skyward._errors",
     "PendingCall": "skyward._compute",
+    "PendingCompute": "skyward._compute",
+    "PendingComputeGroup": "skyward._compute",
     "PipIndex": "skyward._image",
     "Plugin": "skyward._plugin",
     "PluginError": "skyward._errors",
@@ -56,17 +61,20 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
+    "Spec": "skyward.pool.fallback",
     "Slurm": "skyward.providers.slurm",
     "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
     "Terminated": "skyward._errors",
     "VersionMismatch": "skyward._errors",
+    "Volume": "skyward._volume",
     "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
     "barrier": "skyward.collections.proxies",
     "compute": "skyward._compute",
     "counter": "skyward.collections.proxies",
     "dict": "skyward.collections.proxies",
+    "function": "skyward._compute",
     "gather": "skyward._compute",
     "instance_info": "skyward._info",
     "is_head": "skyward._output",
@@ -79,17 +87,30 @@ _EXPORTS: dict[str, str] = {
     "stdout": "skyward._output",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__", "plugins"])
+# Public modules, loaded on first use too.
+_MODULES = ("accelerators", "plugins")
+
+__all__ = sorted([*_EXPORTS, "__version__", *_MODULES])
 
 if TYPE_CHECKING:
-    from skyward import plugins
-    from skyward._compute import CallGroup, Compute, PendingCall, compute, gather
+    from skyward import accelerators, plugins
+    from skyward._compute import (
+        CallGroup,
+        ComputeFunction,
+        PendingCall,
+        PendingCompute,
+        PendingComputeGroup,
+        compute,
+        function,
+        gather,
+    )
     from skyward._errors import (
         BootstrapError,
         ChannelError,
         CollectiveHang,
         HostKeyError,
         MissingDependency,
+        NoSpecStarted,
         PluginError,
         PoolClosed,
         ProvisionCancelled,
@@ -108,8 +129,11 @@ if TYPE_CHECKING:
     from skyward._multihost import shard
     from skyward._output import is_head, silent, stderr, stdout
     from skyward._plugin import Plugin
+    from skyward._volume import Volume
     from skyward.collections.proxies import barrier, counter, dict, lock, queue, set
-    from skyward.pool import ComputePool
+    from skyward.console.handlers import LogConfig
+    from skyward.pool import Compute, ComputePool
+    from skyward.pool.fallback import Spec
     from skyward.pool.scheduler import PoolStatistics
     from skyward.pool.spec import PoolSpec, Worker
     from skyward.pool.stacks import Stacks
@@ -123,8 +147,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "plugins":
-        return importlib.import_module("skyward.plugins")
+    if name in _MODULES:
+        return importlib.import_module(f"skyward.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'skyward' has no attribute {name!r}")

@@ -80,7 +80,7 @@ class CallTarget(ABC):
         """Send every call, each to one node; their futures, in order."""
 
 
-class Compute(Generic[P, R]):
+class ComputeFunction(Generic[P, R]):
     """A function marked to run on a pool. Calling it returns a ``PendingCall``."""
 
     def __init__(self, fn: Callable[P, R], *, timeout: float | None = None) -> None:
@@ -104,25 +104,31 @@ class Compute(Generic[P, R]):
 
 
 @overload
-def compute(fn: Callable[P, R], /) -> Compute[P, R]: ...
+def compute(fn: Callable[P, R], /) -> ComputeFunction[P, R]: ...
 @overload
-def compute(*, timeout: float | None = None) -> Callable[[Callable[P, R]], Compute[P, R]]: ...
+def compute(
+    *, timeout: float | None = None
+) -> Callable[[Callable[P, R]], ComputeFunction[P, R]]: ...
 def compute(
     fn: Callable[P, R] | None = None, /, *, timeout: float | None = None
-) -> Compute[P, R] | Callable[[Callable[P, R]], Compute[P, R]]:
+) -> ComputeFunction[P, R] | Callable[[Callable[P, R]], ComputeFunction[P, R]]:
     """Mark ``fn`` to run on a pool: ``@sky.compute`` or ``@sky.compute(timeout=60)``.
 
     ``timeout``: seconds from when the call is sent to a node until it must have returned;
     past it the call raises ``TimeoutError`` and that node's worker is replaced.
     """
     if fn is None:
-        return lambda f: Compute(_unwrap(f), timeout=timeout)
-    return Compute(_unwrap(fn), timeout=timeout)
+        return lambda f: ComputeFunction(_unwrap(f), timeout=timeout)
+    return ComputeFunction(_unwrap(fn), timeout=timeout)
+
+
+# The public skyward project's later name for the decorator (``@sky.function``).
+function = compute
 
 
 def _unwrap(fn: Callable[P, R]) -> Callable[P, R]:
     # sky.compute(timeout=5)(already_decorated) gives new options to the same function.
-    return fn.fn if isinstance(fn, Compute) else fn
+    return fn.fn if isinstance(fn, ComputeFunction) else fn
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,6 +275,11 @@ class CallGroup:
         return iter(self.calls)
 
 
+# skyward 0.5's names for the two values: the same classes.
+PendingCompute = PendingCall
+PendingComputeGroup = CallGroup
+
+
 def gather(*calls: PendingCall[Any], stream: bool = False, ordered: bool = True) -> CallGroup:
     """Group pending calls to run in parallel, like ``&`` for any number of them.
 
@@ -317,7 +328,7 @@ def pending_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
                 f"pool.run(f(x)), or pass the function, as in pool.run(f, x)"
             )
         return fn
-    if isinstance(fn, Compute):
+    if isinstance(fn, ComputeFunction):
         return PendingCall(fn.fn, args, kwargs, timeout=fn.timeout)
     if not callable(fn):
         raise TypeError(f"expected a function, not {type(fn).__name__}")

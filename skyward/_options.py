@@ -29,10 +29,14 @@ def keyword_signature(
 
     A field whose default is made afresh each time (``default_factory``: a pool's random
     name) shows ``None``, which the model must then take as "the default"; so does a key
-    that is no field of the model (an alias its validators unfold).
+    that is no field of the model (an alias its validators unfold). A key that ``before``
+    names is shown there only (an option that may also be given by position).
     """
     parameters = list(before)
+    shown = {p.name for p in parameters}
     for name, annotation in get_type_hints(options).items():
+        if name in shown:
+            continue
         field = model.model_fields.get(name)
         default = None  # an alias, or a default made afresh
         if field is not None and field.default_factory is None:
@@ -45,9 +49,17 @@ def keyword_signature(
     return inspect.Signature(parameters, return_annotation=returns)
 
 
-def refuse_unknown(options: Mapping[str, object], known: type, caller: str) -> None:
+def refuse_unknown(
+    options: Mapping[str, object],
+    known: type,
+    caller: str,
+    instead: Mapping[str, str] | None = None,
+) -> None:
     """A misspelled keyword is a ``TypeError``, as Python says it for any other call (the
-    model would call it an extra input, which reads as a wrong value)."""
+    model would call it an extra input, which reads as a wrong value). ``instead``: for
+    keywords another API took (skyward 0.5's), what to write here."""
     for name in options:
         if name not in known.__annotations__:
-            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+            hint = (instead or {}).get(name)
+            said = f"; {hint}" if hint else ""
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{said}")

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, cast
 
-from skyward._compute import Compute
+from skyward._compute import ComputeFunction
 from skyward._info import InstanceInfo, instance_info
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,9 +39,10 @@ _install_lock = threading.Lock()  # guards: replacing sys.stdout / sys.stderr wi
 
 
 def is_head(info: InstanceInfo | None = None) -> bool:
-    """Whether this is the pool's head node (node 0). Outside a worker: True (the client is
-    the only node of a one-node pool). skyward 0.5 spelled it ``is_head(info)``; both work."""
-    return (info or instance_info()).node == 0
+    """Whether this is the pool's head: node 0's first worker (node 0 itself, with one
+    worker per node). Outside a worker: True (the client is the only node of a one-node
+    pool). skyward 0.5 spelled it ``is_head(info)``; both work."""
+    return (info or instance_info()).is_head
 
 
 def stdout(only: Only) -> Callable[[F], F]:
@@ -76,8 +77,8 @@ def _muting(
     streams: tuple[Stream, ...], allowed: Callable[[InstanceInfo], bool]
 ) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
-        if isinstance(fn, Compute):  # above @sky.compute: wrap the function inside it
-            return cast(F, Compute(decorate(fn.fn), timeout=fn.timeout))
+        if isinstance(fn, ComputeFunction):  # above @sky.compute: wrap the function inside it
+            return cast(F, ComputeFunction(decorate(fn.fn), timeout=fn.timeout))
         if inspect.isgeneratorfunction(fn):
             # Still a generator function, so a pool streams its values (see _stream).
             @functools.wraps(fn)

@@ -1,7 +1,13 @@
-"""``Plugin``: a name and three optional hooks, composed in list order.
+"""``Plugin``: a name and optional hooks, composed in list order.
 
 ``transform(image, spec) -> image`` runs on the client when the pool is built, first plugin
 first; it may raise ``PluginError`` (the keras plugin does when jax is missing before it).
+``bootstrap``: shell steps (or ``spec -> steps``) added to every remote node's bootstrap
+after the image's own installs and ``setup``, right after the plugin's ``transform``; the
+local provider, whose nodes are this machine, refuses them when the pool is built.
+``around_client(pool, spec) -> context manager`` runs on the client: entered once the pool
+has started, first plugin first, and exited in reverse when the pool closes, before its
+workers stop, on every path (a failed entry closes the pool).
 ``around_app(info) -> context manager`` runs on every worker: entered in list order before the
 first call, exited in reverse at shutdown, like nested ``with`` blocks (first = outermost).
 ``decorate(fn) -> fn`` wraps the function of every call on the worker, at each call; the
@@ -10,7 +16,9 @@ Hooks travel to workers with cloudpickle, so a plugin must pickle; the pool chec
 it is built.
 
 skyward 0.5 built plugins with ``Plugin.create(name).with_image_transform(...)
-.with_decorator(...).with_around_app(...)``; those builders are here too.
+.with_decorator(...).with_around_app(...)``; those builders are here too, with
+``with_bootstrap`` and ``with_around_client``. Only the worker's hooks travel to workers:
+``bootstrap`` and ``around_client`` stay on the client (``for_workers``).
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ from skyward._info import InstanceInfo
 Transform = Callable[[Image, Any], Image]
 AroundApp = Callable[[InstanceInfo], AbstractContextManager[Any]]
 Decorate = Callable[[Callable[..., Any]], Callable[..., Any]]
+# steps, or steps(spec: PoolSpec)
+Bootstrap = Sequence[str] | Callable[[Any], Sequence[str]]
+# around_client(pool: ComputePool, spec: PoolSpec)
+AroundClient = Callable[[Any, Any], AbstractContextManager[Any]]
 
 
 class Plugin(BaseModel):
@@ -43,6 +55,8 @@ class Plugin(BaseModel):
     transform: Callable[..., Image] | None = None
     around_app: Callable[..., AbstractContextManager[Any]] | None = None
     decorate: Callable[..., Callable[..., Any]] | None = None
+    bootstrap: tuple[str, ...] | Callable[..., Sequence[str]] | None = None
+    around_client: Callable[..., AbstractContextManager[Any]] | None = None
     # True when around_app ties every node into one runtime that cannot take a new member
     # (jax.distributed): when one worker is lost, the pool restarts all of them together.
     gang: bool = False
@@ -60,6 +74,41 @@ class Plugin(BaseModel):
 
     def with_around_app(self, around_app: AroundApp) -> Plugin:
         return self.model_copy(update={"around_app": around_app})
+
+    def with_bootstrap(self, steps: Bootstrap) -> Plugin:
+        """Shell steps for every remote node's bootstrap: a list of commands, or a function
+        of the pool's spec that returns one (skyward 0.5 passed the cluster)."""
+        if isinstance(steps, str):
+            raise PluginError(
+                f"plugin {self.name!r}: with_bootstrap takes a list of shell commands, not one "
+                f"string: with_bootstrap([{steps!r}])"
+            )
+        return self.model_validate({**dict(self), "bootstrap": steps})
+
+    def with_around_client(self, around_client: AroundClient) -> Plugin:
+        """``around_client(pool, spec)``: a context manager around the client's use of the
+        running pool."""
+        return self.model_copy(update={"around_client": around_client})
+
+    def bootstrap_steps(self, spec: Any) -> tuple[str, ...]:
+        """This plugin's bootstrap steps for ``spec``; ``PluginError`` for anything but a
+        sequence of non-empty strings."""
+        if self.bootstrap is None:
+            return ()
+        steps = self.bootstrap(spec) if callable(self.bootstrap) else self.bootstrap
+        if isinstance(steps, str) or not all(isinstance(s, str) and s.strip() for s in steps):
+            raise PluginError(
+                f"plugin {self.name!r}: bootstrap must give a list of shell commands "
+                f"(non-empty strings), not {steps!r}"
+            )
+        return tuple(steps)
+
+    def for_workers(self) -> Plugin:
+        """This plugin as workers receive it: without the client's hooks, which need not
+        pickle (an ``around_client`` may hold the pool)."""
+        if self.bootstrap is None and self.around_client is None:
+            return self
+        return self.model_copy(update={"bootstrap": None, "around_client": None})
 
 
 def decorated(fn: Callable[..., Any], plugins: Sequence[Plugin]) -> Callable[..., Any]:

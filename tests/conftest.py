@@ -9,6 +9,7 @@ process alive fails, by name.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -97,9 +98,26 @@ def ssh_hosts() -> Iterator[Hosts]:
     hosts = Hosts.start(4)
     namespaces = {os.stat(f"/run/netns/{h.netns}").st_ino for h in hosts.hosts}
     our_namespaces.update(namespaces)
+    mirror = None
     try:
+        # The hosts are this machine: Debian's python3.11 and nothing else. A client on
+        # another minor version has its hosts' bootstrap install that version with uv, which
+        # a real host downloads from GitHub; these hosts get it from a mirror of this
+        # machine's own builds instead (support/pythons.py), set in the user's environment.
+        minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if not any(Path(d, f"python{minor}").exists() for d in ("/usr/local/bin", "/usr/bin")):
+            from support.pythons import PythonMirror, build_install_only
+
+            mirror = PythonMirror(
+                hosts.root / "python-mirror",
+                [build_install_only(minor)],
+                bind=hosts.bridge_address,
+            )
+            hosts.set_environment(mirror.env)
         yield hosts
     finally:
+        if mirror is not None:
+            mirror.close()
         hosts.close()
         our_namespaces.difference_update(namespaces)
     assert not hosts.leftovers(), f"SSH test hosts left behind: {hosts.leftovers()}"

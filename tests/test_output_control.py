@@ -147,7 +147,7 @@ def test_decorators_work_above_compute_and_locally(capsys: pytest.CaptureFixture
         print("hushed")
         return 1
 
-    assert isinstance(hushed, sky.Compute) and hushed.timeout == 30
+    assert isinstance(hushed, sky.ComputeFunction) and hushed.timeout == 30
     assert hushed.local() == 1
     assert "hushed" not in capsys.readouterr().out
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import wraps
+from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
+from support.pools import ssh_provider
+from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
 from skyward.plugins import Plugin
@@ -114,3 +120,140 @@ def test_an_image_is_a_dataclass_to_dataclasses_functions() -> None:
     image = sky.Image(pip=["numpy"], env={"A": "1"})
     assert "pip" in [f.name for f in fields(image)]
     assert asdict(image)["pip"] == ("numpy",) and asdict(image)["env"] == {"A": "1"}
+
+
+# ── with_bootstrap: shell steps on remote nodes' bootstraps ─────────────────────────────
+
+
+@sky.compute
+def read_marker(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+@pytest.mark.timeout(180)
+def test_bootstrap_steps_run_on_an_ssh_node_after_its_installs(
+    ssh_hosts: Hosts, package_index: PackageIndex, tmp_path: Path
+) -> None:
+    marker = tmp_path / "bootstrapped"
+    # A function of the spec, as 0.5's factories of the cluster were; the step runs with the
+    # node's environment first on PATH, so its python is the workers' own.
+    steps = Plugin.create("marks").with_bootstrap(
+        lambda spec: [
+            f"python -c 'import sys, cloudpickle; print(sys.prefix)' > {marker}",
+            f"echo nodes={spec.nodes} >> {marker}",
+        ]
+    )
+    image = sky.Image(index_url=package_index.url)
+    provider = ssh_provider(ssh_hosts, ssh_hosts.hosts[0].target)
+    with sky.ComputePool(provider=provider, image=image, plugins=[steps], quiet=True) as pool:
+        assert pool.image.setup[-1] == f"echo nodes=1 >> {marker}"
+        prefix, nodes = (read_marker(str(marker)) >> pool).splitlines()
+        assert nodes == "nodes=1"
+        assert pool.run(lambda: sys.prefix) == prefix
+
+
+def test_bootstrap_steps_follow_the_plugins_in_order_after_the_images_setup() -> None:
+    first = Plugin.create("first").with_bootstrap(["echo 1"])
+    second = Plugin.create("second").with_bootstrap(lambda spec: ("echo 2",))
+    pool = sky.ComputePool(
+        provider=sky.SSH(hosts=["h"]),
+        image=sky.Image(setup=["echo 0"]),
+        plugins=[first, second],
+    )
+    assert pool.image.setup == ("echo 0", "echo 1", "echo 2")
+
+
+def test_a_local_pool_refuses_bootstrap_steps_naming_the_plugin() -> None:
+    plugin = Plugin.create("drivers").with_bootstrap(["apt-get install -y foo"])
+    with pytest.raises(sky.PluginError, match="plugin 'drivers' adds bootstrap steps"):
+        sky.ComputePool(plugins=[plugin])
+
+
+@pytest.mark.parametrize(
+    "steps", ["echo one string", lambda spec: "echo one string", lambda spec: [""], [3]]
+)
+def test_bootstrap_steps_are_commands_or_the_plugin_is_refused(steps: Any) -> None:
+    with pytest.raises((sky.PluginError, pydantic.ValidationError)):
+        plugin = Plugin.create("bad").with_bootstrap(steps)
+        sky.ComputePool(provider=sky.SSH(hosts=["h"]), plugins=[plugin])
+
+
+# ── with_around_client: a context around the running pool, on the client ──────────────
+
+
+def client_hook(name: str, events: list[str], fail: bool = False) -> Plugin:
+    lock = threading.Lock()  # unpicklable: the client's hooks never travel to workers
+
+    @contextlib.contextmanager
+    def around(pool: sky.ComputePool, spec: sky.PoolSpec) -> Iterator[None]:
+        with lock:
+            events.append(f"{name} enter {pool.statistics().state} {spec.nodes}")
+        if fail:
+            raise RuntimeError(f"{name} cannot start")
+        try:
+            yield
+        except BaseException as exc:
+            events.append(f"{name} saw {type(exc).__name__}")
+            raise
+        finally:
+            events.append(f"{name} exit {pool.statistics().state}")
+
+    return Plugin.create(name).with_around_client(around)
+
+
+@sky.compute
+def one() -> int:
+    return 1
+
+
+@pytest.mark.timeout(60)
+def test_around_client_wraps_the_running_pool_first_plugin_outermost() -> None:
+    events: list[str] = []
+    plugins = [client_hook("a", events), client_hook("b", events)]
+    with sky.ComputePool(nodes=2, plugins=plugins, quiet=True) as pool:
+        assert one() >> pool == 1
+        events.append("body")
+    assert events == [
+        "a enter running 2",
+        "b enter running 2",
+        "body",
+        "b exit running",
+        "a exit running",
+    ]
+    assert pool.statistics().state == "closed"
+
+
+@pytest.mark.timeout(60)
+def test_around_client_sees_the_error_that_ends_the_block_and_the_pool_still_closes() -> None:
+    events: list[str] = []
+    with pytest.raises(ZeroDivisionError):
+        with sky.ComputePool(plugins=[client_hook("a", events)], quiet=True) as pool:
+            _ = 1 / 0
+    assert events == ["a enter running 1", "a saw ZeroDivisionError", "a exit running"]
+    assert pool.statistics().state == "closed"
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_around_client_closes_the_pool_and_exits_the_ones_entered() -> None:
+    events: list[str] = []
+    plugins = [client_hook("a", events), client_hook("b", events, fail=True)]
+    pool = sky.ComputePool(plugins=plugins, quiet=True)
+    with pytest.raises(sky.PluginError, match="plugin 'b': around_client failed: b cannot start"):
+        pool.start()
+    assert events == [
+        "a enter running 1",
+        "b enter running 1",
+        "a saw PluginError",
+        "a exit running",
+    ]
+    assert pool.statistics().state == "closed"
+
+
+@pytest.mark.timeout(60)
+def test_close_leaves_around_client_once_in_a_notebook_too() -> None:
+    events: list[str] = []
+    pool = sky.ComputePool(plugins=[client_hook("a", events)], quiet=True).start()
+    pool.close()
+    pool.close()
+    assert events == ["a enter running 1", "a exit running"]

@@ -189,10 +189,13 @@ def test_jax_options_name_and_type_every_field_of_the_options_model() -> None:
 
 def test_the_jax_signature_shows_each_option_with_the_model_default() -> None:
     parameters = inspect.signature(sky.plugins.jax).parameters
-    assert list(parameters) == list(_JAX_OPTIONS)
+    # cuda first, by position or keyword (skyward 0.5's jax("cu124")); the rest keyword-only.
+    assert list(parameters) == ["cuda", *(n for n in _JAX_OPTIONS if n != "cuda")]
     for name, field in _Options.model_fields.items():
         assert parameters[name].default == field.default, name
-        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if name == "cuda" else keyword
+        assert parameters[name].kind is kind, name
 
 
 def test_a_misspelled_jax_option_is_a_type_error_naming_it() -> None:
@@ -339,7 +342,7 @@ def test_killing_a_rank_fails_every_call_and_restarts_the_pool_as_one(
         assert not {pid for pid, _ in after} & set(pids)
         assert pool.statistics().workers_replaced == 3
     err = capfd.readouterr().err
-    assert "node 1 was lost, and plugin jax ties every node into one runtime" in err
+    assert "node 1 was lost, and plugin jax ties every worker into one runtime" in err
 
 
 @pytest.mark.timeout(120)

@@ -20,6 +20,7 @@ from support.pools import ssh_provider
 from support.sshhosts import Hosts
 
 import skyward as sky
+from skyward.accelerators import Accelerator
 from skyward.pool.spec import PoolOptions, PoolSpec
 
 
@@ -93,6 +94,8 @@ _WIDER: dict[str, set[object]] = {
     "image": {type(None)},
     "name": {type(None)},
     "concurrency": {type(None)},
+    "accelerator": {Accelerator},  # sky.accelerators.A100(count=8): kept as "A100:8"
+    "logging": {bool},  # skyward 0.5's logging=True / False
 }
 _OPTIONS = get_type_hints(PoolOptions)
 _ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +143,7 @@ def test_none_for_an_option_whose_field_takes_no_none_means_the_default(name: st
 
 def test_the_signature_shows_each_option_with_pool_spec_default() -> None:
     parameters = inspect.signature(sky.ComputePool).parameters
-    assert list(parameters) == ["provider", *_OPTIONS]
+    assert list(parameters) == ["provider", "specs", *_OPTIONS]  # specs: more sky.Spec
     for name in _OPTIONS:
         field = PoolSpec.model_fields.get(name)
         if field is not None and field.default_factory is None:

@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -106,8 +106,9 @@ class _Options(BaseModel):
     verbose: bool = False
 
 
-def jax(**options: Unpack[JaxOptions]) -> Plugin:
-    """The jax plugin.
+def jax(cuda: str | int | None = None, /, **options: Unpack[JaxOptions]) -> Plugin:
+    """The jax plugin. ``cuda`` may be given by position, as skyward 0.5 did:
+    ``sky.plugins.jax("cu124")``.
 
     - ``version``: pin jax (``"0.10.2"``) or constrain it (``">=0.6,<0.11"``); default, the
       newest the index has.
@@ -132,6 +133,10 @@ def jax(**options: Unpack[JaxOptions]) -> Plugin:
       terminal; node 0 says so in one line.
     """
     refuse_unknown(options, JaxOptions, "jax")
+    if cuda is not None:
+        if "cuda" in options:
+            raise TypeError("jax() got cuda both by position and by keyword; give it once")
+        options = {**options, "cuda": cuda}
     chosen = _Options.model_validate(options)  # only what the caller gave
     # The hooks below travel to every worker: they close over plain values, not the model.
     version, cuda, index_url = chosen.version, chosen.cuda, chosen.index_url
@@ -168,7 +173,7 @@ def jax(**options: Unpack[JaxOptions]) -> Plugin:
         for name, value in efa_environment().items():
             os.environ.setdefault(name, value)  # before NCCL starts; the user's own win
         with ExitStack() as stack:
-            if not verbose and info.total_nodes > 1:
+            if not verbose and info.total_workers > 1:
                 stack.enter_context(hooks.stdout_filter(GlooFilter()))
                 stack.enter_context(quiet_when_stopped(info))
             stack.enter_context(distributed(info, **timeouts))
@@ -178,7 +183,19 @@ def jax(**options: Unpack[JaxOptions]) -> Plugin:
 
 
 # help() and notebooks show every option with _Options' default.
-jax.__signature__ = keyword_signature(JaxOptions, _Options, returns=Plugin)  # type: ignore[attr-defined]
+jax.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+    JaxOptions,
+    _Options,
+    before=[
+        inspect.Parameter(
+            "cuda",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=_Options.model_fields["cuda"].default,
+            annotation=get_type_hints(JaxOptions)["cuda"],
+        )
+    ],
+    returns=Plugin,
+)
 
 
 def efa_environment(sys_root: str = "/sys") -> dict[str, str]:
@@ -276,12 +293,17 @@ def distributed(
     heartbeat_timeout: int,
     shutdown_timeout: int,
 ) -> Iterator[None]:
-    """``jax.distributed`` for the life of the block on a multi-node pool; nothing on one node.
+    """``jax.distributed`` for the life of the block on a pool of several workers (one
+    process each: ``global_worker_index`` of ``total_workers``); nothing on one worker.
+
+    With several workers per node each owns some of the node's GPUs (``info.devices``, and
+    only those are visible to it): ``local_device_ids`` names them, as JAX's guide does for
+    one process per GPU.
 
     Idempotent: if something already initialized the runtime in this process, it is left as
     it is, and not shut down here either.
     """
-    if info.total_nodes == 1:
+    if info.total_workers == 1:
         yield
         return
     _refuse_unreachable_head(info)
@@ -292,15 +314,19 @@ def distributed(
         return
     address = f"{_host(info.head_addr)}:{info.head_port}"
     deadline = time.monotonic() + initialization_timeout
-    if info.node == 0:
+    rank = info.global_worker_index
+    # Visible to this worker are its own GPUs only (CUDA_VISIBLE_DEVICES), numbered from 0.
+    local = list(range(len(info.devices))) if info.workers_per_node > 1 and info.devices else None
+    if rank == 0:
         _check_coordinator_port(info.head_port)
     else:
         _wait_for_coordinator(info.head_addr, info.head_port, initialization_timeout)
     try:
         jax_module.distributed.initialize(
             coordinator_address=address,
-            num_processes=info.total_nodes,
-            process_id=info.node,
+            num_processes=info.total_workers,
+            process_id=rank,
+            local_device_ids=local,
             # one budget for waiting on the coordinator and joining it, not one each
             initialization_timeout=max(1, int(deadline - time.monotonic())),
             heartbeat_timeout_seconds=heartbeat_timeout,
@@ -309,10 +335,9 @@ def distributed(
             cluster_detection_method="deactivate",
         )
     except Exception as exc:  # JaxRuntimeError: jax's own words are kept as the cause
-        role = "start the coordinator" if info.node == 0 else "join the coordinator"
-        raise PluginError(
-            f"jax plugin: node {info.node} could not {role} at {address}: {exc}"
-        ) from exc
+        role = "start the coordinator" if rank == 0 else "join the coordinator"
+        who = f"node {info.node}" if info.workers_per_node == 1 else f"rank {rank}"
+        raise PluginError(f"jax plugin: {who} could not {role} at {address}: {exc}") from exc
     try:
         _cpu_collectives_on(collectives_address(info))
         yield

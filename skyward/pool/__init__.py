@@ -2,10 +2,11 @@
 
 ::
 
-    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (pool/spec.py)
-    start()    provider.provision(request) → Allocation, bounded by provision_timeout
-               (pool/machines.py) → workers through the start-up barrier, bounded by
-               start_timeout (pool/startup.py) → running
+    __init__   every sky.Spec (the keyword form is one): PoolSpec (validate) → transforms →
+               provider.check (pool/fallback.py) → plugins pickled
+    start()    the first spec whose provider.provision(request) → Allocation, bounded by
+               provision_timeout (pool/fallback.py, pool/machines.py) → workers through the
+               start-up barrier, bounded by start_timeout (pool/startup.py) → running
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
     failures   lost workers, gang restarts, hangs (pool/recovery.py); call timeouts (the
                scheduler)
@@ -52,12 +53,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 
 from skyward._compute import CallTarget, PendingCall, pending_call
-from skyward._errors import PoolClosed
+from skyward._errors import PluginError, PoolClosed
 from skyward._futures import CallFuture, Deadline, fail, gather
 from skyward._interrupts import hold_interrupts
 from skyward._options import refuse_unknown
@@ -72,7 +74,7 @@ from skyward.collections.proxies import (
     unregister,
 )
 from skyward.collections.state import SharedState
-from skyward.console import Console, ConsoleMode
+from skyward.console import Console, ConsoleMode, handlers
 from skyward.console.logs import PoolLog, secrets_of
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
@@ -80,16 +82,11 @@ from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
 from skyward.pool import profile as _profile
 from skyward.pool import signals
+from skyward.pool.fallback import Attempt, Candidate, Choices, Spec, candidates
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
-from skyward.pool.spec import (
-    PoolOptions,
-    PoolSpec,
-    apply_transforms,
-    pickle_plugins,
-    pool_signature,
-)
+from skyward.pool.spec import FROM_05, PoolOptions, pickle_plugins, pool_signature
 from skyward.pool.stacks import Stacks, collect
 from skyward.pool.startup import Startup
 from skyward.pool.streams import ResultStream, Streams, is_streaming, prepare
@@ -126,19 +123,25 @@ class ComputePool(CallTarget):
     # help(), notebooks and inspect show every option with PoolSpec's default.
     __signature__: ClassVar[inspect.Signature] = pool_signature()
 
-    def __init__(self, provider: Provider | None = None, **options: Unpack[PoolOptions]) -> None:
+    def __init__(
+        self,
+        provider: Provider | Spec | None = None,
+        *specs: Spec,
+        **options: Unpack[PoolOptions],
+    ) -> None:
         from skyward.providers.local import Local
 
-        refuse_unknown(options, PoolOptions, "ComputePool")
-        # Only what the caller gave: every default is PoolSpec's.
-        given = {"provider": Local() if provider is None else provider, **options}
-        self.spec = spec = PoolSpec.model_validate(given)
+        refuse_unknown(options, PoolOptions, "ComputePool", FROM_05)
+        # Every spec (the keyword form is one) validated, transformed by the plugins and
+        # checked by its provider, before anything is touched (pool/fallback.py). Only what
+        # the caller gave: every default is PoolSpec's.
+        self._choices = Choices(candidates(provider, specs, options))
+        first = self._choices.candidates[0]
+        self.spec = spec = first.spec  # the spec the pool started with, once it has
         self._plugin_payload = pickle_plugins(spec.plugins)
-        self.image = apply_transforms(spec.image, spec)
-        # Provider-specific limits and missing SDKs, before anything is touched.
-        spec.provider.check(spec.request(self.image))
+        self.image = first.image
         # Remote workers cannot import the client's own modules; local ones can.
-        self._remote = not isinstance(spec.provider, Local)
+        self._remote = any(not isinstance(c.spec.provider, Local) for c in self._choices.candidates)
         self._before_pickling()
         mode: ConsoleMode = "off" if spec.quiet else spec.console
         # The log directory is made when the pool starts: a pool only built (to check its
@@ -149,6 +152,8 @@ class ComputePool(CallTarget):
         self._lock = threading.Lock()  # guards: _state, _opening, _started_at
         self._changed = threading.Condition(self._lock)  # the pool closed, or a spawn ended
         self._state: State = "new"
+        self._log_handlers: handlers.Installed | None = None  # logging=, while open
+        self._client_hooks: ExitStack | None = None  # plugins' around_client, while open
         self._opening = 0  # workers being spawned now; a close waits for them
         self._started_at = 0.0
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
@@ -161,7 +166,7 @@ class ComputePool(CallTarget):
             concurrency=spec.concurrency,
             gang=bool(spec.gang),
             bind_output=out.bind,
-            address=self._machines.address,
+            address=self._machines.worker_address,
         )
         self._startup = Startup(
             spec,
@@ -174,7 +179,7 @@ class ComputePool(CallTarget):
         self._recovery = Recovery(
             self._scheduler,
             self._startup,
-            nodes=spec.nodes,
+            layout=lambda: self._machines.layout,
             gang=spec.gang,
             start_timeout=spec.start_timeout,
             shutdown_timeout=spec.shutdown_timeout,
@@ -217,7 +222,10 @@ class ComputePool(CallTarget):
     ) -> None:
         # Leaving normally waits for submitted calls, like an executor; leaving on an error
         # or Ctrl-C does not: the user is already on their way out.
-        self.close(wait=exc_type is None)
+        try:
+            self._leave_client_hooks(exc_type, exc, tb)  # they see why the block ended
+        finally:
+            self.close(wait=exc_type is None)
 
     def start(self) -> ComputePool:
         """Provision the nodes and start a worker on each; returns when all are ready."""
@@ -227,6 +235,13 @@ class ComputePool(CallTarget):
                 raise PoolClosed(f"pool {self.name!r} was already started ({self._state})")
             self._state = "starting"
             self._started_at = time.monotonic()
+        try:
+            # Before anything is logged; removed in _teardown, on every path.
+            self._log_handlers = handlers.install(spec.logging)
+        except BaseException:
+            with self._lock:
+                self._state = "closed"  # nothing was started
+            raise
         atexit.register(self._close_at_exit)
         # SIGTERM and SIGHUP close the pool as Ctrl-C does, while it is open (pool/signals.py).
         signals.hold(self)
@@ -236,7 +251,7 @@ class ComputePool(CallTarget):
             secrets=secrets_of(self.image.env),
         )
         self._console.begin(
-            f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
+            f"starting {spec.nodes} node(s) on {self._where()} (pool {self.name})", spec.nodes
         )
         if spec.min_nodes is not None and spec.min_nodes < spec.nodes:
             self._console.status(
@@ -244,9 +259,12 @@ class ComputePool(CallTarget):
                 f"this one runs {spec.nodes} nodes throughout"
             )
         try:
-            self._machines.provision(spec.request(self.image), spec.nodes)
+            self._use(self._choices.provision(self._machines, self._console))
+            spec = self.spec
+            layout = self._machines.layout
+            self._console.workers_per_node = layout.per_node
             deadline = Deadline(spec.start_timeout, f"start_timeout ({spec.start_timeout:g} s)")
-            ranks = list(range(spec.nodes))
+            ranks = list(range(layout.workers))
             self._scheduler.attach(self._startup.bring_up(ranks, deadline, whole_pool=True))
         except BaseException as exc:
             self._console.end()
@@ -271,15 +289,86 @@ class ComputePool(CallTarget):
         for channel in lost:
             assert channel.lost is not None
             self._recovery.on_lost(channel, channel.lost)
+        per = self._machines.layout.per_node
         self._console.end(
-            f"pool {self.name} ready: {spec.nodes} node(s), "
+            f"pool {self.name} ready: {spec.nodes} node(s)"
+            f"{f' x {per} workers' if per > 1 else ''}, "
             f"{spec.accelerator or 'no accelerator'}, in "
             f"{time.monotonic() - self._started_at:.1f} s"
         )
+        self._enter_client_hooks()
         return self
 
+    def _where(self) -> str:
+        kinds = [c.spec.provider_kind for c in self._choices.candidates]
+        return " or then ".join(dict.fromkeys(kinds))
+
+    def _use(self, chosen: Candidate) -> None:
+        """The pool runs on ``chosen``'s machines: its spec and image from now on."""
+        from skyward.providers.local import Local
+
+        self.spec, self.image = chosen.spec, chosen.image
+        self._remote = not isinstance(chosen.spec.provider, Local)
+        self._startup.use(chosen.spec, chosen.image)
+
+    @property
+    def attempts(self) -> tuple[Attempt, ...]:
+        """The specs tried when the pool started, in order, each with why it was given up
+        (``error``), the one used last (its ``error`` None); empty before ``start``."""
+        return self._choices.attempts
+
+    def _enter_client_hooks(self) -> None:
+        """The plugins' ``around_client`` contexts, first plugin outermost, once the pool
+        runs; a failure closes the pool (``PluginError`` naming the plugin)."""
+        plugins = [p for p in self.spec.plugins if p.around_client is not None]
+        if not plugins:
+            return
+        stack = ExitStack()
+        try:
+            for plugin in plugins:
+                assert plugin.around_client is not None
+                try:
+                    context = plugin.around_client(self, self.spec)
+                    if not hasattr(context, "__enter__"):
+                        raise PluginError(
+                            f"plugin {plugin.name!r}: around_client must return a context "
+                            f"manager, not {type(context).__name__}"
+                        )
+                    stack.enter_context(context)
+                except PluginError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(
+                        f"plugin {plugin.name!r}: around_client failed: {exc}"
+                    ) from exc
+            with self._lock:
+                running = self._state == "running"
+                if running:
+                    self._client_hooks = stack  # close() leaves them from now on
+            if not running:
+                stack.close()
+                raise PoolClosed(f"pool {self.name!r} was closed while it started")
+        except BaseException as exc:
+            try:
+                stack.__exit__(type(exc), exc, exc.__traceback__)
+            finally:
+                self.close(wait=False)
+            raise
+
+    def _leave_client_hooks(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        tb: TracebackType | None = None,
+    ) -> None:
+        """Exit the ``around_client`` contexts, last plugin first; once, whoever asks."""
+        with self._lock:
+            stack, self._client_hooks = self._client_hooks, None
+        if stack is not None:
+            stack.__exit__(exc_type, exc, tb)
+
     def _open(self, rank: int) -> Channel:
-        """Spawn a worker on node ``rank`` (a new machine in its place if the node is gone
+        """Spawn worker ``rank`` on its node (a new machine in the node's place if it is gone
         and the provider can replace it); the scheduler holds its channel from now on, so
         that a close ends it. Startup's ``open_channel``."""
         with self._lock:
@@ -291,9 +380,12 @@ class ComputePool(CallTarget):
             replace = self._state == "running"
         try:
             transport = self._machines.spawn(rank, self.image.env, replace=replace)
+            layout = self._machines.layout
             channel = Channel(
                 transport,
-                node=rank,
+                node=layout.node_of(rank),
+                rank=rank,
+                label=layout.label(rank),
                 output=self._console.output,
                 on_lost=self._recovery.on_lost,
                 on_broken=self._broken,
@@ -310,7 +402,7 @@ class ComputePool(CallTarget):
 
     def _broken(self, channel: Channel) -> None:
         # Before its calls fail: nothing a caller does next may go to the dead worker.
-        self._shared.forget(channel, f"node {channel.node}'s worker was lost")
+        self._shared.forget(channel, f"{channel.label}'s worker was lost")
         self._recovery.on_broken(channel)
 
     def _frame(self, channel: Channel, message: Any, parts: proto.Parts) -> None:
@@ -332,8 +424,15 @@ class ComputePool(CallTarget):
         yet started with ``PoolClosed`` and interrupts the running ones, also when another
         ``close()`` is already waiting for them (the stronger close takes over). Workers get
         ``shutdown_timeout`` seconds to leave their plugins' contexts, then are killed; the
-        allocation's ``terminate`` always runs.
+        allocation's ``terminate`` always runs. The plugins' ``around_client`` contexts are
+        exited first, while the workers still run.
         """
+        try:
+            self._leave_client_hooks()
+        finally:
+            self._close(wait=wait)
+
+    def _close(self, *, wait: bool) -> None:
         with self._lock:
             if self._state == "new":
                 self._state = "closed"
@@ -399,6 +498,7 @@ class ComputePool(CallTarget):
                     self._changed.notify_all()
                 self._console.flush()
                 self._console.closed()
+                handlers.remove(self._log_handlers)
                 atexit.unregister(self._close_at_exit)
                 signals.release(self)
 
@@ -448,7 +548,8 @@ class ComputePool(CallTarget):
     @overload
     def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]: ...
     def broadcast(self, fn: Any, /, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every node; results by node rank.
+        """Run ``fn(*args, **kwargs)`` on every worker (every node, with one worker per node);
+        results by rank (node-major: node 0's workers first).
         ``pool.broadcast(f(x))`` (a pending call, alone) is ``f(x) @ pool``."""
         call = pending_call(fn, args, kwargs)
         if is_streaming(call):
@@ -583,6 +684,10 @@ class ComputePool(CallTarget):
 
     def lock(self, name: str) -> LockProxy:
         return LockProxy(name, self._shared.request)
+
+
+# The public skyward project's later name for the pool (``sky.Compute(...)``).
+Compute = ComputePool
 
 
 def _pickle(call: PendingCall[Any], function: bytes | None = None) -> Pickled:

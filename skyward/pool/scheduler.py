@@ -1,10 +1,11 @@
-"""Where calls go: one slot per node, the pool's queue, least busy first, map prefetch, call
-timeouts, and broadcasts (relayed between nodes where that spares the client's link).
+"""Where calls go: one slot per worker (per node, unless nodes run several), the pool's
+queue, least busy first, map prefetch, call timeouts, and broadcasts (relayed between nodes
+where that spares the client's link).
 
 ::
 
     submit(tasks)      queue → pump: the least busy ready slot with room takes the head
-    broadcast(call)    one part per slot, sent at once, so every node sees broadcasts in the
+    broadcast(call)    one part per slot, sent at once, so every worker sees broadcasts in the
                        same order (SPMD programs need it); a slot whose worker is being
                        replaced holds its part in its backlog
     a call finishes    the slot's books (busy, recent time) → pump again → the future
@@ -88,7 +89,8 @@ class Task:
 
 @dataclass(eq=False)
 class Slot:
-    """One node's place in the scheduler: its current worker and the books on it."""
+    """One worker's place in the scheduler (a worker rank's: a new worker after a loss
+    takes the same slot), its current worker process and the books on it."""
 
     rank: int
     channel: Channel | None = None
@@ -113,7 +115,8 @@ class Running:
 
 @dataclass(frozen=True)
 class PoolStatistics:
-    """A snapshot of a pool's work. ``in_flight`` is per node, by rank."""
+    """A snapshot of a pool's work. ``in_flight`` is per worker, by rank (per node, with one
+    worker per node); ``ready_nodes`` counts the nodes all of whose workers take calls."""
 
     name: str
     state: str
@@ -126,6 +129,8 @@ class PoolStatistics:
     failed: int
     workers_replaced: int
     uptime: float
+    workers: int = 0
+    ready_workers: int = 0
 
 
 def prefetch_depth(recent: float) -> int:
@@ -148,9 +153,10 @@ def _fail_each(failures: Failures) -> None:
 class Scheduler:
     """The slots, the queue and the books of one pool. See the module docstring.
 
-    ``bind_output(rank, route)`` is called before a call is sent (its prints go to the
-    caller's cell); ``address(rank)`` says where node ``rank`` is now (a relay names it to
-    the node before it). Thread-safe.
+    Its slots are the workers ``attach`` first gives it, by rank. ``bind_output(rank,
+    route)`` is called before a call is sent (its prints go to the caller's cell);
+    ``address(rank)`` says where worker ``rank`` is now (a relay names it to the worker
+    before it). Thread-safe.
     """
 
     def __init__(
@@ -174,7 +180,8 @@ class Scheduler:
         self._watchers = 0  # threads in wait_idle
         self._hurried = False  # wait_idle gives up (a stronger close came)
         self._intake = _STARTING
-        self._slots = [Slot(rank) for rank in range(nodes)]
+        self._nodes = nodes
+        self._slots: list[Slot] = []  # by worker rank, made by attach
         self._queue: deque[Task] = deque()
         self._starting: set[Channel] = set()  # workers spawned, not yet in their slot
         self._failures: Failures = []  # found under the lock, settled once it is let go
@@ -294,7 +301,7 @@ class Scheduler:
     # ── workers: start, loss, replacement, close ────────────────────────────────────────
 
     def starting(self, channel: Channel) -> None:
-        """A worker was spawned for node ``channel.node`` and is coming up: until it is
+        """A worker was spawned for rank ``channel.rank`` and is coming up: until it is
         attached (or discarded), ``take_all`` hands it over with the rest."""
         with self._lock:
             self._starting.add(channel)
@@ -305,13 +312,15 @@ class Scheduler:
             self._starting.difference_update(channels)
 
     def attach(self, channels: Sequence[Channel]) -> None:
-        """The pool's first workers, ready, each into its node's slot."""
+        """The pool's first workers, ready, one for each rank: the slots, each with its
+        worker."""
         with self._lock:
             if self._intake == _SHUT:
                 return  # closed while they started: take_all handed them to the close
+            self._slots = [Slot(rank) for rank in range(len(channels))]
             for channel in channels:
                 self._starting.discard(channel)
-                slot = self._slots[channel.node]
+                slot = self._slots[channel.rank]
                 slot.channel = channel
                 slot.ready = True
 
@@ -325,7 +334,7 @@ class Scheduler:
         with self._lock:
             if self._intake not in (_OPEN, _DRAINING):
                 return False
-            slots = [self._slots[channel.node] for channel in channels]
+            slots = [self._slots[channel.rank] for channel in channels]
             for slot, channel in zip(slots, channels, strict=True):
                 self._starting.discard(channel)
                 self._replaced += 1
@@ -351,19 +360,19 @@ class Scheduler:
         """``channel``'s stream ended: its node (``everyone``: every node, a gang about to
         restart) takes no new calls; the nodes after it in a relay get nothing from it."""
         with self._lock:
-            if self._slots[channel.node].channel is channel:
-                for slot in self._slots if everyone else [self._slots[channel.node]]:
+            if self._holds(channel):
+                for slot in self._slots if everyone else [self._slots[channel.rank]]:
                     slot.ready = False
-            self._fanout.lost(channel, f"node {channel.node}'s worker ended")
+            self._fanout.lost(channel, f"{channel.label}'s worker ended")
 
     def detach(self, channel: Channel) -> bool:
         """``channel``'s worker is gone: empty its slot. False if it was not the slot's
         worker any more, or if the pool does not run (starting: ``open`` reports it;
         closing: nothing is replaced)."""
         with self._lock:
-            slot = self._slots[channel.node]
-            if slot.channel is not channel or self._intake not in (_OPEN, _DRAINING):
+            if not self._holds(channel) or self._intake not in (_OPEN, _DRAINING):
                 return False
+            slot = self._slots[channel.rank]
             slot.channel = None
             slot.ready = False
             return True
@@ -413,11 +422,15 @@ class Scheduler:
 
     def statistics(self, state: str, uptime: float) -> PoolStatistics:
         with self._lock:
+            per = max(1, len(self._slots) // self._nodes)
+            nodes = [self._slots[n * per : (n + 1) * per] for n in range(len(self._slots) // per)]
             return PoolStatistics(
                 name=self._name,
                 state=state,
-                nodes=len(self._slots),
-                ready_nodes=sum(s.ready for s in self._slots),
+                nodes=self._nodes,
+                ready_nodes=sum(all(s.ready for s in slots) for slots in nodes),
+                workers=len(self._slots),
+                ready_workers=sum(s.ready for s in self._slots),
                 queued=len(self._queue),
                 in_flight=tuple(s.busy for s in self._slots),
                 submitted=self._submitted,
@@ -428,7 +441,7 @@ class Scheduler:
             )
 
     def workers(self) -> dict[int, Channel | None]:
-        """Each node's current worker, by rank (None while one is being started)."""
+        """Each rank's current worker (None while one is being started)."""
         with self._lock:
             return {s.rank: s.channel for s in self._slots}
 
@@ -442,7 +455,17 @@ class Scheduler:
             ]
             return running, [s.busy for s in self._slots]
 
+    @property
+    def workers_count(self) -> int:
+        """How many worker ranks the pool has (0 before ``attach``)."""
+        with self._lock:
+            return len(self._slots)
+
     # ── inside: lock held ───────────────────────────────────────────────────────────────
+
+    def _holds(self, channel: Channel) -> bool:
+        """Whether ``channel`` is its rank's worker now (never before ``attach``)."""
+        return channel.rank < len(self._slots) and self._slots[channel.rank].channel is channel
 
     def _take_failures(self) -> Failures:
         failures, self._failures = self._failures, []
@@ -605,13 +628,13 @@ class Scheduler:
     def _expired(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
         """A call outlived its timeout: fail it, and kill the worker running it (which is
         then lost and replaced)."""
-        slot = self._slots[channel.node]
+        slot = self._slots[channel.rank]
         with self._lock:
             if slot.channel is channel:
                 slot.ready = False  # before the future fails: no new call may land here
         error = TimeoutError(
-            f"{name} did not finish within its timeout of {timeout:g} s on node "
-            f"{channel.node}; that node's worker is being replaced"
+            f"{name} did not finish within its timeout of {timeout:g} s on "
+            f"{channel.label}; that worker is being replaced"
         )
         if not fail(future, error):  # it finished just now: the worker is healthy, keep it
             with self._lock:
@@ -776,7 +799,7 @@ class Fanout:
         for token, (channels, _) in list(self._active.items()):
             if channel in channels:
                 for later in channels[channels.index(channel) + 1 :]:
-                    later.send(RelayAbort(token, channel.node, why))
+                    later.send(RelayAbort(token, channel.rank, why))
 
     def failed(self, report: RelayFailed) -> None:
         """A node could not relay to the next one: send the payload directly to that node
@@ -799,10 +822,10 @@ class Fanout:
 
     def _deliver(self, report: RelayFailed) -> None:
         channels, payload = self._active.get(report.token, ([], []))
-        nodes = [c.node for c in channels]
-        if report.node not in nodes:
+        ranks = [c.rank for c in channels]
+        if report.node not in ranks:
             return  # the broadcast has finished
-        rest = channels[nodes.index(report.node) :]
+        rest = channels[ranks.index(report.node) :]
         if rest[0].broken:
             return  # lost: the nodes after it were told (lost()), and the broadcast fails
         for channel in rest:

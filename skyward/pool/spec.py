@@ -23,9 +23,12 @@ from skyward._futures import Deadline
 from skyward._image import Image
 from skyward._options import keyword_signature
 from skyward._plugin import Plugin
+from skyward._volume import Volume, check_volumes
 from skyward.console import ConsoleMode, OutputMode
+from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
 from skyward.providers.base import Provider, ProvisionRequest, identity_tags
+from skyward.providers.cloud.catalog import Accelerator
 
 # Bounds for the durations users give: enough for any real start, and small enough that the
 # standard library's timeouts (threading's TIMEOUT_MAX) never overflow.
@@ -61,9 +64,10 @@ class PoolOptions(TypedDict, total=False):
 
     nodes: int | tuple[int, int]
     """Nodes in the pool, 1 to 4096; ``(min, max)`` runs ``max`` (pools do not autoscale)."""
-    accelerator: str | None
-    """An accelerator name such as ``"A100"``; passed to the provider, plugins and
-    ``InstanceInfo``."""
+    accelerator: str | Accelerator | None
+    """An accelerator such as ``"A100"``, ``"A100:8"`` or ``sky.accelerators.A100(count=8)``
+    (the same request as a value); passed to the provider, plugins and ``InstanceInfo`` as
+    its string."""
     vcpus: float | None
     """At least this many CPUs per node; ``None`` leaves it to the provider."""
     memory_gb: float | None
@@ -77,8 +81,11 @@ class PoolOptions(TypedDict, total=False):
     """What every worker needs (``sky.Image()`` when ``None``)."""
     plugins: Sequence[Plugin]
     """Plugins, first = outermost ``around_app``."""
+    workers_per_node: int | Literal["gpus"]
+    """Worker processes on each node (1 to 256), each its own rank with its own
+    ``instance_info()``; ``"gpus"``: one per GPU of the node (needs ``accelerator``)."""
     concurrency: int | None
-    """Calls at once per node."""
+    """Calls at once per worker."""
     worker: Worker | None
     """``sky.Worker(concurrency=N, executor=...)``: concurrency and where calls run."""
     name: str | None
@@ -99,7 +106,41 @@ class PoolOptions(TypedDict, total=False):
     """Whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``."""
     quiet: bool
     """The older spelling of ``console="off"``."""
+    volumes: Sequence[Volume]
+    """Object storage (``sky.Volume``) mounted on every node before its workers start."""
+    selection: Literal["first", "cheapest"]
+    """With several ``sky.Spec``: try them in the order given, or cheapest first."""
+    logging: LogConfig | bool | None
+    """``sky.LogConfig(level=, file=, console=)``: handlers on the standard ``skyward``
+    logger while the pool is open; ``True`` is ``LogConfig()``; ``None``/``False``: none
+    added (the program's own logging configuration decides)."""
 
+
+# skyward 0.5's pool options that have no counterpart here, and what to write instead: a
+# program moved over is told, not met with a bare "unexpected keyword argument".
+FROM_05: dict[str, str] = {
+    "architecture": "the catalog's machines are all x86_64: leave it out",
+    "ttl": (
+        "cloud machines shut themselves down once the client has been gone for the "
+        "provider's idle_timeout, as in sky.AWS(idle_timeout=600)"
+    ),
+    "ssh_timeout": (
+        "the cloud providers' boot_timeout bounds the wait for SSH (sky.AWS(boot_timeout=...)), "
+        "and provision_timeout the whole start"
+    ),
+    "ssh_retry_interval": "leave it out: SSH is retried until boot_timeout on its own",
+    "provision_retry_delay": (
+        "leave it out: a pool tries each place its allocation allows (zone, type, market) "
+        "once, within provision_timeout"
+    ),
+    "max_provision_attempts": (
+        "leave it out: a pool tries each place its allocation allows (zone, type, market) "
+        "once, within provision_timeout"
+    ),
+    "reconcile_tick_interval": (
+        "leave it out: a lost node is seen on its link at once, with no polling"
+    ),
+}
 
 # Options whose None means "the default" though their field takes no None: ComputePool has
 # always accepted these, and the signature shows the afresh-made ones so.
@@ -130,6 +171,8 @@ class PoolSpec(BaseModel):
     accelerator: str | None = Field(default=None, min_length=1)
     image: Image = Field(default_factory=Image)
     plugins: tuple[Plugin, ...] = ()
+    # "gpus": one per GPU, resolved from each node's GPU count once the machines exist.
+    workers_per_node: int | Literal["gpus"] = Field(default=1)
     concurrency: int = Field(default=1, ge=1, le=1024)
     executor: Literal["thread", "process"] = "thread"
     name: str = Field(default_factory=lambda: f"pool-{secrets.token_hex(3)}", min_length=1)
@@ -140,6 +183,9 @@ class PoolSpec(BaseModel):
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
+    volumes: tuple[Volume, ...] = ()
+    selection: Literal["first", "cheapest"] = "first"
+    logging: LogConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -192,6 +238,43 @@ class PoolSpec(BaseModel):
             raise ValueError(f"quiet=True means console='off'; it contradicts {self.console=}")
         return self
 
+    @field_validator("workers_per_node", mode="before")
+    @classmethod
+    def _workers_per_node(cls, value: Any) -> Any:
+        if value == "gpus" or (type(value) is int and 1 <= value <= 256):
+            return value
+        raise ValueError(f"workers_per_node must be 1 to 256, or 'gpus'; not {value!r}")
+
+    @model_validator(mode="after")
+    def _gpus_need_an_accelerator(self) -> PoolSpec:
+        if self.workers_per_node == "gpus" and self.accelerator is None:
+            raise ValueError(
+                "workers_per_node='gpus' runs one worker per GPU, but this pool asks for no "
+                "accelerator; give accelerator= (such as 'A100'), or a number of workers"
+            )
+        return self
+
+    @field_validator("logging", mode="before")
+    @classmethod
+    def _logging(cls, logging: Any) -> Any:
+        """skyward 0.5's ``logging=True`` / ``False``."""
+        if logging is True:
+            return LogConfig()
+        return None if logging is False else logging
+
+    @field_validator("accelerator", mode="before")
+    @classmethod
+    def _accelerator(cls, accelerator: Any) -> Any:
+        """``sky.accelerators.A100(count=8)`` is the request ``"A100:8"``."""
+        if isinstance(accelerator, Accelerator):
+            return str(accelerator)
+        if accelerator is not None and not isinstance(accelerator, str):
+            raise ValueError(
+                f"accelerator is a name such as 'A100:8' or sky.accelerators.A100(count=8), "
+                f"not {type(accelerator).__name__}"
+            )
+        return accelerator
+
     @field_validator("provider")
     @classmethod
     def _provider(cls, provider: Any) -> Any:
@@ -200,6 +283,11 @@ class PoolSpec(BaseModel):
                 f"expected a provider such as sky.Local(), not {type(provider).__name__}"
             )
         return provider
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, volumes: tuple[Volume, ...]) -> tuple[Volume, ...]:
+        return check_volumes(volumes)
 
     @field_validator("plugins")
     @classmethod
@@ -216,9 +304,11 @@ class PoolSpec(BaseModel):
 
     @property
     def gang(self) -> list[str]:
-        """Plugins that tie every node into one runtime (jax), when there are several nodes:
-        a worker lost is every worker lost, and a broadcast runs on one generation."""
-        return [p.name for p in self.plugins if p.gang] if self.nodes > 1 else []
+        """Plugins that tie every worker into one runtime (jax, torch), when there are
+        several workers: a worker lost is every worker lost, and a broadcast runs on one
+        generation."""
+        several = self.nodes > 1 or self.workers_per_node != 1
+        return [p.name for p in self.plugins if p.gang] if several else []
 
     def request(self, image: Image) -> ProvisionRequest:
         """What the provider is asked for, with a fresh ``provision_timeout`` deadline."""
@@ -232,6 +322,7 @@ class PoolSpec(BaseModel):
             memory_gb=self.memory_gb,
             allocation=self.allocation,
             max_hourly_cost=self.max_hourly_cost,
+            volumes=self.volumes,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),
@@ -245,34 +336,59 @@ def pool_signature() -> inspect.Signature:
         "provider",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         default=None,
-        annotation=Provider | None,
+        annotation="Provider | Spec | None",
     )
-    return keyword_signature(PoolOptions, PoolSpec, before=[provider])
+    # More sky.Spec to fall back to (pool/fallback.py).
+    specs = inspect.Parameter("specs", inspect.Parameter.VAR_POSITIONAL, annotation="Spec")
+    return keyword_signature(PoolOptions, PoolSpec, before=[provider, specs])
 
 
 def apply_transforms(image: Image, spec: PoolSpec) -> Image:
-    """Run every plugin's ``transform`` in list order; wrap foreign failures in PluginError."""
+    """Run every plugin's ``transform`` in list order, each followed by its ``bootstrap``
+    steps (added to the image's ``setup``); wrap foreign failures in PluginError."""
     for plugin in spec.plugins:
-        if plugin.transform is None:
-            continue
-        try:
-            result = plugin.transform(image, spec)
-        except PluginError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"plugin {plugin.name!r}: transform failed: {exc}") from exc
-        if not isinstance(result, Image):
-            raise PluginError(
-                f"plugin {plugin.name!r}: transform must return an Image, "
-                f"not {type(result).__name__}"
-            )
-        image = result
+        if plugin.transform is not None:
+            try:
+                result = plugin.transform(image, spec)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(f"plugin {plugin.name!r}: transform failed: {exc}") from exc
+            if not isinstance(result, Image):
+                raise PluginError(
+                    f"plugin {plugin.name!r}: transform must return an Image, "
+                    f"not {type(result).__name__}"
+                )
+            image = result
+        image = _add_bootstrap(image, plugin, spec)
     return image
+
+
+def _add_bootstrap(image: Image, plugin: Plugin, spec: PoolSpec) -> Image:
+    try:
+        steps = plugin.bootstrap_steps(spec)
+    except PluginError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"plugin {plugin.name!r}: bootstrap failed: {exc}") from exc
+    if not steps:
+        return image
+    if spec.provider_kind == "local":
+        # Its nodes are processes on this machine, run by the client's own interpreter:
+        # running a plugin's shell steps here would change the user's machine.
+        raise PluginError(
+            f"plugin {plugin.name!r} adds bootstrap steps, which prepare a remote node before "
+            f"its worker starts; the local pool's nodes are this machine, which Skyward does "
+            f"not change. Run them here yourself ({'; '.join(steps)}) and leave the plugin "
+            f"out of local pools, or use a remote provider (sky.SSH, a cloud)"
+        )
+    return image.model_copy(update={"setup": (*image.setup, *steps)})
 
 
 def pickle_plugins(plugins: tuple[Plugin, ...]) -> proto.Parts:
     """The plugins as the workers receive them; ``PluginError`` names one that cannot go."""
-    for plugin in plugins:
+    workers = [plugin.for_workers() for plugin in plugins]  # the client's hooks stay here
+    for plugin in workers:
         try:
             proto.dumps(plugin)
         except Exception as exc:
@@ -280,4 +396,4 @@ def pickle_plugins(plugins: tuple[Plugin, ...]) -> proto.Parts:
                 f"plugin {plugin.name!r} cannot be pickled, so it cannot reach the workers: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-    return proto.dumps(list(plugins))
+    return proto.dumps(workers)

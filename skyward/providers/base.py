@@ -44,6 +44,7 @@ from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._image import Image
 from skyward._phases import Reporter
+from skyward._volume import Volume
 
 if TYPE_CHECKING:
     from skyward.link.channel import Transport
@@ -93,6 +94,10 @@ class ProvisionRequest:
     # USD per hour for the whole pool; a provider that knows prices refuses to create a
     # pool it estimates above it (before creating anything). None: no limit.
     max_hourly_cost: float | None = None
+    # Object storage to mount on every node before its workers start, and to unmount when
+    # the node is closed (``providers/volumes.py``). A provider that cannot refuses them in
+    # check().
+    volumes: tuple[Volume, ...] = ()
 
 
 def refuse_spot(request: ProvisionRequest, why: str) -> None:

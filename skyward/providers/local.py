@@ -4,6 +4,11 @@ It is the default provider and the cheapest real double of the remote ones: the 
 the same protocol over subprocess pipes that remote workers speak over SSH. It installs
 nothing: the image's requirements are checked against the interpreter, and a missing package
 is a ``BootstrapError`` that says how to install it.
+
+Volumes are mounted on this machine, as on a remote node (the same script,
+``providers/volumes.py``), so code that reads ``/data`` runs here unchanged; this machine must
+have s3fs already (the pool is refused when it is built otherwise: the local provider never
+installs anything), and the mount point must be one the user may make and mount on.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,6 +34,7 @@ from skyward._errors import BootstrapError, ProvisionError
 from skyward.link import protocol as proto
 from skyward.link.turns import PipeReader
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
+from skyward.providers.volumes import Mounts, mount_failed, mount_script, unmount_script
 
 if TYPE_CHECKING:
     from skyward._phases import Reporter
@@ -66,7 +74,8 @@ class Local(BaseModel):
                 f"the local pool has no {request.accelerator}: its nodes are processes on "
                 f"this machine's CPUs. Leave accelerator=None to try the code here (the jax "
                 f"plugin then uses CPU jax; cpu_devices= gives each node several devices), "
-                f"and give the accelerator to a provider that has it, such as sky.AWS()."
+                f"and give the accelerator to a provider that has it. "
+                f"{_who_offers(request.accelerator)}"
             )
         refuse_spot(request, "the local provider runs on this machine")
         cores = os.cpu_count() or 1
@@ -74,6 +83,12 @@ class Local(BaseModel):
             raise ValueError(
                 f"vcpus={request.vcpus:g} per node, but this machine has {cores} CPU(s), "
                 f"which the local pool's nodes share"
+            )
+        if request.volumes and shutil.which("s3fs") is None:
+            raise ValueError(
+                "the local pool mounts its volumes on this machine with s3fs, and this machine "
+                "has none: install it (Debian and Ubuntu: apt-get install s3fs; macOS: brew "
+                "install gromgit/fuse/s3fs-mac, with macFUSE), or leave volumes= out"
             )
         memory = _memory_gb()
         if request.memory_gb is not None and memory and request.memory_gb > memory:
@@ -99,7 +114,49 @@ class Local(BaseModel):
             )
         if not Path(self.interpreter).exists():
             raise ProvisionError(f"Local(python={self.interpreter!r}): no such interpreter")
-        return Allocation([LocalNode(self.interpreter) for _ in range(request.nodes)])
+        nodes = [LocalNode(self.interpreter) for _ in range(request.nodes)]
+        if not request.volumes:
+            return Allocation(nodes)
+        # One mount for every node: they are processes on this one machine.
+        directory = tempfile.mkdtemp(prefix=f"skyward-volumes-{request.pool}-")
+        mounts = Mounts(request.volumes, shlex.quote(directory))
+        script = mount_script(mounts.volumes, mounts.directory, instance_profile=False)
+        for rank in range(request.nodes):
+            reporter.phase(rank, "bootstrapping", "mounting the pool's volumes")
+        status, output = _sh(script)
+        for line in output.splitlines():
+            reporter.log(0, line)
+        if status != 0:
+            _sh(unmount_script(mounts.volumes, mounts.directory))
+            raise mount_failed("this machine", status, output)
+        return LocalAllocation(nodes, mounts)
+
+
+class LocalAllocation(Allocation):
+    """A local pool with volumes: they are unmounted once its workers are gone."""
+
+    def __init__(self, nodes: Sequence[LocalNode], mounts: Mounts) -> None:
+        super().__init__(nodes)
+        self._mounts = mounts
+
+    def release(self) -> None:
+        status, output = _sh(unmount_script(self._mounts.volumes, self._mounts.directory))
+        if status != 0 or "could not unmount" in output:
+            raise ProvisionError(f"this machine: unmounting the pool's volumes: {output.strip()}")
+
+
+def _sh(script: str) -> tuple[int, str]:
+    """Run a script with ``sh``; its exit status and what it printed (stdout and stderr)."""
+    result = subprocess.run(
+        ["sh", "-s"],
+        input=script,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    return result.returncode, result.stdout
 
 
 class LocalNode:
@@ -313,3 +370,16 @@ def _unsatisfied(requirements: list[str]) -> list[str]:
         if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
             missing.append(f"{text} (installed: {version})")
     return missing
+
+
+def _who_offers(accelerator: str) -> str:
+    """Which providers have ``accelerator``, for the refusal above."""
+    from skyward.providers.cloud import catalog  # the tables load only for this message
+
+    try:
+        return catalog.who_offers(accelerator)
+    except ValueError:  # a name outside the clouds' catalog
+        return (
+            f"No cloud's catalog has {accelerator!r}; sky.SSH and sky.Slurm run on machines "
+            f"that have it, under their own name."
+        )

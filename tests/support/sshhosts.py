@@ -32,6 +32,7 @@ import ipaddress
 import itertools
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -238,6 +239,7 @@ class Hosts:
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
             "MaxSessions 100\nMaxStartups 100:30:200\nUseDNS no\nPrintMotd no\n"
             "AcceptEnv SKYWARD_*\nSubsystem sftp internal-sftp\n"
+            "PermitUserEnvironment yes\n"  # ~/.ssh/environment: see set_environment
         )
         # Its own UTS and mount namespaces: its own hostname, and its own /home/skytest, so
         # each host keeps its own Skyward cache as separate machines do.
@@ -245,6 +247,7 @@ class Hosts:
             f"hostname {name} && mount --make-rprivate / && "
             f"mount --bind {home} /home/{USER} && "
             f"mount --bind {self.root}/etc-hosts-{name} /etc/hosts || exit 1\n"
+            f"{_stock_fuse(directory)}"
             f"{image.prepare(directory / 'image')}"
             f"exec /usr/sbin/sshd -D -e -f {config}"
         )
@@ -266,6 +269,17 @@ class Hosts:
         )
         log.close()
         return host
+
+    def set_environment(self, variables: dict[str, str]) -> None:
+        """Variables every later SSH session on every host gets (the user's
+        ``~/.ssh/environment``), as a user sets up a host's own settings: a mirror for the
+        downloads a real host would make from the internet, say."""
+        for host in self.hosts:
+            ssh = host.home / ".ssh"
+            ssh.mkdir(exist_ok=True)
+            (ssh / "environment").write_text("".join(f"{k}={v}\n" for k, v in variables.items()))
+            shutil.chown(ssh, USER, USER)
+            shutil.chown(ssh / "environment", USER, USER)
 
     def forget_known_host(self, host: Host) -> None:
         lines = self.known_hosts.read_text().splitlines(keepends=True)
@@ -365,6 +379,19 @@ def _etc_hosts(kind: EtcHosts, name: str, subnet: str, count: int) -> str:
     )
 
 
+def _stock_fuse(directory: Path) -> str:
+    """Shell lines that give the host ``/dev/fuse`` as Debian and Ubuntu have it, readable and
+    writable by everyone (udev's rule), so that a user's FUSE mount (s3fs) goes through the
+    setuid ``fusermount``; this container's is root's only. A node of the host's own,
+    bind-mounted in its mount namespace: the machine's stays as it is."""
+    if not Path("/dev/fuse").exists():
+        return ""
+    node = shlex.quote(str(directory / "fuse"))
+    return (
+        f"mknod {node} c 10 229 && chmod 666 {node} && mount --bind {node} /dev/fuse || exit 1\n"
+    )
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -430,8 +457,10 @@ class PackageIndex:
                 "download",
                 "-q",
                 "--only-binary=:all:",
+                # The hosts' workers run the client's own minor version (the bootstrap
+                # matches it), so their wheels are for this interpreter, not a fixed one.
                 "--python-version",
-                "3.11",
+                f"{sys.version_info.major}.{sys.version_info.minor}",
                 "-d",
                 str(cache),
                 *requirements,

@@ -48,6 +48,7 @@ from skyward.providers.cloud.capacity import CapacityError, Offer, Refusal
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions
 from skyward.providers.ssh.connection import PoolKey
+from skyward.providers.volumes import refuse_keyless
 
 # Microsoft's Ubuntu HPC image (NVIDIA driver, CUDA, NCCL, InfiniBand) for GPU sizes;
 # Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init at boot.
@@ -189,6 +190,7 @@ class Azure(CloudOptions):
             check(module, feature="sky.Azure")
         check("azure.mgmt.resource", feature="sky.Azure")
         check("paramiko", feature="sky.Azure")
+        refuse_keyless(request.volumes, "Azure")
         _ = self.subscription
         machines = self.machines_for(request)
         if self.max_price is not None and self.strategy(request) in ("on-demand", "cheapest"):

@@ -33,16 +33,48 @@ Cloud = Literal["aws", "gcp", "azure"]
 REFERENCE_REGION: dict[str, str] = {"aws": "us-east-1", "gcp": "us-central1", "azure": "eastus"}
 
 _NAME = re.compile(r"^(?P<name>[A-Za-z0-9]+?)(?:-(?P<memory>\d+)GB)?(?::(?P<count>\d+))?$", re.I)
+# Names outside the catalog (sky.accelerators.Custom): what a Slurm gres or an SSH host's
+# label can be.
+_FREE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+# How the clouds are spelled to users.
+PROVIDERS: dict[str, str] = {"aws": "sky.AWS", "gcp": "sky.GCP", "azure": "sky.Azure"}
 
 
 @dataclass(frozen=True)
 class Accelerator:
-    """A parsed accelerator request: ``name`` canonical (``"A100"``), ``count`` and
-    ``memory_gb`` when the request pins them."""
+    """An accelerator request as a value: ``name`` (``"A100"``), and ``count`` (per node)
+    and ``memory_gb`` (per device) when the request pins them; ``None`` leaves them to the
+    provider, exactly as the string form does.
+
+    ``sky.accelerators.A100(count=8)`` makes one, and so does ``parse("A100:8")``; the two
+    are the same request, and ``str()`` gives the string form back (``"A100-80GB:8"``),
+    which is what the pool hands providers, plugins and ``InstanceInfo``.
+    """
 
     name: str
     count: int | None = None
     memory_gb: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _FREE_NAME.match(self.name):
+            raise ValueError(
+                f"an accelerator's name is letters, digits, '_', '.' or '-', starting with a "
+                f"letter (such as 'A100'), not {self.name!r}"
+            )
+        for field, value in (("count", self.count), ("memory_gb", self.memory_gb)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ValueError(f"{self.name}: {field} must be a whole number >= 1, not {value!r}")
+
+    @property
+    def memory(self) -> str:
+        """The memory per device as skyward 0.5 wrote it (``"80GB"``); ``""`` when not pinned."""
+        return f"{self.memory_gb}GB" if self.memory_gb else ""
+
+    def with_count(self, count: int) -> Accelerator:
+        """This accelerator, ``count`` of them per node."""
+        return Accelerator(self.name, count, self.memory_gb)
 
     def __str__(self) -> str:
         memory = f"-{self.memory_gb}GB" if self.memory_gb else ""
@@ -257,8 +289,10 @@ def parse(text: str) -> Accelerator:
     canonical = {n.upper(): n for n in NAMES}
     if match is None or match["name"].upper() not in canonical:
         raise ValueError(
-            f"unknown accelerator {text!r}; known: {', '.join(NAMES)} (optionally with "
-            f"memory and count, for example 'A100-80GB:8'), or None for CPU machines"
+            f"unknown accelerator {text!r}; the clouds' catalog knows {', '.join(NAMES)} "
+            f"(optionally with memory and count, for example 'A100-80GB:8'), or None for CPU "
+            f"machines. A name outside it (sky.accelerators.Custom) suits sky.SSH and "
+            f"sky.Slurm, which take the machines' own names"
         )
     count = int(match["count"]) if match["count"] else None
     if count == 0:
@@ -298,21 +332,56 @@ def _named(cloud: Cloud, accelerator: str | None) -> tuple[Accelerator | None, l
         have = sorted({m.accelerator for m in machines(cloud) if m.accelerator})
         raise ValueError(
             f"{cloud} has no {wanted.name} machines; it has {', '.join(have)} "
-            f"(or pass the instance type yourself)"
+            f"(or pass the instance type yourself). {who_offers(wanted, besides=cloud)}"
         )
-    pinned = [
-        m
-        for m in offered
-        if (wanted.count is None or m.count == wanted.count)
-        and (wanted.memory_gb is None or m.memory_gb == wanted.memory_gb)
-    ]
+    pinned = [m for m in offered if fits(m, wanted)]
     if not pinned:
         options = ", ".join(
             f"'{m.accelerator}-{m.memory_gb}GB:{m.count}' ({m.type})"
             for m in dict((m.type, m) for m in offered).values()
         )
-        raise ValueError(f"{cloud} has no machine with {wanted}; it has {options}")
+        raise ValueError(
+            f"{cloud} has no machine with {wanted}; it has {options}. "
+            f"{who_offers(wanted, besides=cloud)}"
+        )
     return wanted, pinned
+
+
+def fits(machine: Machine, wanted: Accelerator) -> bool:
+    """Whether ``machine`` has the accelerator ``wanted`` asks for, in its count and memory
+    when they are pinned."""
+    return (
+        machine.accelerator == wanted.name
+        and (wanted.count is None or machine.count == wanted.count)
+        and (wanted.memory_gb is None or machine.memory_gb == wanted.memory_gb)
+    )
+
+
+def offered_by(wanted: Accelerator) -> dict[Cloud, list[Machine]]:
+    """Per cloud, the machines that have ``wanted`` (in its count and memory when pinned);
+    clouds with none are left out."""
+    found: dict[Cloud, list[Machine]] = {}
+    for machine in MACHINES:
+        if fits(machine, wanted):
+            found.setdefault(machine.cloud, []).append(machine)
+    return found
+
+
+def who_offers(wanted: Accelerator | str, *, besides: str | None = None) -> str:
+    """One sentence naming the providers whose catalog has ``wanted`` and a few of their
+    machine types, for errors that refuse it elsewhere (``besides``: the cloud refusing)."""
+    if isinstance(wanted, str):
+        wanted = parse(wanted)
+    offers = {c: ms for c, ms in offered_by(wanted).items() if c != besides}
+    if not offers:
+        elsewhere = " elsewhere" if besides else ""
+        return f"No provider's catalog has {wanted}{elsewhere}."
+    parts = []
+    for cloud, found in offers.items():
+        types = list(dict.fromkeys(m.type for m in found))
+        more = f" and {len(types) - 3} more" if len(types) > 3 else ""
+        parts.append(f"{PROVIDERS[cloud]} ({', '.join(types[:3])}{more})")
+    return f"{wanted} is offered by {'; '.join(parts)}."
 
 
 def machine_price(machine: Machine, region: str | None = None) -> float | None:

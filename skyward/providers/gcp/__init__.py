@@ -42,6 +42,7 @@ from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.allocation import GCPAllocation
 from skyward.providers.gcp.api import Api, credentials_and_project
 from skyward.providers.gcp.inventory import GCPInventory
+from skyward.providers.volumes import refuse_keyless
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
 # machines, Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init and the guest agent.
@@ -116,6 +117,7 @@ class GCP(CloudOptions):
         """Called when the pool is built, before anything is touched."""
         check("google.cloud.compute_v1", feature="sky.GCP")
         check("paramiko", feature="sky.GCP")
+        refuse_keyless(request.volumes, "GCP")
         self.refuse_above(request, self.machines_for(request), [self.where()[1]])
         credentials_and_project(self.project, self.credentials)
 

@@ -1,0 +1,159 @@
+"""``sky.accelerators``: accelerators as values, and what the clouds' catalog offers.
+
+::
+
+    sky.accelerators.A100()                  "A100"          the provider's default count
+    sky.accelerators.A100(count=8)           "A100:8"
+    sky.accelerators.A100(memory="80GB")     "A100-80GB"
+    sky.accelerators.Custom("MI300X", count=8)                a name outside the catalog
+    sky.accelerators.machines("H100")        every machine type with H100s, per cloud,
+                                             with its list price
+
+A value and its string are the same request: ``ComputePool(accelerator=A100(count=8))`` is
+``ComputePool(accelerator="A100:8")``, and the pool hands providers, plugins and
+``InstanceInfo`` the string. The names and their memory sizes come from the catalog
+(``skyward/providers/cloud/catalog.py``), the one table of machine types and prices every cloud
+provider reads; nothing here repeats it.
+
+skyward 0.5's ``A100()`` meant one 80 GB device; here it leaves count and memory to the
+provider, as ``"A100"`` does (on AWS the smallest A100 machine has 8). Pin them when they
+matter.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from skyward.providers.cloud import catalog
+from skyward.providers.cloud.catalog import Accelerator, Machine
+
+__all__ = [
+    "A10G",
+    "A100",
+    "H100",
+    "H200",
+    "L4",
+    "L40S",
+    "P100",
+    "T4",
+    "V100",
+    "Accelerator",
+    "Custom",
+    "Machine",
+    "machines",
+    "names",
+]
+
+_MEMORY = re.compile(r"^\s*(\d+)\s*(?:GB|G|GIB)?\s*$", re.IGNORECASE)
+
+
+class Factory(Protocol):
+    """``A100(count=..., memory=...)``: one accelerator of the catalog, as a value."""
+
+    __name__: str
+
+    def __call__(self, *, count: int | None = None, memory: str | int | None = None) -> Accelerator:
+        ...
+
+
+def _memory_gb(name: str, memory: str | int | None) -> int | None:
+    if memory is None or memory == "":
+        return None
+    if isinstance(memory, bool) or not isinstance(memory, int | str):
+        raise TypeError(f"{name}: memory is '80GB' or 80, not {type(memory).__name__}")
+    match = _MEMORY.match(str(memory))
+    if match is None:
+        raise ValueError(f"{name}: memory is written '80GB' or 80 (GB per device), not {memory!r}")
+    return int(match[1])
+
+
+def _factory(name: str) -> Factory:
+    sizes = sorted({m.memory_gb for m in catalog.MACHINES if m.accelerator == name})
+
+    def make(*, count: int | None = None, memory: str | int | None = None) -> Accelerator:
+        memory_gb = _memory_gb(name, memory)
+        if memory_gb is not None and memory_gb not in sizes:
+            raise ValueError(
+                f"{name} comes with {' or '.join(map(str, sizes))} GB per device in the "
+                f"catalog, not {memory_gb} GB; leave memory out, or use Custom({name!r}, "
+                f"memory=...) for a machine outside it (sky.SSH, sky.Slurm)"
+            )
+        return Accelerator(name, count, memory_gb)
+
+    make.__name__ = make.__qualname__ = name
+    clouds = ", ".join(
+        f"{catalog.PROVIDERS[cloud]} ({len(found)} types)"
+        for cloud, found in catalog.offered_by(Accelerator(name)).items()
+    )
+    make.__doc__ = (
+        f"NVIDIA {name} ({' or '.join(map(str, sizes))} GB per device), as a pool's "
+        f"``accelerator``. ``count``: devices per node, ``memory``: GB per device (``'80GB'`` "
+        f"or ``80``); either left out means the provider's default, as ``{name!r}`` does. "
+        f"In the catalog: {clouds}."
+    )
+    return make
+
+
+A100 = _factory("A100")
+H100 = _factory("H100")
+H200 = _factory("H200")
+L4 = _factory("L4")
+L40S = _factory("L40S")
+A10G = _factory("A10G")
+T4 = _factory("T4")
+V100 = _factory("V100")
+P100 = _factory("P100")
+
+
+def Custom(
+    name: str, *, count: int | None = None, memory: str | int | None = None
+) -> Accelerator:
+    """An accelerator outside the catalog, or one named as a machine names it: sky.SSH and
+    sky.Slurm take any name (``Custom("MI300X", count=8)`` is ``gres=gpu:mi300x:8`` on
+    Slurm); a cloud provider refuses a name its catalog lacks, when the pool is built."""
+    return Accelerator(name, count, _memory_gb(name, memory))
+
+
+def names() -> tuple[str, ...]:
+    """Every accelerator name in the clouds' catalog, as pools take it."""
+    return catalog.NAMES
+
+
+def machines(
+    accelerator: str | Accelerator | None = None, *, cloud: str | None = None
+) -> list[Machine]:
+    """Every machine type in the catalog that has accelerators, or ``accelerator`` (its
+    count and memory too, when pinned), on every cloud or on ``cloud`` (``"aws"``,
+    ``"gcp"``, ``"azure"``): by accelerator, then cloud, then count, then price.
+
+    Each row says its ``cloud``, ``type``, ``accelerator``, ``count`` (per machine),
+    ``memory_gb`` (per device), ``vcpus``, ``ram_gb`` and ``hourly`` (the on-demand list
+    price in the cloud's reference region, USD; ``None`` where not published)::
+
+        for m in sky.accelerators.machines("H100"):
+            print(m.cloud, m.type, m.count, m.hourly)
+    """
+    if cloud is not None and cloud not in catalog.PROVIDERS:
+        raise ValueError(f"cloud is one of {', '.join(catalog.PROVIDERS)}, not {cloud!r}")
+    wanted = catalog.parse(accelerator) if isinstance(accelerator, str) else accelerator
+    rows = [
+        m
+        for m in catalog.MACHINES
+        if m.accelerator is not None
+        and (cloud is None or m.cloud == cloud)
+        and (wanted is None or catalog.fits(m, wanted))
+    ]
+    order = {name: i for i, name in enumerate(catalog.NAMES)}
+    clouds = list(catalog.PROVIDERS)
+
+    def key(m: Machine) -> tuple[int, int, int, float]:
+        price = m.hourly
+        return (
+            order[str(m.accelerator)],
+            clouds.index(m.cloud),
+            m.count,
+            price if price is not None else float("inf"),
+        )
+
+    return sorted(rows, key=key)
