@@ -81,14 +81,15 @@ def validated(
     return model.model_validate({**given, **options})
 
 
-def leading(name: str, options: type, model: type[BaseModel]) -> inspect.Parameter:
+def leading(name: str, model: type[BaseModel]) -> inspect.Parameter:
     """The parameter of an option that may also be given by position (``keras("torch")``),
-    for ``keyword_signature``'s ``before``."""
+    for ``keyword_signature``'s ``before``: its type and default are ``model``'s field's."""
+    field = model.model_fields[name]
     return inspect.Parameter(
         name,
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        default=model.model_fields[name].default,
-        annotation=get_type_hints(options)[name],
+        default=field.default,
+        annotation=field.annotation,
     )
 
 
