@@ -1,5 +1,5 @@
-"""joblib's loops, and scikit-learn's n_jobs, run on the pool's workers: inside a pool with the plugin
-without a backend block, or in any block with ``sky.plugins.joblib.backend(pool)``."""
+"""joblib's loops, and scikit-learn's n_jobs, run on the pool's workers: inside a pool with
+the plugin without a backend block, or in any block with ``sky.plugins.joblib.backend(pool)``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 from sklearn.datasets import make_classification
 from sklearn.model_selection import GridSearchCV
 from sklearn.tree import DecisionTreeClassifier
-
 from support.pools import PoolFactory, pool_factory
 from support.sshhosts import PackageIndex
 

@@ -62,7 +62,8 @@ def keras(backend: Backend = "jax", **options: Unpack[KerasOptions]) -> Plugin:
             f"keras plugin: backend={backend!r} is not a Keras 3 backend; "
             f"use one of {', '.join(_BACKENDS)}"
         )
-    data_parallel = validated(_Options, options, KerasOptions, "keras", backend=backend).data_parallel
+    chosen = validated(_Options, options, KerasOptions, "keras", backend=backend)
+    data_parallel = chosen.data_parallel
 
     def transform(image: Image, spec: PoolSpec) -> Image:
         if backend == "jax":

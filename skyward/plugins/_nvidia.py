@@ -231,8 +231,9 @@ def node_daemon(
     if pinned_memory_limit is not None:
         # Per device, numbered as each process sees them: the daemon's default for the
         # node's GPUs, and this worker's own limit for its GPUs.
-        daemon_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = _per_device(pinned_memory_limit, node_count)
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = _per_device(pinned_memory_limit, count)
+        limit = pinned_memory_limit
+        daemon_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = _per_device(limit, node_count)
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = _per_device(limit, count)
     members = os.open(os.path.join(base, "members"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         _join(base, pipe, daemon_env, info, members)

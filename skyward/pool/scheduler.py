@@ -168,8 +168,10 @@ class Scheduler:
         gang: bool,
         bind_output: Callable[[int, Route | None], None],
         address: Callable[[int], str],
+        who: Callable[[int], str] = lambda rank: f"node {rank}",
     ) -> None:
         self._name = name
+        self._who = who  # how messages name a worker rank (Layout.who)
         self._concurrency = concurrency
         self._gang = gang
         self._bind_output = bind_output
@@ -347,7 +349,8 @@ class Scheduler:
                 slot.backlog = []
             for slot, task, split in held:
                 if split:
-                    self._failures.append((task.future, _split_error(slot.rank, task)))
+                    error = _split_error(slot.rank, self._who(slot.rank), task)
+                    self._failures.append((task.future, error))
                 else:
                     self._send(slot, task)
             self._pump()
@@ -512,7 +515,8 @@ class Scheduler:
         root = first.channel
         if not self._send(first, first_task) or root is None:
             for _, _, channel in receivers:  # held for a new worker: it will not relay
-                channel.send(RelayAbort(token, first.rank, f"node {first.rank}'s link broke"))
+                broke = f"{self._who(first.rank)}: its link broke"
+                channel.send(RelayAbort(token, first.rank, broke))
             return
         channels = [root] + [channel for _, _, channel in receivers]
         self._fanout.started(token, channels, first_task.call.payload, futures)
@@ -653,11 +657,11 @@ def _split(task: Task) -> bool:
     return any(f.running() or f.done() for f in task.siblings if f is not task.future)
 
 
-def _split_error(rank: int, task: Task) -> WorkerLost:
+def _split_error(rank: int, who: str, task: Task) -> WorkerLost:
     # A part started alone in a new distributed runtime would wait forever in its first
     # collective (jax's backend start is one) for peers that ran their parts in the old one.
     return WorkerLost(
-        f"node {rank}: {task.call.name} was not started on the new workers: other nodes "
+        f"{who}: {task.call.name} was not started on the new workers: other workers "
         f"had already run their part of this broadcast on the workers that were lost, and "
         f"a part alone would wait for them forever; broadcast it again",
         node=rank,

@@ -367,7 +367,11 @@ def main(argv: list[str] | None = None) -> None:
     if message.relay_key:
         info = message.info
         link.relays = Relays(
-            info.global_worker_index, message.relay_key, info.peers[info.node], link.send
+            info.global_worker_index,
+            message.relay_key,
+            info.peers[info.node],
+            link.send,
+            per_node=info.workers_per_node,
         )
     worker = _Worker(link, stdout, message.concurrency)
     if message.executor == "process":
