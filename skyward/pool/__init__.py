@@ -9,7 +9,9 @@
                start-up barrier, bounded by start_timeout (pool/startup.py) → running
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
     failures   lost workers, gang restarts, hangs (pool/recovery.py); call timeouts (the
-               scheduler)
+               scheduler; default_compute_timeout for calls without their own)
+    size       nodes=(min, max): nodes added while calls wait, idle ones let go
+               (pool/autoscale.py)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
                → bounded wait → kill → allocation.terminate(), on every path
 
@@ -30,7 +32,8 @@ The parts, made in this order, each from those above it (◄── called by, �
      ├ Scheduler   slots, queue, books, call timeouts          ◄── the pool, Recovery, HangWatch
      ├ Startup     the start-up barrier                        ──► pool._open(rank): a worker
      ├ Recovery    lost workers, replacement, gang restart     ──► Scheduler, Startup
-     └ HangWatch   collectives that never complete (gangs)     ──► Scheduler
+     ├ HangWatch   collectives that never complete (gangs)     ──► Scheduler
+     └ Autoscaler  nodes=(min, max): grow, shrink              ──► Machines, Startup, Scheduler
     each Channel   on_lost ──► Recovery    on_broken ──► pool._broken (collections, Recovery)
                    on_frame ──► pool._frame, by type: Shared ──► collections.state,
                                 Yield/Want ──► streams, RelayFailed ──► Scheduler
@@ -51,14 +54,15 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import Future
 from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 
-from skyward._compute import CallTarget, PendingCall, pending_call
+from skyward import _current
+from skyward._compute import CallGroup, CallTarget, PendingCall, pending_call
 from skyward._errors import PluginError, PoolClosed
 from skyward._futures import CallFuture, Deadline, fail, gather
 from skyward._interrupts import hold_interrupts
@@ -76,14 +80,17 @@ from skyward.collections.proxies import (
 from skyward.collections.state import SharedState
 from skyward.console import Console, ConsoleMode, handlers
 from skyward.console.logs import PoolLog, secrets_of
+from skyward.console.mapbar import map_bar
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
+from skyward.pool import mapping, named, signals
 from skyward.pool import profile as _profile
-from skyward.pool import signals
+from skyward.pool.autoscale import Autoscaler
 from skyward.pool.fallback import Attempt, Candidate, Choices, Spec, candidates
 from skyward.pool.machines import Machines
+from skyward.pool.mapping import check_chunksize
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
 from skyward.pool.spec import FROM_05, PoolOptions, pickle_plugins, pool_signature
@@ -162,11 +169,12 @@ class ComputePool(CallTarget):
         self._machines = Machines(spec.provider, pool=spec.name, reporter=out)
         self._scheduler = Scheduler(
             name=spec.name,
-            nodes=spec.nodes,
+            nodes=spec.initial_nodes,
             concurrency=spec.concurrency,
             gang=bool(spec.gang),
             bind_output=out.bind,
             address=self._machines.worker_address,
+            who=lambda rank: self._machines.layout.who(rank),
         )
         self._startup = Startup(
             spec,
@@ -186,10 +194,44 @@ class ComputePool(CallTarget):
             status=out.status,
         )
         self._hangs = (
-            HangWatch(self._scheduler, bound=spec.hang_timeout, status=out.status)
+            HangWatch(
+                self._scheduler,
+                layout=lambda: self._machines.layout,
+                bound=spec.hang_timeout,
+                status=out.status,
+            )
             if spec.gang and spec.hang_timeout is not None
             else None
         )
+        self._autoscaler = (
+            Autoscaler(
+                self._scheduler,
+                self._machines,
+                self._startup,
+                low=spec.initial_nodes,
+                high=spec.nodes,
+                concurrency=spec.concurrency,
+                cooldown=spec.autoscale_cooldown,
+                idle_timeout=spec.autoscale_idle_timeout,
+                start_timeout=spec.start_timeout,
+                shutdown_timeout=spec.shutdown_timeout,
+                status=out.status,
+            )
+            if spec.autoscaling
+            else None
+        )
+
+    @classmethod
+    def Named(cls, name: str, /, **options: Any) -> ComputePool:
+        """The pool ``[pools.<name>]`` of ``skyward.toml`` describes (this directory's, then
+        the user's configuration directory's), not started; ``options`` override its values.
+        A wrong value is a ``ValueError`` naming the file, the table and the field."""
+        known = set(cls.__signature__.parameters) - {"provider"}
+        found = named.resolve(name, options, known=known)
+        try:
+            return cls(found.provider, **found.options)
+        except (TypeError, ValueError) as exc:
+            raise named.wrong(found.where, exc) from exc
 
     @property
     def name(self) -> str:
@@ -204,10 +246,28 @@ class ComputePool(CallTarget):
         return None if log is None else log.directory
 
     def __repr__(self) -> str:
-        return (
-            f"<ComputePool {self.name!r} {self.spec.provider_kind} "
-            f"nodes={self.spec.nodes} {self._state}>"
-        )
+        spec = self.spec
+        nodes = f"{spec.nodes}"
+        if spec.autoscaling:
+            nodes = f"{self.current_nodes()} of ({spec.min_nodes}, {spec.nodes})"
+        return f"<ComputePool {self.name!r} {spec.provider_kind} nodes={nodes} {self._state}>"
+
+    def current_nodes(self) -> int:
+        """How many nodes the pool has now: ``nodes``, or for ``nodes=(min, max)`` between
+        the two as it grows and shrinks (0 before it starts and once it is closed)."""
+        if self._state not in ("running", "draining"):
+            return 0
+        return self._scheduler.pressure().nodes
+
+    @property
+    def is_active(self) -> bool:
+        """Whether the pool takes calls now (started, and not closing)."""
+        return self._state == "running"
+
+    @property
+    def concurrency(self) -> int:
+        """Calls each node runs at once."""
+        return self.spec.concurrency
 
     # ── lifecycle ────────────────────────────────────────────────────────────────────────
 
@@ -250,14 +310,12 @@ class ComputePool(CallTarget):
             meta={"provider": spec.provider_kind, "nodes": spec.nodes},
             secrets=secrets_of(self.image.env),
         )
+        initial = spec.initial_nodes
+        growing = f", growing to {spec.nodes} while calls wait" if spec.autoscaling else ""
         self._console.begin(
-            f"starting {spec.nodes} node(s) on {self._where()} (pool {self.name})", spec.nodes
+            f"starting {initial} node(s){growing} on {self._where()} (pool {self.name})",
+            initial,
         )
-        if spec.min_nodes is not None and spec.min_nodes < spec.nodes:
-            self._console.status(
-                f"nodes=({spec.min_nodes}, {spec.nodes}): pools do not autoscale; "
-                f"this one runs {spec.nodes} nodes throughout"
-            )
         try:
             self._use(self._choices.provision(self._machines, self._console))
             spec = self.spec
@@ -286,12 +344,16 @@ class ComputePool(CallTarget):
             register(self._shared.request)  # sky.dict(...) in this process means this pool's
             if self._hangs is not None:
                 self._hangs.start()
+            if self._autoscaler is not None:
+                self._autoscaler.start()
+            _current.opened(self)  # `f(x) >> sky` in this thread means this pool now
         for channel in lost:
             assert channel.lost is not None
             self._recovery.on_lost(channel, channel.lost)
+        most = f" of up to {spec.nodes}" if spec.autoscaling else ""
         per = self._machines.layout.per_node
         self._console.end(
-            f"pool {self.name} ready: {spec.nodes} node(s)"
+            f"pool {self.name} ready: {initial} node(s){most}"
             f"{f' x {per} workers' if per > 1 else ''}, "
             f"{spec.accelerator or 'no accelerator'}, in "
             f"{time.monotonic() - self._started_at:.1f} s"
@@ -427,6 +489,7 @@ class ComputePool(CallTarget):
         allocation's ``terminate`` always runs. The plugins' ``around_client`` contexts are
         exited first, while the workers still run.
         """
+        _current.closed(self)  # `>> sky` picks another pool from now on
         try:
             self._leave_client_hooks()
         finally:
@@ -469,6 +532,8 @@ class ComputePool(CallTarget):
             self._state = "closing"
             self._scheduler.stop()
         self._machines.cancel(f"pool {self.name!r} was closed")  # a replacement stops
+        if self._autoscaler is not None:
+            self._autoscaler.stop()  # an addition under way is cut short by the above
         with self._lock:
             while self._opening:  # bounded by the spawns' own connect and provision bounds
                 self._changed.wait(0.5)
@@ -491,6 +556,10 @@ class ComputePool(CallTarget):
                 channel.wait_closed(5.0)
         finally:
             try:
+                if self._autoscaler is not None:
+                    # Its last step ends the workers and machines it had made; what it is
+                    # still waiting for from a provider is terminated just below.
+                    self._autoscaler.join(self.spec.shutdown_timeout + 5.0)
                 self._machines.terminate()
             finally:
                 with self._lock:
@@ -529,6 +598,24 @@ class ComputePool(CallTarget):
         """Like ``run`` but returns a ``concurrent.futures.Future`` at once."""
         return self._submit([pending_call(fn, args, kwargs)])[0]
 
+    @overload
+    def run_async(self, call: PendingCall[R], /) -> Future[R]: ...
+    @overload
+    def run_async(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]: ...
+    def run_async(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """``submit`` under skyward 0.5's name: what ``f(x) > pool`` does."""
+        return self.submit(fn, *args, **kwargs)
+
+    def run_parallel(self, group: CallGroup, /) -> Any:
+        """``group >> pool``: the group's calls in parallel, their values as a tuple (or,
+        for ``gather(..., stream=True)``, an iterator of them as they finish)."""
+        if not isinstance(group, CallGroup):
+            raise TypeError(
+                f"run_parallel takes a group of calls, such as f(x) & g(y) or "
+                f"sky.gather(...), not {type(group).__name__}"
+            )
+        return group >> self
+
     def submit_all(self, calls: Iterable[PendingCall[Any]], /) -> list[Future[Any]]:
         """Send several pending calls, each to the least busy node; their futures, in order.
 
@@ -558,27 +645,85 @@ class ComputePool(CallTarget):
                 f"node with >>; a broadcast of a stream is not supported yet"
             )
         self._before_pickling()
-        pickled = _pickle(call)  # once, for every node
+        pickled = _pickle(call, timeout=self.spec.default_compute_timeout)  # once, for every node
         futures = self._scheduler.broadcast(pickled, self._console.route())
         if futures is None:
             raise self._refused()
         result: list[Any] = gather(futures, list).result()
         return result
 
-    def map(self, fn: Callable[..., R], iterable: Iterable[Any], /) -> list[R]:
-        """``[fn(x) for x in iterable]`` spread over the nodes; results in input order.
+    def map(
+        self,
+        fn: Callable[..., R],
+        iterable: Iterable[Any],
+        /,
+        *,
+        chunksize: int | None = None,
+        ordered: bool = True,
+        progress: bool | None = None,
+    ) -> list[R]:
+        """``[fn(x) for x in iterable]`` spread over the nodes; results in input order
+        (``ordered=False``: in the order they finish).
 
-        The first failure (in input order) is raised and calls still in the pool's queue
-        are cancelled; the few a node with short calls was handed ahead (see
-        ``prefetch_depth``) may still run, and their results are dropped.
+        ``chunksize=N`` sends N items per call (one round trip for N results); ``None``
+        measures how long an item takes and sends about 20 ms of items per call (see
+        ``skyward.pool.mapping``). A bar shows progress on a terminal or in a notebook for
+        maps that run longer than a second (``progress=False``: never; ``True``: even
+        where the console would show none). The first failure (in input order) is raised
+        and the chunks still queued are cancelled; those already on a worker finish and
+        their results are dropped.
         """
-        calls = [pending_call(fn, (item,), {}) for item in iterable]
-        futures = self._submit(calls, same_function=True, prefetch=True)
-        try:
-            return [future.result() for future in futures]
-        finally:
-            for future in futures:
-                future.cancel()
+        return list(
+            self._map(fn, iterable, chunksize=chunksize, ordered=ordered, progress=progress)
+        )
+
+    def imap(
+        self,
+        fn: Callable[..., R],
+        iterable: Iterable[Any],
+        /,
+        *,
+        chunksize: int | None = None,
+        progress: bool | None = None,
+    ) -> Iterator[R]:
+        """``map``, lazily: results in input order as they come, the iterable read only as
+        far as the chunks in flight need (an endless generator is fine). Stopping the
+        iteration cancels what is still queued."""
+        return self._map(fn, iterable, chunksize=chunksize, ordered=True, progress=progress)
+
+    def imap_unordered(
+        self,
+        fn: Callable[..., R],
+        iterable: Iterable[Any],
+        /,
+        *,
+        chunksize: int | None = None,
+        progress: bool | None = None,
+    ) -> Iterator[R]:
+        """``imap``, with each result as soon as its chunk finishes, whatever its place."""
+        return self._map(fn, iterable, chunksize=chunksize, ordered=False, progress=progress)
+
+    def _map(
+        self,
+        fn: Callable[..., R],
+        iterable: Iterable[Any],
+        *,
+        chunksize: int | None,
+        ordered: bool,
+        progress: bool | None,
+    ) -> Iterator[R]:
+        check_chunksize(chunksize)  # now, not at the first next()
+        total = len(iterable) if isinstance(iterable, Sized) else None
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        bar = map_bar(self._console.mode, total, f"map {name}", progress)
+
+        def submit(calls: list[PendingCall[Any]], function: bytes | None) -> list[Future[Any]]:
+            return self._submit(calls, same_function=True, prefetch=True, function=function)
+
+        slots = self.spec.nodes * self.spec.concurrency
+        return mapping.results(
+            submit, fn, iterable, slots=slots, chunksize=chunksize, ordered=ordered, bar=bar
+        )
 
     def _submit(
         self,
@@ -587,6 +732,7 @@ class ComputePool(CallTarget):
         same_function: bool = False,
         prefetch: bool = False,
         waited: bool = False,
+        function: bytes | None = None,
     ) -> list[Future[Any]]:
         """Queue calls for the least busy nodes, all pickled before any is queued; the
         futures their callers get.
@@ -596,18 +742,21 @@ class ComputePool(CallTarget):
         ``concurrency``, so its worker finds the next call waiting instead of idling for a
         round trip. ``waited``: the caller waits for the result at once, reading it itself.
         A generator function's caller gets a future that already holds its ``ResultStream``.
+        ``function``: the calls' function pickled already (a map's chunks).
         """
         self._before_pickling()
-        function = calls[0].serialize_function() if same_function and calls else None
+        if function is None and same_function and calls:
+            function = calls[0].serialize_function()
         route = self._console.route()
         tasks: list[Task] = []
         futures: list[Future[Any]] = []  # what the callers get
+        default = self.spec.default_compute_timeout
         for call in calls:
             future: Future[Any] = CallFuture()
             sent, state = prepare(call, future)  # a generator, or iterator arguments
             tasks.append(
                 Task(
-                    _pickle(sent, function),
+                    _pickle(sent, function, timeout=default),
                     future,
                     route=route,
                     prefetch=prefetch,
@@ -690,8 +839,12 @@ class ComputePool(CallTarget):
 Compute = ComputePool
 
 
-def _pickle(call: PendingCall[Any], function: bytes | None = None) -> Pickled:
+def _pickle(
+    call: PendingCall[Any], function: bytes | None = None, *, timeout: float | None = None
+) -> Pickled:
     """A call as the scheduler sends it: the one place calls are pickled (``_submit`` and
     ``broadcast`` come here), before the scheduler sees them. ``function``: the function's
-    pickle, made once for a map's many calls."""
-    return Pickled(call.name, call.timeout, call.serialize(function))
+    pickle, made once for a map's many calls. ``timeout``: the pool's
+    ``default_compute_timeout``, for a call without a timeout of its own."""
+    bound = call.timeout if call.timeout is not None else timeout
+    return Pickled(call.name, bound, call.serialize(function))

@@ -216,7 +216,7 @@ class Choices:
         if len(self.candidates) == 1:
             only = self.candidates[0]
             machines.provision(
-                only.spec.request(only.image), only.spec.nodes, only.spec.workers_per_node
+                only.spec.request(only.image), only.spec.initial_nodes, only.spec.workers_per_node
             )
             self.attempts = (Attempt(only, None),)
             return only
@@ -226,7 +226,7 @@ class Choices:
             try:
                 machines.provision(
                     candidate.spec.request(candidate.image),
-                    candidate.spec.nodes,
+                    candidate.spec.initial_nodes,
                     candidate.spec.workers_per_node,
                     provider=candidate.spec.provider,
                 )

@@ -10,7 +10,9 @@ takes its place here, and the start-up barrier and relays ask here where a node 
 knows which node each worker runs on (``Layout``): workers are what the scheduler and the
 start-up barrier deal in, numbered node-major, one per node unless ``workers_per_node``
 asks for more. When a node's machine is lost all its workers are lost; each is started again
-through ``spawn``, and the machine is replaced once, by whichever of them comes first.
+through ``spawn``, and the machine is replaced once, by whichever of them comes first. An
+autoscaling pool's new machines are added here (``grow``) and its last ones let go
+(``shrink``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,21 @@ class Layout:
         """How messages and output name a worker: ``node 2``, or ``node 2 worker 1``."""
         node = self.node_of(rank)
         return f"node {node}" if self.per_node == 1 else f"node {node} worker {self.local_of(rank)}"
+
+    def who(self, rank: int) -> str:
+        """How a message names worker ``rank``: ``node 2``, or with several workers per node
+        ``worker 5 (node 2)``, its rank over the pool first (the rank jax and torch say)."""
+        node = self.node_of(rank)
+        return f"node {node}" if self.per_node == 1 else f"worker {rank} (node {node})"
+
+    def who_all(self, ranks: Sequence[int]) -> str:
+        """Several workers, as ``who`` names one: ``node(s) 1, 2`` or ``worker(s) 1 (node
+        0), 3 (node 1)``; ``none`` for none."""
+        if not ranks:
+            return "none"
+        if self.per_node == 1:
+            return "node(s) " + ", ".join(str(rank) for rank in ranks)
+        return "worker(s) " + ", ".join(f"{rank} (node {self.node_of(rank)})" for rank in ranks)
 
     def devices(self, rank: int, gpus: int) -> tuple[int, ...]:
         """The node's GPUs (of ``gpus``) that worker ``rank`` owns: an equal block each when
@@ -113,7 +130,7 @@ class Machines:
         self._node_locks: list[threading.Lock] = []
         self._layout: Layout | None = None
         self._cancelled = False  # the pool is closing: what a provider returns is terminated
-        self._replacing: set[Deadline] = set()  # replacements under way
+        self._replacing: set[Deadline] = set()  # replacements and growths under way
         self._provisioned = threading.Event()  # provision() has returned or raised
         self._since = 0.0  # when the allocation was handed over
 
@@ -241,6 +258,59 @@ class Machines:
             self._nodes[rank] = node
             self._generations[rank] += 1
         return node
+
+    def grow(self, ranks: list[int]) -> list[Node]:
+        """New machines for nodes ``ranks``, the next ones (autoscaling), all or nothing;
+        bounded by a fresh ``provision_timeout`` and cancelled by a close."""
+        with self._lock:
+            allocation, request = self._allocation, self._request
+            cancelled = self._cancelled
+        if allocation is None or request is None or cancelled:
+            raise PoolClosed(f"pool {self._pool!r} is closing; no machines are added")
+        deadline = Deadline(request.deadline.seconds, request.deadline.what)
+        with self._lock:
+            self._replacing.add(deadline)
+        try:
+            try:
+                nodes = allocation.grow(ranks, self._reporter, deadline)
+            except BaseException:
+                for rank in reversed(ranks):  # what it made before it failed goes too
+                    allocation.shrink(rank)
+                raise
+        except SkywardError:
+            raise
+        except Exception as exc:
+            raise ProvisionError(
+                f"provider {self._provider.kind} could not add node(s) "
+                f"{', '.join(map(str, ranks))}: {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            with self._lock:
+                self._replacing.discard(deadline)
+        with self._lock:
+            self._nodes.extend(nodes)
+            self._generations += [0] * len(nodes)
+            self._node_locks += [threading.Lock() for _ in nodes]
+            self._layout = Layout(len(self._nodes))  # one worker per node (autoscaling)
+        return nodes
+
+    def shrink(self, rank: int) -> None:
+        """Let node ``rank``, the last one, go: its machine is released (autoscaling)."""
+        with self._lock:
+            allocation = self._allocation
+            if rank == len(self._nodes) - 1:
+                self._nodes.pop()
+                self._generations.pop()
+                self._node_locks.pop()
+                self._layout = Layout(len(self._nodes))
+        if allocation is not None:
+            allocation.shrink(rank)
+
+    @property
+    def count(self) -> int:
+        """How many nodes have a machine now."""
+        with self._lock:
+            return len(self._nodes)
 
     def loss_reason(self, rank: int) -> str | None:
         """Why node ``rank``'s machine is gone, if the provider can tell."""

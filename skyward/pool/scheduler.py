@@ -12,6 +12,9 @@ where that spares the client's link).
                        settles (on the thread that read the result, after the lock is let go)
     a call times out   its slot leaves rotation, the call fails with TimeoutError and its
                        worker is killed: lost, it is replaced like any other (recovery)
+    autoscaling        ``grow`` adds slots for new nodes at the end; ``retire`` takes the
+                       last slot out, in the same step as it finds it idle, so no call can
+                       be sent to a node being released (pool/autoscale.py decides when)
 
 The scheduler is the only owner of its slots, queue, backlogs, counters and call deadlines:
 the pool, recovery and the hang watch call its methods, each of which takes the scheduler's
@@ -85,6 +88,7 @@ class Task:
     relay: Relay | None = None  # its part in a relayed broadcast, for its first send
     sent_before: bool = False  # handed to a worker once already (its future is running)
     waited: bool = False  # its caller waits for it at once, reading its link (CallFuture)
+    queued_at: float = 0.0  # when it entered the queue (time.monotonic): autoscaling reads it
 
 
 @dataclass(eq=False)
@@ -99,6 +103,7 @@ class Slot:
     recent: float = float("inf")  # seconds from send to result, averaged over recent calls
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
+    idle_since: float = field(default_factory=time.monotonic)  # when it last had no call
     # sent and not finished, by id: the task, when it was sent, and to which worker
     running: dict[int, tuple[Task, float, Channel]] = field(default_factory=dict)
 
@@ -111,6 +116,15 @@ class Running:
     channel: Channel
     task: Task
     since: float  # when it was sent (time.monotonic)
+
+
+class Pressure(NamedTuple):
+    """What autoscaling reads (``Scheduler.pressure``): the nodes, the calls queued, and
+    how long the oldest of them has waited."""
+
+    nodes: int
+    queued: int
+    waited: float  # seconds the head of the queue has waited; 0 when nothing is queued
 
 
 @dataclass(frozen=True)
@@ -168,8 +182,10 @@ class Scheduler:
         gang: bool,
         bind_output: Callable[[int, Route | None], None],
         address: Callable[[int], str],
+        who: Callable[[int], str] = lambda rank: f"node {rank}",
     ) -> None:
         self._name = name
+        self._who = who  # how messages name a worker rank (Layout.who)
         self._concurrency = concurrency
         self._gang = gang
         self._bind_output = bind_output
@@ -231,6 +247,9 @@ class Scheduler:
             with self._lock:
                 if self._intake != _OPEN:
                     return False
+                now = time.monotonic()
+                for task in tasks:
+                    task.queued_at = now
                 self._submitted += len(tasks)
                 self._queue.extend(tasks)
                 self._pump()
@@ -323,6 +342,7 @@ class Scheduler:
                 slot = self._slots[channel.rank]
                 slot.channel = channel
                 slot.ready = True
+                slot.idle_since = time.monotonic()
 
     def replace(self, channels: Sequence[Channel]) -> bool:
         """New workers, ready, in place of lost ones: their slots take calls again and get
@@ -341,13 +361,15 @@ class Scheduler:
                 slot.channel = channel
                 slot.ready = True
                 slot.recent = float("inf")
+                slot.idle_since = time.monotonic()
             # Decide for every part before any is sent: a part sent here is not "already run".
             held = [(s, task, self._gang and _split(task)) for s in slots for task in s.backlog]
             for slot in slots:
                 slot.backlog = []
             for slot, task, split in held:
                 if split:
-                    self._failures.append((task.future, _split_error(slot.rank, task)))
+                    error = _split_error(slot.rank, self._who(slot.rank), task)
+                    self._failures.append((task.future, error))
                 else:
                     self._send(slot, task)
             self._pump()
@@ -355,6 +377,47 @@ class Scheduler:
         if failures:
             _fail_each(failures)
         return True
+
+    def grow(self, channels: Sequence[Channel]) -> bool:
+        """New nodes, ready, at the end (``channel.rank`` is the next rank each; one worker
+        per node, as autoscaling needs): their slots take calls at once. False (nothing
+        attached) if the pool is closing."""
+        with self._lock:
+            if self._intake not in (_OPEN, _DRAINING):
+                return False
+            for channel in channels:
+                assert channel.rank == len(self._slots), "nodes are added at the end"
+                self._starting.discard(channel)
+                self._slots.append(Slot(channel.rank, channel=channel, ready=True))
+                self._nodes += 1
+            self._pump()
+            failures = self._take_failures()
+        if failures:
+            _fail_each(failures)
+        return True
+
+    def retire(self, *, keep: int, idle_for: float) -> tuple[int, Channel | None] | None:
+        """Take the last node out of the pool if there are more than ``keep`` and it has
+        been idle (no call, no part held, nothing queued) for ``idle_for`` seconds; its rank
+        and worker, for the caller to stop. In one step under the lock: from the moment it
+        is found idle no call can be sent to it. None if it is not to go."""
+        with self._lock:
+            if len(self._slots) <= keep or self._queue or self._intake != _OPEN:
+                return None
+            slot = self._slots[-1]
+            idle = slot.ready and not slot.busy and not slot.backlog and not slot.running
+            if not idle or time.monotonic() - slot.idle_since < idle_for:
+                return None
+            self._slots.pop()
+            self._nodes -= 1
+            slot.ready = False
+            return slot.rank, slot.channel
+
+    def pressure(self) -> Pressure:
+        with self._lock:
+            self._drop_cancelled()
+            waited = time.monotonic() - self._queue[0].queued_at if self._queue else 0.0
+            return Pressure(len(self._slots), len(self._queue), waited)
 
     def broken(self, channel: Channel, *, everyone: bool) -> None:
         """``channel``'s stream ended: its node (``everyone``: every node, a gang about to
@@ -370,7 +433,8 @@ class Scheduler:
         worker any more, or if the pool does not run (starting: ``open`` reports it;
         closing: nothing is replaced)."""
         with self._lock:
-            if not self._holds(channel) or self._intake not in (_OPEN, _DRAINING):
+            slot = self._slot_of(channel)
+            if slot is None or self._intake not in (_OPEN, _DRAINING):
                 return False
             slot = self._slots[channel.rank]
             slot.channel = None
@@ -422,6 +486,7 @@ class Scheduler:
 
     def statistics(self, state: str, uptime: float) -> PoolStatistics:
         with self._lock:
+            self._drop_cancelled()
             per = max(1, len(self._slots) // self._nodes)
             nodes = [self._slots[n * per : (n + 1) * per] for n in range(len(self._slots) // per)]
             return PoolStatistics(
@@ -462,6 +527,19 @@ class Scheduler:
             return len(self._slots)
 
     # ── inside: lock held ───────────────────────────────────────────────────────────────
+
+    def _drop_cancelled(self) -> None:
+        """Calls cancelled while queued (a group past its timeout, a map that failed) are
+        no demand: out of the queue now rather than when a node would have taken them."""
+        if any(task.future.done() for task in self._queue):
+            self._queue = deque(task for task in self._queue if not task.future.done())
+
+    def _slot_of(self, channel: Channel) -> Slot | None:
+        """``channel``'s slot, if it is still that slot's worker (a retired node has none)."""
+        rank = channel.rank
+        if rank < len(self._slots) and self._slots[rank].channel is channel:
+            return self._slots[rank]
+        return None
 
     def _holds(self, channel: Channel) -> bool:
         """Whether ``channel`` is its rank's worker now (never before ``attach``)."""
@@ -512,7 +590,8 @@ class Scheduler:
         root = first.channel
         if not self._send(first, first_task) or root is None:
             for _, _, channel in receivers:  # held for a new worker: it will not relay
-                channel.send(RelayAbort(token, first.rank, f"node {first.rank}'s link broke"))
+                broke = f"{self._who(first.rank)}: its link broke"
+                channel.send(RelayAbort(token, first.rank, broke))
             return
         channels = [root] + [channel for _, _, channel in receivers]
         self._fanout.started(token, channels, first_task.call.payload, futures)
@@ -609,6 +688,8 @@ class Scheduler:
         # On the thread that read the result: a short hold of this lock, not the pool's.
         with self._lock:
             slot.busy -= 1
+            if not slot.busy:
+                slot.idle_since = time.monotonic()
             slot.running.pop(id(task), None)
             slot.recent = (
                 elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
@@ -628,18 +709,18 @@ class Scheduler:
     def _expired(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
         """A call outlived its timeout: fail it, and kill the worker running it (which is
         then lost and replaced)."""
-        slot = self._slots[channel.rank]
         with self._lock:
-            if slot.channel is channel:
-                slot.ready = False  # before the future fails: no new call may land here
+            found = self._slot_of(channel)
+            if found is not None:
+                found.ready = False  # before the future fails: no new call may land here
         error = TimeoutError(
             f"{name} did not finish within its timeout of {timeout:g} s on "
             f"{channel.label}; that worker is being replaced"
         )
         if not fail(future, error):  # it finished just now: the worker is healthy, keep it
             with self._lock:
-                if slot.channel is channel and not channel.broken:
-                    slot.ready = True
+                if found is not None and self._slot_of(channel) is found and not channel.broken:
+                    found.ready = True
                 self._pump()
                 failures = self._take_failures()
             if failures:
@@ -653,11 +734,11 @@ def _split(task: Task) -> bool:
     return any(f.running() or f.done() for f in task.siblings if f is not task.future)
 
 
-def _split_error(rank: int, task: Task) -> WorkerLost:
+def _split_error(rank: int, who: str, task: Task) -> WorkerLost:
     # A part started alone in a new distributed runtime would wait forever in its first
     # collective (jax's backend start is one) for peers that ran their parts in the old one.
     return WorkerLost(
-        f"node {rank}: {task.call.name} was not started on the new workers: other nodes "
+        f"{who}: {task.call.name} was not started on the new workers: other workers "
         f"had already run their part of this broadcast on the workers that were lost, and "
         f"a part alone would wait for them forever; broadcast it again",
         node=rank,

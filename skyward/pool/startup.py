@@ -15,7 +15,9 @@ Workers go by rank (one per node, or ``workers_per_node`` on each, node-major: s
 ``Layout``). Everything is bounded by one ``Deadline`` (``start_timeout``). A restart of some
 workers gives the new ones the InstanceInfo their ranks already have (with a new address, if
 their node got a new machine), so they rejoin the same pool. Startup owns those
-InstanceInfos; where each node is, and which node each rank is on, it asks ``Machines``.
+InstanceInfos; where each node is, and which node each rank is on, it asks ``Machines``. A node an
+autoscaling pool adds is told the pool as it is when it joins (the same head, every node so
+far as its peers).
 """
 
 from __future__ import annotations
@@ -104,6 +106,15 @@ class Startup:
             infos = self._new_infos(ranks, [message for _, message in hellos])
             with self._lock:
                 self._infos.update(zip(ranks, infos, strict=True))
+        else:
+            with self._lock:
+                joining = [i for i, rank in enumerate(ranks) if rank not in self._infos]
+            if joining:
+                infos = self._join_infos(
+                    [ranks[i] for i in joining], [hellos[i][1] for i in joining]
+                )
+                with self._lock:
+                    self._infos.update(zip([ranks[i] for i in joining], infos, strict=True))
         if self._hooked:
             names = ", ".join(self._hooked)
             self._reporter.status(f"entering plugins on every node: {names}")
@@ -138,7 +149,7 @@ class Startup:
             infos.append(
                 InstanceInfo(
                     node=node,
-                    total_nodes=spec.nodes,
+                    total_nodes=layout.nodes,  # an autoscaling pool's start: its min
                     head_addr=addresses[0],
                     head_port=head_port,
                     peers=addresses,
@@ -155,6 +166,40 @@ class Startup:
                 )
             )
         return infos
+
+    def _join_infos(
+        self, ranks: Sequence[int], hellos: Sequence[proto.Hello]
+    ) -> list[InstanceInfo]:
+        """InstanceInfos for nodes an autoscaling pool adds: node 0 stays the head, and the
+        pool is every node up to the last one joining."""
+        with self._lock:
+            head = self._infos[0]
+        size = max(ranks) + 1
+        machines = [self._machines.node(rank) for rank in range(size)]
+        peers = tuple(machine.address for machine in machines)
+        total_accelerators = sum(machine.accelerators for machine in machines)
+        return [
+            head.model_copy(
+                update={
+                    "node": rank,
+                    "total_nodes": size,
+                    "peers": peers,
+                    "head_addr": peers[0],
+                    "accelerators": machines[rank].accelerators,
+                    # one worker per node (autoscaling needs it): the node's every GPU
+                    "devices": tuple(range(machines[rank].accelerators)),
+                    "total_accelerators": total_accelerators,
+                    "hostname": message.hostname,
+                }
+            )
+            for rank, message in zip(ranks, hellos, strict=True)
+        ]
+
+    def forget(self, rank: int) -> None:
+        """Node ``rank`` left the pool (autoscaling): a node added later in its place is
+        told afresh."""
+        with self._lock:
+            self._infos.pop(rank, None)
 
     def _info(self, rank: int, address: str) -> InstanceInfo:
         """Worker ``rank``'s InstanceInfo; a worker whose node is on a new machine is told

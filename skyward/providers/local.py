@@ -26,17 +26,18 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from skyward._errors import BootstrapError, ProvisionError
 from skyward.link import protocol as proto
 from skyward.link.turns import PipeReader
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
+from skyward.providers.base import Allocation, Inventory, Node, ProvisionRequest, refuse_spot
 from skyward.providers.volumes import Mounts, mount_failed, mount_script, unmount_script
 
 if TYPE_CHECKING:
+    from skyward._futures import Deadline
     from skyward._phases import Reporter
 
 # The directory that holds the skyward package, so workers import this very copy even when
@@ -52,6 +53,9 @@ class Local(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Its allocations add and release nodes (processes) while the pool runs: autoscaling.
+    grows: ClassVar[bool] = True
 
     python: str | None = None
 
@@ -116,7 +120,7 @@ class Local(BaseModel):
             raise ProvisionError(f"Local(python={self.interpreter!r}): no such interpreter")
         nodes = [LocalNode(self.interpreter) for _ in range(request.nodes)]
         if not request.volumes:
-            return Allocation(nodes)
+            return LocalAllocation(nodes, self.interpreter)
         # One mount for every node: they are processes on this one machine.
         directory = tempfile.mkdtemp(prefix=f"skyward-volumes-{request.pool}-")
         mounts = Mounts(request.volumes, shlex.quote(directory))
@@ -129,17 +133,43 @@ class Local(BaseModel):
         if status != 0:
             _sh(unmount_script(mounts.volumes, mounts.directory))
             raise mount_failed("this machine", status, output)
-        return LocalAllocation(nodes, mounts)
+        return LocalAllocation(nodes, self.interpreter, mounts)
 
 
 class LocalAllocation(Allocation):
-    """A local pool with volumes: they are unmounted once its workers are gone."""
+    """Local nodes: more of them are only more processes, so the pool may grow and shrink.
+    Volumes, when the pool has any, are one mount that every node shares, unmounted once
+    its workers are gone."""
 
-    def __init__(self, nodes: Sequence[LocalNode], mounts: Mounts) -> None:
+    def __init__(
+        self, nodes: Sequence[LocalNode], python: str, mounts: Mounts | None = None
+    ) -> None:
         super().__init__(nodes)
+        self._python = python
         self._mounts = mounts
 
+    @property
+    def can_grow(self) -> bool:
+        return True
+
+    def grow(self, ranks: Sequence[int], reporter: Reporter, deadline: Deadline) -> list[Node]:
+        made: list[Node] = []
+        for rank in ranks:
+            deadline.check("adding a local node")  # cancelled: the pool is closing
+            node = LocalNode(self._python)
+            self.adopt(node)
+            reporter.phase(rank, "connecting", "a process on this machine")
+            made.append(node)
+        return made
+
+    def shrink(self, rank: int) -> None:
+        node = self.drop(rank)
+        if node is not None:
+            node.close()
+
     def release(self) -> None:
+        if self._mounts is None:
+            return
         status, output = _sh(unmount_script(self._mounts.volumes, self._mounts.directory))
         if status != 0 or "could not unmount" in output:
             raise ProvisionError(f"this machine: unmounting the pool's volumes: {output.strip()}")

@@ -39,7 +39,7 @@ from skyward._extras import check
 from skyward._phases import Reporter
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
-from skyward.providers.aws.api import Api, refusal
+from skyward.providers.aws.api import Api, check_credentials, refusal
 from skyward.providers.aws.inventory import AWSInventory
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
@@ -134,6 +134,7 @@ class AWS(CloudOptions):
         # Reads only the environment and ~/.aws: an unknown profile, no region at all, or a
         # region no partition has is said now, not after the pool has started.
         session = Api.session(region=self.region, profile=self.profile)
+        check_credentials(session, profile=self.profile)
         keyless = [v.bucket for v in request.volumes if not v.explicit_credentials]
         if keyless and self.iam_instance_profile is None:
             raise ValueError(

@@ -214,7 +214,7 @@ class Azure(CloudOptions):
         machines = self._machines(request, skus)
         offers = self._offers(request, machines, skus, reporter)
         offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
-        capacity.announce(offers, request.nodes, reporter)
+        capacity.announce(offers, request.nodes, reporter, offers[0].zone)
         allocation = AzureAllocation(api, request, **self.allocation_options)
         return open_or_destroy(allocation, lambda made: self._build(made, offers, skus, reporter))
 

@@ -30,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from skyward._errors import HostKeyError, ProvisionError
 from skyward._futures import Deadline
-from skyward._phases import Phase, Reporter
+from skyward._phases import Choice, Phase, Reporter
 from skyward._shield import finish
 from skyward.providers.base import Allocation, Node, ProvisionRequest
 from skyward.providers.ssh.connection import PoolKey, Target
@@ -149,6 +149,9 @@ class _Reached:
 
     def status(self, line: str) -> None:
         self._reporter.status(line)
+
+    def chosen(self, choice: Choice) -> None:
+        self._reporter.chosen(choice)
 
 
 class CloudAllocation(Allocation, Generic[ApiT, SpecT]):
