@@ -568,8 +568,8 @@ def catalog(
         where = region or REFERENCE_REGION[each]
         for machine in _browse(each, accelerator):
             table = ON_DEMAND.get(each, {}).get(machine.type)
-            if table is not None and where not in table:
-                continue  # not sold there, per the cloud's price list
+            if each == "aws" and table is not None and where not in table:
+                continue  # not sold there, per AWS's price list (GCP's lists fewer regions)
             entries.append(
                 CatalogEntry(
                     cloud=each,
