@@ -92,7 +92,7 @@ def test_helpers_and_nested_functions_show_their_lines(pool: sky.ComputePool) ->
 
 
 CELL = "<ipython-input-7-1f2e3d4c5b6a>"
-CELL_SOURCE = '''\
+CELL_SOURCE = """\
 import math
 
 def first_in_cell(x):
@@ -104,7 +104,7 @@ def broken_one(x):
 def second_in_cell():
     values = {"a": 1}
     return values["missing from the second"]
-'''
+"""
 
 
 @pytest.fixture
@@ -181,7 +181,8 @@ def test_lines_of_a_file_the_worker_lacks_land_at_their_line_numbers(tmp_path: P
     try:
         sources.restored(compile("pass", path, "exec"), path, 10, ("a = 1\n", "b = 2\n"))
         sources.restored(compile("pass", path, "exec"), path, 3, ("c = 3\n",))
-        assert [linecache.getline(path, n) for n in (3, 10, 11)] == ["c = 3\n", "a = 1\n", "b = 2\n"]
+        found = [linecache.getline(path, n) for n in (3, 10, 11)]
+        assert found == ["c = 3\n", "a = 1\n", "b = 2\n"]
         assert linecache.getline(path, 5).strip() == ""
         linecache.checkcache(path)  # what traceback calls: the lines stay
         assert linecache.getline(path, 10) == "a = 1\n"
