@@ -36,6 +36,7 @@ from __future__ import annotations
 import linecache
 import threading
 import types
+from dataclasses import dataclass
 
 # cloudpickle's name for the file of every code object it pickles.
 DYNAMIC = "<dynamic-code>"
@@ -44,10 +45,23 @@ DYNAMIC = "<dynamic-code>"
 BUDGET = 16 * 1024
 
 _lock = threading.Lock()  # guards: _spans, and (on a worker) linecache's entries we merge
-# A code object's first line and its lines as the client has them (None: no source), by id
-# (hashing a code object hashes its bytecode), with the code itself, which keeps its id from
-# being reused.
-_spans: dict[int, tuple[types.CodeType, int, tuple[str, ...] | None]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """One code object as the client sends it: where its lines are, and its two reductions,
+    made once (so a function pickled for every call pays a lookup, and pickles the same)."""
+
+    code: types.CodeType  # kept, so that its id (the key) is not reused
+    first: int
+    last: int
+    size: int  # characters of its lines; 0: no source here
+    carried: tuple[object, ...]  # restored(copy, file, first, lines)
+    bare: tuple[object, ...]  # restored(copy, file, first, ()): inside a stretch carried
+
+
+# By id: hashing a code object hashes its whole bytecode.
+_spans: dict[int, _Span] = {}
 
 
 class Shipment:
@@ -59,29 +73,49 @@ class Shipment:
 
     def reduce(self, code: types.CodeType) -> tuple[object, ...] | None:
         """``code``'s reduction to ``restored(...)``; None for cloudpickle's own copy."""
-        filename = code.co_filename
-        if filename == DYNAMIC:
-            return None  # the copy made below (or code that came by value itself)
-        first, lines = _span(code)
-        last = first + len(lines) - 1 if lines else first
-        stretches = self._shipped.setdefault(filename, [])
-        size = sum(map(len, lines or ()))
-        inside = any(a <= first and last <= b for a, b in stretches)
-        if lines is None or inside or size > self._left:
-            lines = ()  # no source here, inside a stretch already carried, or past the budget
-        else:
-            stretches.append((first, last))
-            self._left -= size
-        return restored, (code.replace(co_filename=DYNAMIC), filename, first, lines)
+        if code.co_filename == DYNAMIC:
+            return None  # the copy made in _span (or code that came by value itself)
+        span = _spans.get(id(code))
+        if span is None or span.code is not code:
+            span = _span(code)
+        if not span.size or span.size > self._left:
+            return span.bare  # no source here, or past the budget
+        stretches = self._shipped.setdefault(code.co_filename, [])
+        if any(a <= span.first and span.last <= b for a, b in stretches):
+            return span.bare  # nested in a function whose lines this pickle carries
+        stretches.append((span.first, span.last))
+        self._left -= span.size
+        return span.carried
 
 
-def _span(code: types.CodeType) -> tuple[int, tuple[str, ...] | None]:
-    """``code``'s first line and the lines from there to the last one it (or code nested in
-    it) points at, as linecache has them here."""
-    entry = _spans.get(id(code))
-    if entry is not None and entry[0] is code:
-        return entry[1], entry[2]
+def _span(code: types.CodeType) -> _Span:
     first = last = code.co_firstlineno
+    try:
+        last, lines = _lines(code)
+    except Exception:  # a nicety for tracebacks never stops a function from being sent
+        lines = ()
+    copy = code.replace(co_filename=DYNAMIC)
+    span = _Span(
+        code,
+        first,
+        last,
+        sum(map(len, lines)),
+        (restored, (copy, code.co_filename, first, lines)),
+        (restored, (copy, code.co_filename, first, ())),
+    )
+    with _lock:
+        if len(_spans) > 4096:  # code objects of functions long redefined
+            _spans.clear()
+        _spans[id(code)] = span
+    return span
+
+
+def _lines(code: types.CodeType) -> tuple[int, tuple[str, ...]]:
+    """The last line ``code`` (or code nested in it) points at, and its lines from its first
+    to there, as linecache has them here (none if they are blank or missing)."""
+    first = last = code.co_firstlineno
+    if first < 1:
+        return last, ()  # code compiled without line numbers
     stack = [code]
     while stack:
         current = stack.pop()
@@ -90,14 +124,8 @@ def _span(code: types.CodeType) -> tuple[int, tuple[str, ...] | None]:
                 last = end
         stack += [c for c in current.co_consts if isinstance(c, types.CodeType)]
     linecache.checkcache(code.co_filename)  # a file edited since it was read here
-    lines: tuple[str, ...] | None = tuple(linecache.getlines(code.co_filename)[first - 1 : last])
-    if not lines or not any(line.strip() for line in lines):
-        lines = None
-    with _lock:
-        if len(_spans) > 4096:  # code objects of functions long redefined
-            _spans.clear()
-        _spans[id(code)] = (code, first, lines)
-    return first, lines
+    lines = tuple(linecache.getlines(code.co_filename)[first - 1 : last])
+    return last, lines if any(line.strip() for line in lines) else ()
 
 
 def restored(
@@ -106,7 +134,10 @@ def restored(
     """On the worker, as the function is unpickled: ``code`` under its real file name, and
     its lines where linecache (and so traceback) finds them."""
     if lines:
-        _remember(filename, first, lines)
+        try:
+            _remember(filename, first, lines)
+        except Exception:  # never a reason for the function not to arrive
+            pass
     return code.replace(co_filename=filename)
 
 
