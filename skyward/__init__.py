@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "Local": "skyward.providers.local",
     "LogConfig": "skyward.console.handlers",
     "MissingDependency": "skyward._errors",
+    "NoSpecStarted": "skyward._errors",
     "PendingCall": "skyward._compute",
     "PendingCompute": "skyward._compute",
     "PendingComputeGroup": "skyward._compute",
@@ -60,11 +61,13 @@ _EXPORTS: dict[str, str] = {
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
+    "Spec": "skyward.pool.fallback",
     "Slurm": "skyward.providers.slurm",
     "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
     "Terminated": "skyward._errors",
     "VersionMismatch": "skyward._errors",
+    "Volume": "skyward._volume",
     "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
     "barrier": "skyward.collections.proxies",
@@ -107,6 +110,7 @@ if TYPE_CHECKING:
         CollectiveHang,
         HostKeyError,
         MissingDependency,
+        NoSpecStarted,
         PluginError,
         PoolClosed,
         ProvisionCancelled,
@@ -125,9 +129,11 @@ if TYPE_CHECKING:
     from skyward._multihost import shard
     from skyward._output import is_head, silent, stderr, stdout
     from skyward._plugin import Plugin
+    from skyward._volume import Volume
     from skyward.collections.proxies import barrier, counter, dict, lock, queue, set
     from skyward.console.handlers import LogConfig
     from skyward.pool import Compute, ComputePool
+    from skyward.pool.fallback import Spec
     from skyward.pool.scheduler import PoolStatistics
     from skyward.pool.spec import PoolSpec, Worker
     from skyward.pool.stacks import Stacks

@@ -9,11 +9,13 @@
     (f(x) & g(y)) >> pool -> (fx, gy)          several calls in parallel
     gather(*calls) >> pool -> (fx, ...)        the same, for any number of calls
     gather(*calls, stream=True) >> pool        an iterator of their values as they finish
+    f(x) >> sky          -> value              the innermost pool this thread has open
 
 The operators only hand the call to the pool's public methods: ``>>`` is ``pool.run(call)``,
 ``@`` is ``pool.broadcast(call)``, ``>`` is ``pool.submit(call)``, and a group is
-``pool.submit_all(calls)``; pickling and scheduling live there. ``f.local(x)`` runs ``f`` in
-this process, unchanged.
+``pool.submit_all(calls)``; pickling and scheduling live there. On the module itself
+(``f(x) >> sky``, skyward 0.5's spelling) they go to the innermost pool this thread has
+open (``skyward._current``). ``f.local(x)`` runs ``f`` in this process, unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from skyward._current import innermost
 from skyward._errors import SerializationError
 from skyward._futures import gather as gather_futures
 from skyward.link import protocol as proto
@@ -247,26 +250,58 @@ class CallGroup:
     calls: tuple[PendingCall[Any], ...]
     stream: bool = False
     ordered: bool = True
+    timeout: float | None = None  # with_timeout: the whole group's bound, in seconds
 
     def __and__(self, other: PendingCall[Any] | CallGroup) -> CallGroup:
         if isinstance(other, CallGroup):
-            return CallGroup(self.calls + other.calls, self.stream, self.ordered)
+            return dataclasses.replace(self, calls=self.calls + other.calls)
         if isinstance(other, PendingCall):
-            return CallGroup((*self.calls, other), self.stream, self.ordered)
+            return dataclasses.replace(self, calls=(*self.calls, other))
         return NotImplemented
 
+    def with_timeout(self, timeout: float) -> CallGroup:
+        """This group, bounded: ``group >> pool`` raises ``TimeoutError`` unless every call
+        has finished ``timeout`` seconds after the group was sent, and the calls not yet
+        started are cancelled then. Each call without a ``timeout`` of its own gets this
+        one too (counted from when it starts on a node, which then replaces its worker if it
+        runs over), so none runs on unbounded after the group gave up on it."""
+        return dataclasses.replace(self, timeout=_Options(timeout=timeout).timeout)
+
     def __rshift__(self, pool: CallTarget) -> Any:
-        futures = _target(pool, ">>").submit_all(self.calls)
+        futures = _target(pool, ">>").submit_all(self._bounded())
         if self.stream:
             # Every call is queued now; the iterator only waits for them.
             return _as_they_finish(futures, ordered=self.ordered)
-        return gather_futures(futures, tuple).result()
+        together = gather_futures(futures, tuple)
+        if self.timeout is None:
+            return together.result()
+        try:
+            return together.result(timeout=self.timeout)
+        except TimeoutError:
+            if not together.done():
+                late = [c.name for c, f in zip(self.calls, futures, strict=True) if not f.done()]
+                for future in futures:
+                    future.cancel()  # the ones still queued; running ones have their bound
+                raise TimeoutError(
+                    f"{len(late)} of the group's {len(futures)} calls did not finish within "
+                    f"the group's timeout of {self.timeout:g} s: {', '.join(late)}"
+                ) from None
+            raise  # a call's own TimeoutError
 
     def __gt__(self, pool: CallTarget) -> Future[tuple[Any, ...]]:
         target = _target(pool, ">")
         if self.stream:
             raise TypeError("gather(..., stream=True) yields values: iterate `group >> pool`")
-        return gather_futures(target.submit_all(self.calls), tuple)
+        return gather_futures(target.submit_all(self._bounded()), tuple)
+
+    def _bounded(self) -> tuple[PendingCall[Any], ...]:
+        """The calls, each with the group's timeout unless it has its own."""
+        if self.timeout is None:
+            return self.calls
+        return tuple(
+            c if c.timeout is not None else dataclasses.replace(c, timeout=self.timeout)
+            for c in self.calls
+        )
 
     def __len__(self) -> int:
         return len(self.calls)
@@ -336,23 +371,25 @@ def pending_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
 
 
 def _target(target: object, operator: str) -> CallTarget:
-    """``target`` if it is a pool; else a TypeError that says what the right side must be.
+    """``target`` if it is a pool; the innermost open pool of this thread if it is the
+    ``skyward`` module (``f(x) >> sky``); else a TypeError that says what the right side
+    must be.
 
     Without it, ``f(x) >> None`` fails with an AttributeError about ``run``.
     """
     if isinstance(target, CallTarget):
         return target
     if inspect.ismodule(target):
+        if target.__name__ == "skyward" or target.__name__.startswith("skyward."):
+            pool = innermost(operator)
+            assert isinstance(pool, CallTarget)  # only pools say they are open
+            return pool
         what = f"the module {target.__name__!r}"
     else:
         what = "None" if target is None else _a(type(target).__name__)
-    hint = ""
-    if inspect.ismodule(target) and target.__name__ == "skyward":
-        # skyward 0.5 sent `>> sky` to the pool of the enclosing `with` block.
-        hint = " (skyward 0.5's `>> sky`, 'the active pool', is spelled with the pool itself)"
     raise TypeError(
         f"the right side of `{operator}` must be a sky.ComputePool, as in "
-        f"`with sky.ComputePool() as pool: f(x) {operator} pool`; got {what}{hint}"
+        f"`with sky.ComputePool() as pool: f(x) {operator} pool`; got {what}"
     )
 
 

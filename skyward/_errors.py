@@ -5,7 +5,8 @@
     SkywardError
      ├─ ProvisionError      a provider could not create (or fully clean up) nodes
      │   ├─ HostKeyError     an SSH host's key is unknown or changed
-     │   └─ ProvisionCancelled  provisioning stopped: the pool was closed meanwhile
+     │   ├─ ProvisionCancelled  provisioning stopped: the pool was closed meanwhile
+ │   └─ NoSpecStarted    every sky.Spec of a pool failed to start (each with its reason)
      ├─ BootstrapError      a node could not be prepared (missing packages, failed image script)
      ├─ ChannelError        the link to a worker failed
      │   ├─ VersionMismatch  the worker's Python differs from the client's
@@ -30,6 +31,9 @@ is re-raised as its own type with a ``RemoteTraceback`` as ``__cause__``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class SkywardError(Exception):
     """Base class of every error Skyward raises itself."""
@@ -46,6 +50,19 @@ class HostKeyError(ProvisionError):
 class ProvisionCancelled(ProvisionError):
     """Provisioning stopped because the pool was closed meanwhile: what a provider raises
     (through ``request.deadline.check``) when its deadline is cancelled."""
+
+
+class NoSpecStarted(ProvisionError):
+    """No ``sky.Spec`` of a pool could make its machines. The message lists every spec and
+    why; ``attempts`` holds them (each with its ``spec`` and its ``error``), in the order
+    tried. What each made was destroyed before the next was tried."""
+
+    def __init__(self, message: str, *, attempts: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.attempts = list(attempts)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (NoSpecStarted, (str(self),), self.__dict__)
 
 
 class BootstrapError(SkywardError):

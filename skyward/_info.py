@@ -1,9 +1,12 @@
 """``InstanceInfo``: what a worker knows about its place in the pool.
 
-The client builds one per node after every worker has said ``Hello`` and sends it in
-``Start``; the worker keeps it for ``instance_info()``. Outside a worker (the client, or a
-function run with ``f.local()``) ``instance_info()`` describes the current process as the only
-node of a one-node pool, so code that shards by ``node``/``total_nodes`` runs unchanged.
+The client builds one per worker after every worker has said ``Hello`` and sends it in
+``Start``; the worker keeps it for ``instance_info()``. A pool runs one worker per node unless
+``workers_per_node`` asks for more; each worker then has its own rank over the pool
+(``global_worker_index``), its rank on its node (``worker``) and the GPUs it owns
+(``devices``). Outside a worker (the client, or a function run with ``f.local()``)
+``instance_info()`` describes the current process as the only worker of a one-node pool, so
+code that shards by rank runs unchanged.
 """
 
 from __future__ import annotations
@@ -158,7 +161,8 @@ def _has_interface(name: str) -> bool:
 
 
 class InstanceInfo(BaseModel):
-    """A node's identity in its pool. Frozen; identical fields on every node but ``node``.
+    """A worker's identity in its pool. Frozen; identical on every worker but ``node``,
+    ``worker``, ``devices``, ``accelerators`` and ``hostname``.
 
     - ``node``: this node's rank, ``0 .. total_nodes - 1``.
     - ``head_addr`` / ``head_port``: where node 0 can be reached by the other nodes, and a
@@ -174,9 +178,13 @@ class InstanceInfo(BaseModel):
     - ``total_accelerators``: accelerator devices on every node together.
     - ``pool``, ``provider``: the pool's name and the provider's kind (``"local"``);
       ``job_id``: this pool's run, unique (a restarted worker keeps it).
-    - ``worker`` / ``workers_per_node``: skyward 0.5's workers within a node (a node's GPU
-      split by MIG); here always ``0`` / ``1``, since each node runs one worker process
-      (``concurrency`` threads or processes inside it).
+    - ``worker`` / ``workers_per_node``: this worker's rank on its node (torch's
+      ``LOCAL_RANK``) and how many workers each node runs (``LOCAL_WORLD_SIZE``): ``0`` / ``1``
+      unless the pool has ``workers_per_node``. ``global_worker_index`` (``RANK``) and
+      ``total_workers`` (``WORLD_SIZE``) count over the pool, node-major.
+    - ``devices``: the node's GPUs this worker owns, as indices among the node's own (with
+      several workers per node each sees only these: ``CUDA_VISIBLE_DEVICES`` is set to them
+      before any plugin or call runs, so its first GPU is ``cuda:0``); empty on CPU nodes.
     """
 
     # defer_build: a worker only unpickles these and never validates one, so it need not
@@ -198,15 +206,18 @@ class InstanceInfo(BaseModel):
     hostname: str
     worker: int = Field(default=0, ge=0)
     workers_per_node: int = Field(default=1, ge=1)
+    devices: tuple[int, ...] = ()
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def is_head(self) -> bool:
-        return self.node == 0
+        """The pool's first worker (node 0's first): one of them, whatever the layout."""
+        return self.node == 0 and self.worker == 0
 
     @property
     def global_worker_index(self) -> int:
-        """This worker's index over the whole pool (skyward 0.5); here equal to ``node``."""
+        """This worker's rank over the whole pool, node-major: ``node * workers_per_node +
+        worker`` (equal to ``node`` with one worker per node)."""
         return self.node * self.workers_per_node + self.worker
 
     @property
@@ -217,6 +228,10 @@ class InstanceInfo(BaseModel):
     def _consistent(self) -> InstanceInfo:
         if self.total_accelerators == -1:  # not given: every node like this one
             object.__setattr__(self, "total_accelerators", self.accelerators * self.total_nodes)
+        if self.worker >= self.workers_per_node:
+            raise ValueError(
+                f"worker {self.worker} is out of range for {self.workers_per_node} per node"
+            )
         if self.node >= self.total_nodes:
             raise ValueError(f"node {self.node} is out of range for {self.total_nodes} nodes")
         if len(self.peers) != self.total_nodes:

@@ -145,12 +145,14 @@ def shard(
       it, or your code used it), else 1; every node is assumed to have as many.
     - ``node``, ``total_nodes`` (or ``info``): whose share, for use outside a worker;
       default ``instance_info()``, which outside a worker is node 0 of 1 (all the data).
+      With several workers per node (``workers_per_node``) each worker is a share: its
+      ``global_worker_index`` of ``total_workers``.
     """
     if not arrays:
         raise TypeError("shard needs at least one array or sequence")
     here = info or instance_info()
-    node = here.node if node is None else node
-    total = here.total_nodes if total_nodes is None else total_nodes
+    node = here.global_worker_index if node is None else node
+    total = here.total_workers if total_nodes is None else total_nodes
     if total < 1 or not 0 <= node < total:
         raise ValueError(f"shard: node {node} is not one of {total} node(s)")
     split = 1

@@ -39,9 +39,10 @@ _install_lock = threading.Lock()  # guards: replacing sys.stdout / sys.stderr wi
 
 
 def is_head(info: InstanceInfo | None = None) -> bool:
-    """Whether this is the pool's head node (node 0). Outside a worker: True (the client is
-    the only node of a one-node pool). skyward 0.5 spelled it ``is_head(info)``; both work."""
-    return (info or instance_info()).node == 0
+    """Whether this is the pool's head: node 0's first worker (node 0 itself, with one
+    worker per node). Outside a worker: True (the client is the only node of a one-node
+    pool). skyward 0.5 spelled it ``is_head(info)``; both work."""
+    return (info or instance_info()).is_head
 
 
 def stdout(only: Only) -> Callable[[F], F]:

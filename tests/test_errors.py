@@ -241,7 +241,7 @@ def test_a_gang_plugin_restarts_every_worker_when_one_is_lost(
         os.kill(before[1], signal.SIGKILL)
         errors = [f.exception(timeout=30) for f in futures]
         assert all(isinstance(e, sky.WorkerLost) for e in errors)
-        assert sum("ties every node into one runtime" in str(e) for e in errors) == 2
+        assert sum("ties every worker into one runtime" in str(e) for e in errors) == 2
         after = pool.broadcast(pid)
         assert not set(after) & set(before)
         assert pool.statistics().workers_replaced == 3

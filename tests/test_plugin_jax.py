@@ -342,7 +342,7 @@ def test_killing_a_rank_fails_every_call_and_restarts_the_pool_as_one(
         assert not {pid for pid, _ in after} & set(pids)
         assert pool.statistics().workers_replaced == 3
     err = capfd.readouterr().err
-    assert "node 1 was lost, and plugin jax ties every node into one runtime" in err
+    assert "node 1 was lost, and plugin jax ties every worker into one runtime" in err
 
 
 @pytest.mark.timeout(120)

@@ -69,13 +69,14 @@ def test_ssh_refuses_spot_and_leaves_sizes_to_the_hosts(ssh_hosts: Hosts) -> Non
 
 
 @pytest.mark.timeout(60)
-def test_a_node_range_runs_the_maximum_and_says_it_does_not_autoscale(
+def test_a_node_range_starts_the_minimum_and_says_it_autoscales(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with sky.ComputePool(nodes=(1, 3), console="plain") as pool:
         assert pool.spec.nodes == 3 and pool.spec.min_nodes == 1
-        assert pool.broadcast(lambda: sky.instance_info().total_nodes) == [3, 3, 3]
-    assert "do not autoscale; this one runs 3 nodes" in capsys.readouterr().err
+        assert pool.current_nodes() == 1  # tests/test_autoscale.py: how it grows
+        assert pool.broadcast(lambda: sky.instance_info().total_nodes) == [1]
+    assert "starting 1 node(s), growing to 3 while calls wait" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("nodes", [(3, 1), (0, 2), (1, 2, 3)])
@@ -143,7 +144,7 @@ def test_none_for_an_option_whose_field_takes_no_none_means_the_default(name: st
 
 def test_the_signature_shows_each_option_with_pool_spec_default() -> None:
     parameters = inspect.signature(sky.ComputePool).parameters
-    assert list(parameters) == ["provider", *_OPTIONS]
+    assert list(parameters) == ["provider", "specs", *_OPTIONS]  # specs: more sky.Spec
     for name in _OPTIONS:
         field = PoolSpec.model_fields.get(name)
         if field is not None and field.default_factory is None:

@@ -61,6 +61,9 @@ class Console:
     ) -> None:
         self.mode = mode
         self.output_mode = output
+        # Output is labelled by worker rank: ``[node 2]``, or ``[node 2 worker 1]`` once the
+        # pool knows it runs several workers per node (set before any worker starts).
+        self.workers_per_node = 1
         self.log_file = log  # every node's output and every event, whatever is shown
         self._lock = threading.Lock()  # guards: everything below, and whole-line writes
         self._partial: dict[tuple[int, str], LineBuffer] = {}
@@ -195,10 +198,11 @@ class Console:
             pass  # the client's stream is closed (interpreter exit); nothing to show it on
 
     def _label(self, node: int, target: Any) -> str:
-        label = f"[node {node}]"
+        per = self.workers_per_node
+        label = f"[node {node}]" if per == 1 else f"[node {node // per} worker {node % per}]"
         if self.mode in ("off", "plain") or not (_colour(target) or _jupyter.in_jupyter()):
             return label
-        return f"\x1b[{_COLOURS[node % len(_COLOURS)]}m{label}\x1b[0m"
+        return f"\x1b[{_COLOURS[node // per % len(_COLOURS)]}m{label}\x1b[0m"
 
 
 class LineBuffer:

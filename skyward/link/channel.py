@@ -158,6 +158,8 @@ class Channel:
         transport: Transport,
         *,
         node: int,
+        rank: int | None = None,
+        label: str | None = None,
         output: OutputSink,
         on_lost: Callable[[Channel, WorkerLost], None] | None = None,
         on_broken: Callable[[Channel], None] | None = None,
@@ -165,7 +167,11 @@ class Channel:
         on_result: Callable[[int], None] | None = None,
         diagnose: Callable[[int], str | None] | None = None,
     ) -> None:
-        self.node = node
+        self.node = node  # the node (machine) the worker runs on
+        # The worker's rank in the pool: the node's, unless nodes run several workers.
+        # Slots, output and relays go by it.
+        self.rank = node if rank is None else rank
+        self.label = label or f"node {node}"  # how messages name it
         self.pid: int | None = None
         self.relay_port: int | None = None  # where peers relay broadcasts to it (Ready)
         self._transport = transport
@@ -205,13 +211,13 @@ class Channel:
                 unblock=transport.unblock,
             )
         self._stderr_thread = threading.Thread(
-            target=self._read_stderr, name=f"skyward-stderr-{node}", daemon=True
+            target=self._read_stderr, name=f"skyward-stderr-{self.rank}", daemon=True
         )
         self._reader_thread = threading.Thread(
-            target=self._read, name=f"skyward-reader-{node}", daemon=True
+            target=self._read, name=f"skyward-reader-{self.rank}", daemon=True
         )
         self._sender_thread = threading.Thread(
-            target=self._write, name=f"skyward-sender-{node}", daemon=True
+            target=self._write, name=f"skyward-sender-{self.rank}", daemon=True
         )
         self._stderr_thread.start()
         self._reader_thread.start()
@@ -222,7 +228,7 @@ class Channel:
     def wait_hello(self, deadline: Deadline) -> proto.Hello:
         message = self._next_control(deadline, "say hello")
         if not isinstance(message, proto.Hello):
-            raise ChannelError(f"node {self.node}: expected Hello, got {message!r}")
+            raise ChannelError(f"{self.label}: expected Hello, got {message!r}")
         self.pid = message.pid
         return message
 
@@ -233,7 +239,7 @@ class Channel:
         """Wait for ``Ready``; ``StartError`` if a plugin's ``around_app`` raised."""
         message = self._next_control(deadline, "enter its plugins")
         if not isinstance(message, proto.Ready):
-            raise ChannelError(f"node {self.node}: expected Ready, got {message!r}")
+            raise ChannelError(f"{self.label}: expected Ready, got {message!r}")
         self.relay_port = message.relay_port
         self._ready = True
 
@@ -242,7 +248,7 @@ class Channel:
             message = self._control.get(timeout=deadline.remaining())
         except queue.Empty:
             raise TimeoutError(
-                f"node {self.node}: the worker did not {doing} within {deadline.what}"
+                f"{self.label}: the worker did not {doing} within {deadline.what}"
             ) from None
         if isinstance(message, BaseException):
             raise message
@@ -301,7 +307,7 @@ class Channel:
         with hold_interrupts:
             with self._lock:
                 if self.lost is not None or self.broken:
-                    error = self.lost or ChannelError(f"node {self.node}: the link is broken")
+                    error = self.lost or ChannelError(f"{self.label}: the link is broken")
                     fail(future, error)
                     return future
                 request_id = next(self._ids)
@@ -399,7 +405,7 @@ class Channel:
         except (EOFError, OSError, ValueError):
             pass
         except Exception as exc:  # a frame we cannot decode: the link is unusable
-            self._output(self.node, "stderr", f"skyward: bad frame: {exc!r}\n".encode())
+            self._output(self.rank, "stderr", f"skyward: bad frame: {exc!r}\n".encode())
             self._transport.kill()
         with self._lock:
             self.broken = True
@@ -417,7 +423,7 @@ class Channel:
         if entry is None:
             return
         if self._flush_output is not None:
-            self._flush_output(self.node)
+            self._flush_output(self.rank)
         if not message.ok:
             _settle(entry[1], proto.decode_error(parts), None)
             return
@@ -430,7 +436,7 @@ class Channel:
         _settle(entry[1], None, value)
 
     def _on_log(self, message: proto.Log, parts: proto.Parts) -> None:
-        self._output(self.node, "stdout", message.data)
+        self._output(self.rank, "stdout", message.data)
 
     def _on_pool_frame(self, message: object, parts: proto.Parts) -> None:
         self._on_frame(self, message, parts)  # Shared, Yield, Want, RelayFailed
@@ -438,7 +444,7 @@ class Channel:
     def _on_start_failed(self, message: proto.StartFailed, parts: proto.Parts) -> None:
         error = proto.decode_error(parts)
         failure = StartError(
-            f"node {self.node}: a plugin's around_app failed: {type(error).__name__}: {error}"
+            f"{self.label}: a plugin's around_app failed: {type(error).__name__}: {error}"
         )
         failure.__cause__ = error
         self._control.put(failure)
@@ -464,7 +470,7 @@ class Channel:
                 data = b""
             if not data:
                 break
-            self._output(self.node, "stderr", data)
+            self._output(self.rank, "stderr", data)
             # Only the end of a long line is kept (a progress bar without newlines, a huge
             # dump): the tail is for WorkerLost, whose message must stay readable, and its
             # last line (the fatal error) must survive whatever came before it.
@@ -494,14 +500,12 @@ class Channel:
             running = ", ".join(name for name, _ in pending) or "no calls"
             doing = f"running {running}" if self._ready else "starting (before Ready)"
             if link is not None:
-                message = (
-                    f"node {self.node}: {link}; lost the worker (pid {self.pid}) while {doing}"
-                )
+                message = f"{self.label}: {link}; lost the worker (pid {self.pid}) while {doing}"
                 if why:
                     message += f"; {why}"
             else:
                 message = (
-                    f"node {self.node}: the worker (pid {self.pid}) ended with "
+                    f"{self.label}: the worker (pid {self.pid}) ended with "
                     f"{describe_status(status)} while {doing}"
                 )
             if self._kill_reason:
@@ -511,7 +515,7 @@ class Channel:
             self.lost = WorkerLost(message, node=self.node, exit_status=status, stderr_tail=tail)
         error: BaseException = self.lost
         if closing:
-            error = PoolClosed(f"the pool was closed while {running} ran on node {self.node}")
+            error = PoolClosed(f"the pool was closed while {running} ran on {self.label}")
         for _, done in pending:
             _settle(done, error, None)
         for request in requests:

@@ -173,7 +173,7 @@ def jax(cuda: str | int | None = None, /, **options: Unpack[JaxOptions]) -> Plug
         for name, value in efa_environment().items():
             os.environ.setdefault(name, value)  # before NCCL starts; the user's own win
         with ExitStack() as stack:
-            if not verbose and info.total_nodes > 1:
+            if not verbose and info.total_workers > 1:
                 stack.enter_context(hooks.stdout_filter(GlooFilter()))
                 stack.enter_context(quiet_when_stopped(info))
             stack.enter_context(distributed(info, **timeouts))
@@ -293,12 +293,17 @@ def distributed(
     heartbeat_timeout: int,
     shutdown_timeout: int,
 ) -> Iterator[None]:
-    """``jax.distributed`` for the life of the block on a multi-node pool; nothing on one node.
+    """``jax.distributed`` for the life of the block on a pool of several workers (one
+    process each: ``global_worker_index`` of ``total_workers``); nothing on one worker.
+
+    With several workers per node each owns some of the node's GPUs (``info.devices``, and
+    only those are visible to it): ``local_device_ids`` names them, as JAX's guide does for
+    one process per GPU.
 
     Idempotent: if something already initialized the runtime in this process, it is left as
     it is, and not shut down here either.
     """
-    if info.total_nodes == 1:
+    if info.total_workers == 1:
         yield
         return
     _refuse_unreachable_head(info)
@@ -309,15 +314,19 @@ def distributed(
         return
     address = f"{_host(info.head_addr)}:{info.head_port}"
     deadline = time.monotonic() + initialization_timeout
-    if info.node == 0:
+    rank = info.global_worker_index
+    # Visible to this worker are its own GPUs only (CUDA_VISIBLE_DEVICES), numbered from 0.
+    local = list(range(len(info.devices))) if info.workers_per_node > 1 and info.devices else None
+    if rank == 0:
         _check_coordinator_port(info.head_port)
     else:
         _wait_for_coordinator(info.head_addr, info.head_port, initialization_timeout)
     try:
         jax_module.distributed.initialize(
             coordinator_address=address,
-            num_processes=info.total_nodes,
-            process_id=info.node,
+            num_processes=info.total_workers,
+            process_id=rank,
+            local_device_ids=local,
             # one budget for waiting on the coordinator and joining it, not one each
             initialization_timeout=max(1, int(deadline - time.monotonic())),
             heartbeat_timeout_seconds=heartbeat_timeout,
@@ -326,10 +335,9 @@ def distributed(
             cluster_detection_method="deactivate",
         )
     except Exception as exc:  # JaxRuntimeError: jax's own words are kept as the cause
-        role = "start the coordinator" if info.node == 0 else "join the coordinator"
-        raise PluginError(
-            f"jax plugin: node {info.node} could not {role} at {address}: {exc}"
-        ) from exc
+        role = "start the coordinator" if rank == 0 else "join the coordinator"
+        who = f"node {info.node}" if info.workers_per_node == 1 else f"rank {rank}"
+        raise PluginError(f"jax plugin: {who} could not {role} at {address}: {exc}") from exc
     try:
         _cpu_collectives_on(collectives_address(info))
         yield

@@ -79,7 +79,9 @@ def stop_log_path(info: InstanceInfo, node: int | str | None = None) -> str:
     """Where a node's JAX log goes once the pool stops it (``node``: another's)."""
     pool = re.sub(r"[^A-Za-z0-9_.-]", "_", info.pool or "pool")
     rank = info.node if node is None else node
-    return os.path.join(os.path.expanduser(LOG_DIR), f"{pool}-node{rank}.log")
+    # Several workers on a node each have their own file.
+    worker = f"-worker{info.worker}" if info.workers_per_node > 1 and node is None else ""
+    return os.path.join(os.path.expanduser(LOG_DIR), f"{pool}-node{rank}{worker}.log")
 
 
 @contextmanager
@@ -103,7 +105,7 @@ def quiet_when_stopped(info: InstanceInfo) -> Iterator[None]:
         nonlocal diverted
         if diverted:
             return
-        if running and info.node == 0:
+        if running and info.is_head:
             os.write(
                 2,
                 f"skyward: stopping JAX in the middle of a call; what JAX logs while it "

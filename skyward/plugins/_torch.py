@@ -8,16 +8,19 @@ shadows anything else the image installs.
 
 On every worker (``around_app``): the variables torchrun would set (``MASTER_ADDR`` = node 0's
 pool address, ``MASTER_PORT`` = the port node 0 found free when it said Hello, ``WORLD_SIZE``,
-``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), then ``init_process_group`` with ``nccl`` on
-GPUs and ``gloo`` otherwise, bounded by ``init_timeout``; ``destroy_process_group`` when the
-worker leaves. One process group per pool: the coordinator port is node 0's one verified
-port, which the jax plugin also takes, so the two cannot share a pool.
+``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), one rank per worker (so one per GPU with
+``workers_per_node="gpus"``, as torchrun's ``nproc_per_node``), then ``init_process_group``
+with ``nccl`` on GPUs and ``gloo`` otherwise, bounded by ``init_timeout``;
+``destroy_process_group`` when the worker leaves. One process group per pool: the coordinator
+port is node 0's one verified port, which the jax plugin also takes, so the two cannot share
+a pool.
 """
 
 from __future__ import annotations
 
 import datetime
 import fcntl
+import inspect
 import ipaddress
 import os
 import re
@@ -25,13 +28,14 @@ import socket
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
+from skyward._options import keyword_signature, refuse_unknown
 from skyward._plugin import Plugin
 
 if TYPE_CHECKING:
@@ -44,8 +48,23 @@ PACKAGES = ("torch", "torchvision", "torchaudio")
 _DAY = 24 * 3600
 
 
+class TorchOptions(TypedDict, total=False):
+    """``sky.plugins.torch()``'s keyword options as a caller gives them (``backend`` comes
+    first, and may be positional); the defaults and limits are ``_Options``'s, and
+    ``torch()``'s docstring says what each does."""
+
+    cuda: str | int | None
+    version: str | None
+    vision: bool
+    audio: bool
+    index_url: str | None
+    init_timeout: int
+
+
 class _Options(BaseModel):
-    """The plugin's options, checked when it is made."""
+    """The plugin's options, checked when it is made: a wrong type or range is a
+    ``ValidationError`` naming the option, before any pool exists. The only home of their
+    defaults."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, title="sky.plugins.torch")
 
@@ -58,16 +77,7 @@ class _Options(BaseModel):
     init_timeout: int = Field(default=60, ge=1, le=_DAY)
 
 
-def torch(
-    backend: Backend | None = None,
-    *,
-    cuda: str | int | None = None,
-    version: str | None = None,
-    vision: bool = False,
-    audio: bool = False,
-    index_url: str | None = None,
-    init_timeout: int = 60,
-) -> Plugin:
+def torch(backend: Backend | None = None, **options: Unpack[TorchOptions]) -> Plugin:
     """The PyTorch plugin.
 
     - ``backend``: ``torch.distributed`` backend; default ``nccl`` on NVIDIA pools, ``gloo``
@@ -80,16 +90,15 @@ def torch(
       added); used for torch's own packages only.
     - ``init_timeout``: seconds ``init_process_group`` may take before the start fails (a rank
       that never arrives).
+
+    One rank per worker: with ``workers_per_node`` (``"gpus"``: one per GPU, as torchrun's
+    ``nproc_per_node``) each worker is its own rank and sees only its own GPUs.
     """
-    options = _Options(
-        backend=backend,
-        cuda=cuda,
-        version=version,
-        vision=vision,
-        audio=audio,
-        index_url=index_url,
-        init_timeout=init_timeout,
-    )
+    refuse_unknown(options, TorchOptions, "torch")
+    chosen = _Options.model_validate({"backend": backend, **options})  # only what was given
+    # The hooks below travel to every worker: they close over plain values, not the model.
+    cuda, version, index_url = chosen.cuda, chosen.version, chosen.index_url
+    vision, audio, init_timeout = chosen.vision, chosen.audio, chosen.init_timeout
     build = cuda_build(cuda) if cuda is not None else DEFAULT_CUDA
 
     def transform(image: Image, spec: PoolSpec) -> Image:
@@ -101,7 +110,7 @@ def torch(
                 "[sky.plugins.jax()], not both"
             )
         gpu = spec.accelerator is not None
-        if options.backend == "nccl" and not gpu:
+        if backend == "nccl" and not gpu:
             raise PluginError(
                 "torch plugin: backend='nccl' needs NVIDIA GPUs; this pool has no accelerator "
                 "(use backend='gloo', or leave it unset)"
@@ -114,10 +123,26 @@ def torch(
 
     @contextmanager
     def around_app(info: InstanceInfo) -> Iterator[None]:
-        with process_group(info, backend=options.backend, init_timeout=options.init_timeout):
+        with process_group(info, backend=backend, init_timeout=init_timeout):
             yield
 
     return Plugin(name="torch", transform=transform, around_app=around_app, gang=True)
+
+
+# help() and notebooks show every option with _Options' default.
+torch.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+    TorchOptions,
+    _Options,
+    before=[
+        inspect.Parameter(
+            "backend",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation=Backend | None,
+        )
+    ],
+    returns=Plugin,
+)
 
 
 def cuda_build(cuda: str | int) -> str:
@@ -146,25 +171,31 @@ def _pin(version: str | None) -> str:
 def process_group(
     info: InstanceInfo, *, backend: Backend | None, init_timeout: int
 ) -> Iterator[None]:
-    """A ``torch.distributed`` process group over the pool for the life of the block.
+    """A ``torch.distributed`` process group over the pool's workers for the life of the
+    block: one rank per worker (``global_worker_index`` of ``total_workers``).
 
     Idempotent: a group something else made in this process is left as it is, and not
-    destroyed here either. On one node it is a group of one, so code that calls
-    ``all_reduce`` runs unchanged on 1 and on N nodes.
+    destroyed here either. On one worker it is a group of one, so code that calls
+    ``all_reduce`` runs unchanged on 1 and on N workers.
     """
+    rank, world = info.global_worker_index, info.total_workers
     env = {
         "MASTER_ADDR": info.head_addr,
         "MASTER_PORT": str(info.head_port),
-        "WORLD_SIZE": str(info.total_nodes),
-        "RANK": str(info.node),
-        "LOCAL_RANK": "0",
-        "LOCAL_WORLD_SIZE": "1",
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(info.worker),
+        "LOCAL_WORLD_SIZE": str(info.workers_per_node),
+        "GROUP_RANK": str(info.node),  # torchrun's name for the node's rank
     }
     os.environ.update(env)
     import torch as torch_module
     import torch.distributed as dist
 
     chosen = backend or ("nccl" if torch_module.cuda.is_available() else "gloo")
+    if chosen == "nccl" and info.devices and torch_module.cuda.is_available():
+        # Each worker sees only its own GPUs (CUDA_VISIBLE_DEVICES): its first is cuda:0.
+        torch_module.cuda.set_device(0)
     if chosen == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
         interface = interface_of(info.peers[info.node])
         if interface is not None and len(set(info.peers)) > 1:
@@ -179,14 +210,14 @@ def process_group(
         dist.init_process_group(
             backend=chosen,
             init_method=f"tcp://{host}:{info.head_port}",
-            rank=info.node,
-            world_size=info.total_nodes,
+            rank=rank,
+            world_size=world,
             timeout=datetime.timedelta(seconds=init_timeout),
         )
     except Exception as exc:
-        role = "start the process group" if info.node == 0 else "join the process group"
+        role = "start the process group" if rank == 0 else "join the process group"
         raise PluginError(
-            f"torch plugin: node {info.node} could not {role} at "
+            f"torch plugin: rank {rank} (node {info.node}) could not {role} at "
             f"{info.head_addr}:{info.head_port} within {init_timeout} s ({chosen}): {exc}"
         ) from exc
     try:

@@ -2,13 +2,16 @@
 
 ::
 
-    __init__   PoolSpec (validate) → provider.check → plugins pickled → transforms (pool/spec.py)
-    start()    provider.provision(request) → Allocation, bounded by provision_timeout
-               (pool/machines.py) → workers through the start-up barrier, bounded by
-               start_timeout (pool/startup.py) → running
+    __init__   every sky.Spec (the keyword form is one): PoolSpec (validate) → transforms →
+               provider.check (pool/fallback.py) → plugins pickled
+    start()    the first spec whose provider.provision(request) → Allocation, bounded by
+               provision_timeout (pool/fallback.py, pool/machines.py) → workers through the
+               start-up barrier, bounded by start_timeout (pool/startup.py) → running
     calls      >> / submit / map / @ / broadcast → pickled here, once → the scheduler
     failures   lost workers, gang restarts, hangs (pool/recovery.py); call timeouts (the
-               scheduler)
+               scheduler; default_compute_timeout for calls without their own)
+    size       nodes=(min, max): nodes added while calls wait, idle ones let go
+               (pool/autoscale.py)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
                → bounded wait → kill → allocation.terminate(), on every path
 
@@ -29,7 +32,8 @@ The parts, made in this order, each from those above it (◄── called by, �
      ├ Scheduler   slots, queue, books, call timeouts          ◄── the pool, Recovery, HangWatch
      ├ Startup     the start-up barrier                        ──► pool._open(rank): a worker
      ├ Recovery    lost workers, replacement, gang restart     ──► Scheduler, Startup
-     └ HangWatch   collectives that never complete (gangs)     ──► Scheduler
+     ├ HangWatch   collectives that never complete (gangs)     ──► Scheduler
+     └ Autoscaler  nodes=(min, max): grow, shrink              ──► Machines, Startup, Scheduler
     each Channel   on_lost ──► Recovery    on_broken ──► pool._broken (collections, Recovery)
                    on_frame ──► pool._frame, by type: Shared ──► collections.state,
                                 Yield/Want ──► streams, RelayFailed ──► Scheduler
@@ -57,7 +61,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 
-from skyward._compute import CallTarget, PendingCall, pending_call
+from skyward import _current
+from skyward._compute import CallGroup, CallTarget, PendingCall, pending_call
 from skyward._errors import PluginError, PoolClosed
 from skyward._futures import CallFuture, Deadline, fail, gather
 from skyward._interrupts import hold_interrupts
@@ -79,19 +84,14 @@ from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
+from skyward.pool import named, signals
 from skyward.pool import profile as _profile
-from skyward.pool import signals
+from skyward.pool.autoscale import Autoscaler
+from skyward.pool.fallback import Attempt, Candidate, Choices, Spec, candidates
 from skyward.pool.machines import Machines
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
-from skyward.pool.spec import (
-    FROM_05,
-    PoolOptions,
-    PoolSpec,
-    apply_transforms,
-    pickle_plugins,
-    pool_signature,
-)
+from skyward.pool.spec import FROM_05, PoolOptions, pickle_plugins, pool_signature
 from skyward.pool.stacks import Stacks, collect
 from skyward.pool.startup import Startup
 from skyward.pool.streams import ResultStream, Streams, is_streaming, prepare
@@ -128,19 +128,25 @@ class ComputePool(CallTarget):
     # help(), notebooks and inspect show every option with PoolSpec's default.
     __signature__: ClassVar[inspect.Signature] = pool_signature()
 
-    def __init__(self, provider: Provider | None = None, **options: Unpack[PoolOptions]) -> None:
+    def __init__(
+        self,
+        provider: Provider | Spec | None = None,
+        *specs: Spec,
+        **options: Unpack[PoolOptions],
+    ) -> None:
         from skyward.providers.local import Local
 
         refuse_unknown(options, PoolOptions, "ComputePool", FROM_05)
-        # Only what the caller gave: every default is PoolSpec's.
-        given = {"provider": Local() if provider is None else provider, **options}
-        self.spec = spec = PoolSpec.model_validate(given)
+        # Every spec (the keyword form is one) validated, transformed by the plugins and
+        # checked by its provider, before anything is touched (pool/fallback.py). Only what
+        # the caller gave: every default is PoolSpec's.
+        self._choices = Choices(candidates(provider, specs, options))
+        first = self._choices.candidates[0]
+        self.spec = spec = first.spec  # the spec the pool started with, once it has
         self._plugin_payload = pickle_plugins(spec.plugins)
-        self.image = apply_transforms(spec.image, spec)
-        # Provider-specific limits and missing SDKs, before anything is touched.
-        spec.provider.check(spec.request(self.image))
+        self.image = first.image
         # Remote workers cannot import the client's own modules; local ones can.
-        self._remote = not isinstance(spec.provider, Local)
+        self._remote = any(not isinstance(c.spec.provider, Local) for c in self._choices.candidates)
         self._before_pickling()
         mode: ConsoleMode = "off" if spec.quiet else spec.console
         # The log directory is made when the pool starts: a pool only built (to check its
@@ -161,11 +167,11 @@ class ComputePool(CallTarget):
         self._machines = Machines(spec.provider, pool=spec.name, reporter=out)
         self._scheduler = Scheduler(
             name=spec.name,
-            nodes=spec.nodes,
+            nodes=spec.initial_nodes,
             concurrency=spec.concurrency,
             gang=bool(spec.gang),
             bind_output=out.bind,
-            address=self._machines.address,
+            address=self._machines.worker_address,
         )
         self._startup = Startup(
             spec,
@@ -178,7 +184,7 @@ class ComputePool(CallTarget):
         self._recovery = Recovery(
             self._scheduler,
             self._startup,
-            nodes=spec.nodes,
+            layout=lambda: self._machines.layout,
             gang=spec.gang,
             start_timeout=spec.start_timeout,
             shutdown_timeout=spec.shutdown_timeout,
@@ -189,6 +195,35 @@ class ComputePool(CallTarget):
             if spec.gang and spec.hang_timeout is not None
             else None
         )
+        self._autoscaler = (
+            Autoscaler(
+                self._scheduler,
+                self._machines,
+                self._startup,
+                low=spec.initial_nodes,
+                high=spec.nodes,
+                concurrency=spec.concurrency,
+                cooldown=spec.autoscale_cooldown,
+                idle_timeout=spec.autoscale_idle_timeout,
+                start_timeout=spec.start_timeout,
+                shutdown_timeout=spec.shutdown_timeout,
+                status=out.status,
+            )
+            if spec.autoscaling
+            else None
+        )
+
+    @classmethod
+    def Named(cls, name: str, /, **options: Any) -> ComputePool:
+        """The pool ``[pools.<name>]`` of ``skyward.toml`` describes (this directory's, then
+        the user's configuration directory's), not started; ``options`` override its values.
+        A wrong value is a ``ValueError`` naming the file, the table and the field."""
+        known = set(cls.__signature__.parameters) - {"provider"}
+        found = named.resolve(name, options, known=known)
+        try:
+            return cls(found.provider, **found.options)
+        except (TypeError, ValueError) as exc:
+            raise named.wrong(found.where, exc) from exc
 
     @property
     def name(self) -> str:
@@ -203,10 +238,28 @@ class ComputePool(CallTarget):
         return None if log is None else log.directory
 
     def __repr__(self) -> str:
-        return (
-            f"<ComputePool {self.name!r} {self.spec.provider_kind} "
-            f"nodes={self.spec.nodes} {self._state}>"
-        )
+        spec = self.spec
+        nodes = f"{spec.nodes}"
+        if spec.autoscaling:
+            nodes = f"{self.current_nodes()} of ({spec.min_nodes}, {spec.nodes})"
+        return f"<ComputePool {self.name!r} {spec.provider_kind} nodes={nodes} {self._state}>"
+
+    def current_nodes(self) -> int:
+        """How many nodes the pool has now: ``nodes``, or for ``nodes=(min, max)`` between
+        the two as it grows and shrinks (0 before it starts and once it is closed)."""
+        if self._state not in ("running", "draining"):
+            return 0
+        return self._scheduler.pressure().nodes
+
+    @property
+    def is_active(self) -> bool:
+        """Whether the pool takes calls now (started, and not closing)."""
+        return self._state == "running"
+
+    @property
+    def concurrency(self) -> int:
+        """Calls each node runs at once."""
+        return self.spec.concurrency
 
     # ── lifecycle ────────────────────────────────────────────────────────────────────────
 
@@ -249,18 +302,19 @@ class ComputePool(CallTarget):
             meta={"provider": spec.provider_kind, "nodes": spec.nodes},
             secrets=secrets_of(self.image.env),
         )
+        initial = spec.initial_nodes
+        growing = f", growing to {spec.nodes} while calls wait" if spec.autoscaling else ""
         self._console.begin(
-            f"starting {spec.nodes} node(s) on {spec.provider_kind} (pool {self.name})", spec.nodes
+            f"starting {initial} node(s){growing} on {self._where()} (pool {self.name})",
+            initial,
         )
-        if spec.min_nodes is not None and spec.min_nodes < spec.nodes:
-            self._console.status(
-                f"nodes=({spec.min_nodes}, {spec.nodes}): pools do not autoscale; "
-                f"this one runs {spec.nodes} nodes throughout"
-            )
         try:
-            self._machines.provision(spec.request(self.image), spec.nodes)
+            self._use(self._choices.provision(self._machines, self._console))
+            spec = self.spec
+            layout = self._machines.layout
+            self._console.workers_per_node = layout.per_node
             deadline = Deadline(spec.start_timeout, f"start_timeout ({spec.start_timeout:g} s)")
-            ranks = list(range(spec.nodes))
+            ranks = list(range(layout.workers))
             self._scheduler.attach(self._startup.bring_up(ranks, deadline, whole_pool=True))
         except BaseException as exc:
             self._console.end()
@@ -282,16 +336,40 @@ class ComputePool(CallTarget):
             register(self._shared.request)  # sky.dict(...) in this process means this pool's
             if self._hangs is not None:
                 self._hangs.start()
+            if self._autoscaler is not None:
+                self._autoscaler.start()
+            _current.opened(self)  # `f(x) >> sky` in this thread means this pool now
         for channel in lost:
             assert channel.lost is not None
             self._recovery.on_lost(channel, channel.lost)
+        most = f" of up to {spec.nodes}" if spec.autoscaling else ""
+        per = self._machines.layout.per_node
         self._console.end(
-            f"pool {self.name} ready: {spec.nodes} node(s), "
+            f"pool {self.name} ready: {initial} node(s){most}"
+            f"{f' x {per} workers' if per > 1 else ''}, "
             f"{spec.accelerator or 'no accelerator'}, in "
             f"{time.monotonic() - self._started_at:.1f} s"
         )
         self._enter_client_hooks()
         return self
+
+    def _where(self) -> str:
+        kinds = [c.spec.provider_kind for c in self._choices.candidates]
+        return " or then ".join(dict.fromkeys(kinds))
+
+    def _use(self, chosen: Candidate) -> None:
+        """The pool runs on ``chosen``'s machines: its spec and image from now on."""
+        from skyward.providers.local import Local
+
+        self.spec, self.image = chosen.spec, chosen.image
+        self._remote = not isinstance(chosen.spec.provider, Local)
+        self._startup.use(chosen.spec, chosen.image)
+
+    @property
+    def attempts(self) -> tuple[Attempt, ...]:
+        """The specs tried when the pool started, in order, each with why it was given up
+        (``error``), the one used last (its ``error`` None); empty before ``start``."""
+        return self._choices.attempts
 
     def _enter_client_hooks(self) -> None:
         """The plugins' ``around_client`` contexts, first plugin outermost, once the pool
@@ -344,7 +422,7 @@ class ComputePool(CallTarget):
             stack.__exit__(exc_type, exc, tb)
 
     def _open(self, rank: int) -> Channel:
-        """Spawn a worker on node ``rank`` (a new machine in its place if the node is gone
+        """Spawn worker ``rank`` on its node (a new machine in the node's place if it is gone
         and the provider can replace it); the scheduler holds its channel from now on, so
         that a close ends it. Startup's ``open_channel``."""
         with self._lock:
@@ -356,9 +434,12 @@ class ComputePool(CallTarget):
             replace = self._state == "running"
         try:
             transport = self._machines.spawn(rank, self.image.env, replace=replace)
+            layout = self._machines.layout
             channel = Channel(
                 transport,
-                node=rank,
+                node=layout.node_of(rank),
+                rank=rank,
+                label=layout.label(rank),
                 output=self._console.output,
                 on_lost=self._recovery.on_lost,
                 on_broken=self._broken,
@@ -375,7 +456,7 @@ class ComputePool(CallTarget):
 
     def _broken(self, channel: Channel) -> None:
         # Before its calls fail: nothing a caller does next may go to the dead worker.
-        self._shared.forget(channel, f"node {channel.node}'s worker was lost")
+        self._shared.forget(channel, f"{channel.label}'s worker was lost")
         self._recovery.on_broken(channel)
 
     def _frame(self, channel: Channel, message: Any, parts: proto.Parts) -> None:
@@ -400,6 +481,7 @@ class ComputePool(CallTarget):
         allocation's ``terminate`` always runs. The plugins' ``around_client`` contexts are
         exited first, while the workers still run.
         """
+        _current.closed(self)  # `>> sky` picks another pool from now on
         try:
             self._leave_client_hooks()
         finally:
@@ -442,6 +524,8 @@ class ComputePool(CallTarget):
             self._state = "closing"
             self._scheduler.stop()
         self._machines.cancel(f"pool {self.name!r} was closed")  # a replacement stops
+        if self._autoscaler is not None:
+            self._autoscaler.stop()  # an addition under way is cut short by the above
         with self._lock:
             while self._opening:  # bounded by the spawns' own connect and provision bounds
                 self._changed.wait(0.5)
@@ -464,6 +548,10 @@ class ComputePool(CallTarget):
                 channel.wait_closed(5.0)
         finally:
             try:
+                if self._autoscaler is not None:
+                    # Its last step ends the workers and machines it had made; what it is
+                    # still waiting for from a provider is terminated just below.
+                    self._autoscaler.join(self.spec.shutdown_timeout + 5.0)
                 self._machines.terminate()
             finally:
                 with self._lock:
@@ -502,6 +590,24 @@ class ComputePool(CallTarget):
         """Like ``run`` but returns a ``concurrent.futures.Future`` at once."""
         return self._submit([pending_call(fn, args, kwargs)])[0]
 
+    @overload
+    def run_async(self, call: PendingCall[R], /) -> Future[R]: ...
+    @overload
+    def run_async(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]: ...
+    def run_async(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """``submit`` under skyward 0.5's name: what ``f(x) > pool`` does."""
+        return self.submit(fn, *args, **kwargs)
+
+    def run_parallel(self, group: CallGroup, /) -> Any:
+        """``group >> pool``: the group's calls in parallel, their values as a tuple (or,
+        for ``gather(..., stream=True)``, an iterator of them as they finish)."""
+        if not isinstance(group, CallGroup):
+            raise TypeError(
+                f"run_parallel takes a group of calls, such as f(x) & g(y) or "
+                f"sky.gather(...), not {type(group).__name__}"
+            )
+        return group >> self
+
     def submit_all(self, calls: Iterable[PendingCall[Any]], /) -> list[Future[Any]]:
         """Send several pending calls, each to the least busy node; their futures, in order.
 
@@ -521,7 +627,8 @@ class ComputePool(CallTarget):
     @overload
     def broadcast(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> list[R]: ...
     def broadcast(self, fn: Any, /, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every node; results by node rank.
+        """Run ``fn(*args, **kwargs)`` on every worker (every node, with one worker per node);
+        results by rank (node-major: node 0's workers first).
         ``pool.broadcast(f(x))`` (a pending call, alone) is ``f(x) @ pool``."""
         call = pending_call(fn, args, kwargs)
         if is_streaming(call):
@@ -530,7 +637,7 @@ class ComputePool(CallTarget):
                 f"node with >>; a broadcast of a stream is not supported yet"
             )
         self._before_pickling()
-        pickled = _pickle(call)  # once, for every node
+        pickled = _pickle(call, timeout=self.spec.default_compute_timeout)  # once, for every node
         futures = self._scheduler.broadcast(pickled, self._console.route())
         if futures is None:
             raise self._refused()
@@ -574,12 +681,13 @@ class ComputePool(CallTarget):
         route = self._console.route()
         tasks: list[Task] = []
         futures: list[Future[Any]] = []  # what the callers get
+        default = self.spec.default_compute_timeout
         for call in calls:
             future: Future[Any] = CallFuture()
             sent, state = prepare(call, future)  # a generator, or iterator arguments
             tasks.append(
                 Task(
-                    _pickle(sent, function),
+                    _pickle(sent, function, timeout=default),
                     future,
                     route=route,
                     prefetch=prefetch,
@@ -662,8 +770,12 @@ class ComputePool(CallTarget):
 Compute = ComputePool
 
 
-def _pickle(call: PendingCall[Any], function: bytes | None = None) -> Pickled:
+def _pickle(
+    call: PendingCall[Any], function: bytes | None = None, *, timeout: float | None = None
+) -> Pickled:
     """A call as the scheduler sends it: the one place calls are pickled (``_submit`` and
     ``broadcast`` come here), before the scheduler sees them. ``function``: the function's
-    pickle, made once for a map's many calls."""
-    return Pickled(call.name, call.timeout, call.serialize(function))
+    pickle, made once for a map's many calls. ``timeout``: the pool's
+    ``default_compute_timeout``, for a call without a timeout of its own."""
+    bound = call.timeout if call.timeout is not None else timeout
+    return Pickled(call.name, bound, call.serialize(function))

@@ -5,8 +5,10 @@ when a plugin ties the nodes into one runtime, and (below) the hang watch of suc
 
     stream ends      on_broken: the node takes no new calls (in a gang: no node does)
     worker lost      on_lost:   its calls already failed (WorkerLost, by the channel); start a
-                                new worker on the node, or, in a gang, stop every worker and
-                                start them all again through the start-up barrier
+                                new worker in its place, or, in a gang, stop every worker and
+                                start them all again through the start-up barrier (a node's
+                                machine lost takes all its workers: each is started again,
+                                on one new machine, see Machines.spawn)
     no new worker    every call held for that node fails; the node is out of the pool
 
 A call past its ``timeout=`` is the scheduler's (it fails the call and kills the worker,
@@ -26,6 +28,7 @@ from skyward._errors import ChannelError, CollectiveHang, WorkerLost
 from skyward._futures import Deadline, fail
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
+from skyward.pool.machines import Layout
 from skyward.pool.scheduler import Running, Scheduler
 from skyward.pool.stacks import describe, framework_wait
 from skyward.pool.startup import Startup
@@ -33,14 +36,15 @@ from skyward.pool.startup import Startup
 
 class Recovery:
     """Replaces lost workers of one pool; ``status(line)`` tells the user. A channel's
-    ``on_lost`` and ``on_broken`` are these methods (the channel's ``node`` is its rank)."""
+    ``on_lost`` and ``on_broken`` are these methods (the channel's ``rank`` is its worker's
+    rank; ``layout()`` says which node each rank is on)."""
 
     def __init__(
         self,
         scheduler: Scheduler,
         startup: Startup,
         *,
-        nodes: int,
+        layout: Callable[[], Layout],
         gang: Sequence[str],
         start_timeout: float,
         shutdown_timeout: float,
@@ -48,7 +52,7 @@ class Recovery:
     ) -> None:
         self._scheduler = scheduler
         self._startup = startup
-        self._nodes = nodes
+        self._layout = layout
         self._gang = list(gang)
         self._start_timeout = start_timeout
         self._shutdown_timeout = shutdown_timeout
@@ -73,7 +77,7 @@ class Recovery:
         cannot join a running one) the other workers are stopped too and all of them are
         started again together, through the same barrier as ``start()``.
         """
-        rank = channel.node
+        rank = channel.rank
         with self._lock:
             if not self._scheduler.detach(channel):
                 return  # replaced already, or the pool is not running
@@ -82,14 +86,14 @@ class Recovery:
             if self._gang:
                 self._restarting = True
                 victims = self._scheduler.pause_all()
-                ranks = list(range(self._nodes))
+                ranks = list(range(self._scheduler.workers_count))
             else:
                 victims = []
                 ranks = [rank]
         if victims:
             reason = (
-                f"node {rank} was lost, and plugin {', '.join(self._gang)} ties every "
-                f"node into one runtime, so all workers are restarted together"
+                f"{channel.label} was lost, and plugin {', '.join(self._gang)} ties every "
+                f"worker into one runtime, so all workers are restarted together"
             )
             self._status(reason)
             for victim in victims:
@@ -98,7 +102,7 @@ class Recovery:
                 victim.interrupt()
                 victim.kill(reason)
         else:
-            self._status(f"node {rank}: worker lost; starting a new one")
+            self._status(f"{channel.label}: worker lost; starting a new one")
         threading.Thread(
             target=self._replace,
             args=(ranks, victims),
@@ -112,7 +116,7 @@ class Recovery:
             for victim in victims:  # a new runtime must not meet the old one
                 victim.wait_closed(self._shutdown_timeout)
             deadline = Deadline(self._start_timeout, f"start_timeout ({self._start_timeout:g} s)")
-            whole = len(ranks) == self._nodes
+            whole = len(ranks) == self._scheduler.workers_count
             channels = self._startup.bring_up(ranks, deadline, whole_pool=whole, launched=launched)
         except BaseException as exc:
             self._give_up(ranks, launched, exc)
@@ -124,7 +128,7 @@ class Recovery:
             for channel in channels:
                 channel.kill("the pool is closing")
             return
-        pids = ", ".join(f"node {c.node} pid {c.pid}" for c in channels)
+        pids = ", ".join(f"{c.label} pid {c.pid}" for c in channels)
         self._status(f"new worker(s) ready: {pids}")
 
     def _give_up(self, ranks: list[int], launched: list[Channel], exc: BaseException) -> None:
@@ -133,11 +137,12 @@ class Recovery:
         self._scheduler.discard(launched)
         with self._lock:
             self._restarting = False
+        layout = self._layout()
         self._scheduler.lose(
             {
                 rank: WorkerLost(
-                    f"node {rank}: its worker died and no new one could be started: {exc}",
-                    node=rank,
+                    f"{layout.label(rank)}: its worker died and no new one could be started: {exc}",
+                    node=layout.node_of(rank),
                 )
                 for rank in ranks
             }

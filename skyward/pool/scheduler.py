@@ -1,16 +1,20 @@
-"""Where calls go: one slot per node, the pool's queue, least busy first, map prefetch, call
-timeouts, and broadcasts (relayed between nodes where that spares the client's link).
+"""Where calls go: one slot per worker (per node, unless nodes run several), the pool's
+queue, least busy first, map prefetch, call timeouts, and broadcasts (relayed between nodes
+where that spares the client's link).
 
 ::
 
     submit(tasks)      queue → pump: the least busy ready slot with room takes the head
-    broadcast(call)    one part per slot, sent at once, so every node sees broadcasts in the
+    broadcast(call)    one part per slot, sent at once, so every worker sees broadcasts in the
                        same order (SPMD programs need it); a slot whose worker is being
                        replaced holds its part in its backlog
     a call finishes    the slot's books (busy, recent time) → pump again → the future
                        settles (on the thread that read the result, after the lock is let go)
     a call times out   its slot leaves rotation, the call fails with TimeoutError and its
                        worker is killed: lost, it is replaced like any other (recovery)
+    autoscaling        ``grow`` adds slots for new nodes at the end; ``retire`` takes the
+                       last slot out, in the same step as it finds it idle, so no call can
+                       be sent to a node being released (pool/autoscale.py decides when)
 
 The scheduler is the only owner of its slots, queue, backlogs, counters and call deadlines:
 the pool, recovery and the hang watch call its methods, each of which takes the scheduler's
@@ -84,11 +88,13 @@ class Task:
     relay: Relay | None = None  # its part in a relayed broadcast, for its first send
     sent_before: bool = False  # handed to a worker once already (its future is running)
     waited: bool = False  # its caller waits for it at once, reading its link (CallFuture)
+    queued_at: float = 0.0  # when it entered the queue (time.monotonic): autoscaling reads it
 
 
 @dataclass(eq=False)
 class Slot:
-    """One node's place in the scheduler: its current worker and the books on it."""
+    """One worker's place in the scheduler (a worker rank's: a new worker after a loss
+    takes the same slot), its current worker process and the books on it."""
 
     rank: int
     channel: Channel | None = None
@@ -97,6 +103,7 @@ class Slot:
     recent: float = float("inf")  # seconds from send to result, averaged over recent calls
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
+    idle_since: float = field(default_factory=time.monotonic)  # when it last had no call
     # sent and not finished, by id: the task, when it was sent, and to which worker
     running: dict[int, tuple[Task, float, Channel]] = field(default_factory=dict)
 
@@ -111,9 +118,19 @@ class Running:
     since: float  # when it was sent (time.monotonic)
 
 
+class Pressure(NamedTuple):
+    """What autoscaling reads (``Scheduler.pressure``): the nodes, the calls queued, and
+    how long the oldest of them has waited."""
+
+    nodes: int
+    queued: int
+    waited: float  # seconds the head of the queue has waited; 0 when nothing is queued
+
+
 @dataclass(frozen=True)
 class PoolStatistics:
-    """A snapshot of a pool's work. ``in_flight`` is per node, by rank."""
+    """A snapshot of a pool's work. ``in_flight`` is per worker, by rank (per node, with one
+    worker per node); ``ready_nodes`` counts the nodes all of whose workers take calls."""
 
     name: str
     state: str
@@ -126,6 +143,8 @@ class PoolStatistics:
     failed: int
     workers_replaced: int
     uptime: float
+    workers: int = 0
+    ready_workers: int = 0
 
 
 def prefetch_depth(recent: float) -> int:
@@ -148,9 +167,10 @@ def _fail_each(failures: Failures) -> None:
 class Scheduler:
     """The slots, the queue and the books of one pool. See the module docstring.
 
-    ``bind_output(rank, route)`` is called before a call is sent (its prints go to the
-    caller's cell); ``address(rank)`` says where node ``rank`` is now (a relay names it to
-    the node before it). Thread-safe.
+    Its slots are the workers ``attach`` first gives it, by rank. ``bind_output(rank,
+    route)`` is called before a call is sent (its prints go to the caller's cell);
+    ``address(rank)`` says where worker ``rank`` is now (a relay names it to the worker
+    before it). Thread-safe.
     """
 
     def __init__(
@@ -174,7 +194,8 @@ class Scheduler:
         self._watchers = 0  # threads in wait_idle
         self._hurried = False  # wait_idle gives up (a stronger close came)
         self._intake = _STARTING
-        self._slots = [Slot(rank) for rank in range(nodes)]
+        self._nodes = nodes
+        self._slots: list[Slot] = []  # by worker rank, made by attach
         self._queue: deque[Task] = deque()
         self._starting: set[Channel] = set()  # workers spawned, not yet in their slot
         self._failures: Failures = []  # found under the lock, settled once it is let go
@@ -224,6 +245,9 @@ class Scheduler:
             with self._lock:
                 if self._intake != _OPEN:
                     return False
+                now = time.monotonic()
+                for task in tasks:
+                    task.queued_at = now
                 self._submitted += len(tasks)
                 self._queue.extend(tasks)
                 self._pump()
@@ -294,7 +318,7 @@ class Scheduler:
     # ── workers: start, loss, replacement, close ────────────────────────────────────────
 
     def starting(self, channel: Channel) -> None:
-        """A worker was spawned for node ``channel.node`` and is coming up: until it is
+        """A worker was spawned for rank ``channel.rank`` and is coming up: until it is
         attached (or discarded), ``take_all`` hands it over with the rest."""
         with self._lock:
             self._starting.add(channel)
@@ -305,15 +329,18 @@ class Scheduler:
             self._starting.difference_update(channels)
 
     def attach(self, channels: Sequence[Channel]) -> None:
-        """The pool's first workers, ready, each into its node's slot."""
+        """The pool's first workers, ready, one for each rank: the slots, each with its
+        worker."""
         with self._lock:
             if self._intake == _SHUT:
                 return  # closed while they started: take_all handed them to the close
+            self._slots = [Slot(rank) for rank in range(len(channels))]
             for channel in channels:
                 self._starting.discard(channel)
-                slot = self._slots[channel.node]
+                slot = self._slots[channel.rank]
                 slot.channel = channel
                 slot.ready = True
+                slot.idle_since = time.monotonic()
 
     def replace(self, channels: Sequence[Channel]) -> bool:
         """New workers, ready, in place of lost ones: their slots take calls again and get
@@ -325,13 +352,14 @@ class Scheduler:
         with self._lock:
             if self._intake not in (_OPEN, _DRAINING):
                 return False
-            slots = [self._slots[channel.node] for channel in channels]
+            slots = [self._slots[channel.rank] for channel in channels]
             for slot, channel in zip(slots, channels, strict=True):
                 self._starting.discard(channel)
                 self._replaced += 1
                 slot.channel = channel
                 slot.ready = True
                 slot.recent = float("inf")
+                slot.idle_since = time.monotonic()
             # Decide for every part before any is sent: a part sent here is not "already run".
             held = [(s, task, self._gang and _split(task)) for s in slots for task in s.backlog]
             for slot in slots:
@@ -347,23 +375,65 @@ class Scheduler:
             _fail_each(failures)
         return True
 
+    def grow(self, channels: Sequence[Channel]) -> bool:
+        """New nodes, ready, at the end (``channel.rank`` is the next rank each; one worker
+        per node, as autoscaling needs): their slots take calls at once. False (nothing
+        attached) if the pool is closing."""
+        with self._lock:
+            if self._intake not in (_OPEN, _DRAINING):
+                return False
+            for channel in channels:
+                assert channel.rank == len(self._slots), "nodes are added at the end"
+                self._starting.discard(channel)
+                self._slots.append(Slot(channel.rank, channel=channel, ready=True))
+                self._nodes += 1
+            self._pump()
+            failures = self._take_failures()
+        if failures:
+            _fail_each(failures)
+        return True
+
+    def retire(self, *, keep: int, idle_for: float) -> tuple[int, Channel | None] | None:
+        """Take the last node out of the pool if there are more than ``keep`` and it has
+        been idle (no call, no part held, nothing queued) for ``idle_for`` seconds; its rank
+        and worker, for the caller to stop. In one step under the lock: from the moment it
+        is found idle no call can be sent to it. None if it is not to go."""
+        with self._lock:
+            if len(self._slots) <= keep or self._queue or self._intake != _OPEN:
+                return None
+            slot = self._slots[-1]
+            idle = slot.ready and not slot.busy and not slot.backlog and not slot.running
+            if not idle or time.monotonic() - slot.idle_since < idle_for:
+                return None
+            self._slots.pop()
+            self._nodes -= 1
+            slot.ready = False
+            return slot.rank, slot.channel
+
+    def pressure(self) -> Pressure:
+        with self._lock:
+            self._drop_cancelled()
+            waited = time.monotonic() - self._queue[0].queued_at if self._queue else 0.0
+            return Pressure(len(self._slots), len(self._queue), waited)
+
     def broken(self, channel: Channel, *, everyone: bool) -> None:
         """``channel``'s stream ended: its node (``everyone``: every node, a gang about to
         restart) takes no new calls; the nodes after it in a relay get nothing from it."""
         with self._lock:
-            if self._slots[channel.node].channel is channel:
-                for slot in self._slots if everyone else [self._slots[channel.node]]:
+            if self._holds(channel):
+                for slot in self._slots if everyone else [self._slots[channel.rank]]:
                     slot.ready = False
-            self._fanout.lost(channel, f"node {channel.node}'s worker ended")
+            self._fanout.lost(channel, f"{channel.label}'s worker ended")
 
     def detach(self, channel: Channel) -> bool:
         """``channel``'s worker is gone: empty its slot. False if it was not the slot's
         worker any more, or if the pool does not run (starting: ``open`` reports it;
         closing: nothing is replaced)."""
         with self._lock:
-            slot = self._slots[channel.node]
-            if slot.channel is not channel or self._intake not in (_OPEN, _DRAINING):
+            slot = self._slot_of(channel)
+            if slot is None or self._intake not in (_OPEN, _DRAINING):
                 return False
+            slot = self._slots[channel.rank]
             slot.channel = None
             slot.ready = False
             return True
@@ -413,11 +483,16 @@ class Scheduler:
 
     def statistics(self, state: str, uptime: float) -> PoolStatistics:
         with self._lock:
+            self._drop_cancelled()
+            per = max(1, len(self._slots) // self._nodes)
+            nodes = [self._slots[n * per : (n + 1) * per] for n in range(len(self._slots) // per)]
             return PoolStatistics(
                 name=self._name,
                 state=state,
-                nodes=len(self._slots),
-                ready_nodes=sum(s.ready for s in self._slots),
+                nodes=self._nodes,
+                ready_nodes=sum(all(s.ready for s in slots) for slots in nodes),
+                workers=len(self._slots),
+                ready_workers=sum(s.ready for s in self._slots),
                 queued=len(self._queue),
                 in_flight=tuple(s.busy for s in self._slots),
                 submitted=self._submitted,
@@ -428,7 +503,7 @@ class Scheduler:
             )
 
     def workers(self) -> dict[int, Channel | None]:
-        """Each node's current worker, by rank (None while one is being started)."""
+        """Each rank's current worker (None while one is being started)."""
         with self._lock:
             return {s.rank: s.channel for s in self._slots}
 
@@ -442,7 +517,30 @@ class Scheduler:
             ]
             return running, [s.busy for s in self._slots]
 
+    @property
+    def workers_count(self) -> int:
+        """How many worker ranks the pool has (0 before ``attach``)."""
+        with self._lock:
+            return len(self._slots)
+
     # ── inside: lock held ───────────────────────────────────────────────────────────────
+
+    def _drop_cancelled(self) -> None:
+        """Calls cancelled while queued (a group past its timeout, a map that failed) are
+        no demand: out of the queue now rather than when a node would have taken them."""
+        if any(task.future.done() for task in self._queue):
+            self._queue = deque(task for task in self._queue if not task.future.done())
+
+    def _slot_of(self, channel: Channel) -> Slot | None:
+        """``channel``'s slot, if it is still that slot's worker (a retired node has none)."""
+        rank = channel.rank
+        if rank < len(self._slots) and self._slots[rank].channel is channel:
+            return self._slots[rank]
+        return None
+
+    def _holds(self, channel: Channel) -> bool:
+        """Whether ``channel`` is its rank's worker now (never before ``attach``)."""
+        return channel.rank < len(self._slots) and self._slots[channel.rank].channel is channel
 
     def _take_failures(self) -> Failures:
         failures, self._failures = self._failures, []
@@ -586,6 +684,8 @@ class Scheduler:
         # On the thread that read the result: a short hold of this lock, not the pool's.
         with self._lock:
             slot.busy -= 1
+            if not slot.busy:
+                slot.idle_since = time.monotonic()
             slot.running.pop(id(task), None)
             slot.recent = (
                 elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
@@ -605,18 +705,18 @@ class Scheduler:
     def _expired(self, future: Future[Any], name: str, timeout: float, channel: Channel) -> None:
         """A call outlived its timeout: fail it, and kill the worker running it (which is
         then lost and replaced)."""
-        slot = self._slots[channel.node]
         with self._lock:
-            if slot.channel is channel:
-                slot.ready = False  # before the future fails: no new call may land here
+            found = self._slot_of(channel)
+            if found is not None:
+                found.ready = False  # before the future fails: no new call may land here
         error = TimeoutError(
-            f"{name} did not finish within its timeout of {timeout:g} s on node "
-            f"{channel.node}; that node's worker is being replaced"
+            f"{name} did not finish within its timeout of {timeout:g} s on "
+            f"{channel.label}; that worker is being replaced"
         )
         if not fail(future, error):  # it finished just now: the worker is healthy, keep it
             with self._lock:
-                if slot.channel is channel and not channel.broken:
-                    slot.ready = True
+                if found is not None and self._slot_of(channel) is found and not channel.broken:
+                    found.ready = True
                 self._pump()
                 failures = self._take_failures()
             if failures:
@@ -776,7 +876,7 @@ class Fanout:
         for token, (channels, _) in list(self._active.items()):
             if channel in channels:
                 for later in channels[channels.index(channel) + 1 :]:
-                    later.send(RelayAbort(token, channel.node, why))
+                    later.send(RelayAbort(token, channel.rank, why))
 
     def failed(self, report: RelayFailed) -> None:
         """A node could not relay to the next one: send the payload directly to that node
@@ -799,10 +899,10 @@ class Fanout:
 
     def _deliver(self, report: RelayFailed) -> None:
         channels, payload = self._active.get(report.token, ([], []))
-        nodes = [c.node for c in channels]
-        if report.node not in nodes:
+        ranks = [c.rank for c in channels]
+        if report.node not in ranks:
             return  # the broadcast has finished
-        rest = channels[nodes.index(report.node) :]
+        rest = channels[ranks.index(report.node) :]
         if rest[0].broken:
             return  # lost: the nodes after it were told (lost()), and the broadcast fails
         for channel in rest:

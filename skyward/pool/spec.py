@@ -23,6 +23,7 @@ from skyward._futures import Deadline
 from skyward._image import Image
 from skyward._options import keyword_signature
 from skyward._plugin import Plugin
+from skyward._volume import Volume, check_volumes
 from skyward.console import ConsoleMode, OutputMode
 from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
@@ -62,7 +63,8 @@ class PoolOptions(TypedDict, total=False):
     ``worker=``, and ``None`` for ``image``, ``name`` and ``concurrency`` (the default)."""
 
     nodes: int | tuple[int, int]
-    """Nodes in the pool, 1 to 4096; ``(min, max)`` runs ``max`` (pools do not autoscale)."""
+    """Nodes in the pool, 1 to 4096; ``(min, max)`` starts ``min`` and autoscales between
+    the two (pool/autoscale.py)."""
     accelerator: str | Accelerator | None
     """An accelerator such as ``"A100"``, ``"A100:8"`` or ``sky.accelerators.A100(count=8)``
     (the same request as a value); passed to the provider, plugins and ``InstanceInfo`` as
@@ -80,8 +82,11 @@ class PoolOptions(TypedDict, total=False):
     """What every worker needs (``sky.Image()`` when ``None``)."""
     plugins: Sequence[Plugin]
     """Plugins, first = outermost ``around_app``."""
+    workers_per_node: int | Literal["gpus"]
+    """Worker processes on each node (1 to 256), each its own rank with its own
+    ``instance_info()``; ``"gpus"``: one per GPU of the node (needs ``accelerator``)."""
     concurrency: int | None
-    """Calls at once per node."""
+    """Calls at once per worker."""
     worker: Worker | None
     """``sky.Worker(concurrency=N, executor=...)``: concurrency and where calls run."""
     name: str | None
@@ -95,6 +100,15 @@ class PoolOptions(TypedDict, total=False):
     hang_timeout: float | None
     """Gang pools (jax): seconds ranks may stay blocked in a collective the others left
     before the call fails with ``CollectiveHang``; ``None``: never."""
+    default_compute_timeout: float | None
+    """Seconds every call may run once sent, unless it has its own ``timeout``; ``None``:
+    no bound."""
+    autoscale_cooldown: float
+    """``nodes=(min, max)``: seconds calls wait in the queue before nodes are added, and
+    at least between two additions."""
+    autoscale_idle_timeout: float
+    """``nodes=(min, max)``: seconds a node stays idle before it is released (never below
+    ``min``)."""
     console: ConsoleMode
     """Progress display while nodes come up: ``"auto"``, ``"rich"``, ``"plain"`` or
     ``"off"``."""
@@ -102,6 +116,10 @@ class PoolOptions(TypedDict, total=False):
     """Whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``."""
     quiet: bool
     """The older spelling of ``console="off"``."""
+    volumes: Sequence[Volume]
+    """Object storage (``sky.Volume``) mounted on every node before its workers start."""
+    selection: Literal["first", "cheapest"]
+    """With several ``sky.Spec``: try them in the order given, or cheapest first."""
     logging: LogConfig | bool | None
     """``sky.LogConfig(level=, file=, console=)``: handlers on the standard ``skyward``
     logger while the pool is open; ``True`` is ``LogConfig()``; ``None``/``False``: none
@@ -153,8 +171,9 @@ class PoolSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     provider: Any
+    # The most nodes; with nodes=(min, max), min_nodes is where the pool starts and the
+    # least it keeps (autoscaling, pool/autoscale.py).
     nodes: int = Field(default=1, ge=1, le=4096)
-    # nodes=(min, max) in skyward 0.5 asked for autoscaling; this pool runs max nodes.
     min_nodes: int | None = Field(default=None, ge=1)
     vcpus: float | None = Field(default=None, gt=0)
     memory_gb: float | None = Field(default=None, gt=0)
@@ -163,6 +182,8 @@ class PoolSpec(BaseModel):
     accelerator: str | None = Field(default=None, min_length=1)
     image: Image = Field(default_factory=Image)
     plugins: tuple[Plugin, ...] = ()
+    # "gpus": one per GPU, resolved from each node's GPU count once the machines exist.
+    workers_per_node: int | Literal["gpus"] = Field(default=1)
     concurrency: int = Field(default=1, ge=1, le=1024)
     executor: Literal["thread", "process"] = "thread"
     name: str = Field(default_factory=lambda: f"pool-{secrets.token_hex(3)}", min_length=1)
@@ -170,9 +191,19 @@ class PoolSpec(BaseModel):
     start_timeout: float = Field(default=120.0, gt=0, le=_MAX_SECONDS)
     shutdown_timeout: float = Field(default=10.0, gt=0, le=_MAX_SECONDS)
     hang_timeout: float | None = Field(default=60.0, gt=0, le=_MAX_SECONDS)
+    # None: a call runs as long as it takes. A default bound would kill the long training
+    # call that is this library's main use, on a node that is healthy; set one per pool or
+    # per function where a call that runs long means something is wrong.
+    default_compute_timeout: float | None = Field(default=None, gt=0, le=_MAX_SECONDS)
+    # skyward 0.5's defaults: long enough that a burst of short calls is served by the
+    # nodes there are, short enough that machines billed by the second are let go soon.
+    autoscale_cooldown: float = Field(default=30.0, gt=0, le=_MAX_SECONDS)
+    autoscale_idle_timeout: float = Field(default=60.0, gt=0, le=_MAX_SECONDS)
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
+    volumes: tuple[Volume, ...] = ()
+    selection: Literal["first", "cheapest"] = "first"
     logging: LogConfig | None = None
 
     @model_validator(mode="before")
@@ -218,12 +249,64 @@ class PoolSpec(BaseModel):
             if not 1 <= low <= high:
                 raise ValueError(f"nodes=(min, max) needs 1 <= min <= max, not {nodes!r}")
             options = {**options, "nodes": high, "min_nodes": low}
+        elif isinstance(options, dict):
+            given = [k for k in ("autoscale_cooldown", "autoscale_idle_timeout") if k in options]
+            if given:
+                raise ValueError(
+                    f"{given[0]} applies to an autoscaling pool, nodes=(min, max); this one "
+                    f"has a fixed nodes={nodes or 1}. Give nodes=(min, max), or leave "
+                    f"{given[0]} out"
+                )
         return options
+
+    @model_validator(mode="after")
+    def _can_autoscale(self) -> PoolSpec:
+        if not self.autoscaling:
+            return self
+        asked = f"nodes=({self.min_nodes}, {self.nodes})"
+        if self.workers_per_node != 1:
+            raise ValueError(
+                f"{asked}: an autoscaling pool runs one worker per node, so it adds and "
+                f"releases whole workers with their machines; workers_per_node="
+                f"{self.workers_per_node!r} cannot go with it. Give a fixed count, "
+                f"nodes={self.nodes}, or leave workers_per_node out"
+            )
+        gang = [p.name for p in self.plugins if p.gang]
+        if gang:
+            raise ValueError(
+                f"{asked}: plugin {', '.join(gang)} ties every node into one runtime that "
+                f"no node can join or leave while it runs, so this pool cannot grow or "
+                f"shrink. Give a fixed count, nodes={self.nodes} or nodes={self.min_nodes}"
+            )
+        if not getattr(self.provider, "grows", False):
+            raise ValueError(
+                f"{asked}: provider {self.provider_kind} cannot add or release machines "
+                f"while a pool runs, so this pool cannot autoscale. Give a fixed count, "
+                f"nodes={self.nodes} or nodes={self.min_nodes}, or use a provider that "
+                f"can (sky.Local, sky.SSH)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _quiet_means_console_off(self) -> PoolSpec:
         if self.quiet and self.console not in ("auto", "off"):
             raise ValueError(f"quiet=True means console='off'; it contradicts {self.console=}")
+        return self
+
+    @field_validator("workers_per_node", mode="before")
+    @classmethod
+    def _workers_per_node(cls, value: Any) -> Any:
+        if value == "gpus" or (type(value) is int and 1 <= value <= 256):
+            return value
+        raise ValueError(f"workers_per_node must be 1 to 256, or 'gpus'; not {value!r}")
+
+    @model_validator(mode="after")
+    def _gpus_need_an_accelerator(self) -> PoolSpec:
+        if self.workers_per_node == "gpus" and self.accelerator is None:
+            raise ValueError(
+                "workers_per_node='gpus' runs one worker per GPU, but this pool asks for no "
+                "accelerator; give accelerator= (such as 'A100'), or a number of workers"
+            )
         return self
 
     @field_validator("logging", mode="before")
@@ -256,6 +339,11 @@ class PoolSpec(BaseModel):
             )
         return provider
 
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, volumes: tuple[Volume, ...]) -> tuple[Volume, ...]:
+        return check_volumes(volumes)
+
     @field_validator("plugins")
     @classmethod
     def _unique(cls, plugins: tuple[Plugin, ...]) -> tuple[Plugin, ...]:
@@ -270,16 +358,29 @@ class PoolSpec(BaseModel):
         return str(self.provider.kind)
 
     @property
+    def autoscaling(self) -> bool:
+        """``nodes=(min, max)`` with ``min < max``: the pool grows and shrinks between them."""
+        return self.min_nodes is not None and self.min_nodes < self.nodes
+
+    @property
+    def initial_nodes(self) -> int:
+        """How many nodes the pool starts with: ``min`` of a range, else ``nodes``."""
+        return self.min_nodes if self.autoscaling and self.min_nodes else self.nodes
+
+    @property
     def gang(self) -> list[str]:
-        """Plugins that tie every node into one runtime (jax), when there are several nodes:
-        a worker lost is every worker lost, and a broadcast runs on one generation."""
-        return [p.name for p in self.plugins if p.gang] if self.nodes > 1 else []
+        """Plugins that tie every worker into one runtime (jax, torch), when there are
+        several workers: a worker lost is every worker lost, and a broadcast runs on one
+        generation."""
+        several = self.nodes > 1 or self.workers_per_node != 1
+        return [p.name for p in self.plugins if p.gang] if several else []
 
     def request(self, image: Image) -> ProvisionRequest:
         """What the provider is asked for, with a fresh ``provision_timeout`` deadline."""
         return ProvisionRequest(
             pool=self.name,
-            nodes=self.nodes,
+            nodes=self.initial_nodes,
+            max_nodes=self.nodes if self.autoscaling else None,
             accelerator=self.accelerator,
             image=image,
             tags=identity_tags(self.name),
@@ -287,6 +388,7 @@ class PoolSpec(BaseModel):
             memory_gb=self.memory_gb,
             allocation=self.allocation,
             max_hourly_cost=self.max_hourly_cost,
+            volumes=self.volumes,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),
@@ -300,9 +402,11 @@ def pool_signature() -> inspect.Signature:
         "provider",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         default=None,
-        annotation=Provider | None,
+        annotation="Provider | Spec | None",
     )
-    return keyword_signature(PoolOptions, PoolSpec, before=[provider])
+    # More sky.Spec to fall back to (pool/fallback.py).
+    specs = inspect.Parameter("specs", inspect.Parameter.VAR_POSITIONAL, annotation="Spec")
+    return keyword_signature(PoolOptions, PoolSpec, before=[provider, specs])
 
 
 def apply_transforms(image: Image, spec: PoolSpec) -> Image:

@@ -1,19 +1,23 @@
-"""The start-up barrier: Hello → InstanceInfo → Start → Ready, for every node or some.
+"""The start-up barrier: Hello → InstanceInfo → Start → Ready, for every worker or some.
 
 ::
 
-    per node, in parallel:   spawn a worker → wait Hello (Python version, hostname, and on
-                             node 0 a free port for plugins such as jax's coordinator)
-    on the client:           check versions → one InstanceInfo per node
-    barrier:                 Start to every node only once all have said Hello, so plugins
+    per worker, in parallel: spawn it on its node → wait Hello (Python version, hostname,
+                             and from worker 0 a free port on node 0 for plugins such as
+                             jax's coordinator)
+    on the client:           check versions → one InstanceInfo per worker
+    barrier:                 Start to every worker only once all have said Hello, so plugins
                              (jax.distributed.initialize) begin together however unevenly
                              the machines booted
-    per node, in parallel:   wait Ready (the plugins' around_app entered)
+    per worker, in parallel: wait Ready (the plugins' around_app entered)
 
-Everything is bounded by one ``Deadline`` (``start_timeout``). A restart of some nodes gives
-their new workers the InstanceInfo their nodes already have (with a new address, if a node
-got a new machine), so they rejoin the same pool. Startup owns those InstanceInfos; where
-each node is, it asks ``Machines``.
+Workers go by rank (one per node, or ``workers_per_node`` on each, node-major: see
+``Layout``). Everything is bounded by one ``Deadline`` (``start_timeout``). A restart of some
+workers gives the new ones the InstanceInfo their ranks already have (with a new address, if
+their node got a new machine), so they rejoin the same pool. Startup owns those
+InstanceInfos; where each node is, and which node each rank is on, it asks ``Machines``. A node an
+autoscaling pool adds is told the pool as it is when it joins (the same head, every node so
+far as its peers).
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from skyward.pool.spec import PoolSpec
 
 
 class Startup:
-    """Brings workers up through the barrier. ``open_channel(rank)`` spawns a worker on node
-    ``rank`` and returns its channel (the pool's ``_open``: it records the worker, so that a
+    """Brings workers up through the barrier. ``open_channel(rank)`` spawns worker ``rank`` on
+    its node and returns its channel (the pool's ``_open``: it records the worker, so that a
     close can end it)."""
 
     def __init__(
@@ -63,7 +67,13 @@ class Startup:
         # pool, sent over each node's own link.
         self._relay_key = secrets.token_bytes(32)
         self._lock = threading.Lock()  # guards: _infos
-        self._infos: dict[int, InstanceInfo] = {}  # by rank: what each node's worker is told
+        self._infos: dict[int, InstanceInfo] = {}  # by rank: what each worker is told
+
+    def use(self, spec: PoolSpec, image: Image) -> None:
+        """The pool fell back to another ``sky.Spec``: its options and image, before any
+        worker starts."""
+        self._spec, self._image = spec, image
+        self._hooked = [p.name for p in spec.plugins if p.around_app is not None]
 
     def bring_up(
         self,
@@ -73,16 +83,17 @@ class Startup:
         whole_pool: bool,
         launched: list[Channel] | None = None,
     ) -> list[Channel]:
-        """Start a worker on each node of ``ranks`` and wait until all are Ready; their
-        channels, in the same order.
+        """Start the workers of ``ranks`` and wait until all are Ready; their channels, in
+        the same order.
 
-        With ``whole_pool`` (start, or a restart of every node) each node's InstanceInfo is
-        built afresh from the Hellos. Each channel opened is also put in ``launched``, so a
-        caller can end them all when this fails part-way.
+        With ``whole_pool`` (start, or a restart of every worker) each worker's InstanceInfo
+        is built afresh from the Hellos. Each channel opened is also put in ``launched``, so
+        a caller can end them all when this fails part-way.
         """
+        layout = self._machines.layout
 
         def hello(rank: int) -> tuple[Channel, proto.Hello]:
-            self._reporter.phase(rank, "starting")
+            self._reporter.phase(layout.node_of(rank), "starting")
             channel = self._open_channel(rank)
             if launched is not None:
                 launched.append(channel)
@@ -95,60 +106,115 @@ class Startup:
             infos = self._new_infos(ranks, [message for _, message in hellos])
             with self._lock:
                 self._infos.update(zip(ranks, infos, strict=True))
+        else:
+            with self._lock:
+                joining = [i for i, rank in enumerate(ranks) if rank not in self._infos]
+            if joining:
+                infos = self._join_infos(
+                    [ranks[i] for i in joining], [hellos[i][1] for i in joining]
+                )
+                with self._lock:
+                    self._infos.update(zip([ranks[i] for i in joining], infos, strict=True))
         if self._hooked:
             names = ", ".join(self._hooked)
             self._reporter.status(f"entering plugins on every node: {names}")
-            for rank in ranks:  # the progress row says what the node is waiting for now
-                self._reporter.phase(rank, "starting", f"entering {names}")
+            for node in sorted({layout.node_of(rank) for rank in ranks}):
+                # the progress row says what the node is waiting for now
+                self._reporter.phase(node, "starting", f"entering {names}")
         for rank, (channel, _) in zip(ranks, hellos, strict=True):
             channel.send_start(self._start_message(rank), self._plugins)
 
         def ready(pair: tuple[int, Channel]) -> None:
             rank, channel = pair
             channel.wait_ready(deadline)
-            self._reporter.phase(rank, "ready", f"pid {channel.pid}")
+            worker = "" if layout.per_node == 1 else f"worker {layout.local_of(rank)} "
+            self._reporter.phase(layout.node_of(rank), "ready", f"{worker}pid {channel.pid}")
 
         channels = [channel for channel, _ in hellos]
         parallel(ready, list(zip(ranks, channels, strict=True)))
         return channels
 
     def _new_infos(self, ranks: Sequence[int], hellos: Sequence[proto.Hello]) -> list[InstanceInfo]:
+        """Every worker's InstanceInfo (``ranks`` are all of them, in order)."""
         spec = self._spec
-        nodes = [self._machines.node(rank) for rank in ranks]
+        layout = self._machines.layout
+        machines = [self._machines.node(node) for node in range(layout.nodes)]
         head_port = hellos[0].head_port or 0
-        addresses = tuple(node.address for node in nodes)
-        total_accelerators = sum(node.accelerators for node in nodes)
-        return [
-            InstanceInfo(
-                node=rank,
-                total_nodes=spec.nodes,
-                head_addr=addresses[0],
-                head_port=head_port,
-                peers=addresses,
-                accelerators=node.accelerators,
-                total_accelerators=total_accelerators,
-                accelerator=spec.accelerator,
-                pool=spec.name,
-                job_id=self._job_id,
-                provider=spec.provider_kind,
-                hostname=message.hostname,
+        addresses = tuple(machine.address for machine in machines)
+        total_accelerators = sum(machine.accelerators for machine in machines)
+        infos = []
+        for rank, message in zip(ranks, hellos, strict=True):
+            node = layout.node_of(rank)
+            gpus = machines[node].accelerators
+            infos.append(
+                InstanceInfo(
+                    node=node,
+                    total_nodes=layout.nodes,  # an autoscaling pool's start: its min
+                    head_addr=addresses[0],
+                    head_port=head_port,
+                    peers=addresses,
+                    accelerators=gpus,
+                    total_accelerators=total_accelerators,
+                    accelerator=spec.accelerator,
+                    pool=spec.name,
+                    job_id=self._job_id,
+                    provider=spec.provider_kind,
+                    hostname=message.hostname,
+                    worker=layout.local_of(rank),
+                    workers_per_node=layout.per_node,
+                    devices=layout.devices(rank, gpus),
+                )
             )
-            for rank, node, message in zip(ranks, nodes, hellos, strict=True)
+        return infos
+
+    def _join_infos(
+        self, ranks: Sequence[int], hellos: Sequence[proto.Hello]
+    ) -> list[InstanceInfo]:
+        """InstanceInfos for nodes an autoscaling pool adds: node 0 stays the head, and the
+        pool is every node up to the last one joining."""
+        with self._lock:
+            head = self._infos[0]
+        size = max(ranks) + 1
+        machines = [self._machines.node(rank) for rank in range(size)]
+        peers = tuple(machine.address for machine in machines)
+        total_accelerators = sum(machine.accelerators for machine in machines)
+        return [
+            head.model_copy(
+                update={
+                    "node": rank,
+                    "total_nodes": size,
+                    "peers": peers,
+                    "head_addr": peers[0],
+                    "accelerators": machines[rank].accelerators,
+                    # one worker per node (autoscaling needs it): the node's every GPU
+                    "devices": tuple(range(machines[rank].accelerators)),
+                    "total_accelerators": total_accelerators,
+                    "hostname": message.hostname,
+                }
+            )
+            for rank, message in zip(ranks, hellos, strict=True)
         ]
 
+    def forget(self, rank: int) -> None:
+        """Node ``rank`` left the pool (autoscaling): a node added later in its place is
+        told afresh."""
+        with self._lock:
+            self._infos.pop(rank, None)
+
     def _info(self, rank: int, address: str) -> InstanceInfo:
-        """Node ``rank``'s InstanceInfo; a node on a new machine is told its new address."""
+        """Worker ``rank``'s InstanceInfo; a worker whose node is on a new machine is told
+        its node's new address."""
         with self._lock:
             info = self._infos[rank]
-            if info.peers[rank] != address:
+            if info.peers[info.node] != address:
                 peers = list(info.peers)
-                peers[rank] = address
+                peers[info.node] = address
                 update = {"peers": tuple(peers), "head_addr": peers[0]}
                 info = self._infos[rank] = info.model_copy(update=update)
             return info
 
     def _start_message(self, rank: int) -> proto.Start:
-        node = self._machines.node(rank)
+        node = self._machines.node(self._machines.layout.node_of(rank))
         # Nodes that do not share the client's machine relay large broadcasts between
         # them (the client's link is then the slow one); local workers never do.
         relays = not node.shares_files and self._spec.nodes > 1

@@ -6,6 +6,8 @@ A provider never schedules work or speaks the worker protocol; the pool does bot
     pool.start()         provider.provision(request, rep)   -> Allocation (nodes + resources)
                          node.spawn_worker(rank, env)       per node; again to replace a worker
                          allocation.replace(rank, ...)      a lost machine (optional)
+    autoscaling          allocation.grow(ranks, ...)        more machines (optional)
+                         allocation.shrink(rank)            the last one, released
     pool.close()         allocation.terminate()             always, on every path; idempotent
     skyward ls / down    provider.inventory()               leftovers by tag (optional)
 
@@ -23,6 +25,11 @@ A provider never schedules work or speaks the worker protocol; the pool does bot
   pair, a resource group). ``terminate()`` stops every node, then deletes those resources;
   it is idempotent and thread-safe, and raises ``ProvisionError`` naming what it could not
   delete (with the ``skyward down`` command that removes it), after trying everything.
+- An autoscaling pool (``nodes=(min, max)``) provisions ``request.nodes`` (the ``min``)
+  and later asks the allocation for more (``grow``) and gives the last ones back
+  (``shrink``), never past ``request.max_nodes``. A provider whose allocations can do that
+  says so with a class attribute ``grows = True``; the pool refuses ``nodes=(min, max)``
+  on any other, when it is built.
 - ``Node.spawn_worker(rank, env)`` starts ``python -m skyward.worker --node RANK`` and returns
   its byte streams. ``Node.close()`` kills its workers and lets go of the machine's link.
 
@@ -40,10 +47,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from skyward._errors import ProvisionError
+from skyward._errors import ProvisionCancelled, ProvisionError
 from skyward._futures import Deadline
 from skyward._image import Image
 from skyward._phases import Reporter
+from skyward._volume import Volume
 
 if TYPE_CHECKING:
     from skyward.link.channel import Transport
@@ -93,6 +101,13 @@ class ProvisionRequest:
     # USD per hour for the whole pool; a provider that knows prices refuses to create a
     # pool it estimates above it (before creating anything). None: no limit.
     max_hourly_cost: float | None = None
+    # An autoscaling pool may grow to this many nodes (Allocation.grow); None: it keeps
+    # ``nodes``. A provider that can only ever have so many (SSH's hosts) checks it.
+    max_nodes: int | None = None
+    # Object storage to mount on every node before its workers start, and to unmount when
+    # the node is closed (``providers/volumes.py``). A provider that cannot refuses them in
+    # check().
+    volumes: tuple[Volume, ...] = ()
 
 
 def refuse_spot(request: ProvisionRequest, why: str) -> None:
@@ -152,7 +167,7 @@ class Allocation:
     def __init__(self, nodes: Sequence[Node], resources: Sequence[Resource] = ()) -> None:
         self.nodes: list[Node] = list(nodes)
         self.resources: list[Resource] = list(resources)
-        self._lock = threading.Lock()  # guards: _terminated
+        self._lock = threading.Lock()  # guards: _terminated, and nodes while they change
         self._terminated = False
         # The estimated price of every machine together, USD per hour, when the provider
         # knows it (the pool reports the approximate cost at close); 0 for free machines.
@@ -170,6 +185,41 @@ class Allocation:
         Only when ``can_replace``; the pool calls it when it cannot start a worker on the
         old node any more."""
         raise NotImplementedError(f"{type(self).__name__} cannot replace a machine")
+
+    @property
+    def can_grow(self) -> bool:
+        """Whether ``grow`` and ``shrink`` work (the provider's ``grows``)."""
+        return False
+
+    def grow(self, ranks: Sequence[int], reporter: Reporter, deadline: Deadline) -> list[Node]:
+        """New machines for nodes ``ranks`` (the next ones: ``len(nodes)`` onwards), all or
+        nothing, bounded by ``deadline`` (cancelled when the pool closes); they are added to
+        ``nodes`` with ``adopt`` as they come, so that a ``terminate`` meanwhile ends them.
+        Only when ``can_grow``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot add machines")
+
+    def shrink(self, rank: int) -> None:
+        """Release node ``rank``, the last one: close it, destroy its machine, and drop it
+        from ``nodes``. Idempotent. Only when ``can_grow``; the pool has stopped its worker
+        first."""
+        raise NotImplementedError(f"{type(self).__name__} cannot release a machine")
+
+    def adopt(self, node: Node) -> None:
+        """Add a machine ``grow`` made to ``nodes``; a pool terminated meanwhile closes it
+        here instead, and ``ProvisionCancelled`` says so."""
+        with self._lock:
+            if not self._terminated:
+                self.nodes.append(node)
+                return
+        node.close()
+        raise ProvisionCancelled("the pool was closed while a machine was added")
+
+    def drop(self, rank: int) -> Node | None:
+        """Take node ``rank`` out of ``nodes`` (``shrink``'s first step): the last one only."""
+        with self._lock:
+            if rank != len(self.nodes) - 1:
+                return None
+            return self.nodes.pop()
 
     def loss_reason(self, rank: int) -> str | None:
         """Why node ``rank``'s machine is gone (``"reclaimed by AWS (spot interruption)"``),
@@ -191,8 +241,9 @@ class Allocation:
             if self._terminated:
                 return
             self._terminated = True
+            nodes = list(self.nodes)  # a shrink may drop one meanwhile; it closes that one
         errors: list[BaseException] = []
-        for node in self.nodes:
+        for node in nodes:
             try:
                 node.close()
             except Exception as exc:

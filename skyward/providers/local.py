@@ -4,6 +4,11 @@ It is the default provider and the cheapest real double of the remote ones: the 
 the same protocol over subprocess pipes that remote workers speak over SSH. It installs
 nothing: the image's requirements are checked against the interpreter, and a missing package
 is a ``BootstrapError`` that says how to install it.
+
+Volumes are mounted on this machine, as on a remote node (the same script,
+``providers/volumes.py``), so code that reads ``/data`` runs here unchanged; this machine must
+have s3fs already (the pool is refused when it is built otherwise: the local provider never
+installs anything), and the mount point must be one the user may make and mount on.
 """
 
 from __future__ import annotations
@@ -13,22 +18,26 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from skyward._errors import BootstrapError, ProvisionError
 from skyward.link import protocol as proto
 from skyward.link.turns import PipeReader
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
+from skyward.providers.base import Allocation, Inventory, Node, ProvisionRequest, refuse_spot
+from skyward.providers.volumes import Mounts, mount_failed, mount_script, unmount_script
 
 if TYPE_CHECKING:
+    from skyward._futures import Deadline
     from skyward._phases import Reporter
 
 # The directory that holds the skyward package, so workers import this very copy even when
@@ -44,6 +53,9 @@ class Local(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Its allocations add and release nodes (processes) while the pool runs: autoscaling.
+    grows: ClassVar[bool] = True
 
     python: str | None = None
 
@@ -76,6 +88,12 @@ class Local(BaseModel):
                 f"vcpus={request.vcpus:g} per node, but this machine has {cores} CPU(s), "
                 f"which the local pool's nodes share"
             )
+        if request.volumes and shutil.which("s3fs") is None:
+            raise ValueError(
+                "the local pool mounts its volumes on this machine with s3fs, and this machine "
+                "has none: install it (Debian and Ubuntu: apt-get install s3fs; macOS: brew "
+                "install gromgit/fuse/s3fs-mac, with macFUSE), or leave volumes= out"
+            )
         memory = _memory_gb()
         if request.memory_gb is not None and memory and request.memory_gb > memory:
             raise ValueError(
@@ -100,7 +118,75 @@ class Local(BaseModel):
             )
         if not Path(self.interpreter).exists():
             raise ProvisionError(f"Local(python={self.interpreter!r}): no such interpreter")
-        return Allocation([LocalNode(self.interpreter) for _ in range(request.nodes)])
+        nodes = [LocalNode(self.interpreter) for _ in range(request.nodes)]
+        if not request.volumes:
+            return LocalAllocation(nodes, self.interpreter)
+        # One mount for every node: they are processes on this one machine.
+        directory = tempfile.mkdtemp(prefix=f"skyward-volumes-{request.pool}-")
+        mounts = Mounts(request.volumes, shlex.quote(directory))
+        script = mount_script(mounts.volumes, mounts.directory, instance_profile=False)
+        for rank in range(request.nodes):
+            reporter.phase(rank, "bootstrapping", "mounting the pool's volumes")
+        status, output = _sh(script)
+        for line in output.splitlines():
+            reporter.log(0, line)
+        if status != 0:
+            _sh(unmount_script(mounts.volumes, mounts.directory))
+            raise mount_failed("this machine", status, output)
+        return LocalAllocation(nodes, self.interpreter, mounts)
+
+
+class LocalAllocation(Allocation):
+    """Local nodes: more of them are only more processes, so the pool may grow and shrink.
+    Volumes, when the pool has any, are one mount that every node shares, unmounted once
+    its workers are gone."""
+
+    def __init__(
+        self, nodes: Sequence[LocalNode], python: str, mounts: Mounts | None = None
+    ) -> None:
+        super().__init__(nodes)
+        self._python = python
+        self._mounts = mounts
+
+    @property
+    def can_grow(self) -> bool:
+        return True
+
+    def grow(self, ranks: Sequence[int], reporter: Reporter, deadline: Deadline) -> list[Node]:
+        made: list[Node] = []
+        for rank in ranks:
+            deadline.check("adding a local node")  # cancelled: the pool is closing
+            node = LocalNode(self._python)
+            self.adopt(node)
+            reporter.phase(rank, "connecting", "a process on this machine")
+            made.append(node)
+        return made
+
+    def shrink(self, rank: int) -> None:
+        node = self.drop(rank)
+        if node is not None:
+            node.close()
+
+    def release(self) -> None:
+        if self._mounts is None:
+            return
+        status, output = _sh(unmount_script(self._mounts.volumes, self._mounts.directory))
+        if status != 0 or "could not unmount" in output:
+            raise ProvisionError(f"this machine: unmounting the pool's volumes: {output.strip()}")
+
+
+def _sh(script: str) -> tuple[int, str]:
+    """Run a script with ``sh``; its exit status and what it printed (stdout and stderr)."""
+    result = subprocess.run(
+        ["sh", "-s"],
+        input=script,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    return result.returncode, result.stdout
 
 
 class LocalNode:

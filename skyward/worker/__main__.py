@@ -363,9 +363,12 @@ def main(argv: list[str] | None = None) -> None:
         if path not in sys.path:
             sys.path.append(path)
     _info._set_current(message.info)
+    _own_devices(message.info)
     if message.relay_key:
         info = message.info
-        link.relays = Relays(info.node, message.relay_key, info.peers[info.node], link.send)
+        link.relays = Relays(
+            info.global_worker_index, message.relay_key, info.peers[info.node], link.send
+        )
     worker = _Worker(link, stdout, message.concurrency)
     if message.executor == "process":
         from skyward.worker.processes import Processes
@@ -392,6 +395,19 @@ def main(argv: list[str] | None = None) -> None:
     with contextlib.suppress(OSError):  # the client may be gone already
         link.send(proto.Bye())
     _exit(stdout, 0)
+
+
+def _own_devices(info: Any) -> None:
+    """With several workers per node, each sees only the GPUs it owns (``info.devices``):
+    ``CUDA_VISIBLE_DEVICES`` is set before any plugin or call can start CUDA. The indices
+    are among the GPUs this process was given, so a list a scheduler set (Slurm's) is
+    narrowed, not replaced."""
+    if info.workers_per_node == 1 or not info.devices:
+        return
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = given.split(",") if given else [str(i) for i in range(info.accelerators)]
+    owned = [visible[i] for i in info.devices if i < len(visible)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(owned)
 
 
 def _flush_forever(every: float = 0.2) -> None:

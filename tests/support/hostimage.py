@@ -46,16 +46,19 @@ _RECIPE = 1  # bump when the copy is made differently
 class HostImage:
     """``python``: ``"system"`` (this machine's, as it is), a minor version (``"3.12"``: the
     only Python, no pip, no ensurepip) or None (none at all). ``unzip``: whether ``unzip``
-    stays. ``tools``: more executables in ``/usr/bin``, name -> script text."""
+    stays. ``tools``: more executables in ``/usr/bin``, name -> script text. ``hidden``:
+    more of this machine's ``/usr/bin`` the host does not have (``("s3fs",)``: a stock
+    image, on a machine where the tests installed it)."""
 
     python: str | None = "system"
     unzip: bool = True
     tools: Mapping[str, str] = field(default_factory=dict)
+    hidden: tuple[str, ...] = ()
 
     def prepare(self, directory: Path) -> str:
         """Lay out this image's files under ``directory``; the shell lines that mount it, to
         run as root in the host's own mount namespace (after ``mount --make-rprivate /``)."""
-        if self.python == "system" and self.unzip and not self.tools:
+        if self.python == "system" and self.unzip and not self.tools and not self.hidden:
             return ""
         # The upper and work directories must be on a file system overlayfs accepts as the
         # upper layer: a tmpfs of the host's own. They are made inside the namespace.
@@ -99,7 +102,7 @@ class HostImage:
             elif name.startswith(("unzip", "funzip", "zipinfo", "zipgrep")):
                 if not self.unzip:
                     hidden.append(name)
-            elif name in ("uv", "uvx"):
+            elif name in ("uv", "uvx") or name in self.hidden:
                 hidden.append(name)
         return hidden
 

@@ -32,6 +32,7 @@ import ipaddress
 import itertools
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -246,6 +247,7 @@ class Hosts:
             f"hostname {name} && mount --make-rprivate / && "
             f"mount --bind {home} /home/{USER} && "
             f"mount --bind {self.root}/etc-hosts-{name} /etc/hosts || exit 1\n"
+            f"{_stock_fuse(directory)}"
             f"{image.prepare(directory / 'image')}"
             f"exec /usr/sbin/sshd -D -e -f {config}"
         )
@@ -374,6 +376,19 @@ def _etc_hosts(kind: EtcHosts, name: str, subnet: str, count: int) -> str:
         f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n\n"
         "::1     localhost ip6-localhost ip6-loopback\n"
         "ff02::1 ip6-allnodes\nff02::2 ip6-allrouters\n"
+    )
+
+
+def _stock_fuse(directory: Path) -> str:
+    """Shell lines that give the host ``/dev/fuse`` as Debian and Ubuntu have it, readable and
+    writable by everyone (udev's rule), so that a user's FUSE mount (s3fs) goes through the
+    setuid ``fusermount``; this container's is root's only. A node of the host's own,
+    bind-mounted in its mount namespace: the machine's stays as it is."""
+    if not Path("/dev/fuse").exists():
+        return ""
+    node = shlex.quote(str(directory / "fuse"))
+    return (
+        f"mknod {node} c 10 229 && chmod 666 {node} && mount --bind {node} /dev/fuse || exit 1\n"
     )
 
 

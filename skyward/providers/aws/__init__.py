@@ -190,6 +190,13 @@ class AWS(BaseModel):
         # Reads only the environment and ~/.aws: an unknown profile, no region at all, or a
         # region no partition has is said now, not after the pool has started.
         session = Api.session(region=self.region, profile=self.profile)
+        keyless = [v.bucket for v in request.volumes if not v.explicit_credentials]
+        if keyless and self.iam_instance_profile is None:
+            raise ValueError(
+                f"the volume {keyless[0]} has no credentials, and the nodes run as no instance "
+                f"profile: give AWS(iam_instance_profile=...) a profile that may read it, or "
+                f"the Volume access_key_id= and secret_access_key="
+            )
         strategy = self.strategy(request)
         machines = self.machines_for(request, session.region_name)
         if (
@@ -285,6 +292,7 @@ class AWS(BaseModel):
             boot_timeout=self.boot_timeout,
             gpus=(first.machine.count or None) if gpu else None,
             machine_type=first.machine.type,
+            instance_profile=self.iam_instance_profile is not None,
         )
         template = ec2.LaunchSpec(
             instance_type=first.machine.type,

@@ -58,6 +58,7 @@ from skyward.providers.cloud import (
 )
 from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.ssh.hosts import Access, HostNode, open_hosts
+from skyward.providers.volumes import refuse_keyless
 
 # Microsoft's Ubuntu HPC image (NVIDIA driver, CUDA, NCCL, InfiniBand) for GPU sizes;
 # Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init at boot.
@@ -230,6 +231,7 @@ class Azure(BaseModel):
             check(module, feature="sky.Azure")
         check("azure.mgmt.resource", feature="sky.Azure")
         check("paramiko", feature="sky.Azure")
+        refuse_keyless(request.volumes, "Azure")
         _ = self.subscription
         machines = self.machines_for(request)
         if self.max_price is not None and self.strategy(request) in ("on-demand", "cheapest"):

@@ -50,6 +50,7 @@ from skyward.providers.gcp.api import Api, credentials_and_project
 from skyward.providers.gcp.inventory import GCPInventory
 from skyward.providers.reaching import reach
 from skyward.providers.ssh.connection import PoolKey
+from skyward.providers.volumes import refuse_keyless
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
 # machines, Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init and the guest agent.
@@ -136,6 +137,7 @@ class GCP(CloudOptions):
         """Called when the pool is built, before anything is touched."""
         check("google.cloud.compute_v1", feature="sky.GCP")
         check("paramiko", feature="sky.GCP")
+        refuse_keyless(request.volumes, "GCP")
         machines = self.machines_for(request)
         if self.strategy(request) == "on-demand":
             capacity.refuse_above(

@@ -238,6 +238,12 @@ class Slurm(BaseModel):
         if self.login is not None:
             check("paramiko", feature="sky.Slurm(login=...)")
         refuse_spot(request, "Slurm runs the cluster's own nodes")
+        if request.volumes:
+            raise ValueError(
+                "sky.Slurm does not mount volumes: a cluster's nodes share its own file "
+                "systems. Put the data there (or mount the bucket on the nodes yourself) and "
+                "leave volumes= out"
+            )
         self.sbatch_arguments(request)
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:

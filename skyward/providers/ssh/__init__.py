@@ -8,13 +8,17 @@ hosts keep only Skyward's cache directory (``workdir``).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from skyward._extras import check
+from skyward._futures import Deadline
 from skyward._phases import Reporter
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
+from skyward.providers.base import Allocation, Inventory, Node, ProvisionRequest, refuse_spot
 from skyward.providers.ssh.connection import Target
 from skyward.providers.ssh.hosts import Access, HostTarget, open_hosts
 
@@ -40,6 +44,9 @@ class SSH(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # An autoscaling pool starts on the first hosts and takes the next ones as it grows.
+    grows: ClassVar[bool] = True
 
     hosts: tuple[str, ...] = Field(min_length=1)
     key: Path | None = None
@@ -115,27 +122,63 @@ class SSH(BaseModel):
         refused."""
         check("paramiko", feature="sky.SSH")
         refuse_spot(request, "SSH runs on hosts you already have")
-        if request.nodes > len(self.hosts):
+        most = request.max_nodes or request.nodes
+        if most > len(self.hosts):
             raise ValueError(
-                f"the pool asks for {request.nodes} nodes but SSH has {len(self.hosts)} "
-                f"host(s); list more hosts or ask for fewer nodes"
+                f"the pool asks for {'up to ' if request.max_nodes else ''}{most} nodes but "
+                f"SSH has {len(self.hosts)} host(s); list more hosts or ask for fewer nodes"
             )
 
-    def targets(self, count: int) -> list[HostTarget]:
-        """The first ``count`` hosts, as the shared layer takes them."""
+    def targets(self, ranks: Sequence[int]) -> list[HostTarget]:
+        """Hosts ``ranks`` (node ``i`` is ``hosts[i]``), as the shared layer takes them."""
         peers = self.peer_addresses
         return [
-            HostTarget(Target.parse(host), peer_address=peers[rank] if peers else None)
-            for rank, host in enumerate(self.hosts[:count])
+            HostTarget(Target.parse(self.hosts[rank]), peer_address=peers[rank] if peers else None)
+            for rank in ranks
         ]
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         self.check(request)
-        nodes = open_hosts(self.targets(request.nodes), self.access, request, reporter)
-        return Allocation(nodes)
+        nodes = open_hosts(self.targets(range(request.nodes)), self.access, request, reporter)
+        return SSHAllocation(self, request, nodes)
 
     def inventory(self) -> Inventory | None:
         return None  # it creates nothing
+
+
+class SSHAllocation(Allocation):
+    """The hosts a pool uses: an autoscaling pool reaches the next ones as it grows, and
+    lets the last ones go (their workers stopped, the connection closed) as it shrinks."""
+
+    def __init__(self, ssh: SSH, request: ProvisionRequest, nodes: Sequence[Node]) -> None:
+        super().__init__(nodes)
+        self._ssh = ssh
+        self._request = request
+
+    @property
+    def can_grow(self) -> bool:
+        return True
+
+    def grow(self, ranks: Sequence[int], reporter: Reporter, deadline: Deadline) -> list[Node]:
+        request = dataclasses.replace(self._request, nodes=len(ranks), deadline=deadline)
+        targets = self._ssh.targets(ranks)
+        nodes = open_hosts(targets, self._ssh.access, request, reporter, ranks=ranks)
+        adopted: list[Node] = []
+        try:
+            for node in nodes:
+                self.adopt(node)
+                adopted.append(node)
+        except BaseException:
+            for node in nodes:
+                if node not in adopted:
+                    node.close()
+            raise
+        return adopted
+
+    def shrink(self, rank: int) -> None:
+        node = self.drop(rank)
+        if node is not None:
+            node.close()
 
 
 def _expand(path: Path) -> Path:

@@ -186,19 +186,7 @@ def render(plan: Plan) -> str:
         'run() { step "$*"; "$@"; }',
     ]
     if image.apt:
-        packages = " ".join(q(p) for p in image.apt)
-        lines += [
-            'if [ "$(id -u)" = 0 ]; then sudo=""',
-            'elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"',
-            "else",
-            f'  echo "{ERROR}the image needs apt packages, but this user is not root and has'
-            ' no password-less sudo" >&2',
-            "  exit 126",
-            "fi",
-            *_APT_GET.strip("\n").split("\n"),
-            "apt_get update -q",
-            f"apt_get install -y -q --no-install-recommends {packages}",
-        ]
+        lines += apt_install(image.apt, "the image needs apt packages")
     version = plan.python_version
     major, minor = version.split(".")
     lines += [
@@ -274,6 +262,25 @@ apt_get() {
   done
 }
 """
+
+def apt_install(packages: tuple[str, ...] | list[str], why: str) -> list[str]:
+    """Lines that install ``packages`` with apt-get, as root or through password-less sudo
+    (``why`` says what needs them when the user has neither); ``$env_dir`` names where the
+    retries keep apt's status. Used by the bootstrap and by the volumes' preparation."""
+    listed = " ".join(shlex.quote(p) for p in packages)
+    return [
+        'if [ "$(id -u)" = 0 ]; then sudo=""',
+        'elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"',
+        "else",
+        f'  echo "{ERROR}{why}, but this user is not root and has'
+        ' no password-less sudo" >&2',
+        "  exit 126",
+        "fi",
+        *_APT_GET.strip("\n").split("\n"),
+        "apt_get update -q",
+        f"apt_get install -y -q --no-install-recommends {listed}",
+    ]
+
 
 # Fetching and unpacking uv's wheel with what a stock image has: curl, wget or any python3 to
 # download; unzip, any python3, or (neither) od, tail, head and gzip to take the binary out

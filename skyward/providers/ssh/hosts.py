@@ -35,6 +35,9 @@ from skyward._extras import require
 from skyward._futures import Deadline, parallel
 from skyward._image import Image
 from skyward._phases import Reporter
+
+# The module, not its names: volumes.py loads the bootstrap, and so this package, first.
+from skyward.providers import volumes
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.ssh.bootstrap import ERROR, MARKER, Plan, render, shell_path
 from skyward.providers.ssh.connection import Connection, HostKeyPolicy, Target, parse_public_key
@@ -80,6 +83,8 @@ class Access:
     boot_timeout: float = 0.0
     gpus: int | None = None
     machine_type: str = ""
+    # The machines run as an instance profile (EC2): volumes without keys use it.
+    instance_profile: bool = False
 
     @property
     def policy(self) -> HostKeyPolicy:
@@ -137,6 +142,10 @@ def open_hosts(
             accelerators, seen = list_gpus(connection)
             if access.gpus is not None and accelerators < access.gpus:
                 raise ProvisionError(missing_gpus(rank, host, access, accelerators, seen))
+            # Last: a node that fails after this would leave a FUSE mount behind.
+            mounts = mount_volumes(
+                connection, request, access, lambda line: reporter.log(rank, line)
+            )
         except BaseException:
             connection.close()
             raise
@@ -148,6 +157,7 @@ def open_hosts(
             package=package,
             accelerators=accelerators,
             included=included,
+            mounts=mounts,
         )
         with lock:
             made.append(node)
@@ -215,8 +225,10 @@ class HostNode:
         package: str,
         accelerators: int,
         included: str | None = None,
+        mounts: volumes.Mounts | None = None,
     ) -> None:
         self._access = access
+        self._mounts = mounts  # the pool's volumes on this host, unmounted by close()
         self.connection = connection
         self.address = address
         self.accelerators = accelerators
@@ -310,6 +322,8 @@ class HostNode:
                         )
                 for transport in self._transports:
                     transport.kill(self.connection)
+                if self._mounts is not None and self.connection.alive:
+                    unmount_volumes(self.connection, self._mounts)
             finally:
                 self._transports = []
                 self.connection.close()
@@ -414,6 +428,36 @@ def bootstrap(connection: Shell, plan: Plan, on_line: Any) -> None:
             exit_status=status,
             log_tail=log,
         )
+
+
+def mount_volumes(
+    connection: Shell, request: ProvisionRequest, access: Access, on_line: Callable[[str], None]
+) -> volumes.Mounts | None:
+    """Mount the pool's volumes on the host (``providers/volumes.py``); what ``close`` needs
+    to unmount them, or None when the pool has none. ``BootstrapError`` names why not."""
+    if not request.volumes:
+        return None
+    mounts = volumes.Mounts(request.volumes, volumes.volume_dir(access.workdir, request.pool))
+    profile = access.instance_profile
+    script = volumes.mount_script(mounts.volumes, mounts.directory, instance_profile=profile)
+    status, output = connection.run("sh -s", stdin=script.encode(), on_line=on_line)
+    if status != 0:
+        raise volumes.mount_failed(connection.target, status, output)
+    return mounts
+
+
+def unmount_volumes(connection: Shell, mounts: volumes.Mounts) -> None:
+    """Unmount the pool's volumes from the host; what goes wrong is logged (a close goes on)."""
+    try:
+        status, output = connection.run(
+            "sh -s",
+            stdin=volumes.unmount_script(mounts.volumes, mounts.directory).encode(),
+            timeout=60,
+        )
+    except (ProvisionError, OSError) as error:
+        status, output = -1, str(error)
+    if status != 0 or "could not unmount" in output:
+        _log.warning("%s: unmounting the pool's volumes: %s", connection.target, output.strip())
 
 
 _package: tuple[str, bytes] | None = None
