@@ -71,6 +71,9 @@ class _Stamps:
     def status(self, line: str) -> None:
         self.inner.status(line)
 
+    def chosen(self, choice: Any) -> None:
+        self.inner.chosen(choice)
+
     def last(self, phase: str, nodes: int) -> float:
         return max(self.at[(n, phase)] for n in range(nodes))
 

@@ -18,7 +18,10 @@ Scenarios (2 nodes or workers unless named):
   and writing them back, both sides Python, buffered) and a raw pipe (unbuffered ``os.read``
   and ``os.write``) to a process that unpickles a small message and pickles it back.
 - ``map``: 10,000 no-op tasks, and 10,000 tasks of 1 ms of CPU work, each peer's way of
-  mapping a function over a list.
+  mapping a function over a list; then 10,000 no-op tasks chunked (ours with the automatic
+  chunk size, with 1 and with 100 items per call, against ``ProcessPoolExecutor.map`` with
+  ``chunksize=1`` and ``100``), on a quiet machine and under ``--load`` busy processes
+  (``cpu_load``: endless loops started and stopped by PID), in the same run.
 - ``broadcast``: a 100 MB numpy array to every node (``f(a) @ pool``), against two raw pipes
   writing the same bytes in parallel, ``ray.put`` + a task per worker, and ``scatter(...,
   broadcast=True)`` + a task per worker in Dask.
@@ -240,6 +243,44 @@ def evaluate_targets(report: Report) -> list[dict[str, Any]]:
         (
             "10,000 no-op tasks at least as fast as ProcessPoolExecutor (time ratio ≤ 1)",
             ratio("map_noop", "skyward pool.map", "ProcessPoolExecutor.map"),
+            1.0,
+        ),
+        (
+            f"10,000 no-op tasks, chunksize={CHUNK}, quiet: at least ProcessPoolExecutor's "
+            f"(time ratio ≤ 1)",
+            ratio(
+                "map_chunks",
+                f"skyward pool.map chunksize={CHUNK}",
+                f"ProcessPoolExecutor.map chunksize={CHUNK}",
+            ),
+            1.0,
+        ),
+        (
+            f"10,000 no-op tasks, chunksize={CHUNK}, under load: at least ProcessPoolExecutor's",
+            ratio(
+                "map_chunks_loaded",
+                f"skyward pool.map chunksize={CHUNK}",
+                f"ProcessPoolExecutor.map chunksize={CHUNK}",
+            ),
+            1.0,
+        ),
+        (
+            "10,000 no-op tasks, chunksize=1 both, under load: at least ProcessPoolExecutor's",
+            ratio(
+                "map_chunks_loaded",
+                "skyward pool.map chunksize=1",
+                "ProcessPoolExecutor.map chunksize=1",
+            ),
+            1.0,
+        ),
+        (
+            "10,000 no-op tasks under load, ours by default (auto chunks) against "
+            "ProcessPoolExecutor by default (chunksize=1)",
+            ratio(
+                "map_chunks_loaded",
+                "skyward pool.map (auto chunks)",
+                "ProcessPoolExecutor.map chunksize=1",
+            ),
             1.0,
         ),
         (
@@ -624,6 +665,75 @@ def throughput(report: Report, peers: Peers, tasks: int, repeat: int) -> None:
                 result = call()
                 scenario.series(name, per=tasks).samples.append(time.perf_counter() - t0)
                 assert len(result) == tasks, name
+
+
+CHUNK = 100  # the explicit chunk size both sides get in the chunked scenarios
+
+
+@contextlib.contextmanager
+def cpu_load(processes: int) -> Iterator[list[int]]:
+    """``processes`` busy Python processes (an endless loop each), stopped by PID at the
+    end: the load a shared or oversubscribed machine puts on every peer alike."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(processes)
+    ]
+    try:
+        time.sleep(0.5)  # let them reach the run queue
+        yield [p.pid for p in spinners]
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait(timeout=10)
+
+
+def _chunk_tools(peers: Peers, tasks: int) -> list[Tool]:
+    """Ours with the automatic chunk size, one item per call and ``CHUNK`` per call, beside
+    ``ProcessPoolExecutor.map`` with one and ``CHUNK`` items per call."""
+    pool = peers.pool
+    tools: list[Tool] = [
+        ("skyward pool.map (auto chunks)", lambda: pool.map(noop, range(tasks))),
+        ("skyward pool.map chunksize=1", lambda: pool.map(noop, range(tasks), chunksize=1)),
+        (
+            f"skyward pool.map chunksize={CHUNK}",
+            lambda: pool.map(noop, range(tasks), chunksize=CHUNK),
+        ),
+    ]
+    if peers.executor is not None:
+        ex = peers.executor
+        tools.append(
+            ("ProcessPoolExecutor.map chunksize=1", lambda: list(ex.map(noop, range(tasks))))
+        )
+        tools.append(
+            (
+                f"ProcessPoolExecutor.map chunksize={CHUNK}",
+                lambda: list(ex.map(noop, range(tasks), chunksize=CHUNK)),
+            )
+        )
+    return tools
+
+
+def chunked(report: Report, peers: Peers, tasks: int, repeat: int, load: int) -> None:
+    """No-op maps with and without chunks, on a quiet machine and under ``load`` busy
+    processes, in the same run: the ratios are ours over ProcessPoolExecutor's."""
+    for key, busy in (("map_chunks", 0), ("map_chunks_loaded", load)):
+        where = f"under {busy} busy processes" if busy else "quiet"
+        scenario = report.scenario(
+            key,
+            f"{tasks:,} no-op tasks, {NODES} workers, chunked, {where}",
+            f"Each sample maps over {tasks:,} items and waits for every result; "
+            f"{repeat} samples per tool, interleaved"
+            + (f"; {busy} other processes spin meanwhile ({os.cpu_count()} CPUs)" if busy else "")
+            + ".",
+        )
+        tools = _chunk_tools(peers, tasks)
+        with cpu_load(busy) if busy else contextlib.nullcontext():
+            for order in _rotations(tools, repeat):
+                for name, call in order:
+                    t0 = time.perf_counter()
+                    result = call()
+                    scenario.series(name, per=tasks).samples.append(time.perf_counter() - t0)
+                    assert len(result) == tasks, name
 
 
 def broadcast(report: Report, peers: Peers, megabytes: int, repeat: int) -> None:
@@ -1111,6 +1221,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--uplink-mbit", type=int, default=200, help="the slow uplink's rate, Mbit/s"
     )
+    parser.add_argument(
+        "--load", type=int, default=8, help="busy processes in the loaded map scenario"
+    )
     args = parser.parse_args(argv)
     q = args.quick
     args.calls = 60 if q else 300
@@ -1138,6 +1251,7 @@ def main(argv: list[str] | None = None) -> Report:
                 print("round trip done", flush=True)
             if "map" in only:
                 throughput(report, peers, args.tasks, args.repeat)
+                chunked(report, peers, args.tasks, args.repeat, args.load)
                 print("map done", flush=True)
             if "broadcast" in only:
                 broadcast(report, peers, args.megabytes, args.repeat + 2)

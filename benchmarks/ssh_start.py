@@ -79,6 +79,9 @@ class _Stamps:
     def status(self, line: str) -> None:
         self.inner.status(line)
 
+    def chosen(self, choice: Any) -> None:
+        self.inner.chosen(choice)
+
 
 class _Timed:
     """``sky.SSH`` with its reports timestamped."""

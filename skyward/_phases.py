@@ -3,11 +3,45 @@ share with the console. A leaf module, so providers never import the display."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 # A node's phases, in order. Providers that create machines report ``provisioning``, remote
 # ones ``connecting`` and ``bootstrapping`` (Local reports none); the pool the rest.
 Phase = Literal["provisioning", "connecting", "bootstrapping", "starting", "ready"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a cloud pool picked, before anything is created: what, where, how many, at what
+    estimated price. The progress display shows it under the pool's title."""
+
+    nodes: int
+    machine: str  # the machine type: "p4d.24xlarge"
+    hardware: str  # "8x A100 40 GB, 96 vCPUs, 1152 GB" or "4 vCPUs, 16 GB"
+    where: str  # "us-east-1 (us-east-1a)"
+    market: str  # "on-demand" or "spot"
+    hourly: float | None  # one machine, USD per hour; None: unknown
+    fallbacks: int = 0  # other places (zone, type, market) to try if this one has no capacity
+
+    @property
+    def pool_hourly(self) -> float | None:
+        return None if self.hourly is None else self.hourly * self.nodes
+
+    def estimate(self) -> str:
+        """``"about $4.60/h for the pool (2 x $2.30)"``, or that no price is known."""
+        if self.hourly is None:
+            return f"no price known for {self.machine} ({self.market}) here"
+        each = f"{self.nodes} x ${self.hourly:.4g}"
+        return f"about ${self.hourly * self.nodes:.2f}/h for the pool ({each})"
+
+    def line(self) -> str:
+        others = self.fallbacks
+        fallback = f"; then {others} other place(s) if it has no capacity" if others else ""
+        return (
+            f"{self.nodes} x {self.machine} ({self.hardware}) {self.market} in {self.where}: "
+            f"{self.estimate()}{fallback}"
+        )
 
 
 class Reporter(Protocol):
@@ -23,6 +57,10 @@ class Reporter(Protocol):
         """A line about the pool as a whole (a resource made, a wait that is taking long)."""
         ...
 
+    def chosen(self, choice: Choice) -> None:
+        """A cloud pool picked its machines (said once, before anything is created)."""
+        ...
+
 
 class SilentReporter:
     """A ``Reporter`` that tells no one (``skyward down``, tests)."""
@@ -34,4 +72,7 @@ class SilentReporter:
         pass
 
     def status(self, line: str) -> None:
+        pass
+
+    def chosen(self, choice: Choice) -> None:
         pass

@@ -22,6 +22,8 @@ _NAMES = (
     "PipIndex",
     "Plugin",
     "PoolSpec",
+    "Spec",
+    "Volume",
     "Worker",
     "compute",
     "function",

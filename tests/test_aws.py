@@ -69,6 +69,41 @@ def test_an_unknown_profile_is_refused_when_the_pool_is_built(moto: MotoServer) 
         sky.ComputePool(provider=provider(moto, profile="no-such-profile"), nodes=1, quiet=True)
 
 
+def _no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """This process's environment as a machine with no AWS credentials anywhere: none in the
+    environment or ~/.aws, no instance metadata (a region is still set)."""
+    for name in list(os.environ):
+        if name.startswith("AWS_") and name != "AWS_DEFAULT_REGION":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+
+
+def test_missing_credentials_are_refused_when_the_pool_is_built(
+    moto: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _no_credentials(monkeypatch, tmp_path)
+    aws = sky.AWS(endpoint_url=moto.url, region="us-east-1", ssh_cidr="10.0.0.0/8")
+    with pytest.raises(ProvisionError) as caught:
+        sky.ComputePool(provider=aws, nodes=1, quiet=True)  # built, never started
+    message = str(caught.value)
+    assert "no AWS credentials found" in message
+    for what in ("aws configure", "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "sky.AWS(profile="):
+        assert what in message
+
+
+def test_credentials_from_the_environment_are_enough_to_build_the_pool(
+    moto: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _no_credentials(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    aws = sky.AWS(endpoint_url=moto.url, region="us-east-1", ssh_cidr="10.0.0.0/8")
+    pool = sky.ComputePool(provider=aws, nodes=1, quiet=True)
+    assert pool.statistics().state == "new"
+
+
 def test_a_missing_boto3_names_the_extra_when_the_pool_is_built() -> None:
     script = (
         "import sys; sys.modules['boto3'] = None\n"
@@ -510,8 +545,9 @@ def test_what_teardown_cannot_delete_is_named_with_the_command_that_removes_it(
     assert left["instances"] == [] and left["key pairs"] == []  # the rest went
     assert len(left["security groups"]) == 1
     env = {**os.environ, "AWS_ENDPOINT_URL": moto.url}
+    command = ["down", "--pool", "undeletable", "--yes", "--cloud", "aws"]
     down = subprocess.run(
-        [str(Path(sys.executable).parent / "skyward"), "down", "--pool", "undeletable", "--yes"],
+        [str(Path(sys.executable).parent / "skyward"), *command],
         capture_output=True,
         text=True,
         timeout=120,
@@ -532,7 +568,7 @@ def _cli(moto: MotoServer, *args: str, tmp: Path) -> subprocess.CompletedProcess
         "TMPDIR": str(tmp),
     }
     return subprocess.run(
-        [str(Path(sys.executable).parent / "skyward"), *args],
+        [str(Path(sys.executable).parent / "skyward"), *args, "--cloud", "aws"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -220,7 +220,7 @@ def _skyward(
     if tmp is not None:  # where the clients of the test put their pool keys
         env["TMPDIR"] = str(tmp)
     return subprocess.run(
-        [str(Path(sys.executable).parent / "skyward"), *args],
+        [str(Path(sys.executable).parent / "skyward"), *args, "--cloud", "aws"],
         input=answer,
         capture_output=True,
         text=True,

@@ -535,8 +535,8 @@ def test_the_watchdog_runs_its_action_instead_of_powering_off(tmp_path: Path) ->
 def _skyward(
     fake: AzureFake, moto: MotoServer, tmp_path: Path, *args: str, answer: str = ""
 ) -> Any:
-    # AWS is asked too (boto3 is installed): the moto server plays it, so that nothing of
-    # this process, which has no network guard, leaves the machine.
+    # --azure-base-url alone asks Azure only; AWS, were it asked, would be the moto server,
+    # so that nothing of this process, which has no network guard, leaves the machine.
     env = {
         **signed_in_env(fake, tmp_path / "az"),
         "AWS_ENDPOINT_URL": moto.url,

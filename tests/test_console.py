@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pty
@@ -17,6 +18,9 @@ from support.pools import ssh_provider
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
+from skyward._phases import Choice
+from skyward.console import Console
+from skyward.console.progress import Board
 
 ROOT = Path(__file__).resolve().parents[1]
 STAMP = r"\d\d:\d\d:\d\d skyward: "
@@ -195,3 +199,60 @@ def test_quiet_cannot_contradict_console() -> None:
         sky.ComputePool(quiet=True, console="rich")
     with pytest.raises(pydantic.ValidationError, match="console"):
         sky.ComputePool(console="fancy")  # type: ignore[arg-type]
+
+
+_CHOICE = Choice(
+    nodes=2,
+    machine="p4d.24xlarge",
+    hardware="8x A100 40 GB",
+    where="us-east-1 (us-east-1b)",
+    market="on-demand",
+    hourly=21.96,
+    fallbacks=3,
+)
+
+
+@pytest.mark.parametrize("mode", ["rich", "plain"])
+def test_a_cloud_pools_choice_shows_under_the_title_with_its_price(
+    mode: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "120")  # a terminal wide enough for every column
+    console = Console(mode=mode)  # type: ignore[arg-type]
+    console.begin("starting 2 node(s) on aws (pool priced)", 2)
+    console.chosen(_CHOICE)
+    console.end("pool priced ready")
+    err = capsys.readouterr().err
+    assert "p4d.24xlarge" in err and "us-east-1 (us-east-1b)" in err and "on-demand" in err
+    if mode == "rich":  # a table: what, where, how many, $/h each and for the pool
+        for heading in ("nodes", "machine", "hardware", "where", "$/h each", "$/h pool"):
+            assert heading in err
+        assert "21.96" in err and "43.92" in err
+    else:
+        assert "2 x p4d.24xlarge (8x A100 40 GB) on-demand in" in err
+        assert "about $43.92/h for the pool (2 x $21.96); then 3 other place(s)" in err
+
+
+def test_a_choice_without_a_known_price_says_so() -> None:
+    unknown = dataclasses.replace(_CHOICE, hourly=None)
+    assert unknown.estimate() == "no price known for p4d.24xlarge (on-demand) here"
+    board = Board("t", 2)
+    board.choice = unknown
+    assert board.choice_table()[1][-2:] == ("?", "?")
+
+
+@pytest.mark.timeout(90)
+def test_a_map_longer_than_a_second_shows_a_progress_bar_and_a_short_one_none() -> None:
+    screen = _run_in_terminal(
+        "import time, skyward as sky\n"
+        "def slow(x):\n"
+        "    time.sleep(0.05)\n"
+        "    return x\n"
+        "with sky.ComputePool(nodes=2, name='bar-pool') as pool:\n"
+        "    pool.map(abs, range(10))\n"
+        "    print('SHORT DONE', flush=True)\n"
+        "    pool.map(slow, range(60), chunksize=1)\n"
+    )
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
+    short, long = plain.split("SHORT DONE", 1)
+    assert "map abs" not in short  # under a second: no bar
+    assert "map slow" in long and "60/60" in long

@@ -90,7 +90,7 @@ def _skyward(cloud: GCPStandIns, key: Path, moto: MotoServer, *args: str) -> Any
         AWS_DEFAULT_REGION=moto.region,
     )
     return subprocess.run(
-        [str(Path(sys.executable).parent / "skyward"), *args],
+        [str(Path(sys.executable).parent / "skyward"), *args, "--cloud", "gcp", "--cloud", "aws"],
         capture_output=True,
         text=True,
         env=env,

@@ -4,6 +4,7 @@
 
     skyward --version
     skyward doctor            what this machine has for Skyward, and how to fix what it lacks
+    skyward catalog [ACCEL]   machine types per cloud: GPUs, memory, price per hour
     skyward ls                what Skyward created and is still there, by its tags
     skyward down --pool NAME  remove it (or --all; --yes to skip the question)
     skyward logs [POOL]       a pool's events and its nodes' output, kept after it ends
@@ -20,6 +21,7 @@ from __future__ import annotations
 import click
 
 import skyward
+from skyward.cli.catalog import catalog
 from skyward.cli.doctor import doctor
 from skyward.cli.leftovers import down, ls
 from skyward.cli.logs import logs
@@ -32,6 +34,7 @@ def main() -> None:
 
 
 main.add_command(doctor)
+main.add_command(catalog)
 main.add_command(ls)
 main.add_command(down)
 main.add_command(logs)

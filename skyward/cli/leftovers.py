@@ -14,21 +14,31 @@ Slurm clusters named with ``--slurm LOGIN`` (``local`` for this machine's Slurm 
 where Skyward's jobs are this user's jobs named ``skyward-<pool>``. Given only ``--slurm``,
 AWS is not asked.
 
+Which clouds are asked: those named with ``--cloud``; else those whose options are given
+(``--region``/``--profile``: AWS, ``--project``: GCP, ``--subscription``/``--azure-base-url``:
+Azure); else, unless only ``--slurm`` is, every cloud. A cloud asked about that cannot be
+searched (its extra is not installed, no credentials, no subscription or project, a region
+that did not answer) is named with what to install or set, and the command fails after
+saying what it did search: an empty list from a cloud nobody looked at is not an all-clear.
+Advice coming from a provider names this command's flags, not the Python options.
+
 A killed client also leaves its pool's private key in ``/tmp/skyward-key-*``: ``ls`` lists
 those whose key pair is gone from the cloud (stale), ``down`` removes them once it has
-removed, or found gone, the pool's key pair.
+removed, or found gone, the pool's key pair. ``ls`` also lists the newest pools that ran on
+this machine (``skyward.console.logs``): their state and their log directory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
 from skyward._errors import SkywardError
+from skyward._phases import Choice
 from skyward.providers.base import Inventory, Leftover
 from skyward.providers.cloud import LocalKey, local_keys, remove_local_key
 
@@ -40,17 +50,6 @@ class _SlurmLogins:
     logins: tuple[str, ...] = ()
     key: Path | None = None
     known_hosts: Path | None = None
-
-
-def _clouds_asked(
-    slurm: _SlurmLogins,
-    regions: Sequence[str],
-    subscriptions: Sequence[str],
-    projects: Sequence[str] = (),
-) -> bool:
-    """Whether the clouds were searched (not only --slurm clusters): local pool keys are
-    judged stale only against a search of the clouds that made them."""
-    return not (slurm.logins and not regions and not subscriptions and not projects)
 
 
 class _Echo:
@@ -65,26 +64,78 @@ class _Echo:
     def status(self, line: str) -> None:
         click.echo(line)
 
+    def chosen(self, choice: Choice) -> None:
+        pass
+
+
+CLOUDS = ("aws", "gcp", "azure")
+
+
+@dataclass
+class _Search:
+    """What one ``ls`` / ``down`` looked through: the places asked, what each holds, and the
+    places that could not be looked at, each with what to install or set."""
+
+    places: list[tuple[str, Inventory]] = field(default_factory=list)
+    collected: list[tuple[Inventory, list[Leftover]]] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)  # "aws: 17 regions (us-east-1, ...)"
+    unchecked: list[str] = field(default_factory=list)  # "gcp: not checked: ...; do this"
+
+    def not_checked(self, line: str) -> None:
+        self.unchecked.append(_for_the_command_line(line))
+
+
+def _clouds_to_ask(
+    clouds: Sequence[str],
+    slurm: _SlurmLogins,
+    regions: Sequence[str],
+    profile: str | None,
+    subscriptions: Sequence[str],
+    azure_base_url: str | None,
+    projects: Sequence[str],
+) -> list[str]:
+    """``--cloud`` when given; else the clouds whose options were given (``--region`` is
+    AWS's, ``--subscription`` Azure's, ``--project`` GCP's); else, unless only ``--slurm``
+    was, every cloud. Each one asked is either searched or named as not checked."""
+    if clouds:
+        return list(dict.fromkeys(clouds))
+    named = [
+        cloud
+        for cloud, given in (
+            ("aws", bool(regions or profile)),
+            ("gcp", bool(projects)),
+            ("azure", bool(subscriptions or azure_base_url)),
+        )
+        if given
+    ]
+    if named or slurm.logins:
+        return named
+    return list(CLOUDS)
+
 
 def _inventories(
+    clouds: Sequence[str],
     regions: Sequence[str],
     profile: str | None,
     subscriptions: Sequence[str] = (),
     azure_base_url: str | None = None,
     slurm: _SlurmLogins = _SlurmLogins(),
     projects: Sequence[str] = (),
-) -> list[tuple[str, Inventory]]:
-    """(where, inventory) for every place asked about; an SDK that is not installed is said."""
+) -> _Search:
+    """Every place to ask about; a cloud that cannot be asked is named, with why."""
     from skyward.providers.azure.inventory import inventories as azure
 
-    found = _slurm_inventories(slurm)
-    if not _clouds_asked(slurm, regions, subscriptions, projects):
-        return found  # only the clusters were asked about
-    found += _aws_inventories(regions, profile)
-    on_azure, note = azure(subscriptions, azure_base_url)
-    if note:
-        click.echo(note, err=True)
-    return found + list(on_azure) + _gcp_inventories(projects)
+    search = _Search(places=_slurm_inventories(slurm))
+    if "aws" in clouds:
+        _aws_inventories(search, regions, profile)
+    if "gcp" in clouds:
+        _gcp_inventories(search, projects)
+    if "azure" in clouds:
+        on_azure, note = azure(subscriptions, azure_base_url)
+        if note:
+            search.not_checked(note)
+        search.places += on_azure
+    return search
 
 
 def _slurm_inventories(slurm: _SlurmLogins) -> list[tuple[str, Inventory]]:
@@ -99,55 +150,49 @@ def _slurm_inventories(slurm: _SlurmLogins) -> list[tuple[str, Inventory]]:
     return found
 
 
-def _aws_inventories(regions: Sequence[str], profile: str | None) -> list[tuple[str, Inventory]]:
+def _aws_inventories(search: _Search, regions: Sequence[str], profile: str | None) -> None:
     import importlib.util
 
     if importlib.util.find_spec("boto3") is None:
-        click.echo("aws: not checked; install it with: pip install 'skyward[aws]'", err=True)
-        return []
+        search.not_checked("aws: not checked; install it with: pip install 'skyward[aws]'")
+        return
     from skyward.providers.aws import AWS
 
-    found: list[tuple[str, Inventory]] = []
     asked: list[str | None] = list(regions) or [None]  # None: every enabled region
     for region in asked:
         inventory = AWS(region=region, profile=profile).inventory()
         if inventory is not None:
-            found.append((f"aws {region or '(every enabled region)'}", inventory))
-    return found
+            search.places.append((f"aws {region or '(every enabled region)'}", inventory))
 
 
-def _gcp_inventories(projects: Sequence[str]) -> list[tuple[str, Inventory]]:
-    """(where, inventory) for each GCP project asked about, by default the credentials'
+def _gcp_inventories(search: _Search, projects: Sequence[str]) -> None:
+    """Each GCP project asked about, by default the credentials'
     (``SKYWARD_GCP_ENDPOINT``: where the Compute calls go, a proxy or a test server)."""
     import importlib.util
     import os
 
     if importlib.util.find_spec("google.cloud.compute_v1") is None:
-        if projects:
-            click.echo("gcp: not checked; install it with: pip install 'skyward[gcp]'", err=True)
-        return []
+        search.not_checked("gcp: not checked; install it with: pip install 'skyward[gcp]'")
+        return
     from skyward.providers.gcp import GCP
     from skyward.providers.gcp.api import credentials_and_project
 
     endpoint = os.environ.get("SKYWARD_GCP_ENDPOINT") or None
-    found: list[tuple[str, Inventory]] = []
     asked_for: list[str | None] = list(projects) or [None]
     for asked in asked_for:
         try:
             credentials, project = credentials_and_project(asked, None)
         except SkywardError as exc:
-            if projects:
-                raise click.ClickException(f"gcp: {exc}") from exc
-            click.echo("gcp: not checked (no credentials or project; see skyward doctor)", err=True)
+            search.not_checked(f"gcp: not checked: {exc}")
             continue
         config = GCP(project=project, credentials=credentials, endpoint=endpoint)
         inventory = config.inventory()
         if inventory is not None:
-            found.append((f"gcp {project}", inventory))
-    return found
+            search.places.append((f"gcp {project}", inventory))
 
 
 def _collect(
+    clouds: Sequence[str],
     regions: Sequence[str],
     profile: str | None,
     pool: str | None,
@@ -155,18 +200,57 @@ def _collect(
     azure_base_url: str | None = None,
     slurm: _SlurmLogins = _SlurmLogins(),
     projects: Sequence[str] = (),
-) -> list[tuple[Inventory, list[Leftover]]]:
-    collected = []
-    asked = _inventories(regions, profile, subscriptions, azure_base_url, slurm, projects)
-    for where, inventory in asked:
+) -> _Search:
+    search = _inventories(clouds, regions, profile, subscriptions, azure_base_url, slurm, projects)
+    for where, inventory in search.places:
         try:
             leftovers = inventory.leftovers(pool=pool)
         except SkywardError as exc:
-            raise click.ClickException(f"{where}: {exc}") from exc
+            search.not_checked(f"{where}: not checked: {exc}")
+            continue
         for problem in getattr(inventory, "problems", []):
-            click.echo(f"{where}: not searched: {problem}", err=True)
-        collected.append((inventory, leftovers))
-    return collected
+            search.not_checked(f"{where}: not searched: {problem}")
+        for note in getattr(inventory, "notes", []):
+            click.echo(f"{where}: {note}", err=True)
+        searched = getattr(inventory, "searched", None)
+        if searched is not None and len(searched) > 1:
+            names = ", ".join(searched[:3]) + (", ..." if len(searched) > 3 else "")
+            search.checked.append(f"aws: {len(searched)} regions ({names})")
+        elif searched:
+            search.checked.append(f"aws: {searched[0]}")
+        elif searched is None:
+            search.checked.append(where)
+        search.collected.append((inventory, leftovers))
+    return search
+
+
+def _for_the_command_line(text: str) -> str:
+    """A provider's advice as this command takes it: its Python options become the flags
+    (``sky.AWS(region='us-east-1')`` -> ``--region us-east-1``)."""
+    import re
+
+    text = re.sub(r"sky\.AWS\(region='([^']*)'\)", r"--region \1", text)
+    text = re.sub(r"sky\.AWS\(profile=(?:'\.\.\.'|\.\.\.)\)", "--profile NAME", text)
+    text = re.sub(r"sky\.GCP\(project='([^']*)'\)", r"--project \1", text)
+    return text.replace("sky.GCP(credentials=...)", "GOOGLE_APPLICATION_CREDENTIALS")
+
+
+def _finish(search: _Search, *, nothing: str) -> None:
+    """Say what was checked; with something not checked, exit non-zero naming it, however
+    empty the rest was: an unchecked cloud is not an all-clear."""
+    if search.checked:
+        click.echo(f"Checked: {'; '.join(search.checked)}.", err=True)
+    if nothing:
+        click.echo(nothing)
+    if not search.unchecked:
+        return
+    for line in search.unchecked:
+        click.echo(line, err=True)
+    narrow = " (or name the clouds to check with --cloud)" if len(search.checked) else ""
+    raise click.ClickException(
+        f"{len(search.unchecked)} place(s) were not checked, so this is not an all-clear: "
+        f"install or set what the lines above name{narrow}"
+    )
 
 
 def _stale_keys(
@@ -174,6 +258,7 @@ def _stale_keys(
     regions: Sequence[str],
     pool: str | None,
     azure_endpoint: str | None = None,
+    clouds: Sequence[str] = CLOUDS,
 ) -> list[LocalKey]:
     """Pool keys on this machine whose key pair the search did not find (in a region it
     searched): their pool is gone, or going. On Azure the pool's resource group plays the
@@ -192,6 +277,8 @@ def _stale_keys(
     gcp = [x.id for x in leftovers if x.provider == "gcp"]
 
     def searched(key: LocalKey) -> bool:
+        if key.provider not in clouds:
+            return False
         if key.provider == "azure":
             return azure_endpoint is not None and key.endpoint == azure_endpoint
         if key.provider == "gcp":
@@ -307,8 +394,54 @@ _azure_base_url = click.option(
 )
 
 
+_clouds = click.option(
+    "--cloud",
+    "clouds",
+    multiple=True,
+    type=click.Choice(CLOUDS),
+    help="A cloud to check (repeatable). Default: the clouds whose options are given "
+    "(--region: aws, --project: gcp, --subscription: azure), else every cloud; one that "
+    "cannot be checked makes the command fail.",
+)
+_RECENT = 5  # pools shown under `skyward ls`; `skyward logs --list` shows them all
+
+
+def _recent_pools(pool: str | None) -> None:
+    """The newest pools that kept logs on this machine: their state and where the logs are."""
+    from skyward.console.logs import logs_root, recent_pools
+
+    pools = [m for m in recent_pools() if pool is None or m.get("name") == pool]
+    if not pools:
+        return
+    click.echo(f"\nRecent pools on this machine (logs under {logs_root()}):")
+    rows = [
+        (
+            str(meta.get("name", "?")),
+            str(meta.get("state", "?")),
+            str(meta.get("provider", "?")),
+            f"{meta.get('nodes', '?')} node(s)",
+            _age(_started(meta)) + " ago",
+            str(meta["directory"]),
+        )
+        for meta in pools[:_RECENT]
+    ]
+    widths = [max(len(c) for c in column) for column in zip(*rows, strict=True)]
+    for row in rows:
+        click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if len(pools) > _RECENT:
+        click.echo(f"  ... and {len(pools) - _RECENT} more: skyward logs --list")
+
+
+def _started(meta: dict[str, object]) -> datetime | None:
+    started = meta.get("started")
+    if not isinstance(started, int | float):
+        return None
+    return datetime.fromtimestamp(float(started), UTC)
+
+
 @click.command("ls")
 @click.option("--pool", default=None, help="Only this pool's resources.")
+@_clouds
 @_regions
 @_profile
 @_subscriptions
@@ -319,6 +452,7 @@ _azure_base_url = click.option(
 @_known_hosts
 def ls(
     pool: str | None,
+    clouds: tuple[str, ...],
     regions: tuple[str, ...],
     profile: str | None,
     subscriptions: tuple[str, ...],
@@ -329,23 +463,34 @@ def ls(
     known_hosts: Path | None,
 ) -> None:
     """List what Skyward created and is still there (instances, groups, keys, Slurm jobs), in
-    every enabled region unless --region is given, and pool keys left on this machine."""
+    every enabled region unless --region is given, pool keys left on this machine, and the
+    pools that ran here recently. Fails when a cloud asked about could not be checked."""
     slurm = _SlurmLogins(slurm_logins, ssh_key, known_hosts)
-    collected = _collect(regions, profile, pool, subscriptions, azure_base_url, slurm, projects)
-    everything = [x for _, found in collected for x in found]
-    azure = _azure_searched(collected, azure_base_url)
-    if _clouds_asked(slurm, regions, subscriptions, projects):
-        everything += _key_rows(_stale_keys(everything, regions, pool, azure))
-    if not everything:
-        click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
-        return
-    _table(everything)
+    asked = _clouds_to_ask(clouds, slurm, regions, profile, subscriptions, azure_base_url, projects)
+    search = _collect(asked, regions, profile, pool, subscriptions, azure_base_url, slurm, projects)
+    everything = [x for _, found in search.collected for x in found]
+    azure = _azure_searched(search.collected, azure_base_url)
+    if asked:
+        everything += _key_rows(_stale_keys(everything, regions, pool, azure, asked))
+    if everything:
+        _table(everything)
+    _recent_pools(pool)
+    nothing = "" if everything else _nothing(pool, search)
+    _finish(search, nothing=nothing)
+
+
+def _nothing(pool: str | None, search: _Search) -> str:
+    of = f" for pool {pool}" if pool else ""
+    if search.unchecked:
+        return f"Nothing found{of} in what was checked."
+    return f"Nothing left by Skyward{of}."
 
 
 @click.command("down")
 @click.option("--pool", default=None, help="Remove this pool's resources.")
 @click.option("--all", "everything", is_flag=True, help="Remove every pool's resources.")
 @click.option("--yes", is_flag=True, help="Do not ask first.")
+@_clouds
 @_regions
 @_profile
 @_subscriptions
@@ -358,6 +503,7 @@ def down(
     pool: str | None,
     everything: bool,
     yes: bool,
+    clouds: tuple[str, ...],
     regions: tuple[str, ...],
     profile: str | None,
     subscriptions: tuple[str, ...],
@@ -369,22 +515,24 @@ def down(
 ) -> None:
     """Remove what Skyward created: one pool's resources, or every pool's, in every enabled
     region unless --region is given (and Slurm jobs with --slurm); then the pool keys on this
-    machine whose key pair is gone."""
+    machine whose key pair is gone. Fails when a cloud asked about could not be checked
+    (after removing what the others hold)."""
     if (pool is None) == (not everything):
         raise click.UsageError("give --pool NAME or --all (one of them)")
     slurm = _SlurmLogins(slurm_logins, ssh_key, known_hosts)
-    collected = _collect(regions, profile, pool, subscriptions, azure_base_url, slurm, projects)
+    asked = _clouds_to_ask(clouds, slurm, regions, profile, subscriptions, azure_base_url, projects)
+    search = _collect(asked, regions, profile, pool, subscriptions, azure_base_url, slurm, projects)
+    collected = search.collected
     total = [x for _, found in collected for x in found]
     azure = _azure_searched(collected, azure_base_url)
-    clouds = _clouds_asked(slurm, regions, subscriptions, projects)
     if not total:
-        stale = _stale_keys(total, regions, pool, azure) if clouds else []
+        stale = _stale_keys(total, regions, pool, azure, asked) if asked else []
         for key in stale:
             remove_local_key(key)
             click.echo(f"Removed the stale pool key {key.directory}")
-        click.echo("Nothing left by Skyward" + (f" for pool {pool}." if pool else "."))
+        _finish(search, nothing=_nothing(pool, search))
         return
-    _table(total + (_key_rows(_stale_keys(total, regions, pool, azure)) if clouds else []))
+    _table(total + (_key_rows(_stale_keys(total, regions, pool, azure, asked)) if asked else []))
     if not yes:
         click.confirm(f"Delete these {len(total)} resource(s)?", abort=True)
     failed = []
@@ -399,9 +547,10 @@ def down(
             failed.append(str(exc))
     # The keys of pools whose key pair is now gone (deleted here, or gone before).
     remaining = [x for x in total if x not in deleted]
-    for key in _stale_keys(remaining, regions, pool, azure) if clouds else []:
+    for key in _stale_keys(remaining, regions, pool, azure, asked) if asked else []:
         remove_local_key(key)
         click.echo(f"Removed the pool key {key.directory}")
     if failed:
         raise click.ClickException("; ".join(failed))
     click.echo(f"Deleted {len(total)} resource(s).")
+    _finish(search, nothing="")

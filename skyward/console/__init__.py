@@ -37,7 +37,7 @@ from skyward.console.logs import PoolLog
 from skyward.console.progress import Board, JupyterProgress, PlainProgress, Progress, RichProgress
 
 if TYPE_CHECKING:
-    from skyward._phases import Phase
+    from skyward._phases import Choice, Phase
 
 ConsoleMode = Literal["auto", "rich", "plain", "off"]
 OutputMode = Literal["all", "head", "none"]
@@ -119,6 +119,18 @@ class Console:
                 self._board.set_line(node, line)
             if self._progress is not None:
                 self._progress.line(node, line)
+
+    def chosen(self, choice: Choice) -> None:
+        """A cloud pool picked its machines: shown under the title until the display ends."""
+        text = choice.line()
+        logger.info(text)
+        if self.log_file is not None:
+            self.log_file.event(text)
+        with self._lock:
+            if self._board is not None:
+                self._board.choice = choice
+            if self._progress is not None:
+                self._progress.chosen(choice)
 
     def status(self, text: str) -> None:
         """A one-off event: a worker replaced, plugins entering, the pool closing."""

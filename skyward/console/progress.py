@@ -2,7 +2,8 @@
 
 ::
 
-    provider / pool ── phase(), log() ──> Board (per node: phase, since, last line)
+    provider / pool ── phase(), log() ──> Board (per node: phase, since, last line;
+                      chosen() ─────────>        a cloud's choice: what, where, $/h)
                                             ├─ PlainProgress    timestamped lines on stderr
                                             ├─ RichProgress     a live table on the terminal
                                             └─ JupyterProgress  a display updated in place
@@ -21,7 +22,10 @@ import html
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from skyward._phases import Choice
 
 _LAST_LINE_WIDTH = 80
 
@@ -46,6 +50,7 @@ class Board:
     nodes: int
     started: float = field(default_factory=time.monotonic)
     rows: dict[int, NodeRow] = field(default_factory=dict)
+    choice: Choice | None = None  # what a cloud pool picked, once it has
 
     def __post_init__(self) -> None:
         self.rows = {rank: NodeRow(since=self.started) for rank in range(self.nodes)}
@@ -67,6 +72,18 @@ class Board:
     def set_line(self, node: int, line: str) -> None:
         self.row(node).last_line = _shorten(line)
 
+    def choice_table(self) -> list[tuple[str, ...]]:
+        """The cloud's choice as a header row and one row (none before a cloud chose)."""
+        c = self.choice
+        if c is None:
+            return []
+        each = "?" if c.hourly is None else f"{c.hourly:.2f}"
+        pool = "?" if c.pool_hourly is None else f"{c.pool_hourly:.2f}"
+        return [
+            ("nodes", "machine", "hardware", "market", "where", "$/h each", "$/h pool"),
+            (str(c.nodes), c.machine, c.hardware, c.market, c.where, each, pool),
+        ]
+
     def table(self) -> list[tuple[str, str, str, str]]:
         """(node, phase, elapsed, news) per node, as text: news is the phase's latest line,
         or its detail until a line comes."""
@@ -87,6 +104,10 @@ class Progress(Protocol):
     def phase(self, node: int, phase: str, detail: str) -> None: ...
     def line(self, node: int, line: str) -> None: ...
     def note(self, text: str) -> None: ...
+    def chosen(self, choice: Choice) -> None:
+        """A cloud pool picked its machines (the board has it already)."""
+        ...
+
     def end(self, summary: str | None) -> None: ...
     def print_above(self, text: str) -> bool:
         """Show worker output above a live display; False when there is none to keep
@@ -120,6 +141,9 @@ class PlainProgress:
 
     def note(self, text: str) -> None:
         _write_stderr(stamp(text))
+
+    def chosen(self, choice: Choice) -> None:
+        _write_stderr(stamp(choice.line()))
 
     def end(self, summary: str | None) -> None:
         if summary:
@@ -163,6 +187,9 @@ class RichProgress:
 
         table = Table.grid(padding=(0, 2))
         table.add_row(Text(self._board.title if self._board else "", style="bold"))
+        chosen = self._board.choice_table() if self._board else []
+        if chosen:
+            table.add_row(self._choice(chosen))
         grid = Table.grid(padding=(0, 2))
         rows = self._board.table() if self._board else []
         # One screen line per node, however narrow the terminal: only the news gives way,
@@ -184,8 +211,32 @@ class RichProgress:
         table.add_row(grid)
         return table
 
+    def _choice(self, chosen: list[tuple[str, ...]]) -> Any:
+        """The cloud's choice as a small table on one line, however narrow the terminal:
+        only the hardware column gives way (cut with an ellipsis, then left out)."""
+        from rich.table import Table
+
+        header, row = chosen
+        widths = [max(len(h), len(v)) for h, v in zip(header, row, strict=True)]
+        hardware = header.index("hardware")
+        others = sum(w for i, w in enumerate(widths) if i != hardware) + 2 * len(widths)
+        room = self._console.width - 1 - others
+        cells = list(row)
+        keep = [i for i in range(len(header)) if i != hardware or room >= 8]
+        if room < len(cells[hardware]):
+            cells[hardware] = cells[hardware][: max(room - 1, 0)] + "…"
+        choice = Table(box=None, padding=(0, 1), show_edge=False, header_style="dim")
+        for i in keep:
+            right = header[i] in ("nodes", "$/h each", "$/h pool")
+            choice.add_column(header[i], justify="right" if right else "left", no_wrap=True)
+        choice.add_row(*(cells[i] for i in keep), style="yellow")
+        return choice
+
     def phase(self, node: int, phase: str, detail: str) -> None:
         pass  # the board changed; the live display redraws by itself
+
+    def chosen(self, choice: Choice) -> None:
+        pass  # drawn from the board, under the title
 
     def line(self, node: int, line: str) -> None:
         pass
@@ -255,14 +306,27 @@ class JupyterProgress:
     def _bundle(self) -> dict[str, str]:
         rows = self._board.table() if self._board else []
         title = self._board.title if self._board else ""
-        text = "\n".join([title, *("  ".join(r).rstrip() for r in rows)])
+        chosen = self._board.choice_table() if self._board else []
+        choice = self._board.choice if self._board else None
+        text = "\n".join(
+            [title, *([choice.line()] if choice else []), *("  ".join(r).rstrip() for r in rows)]
+        )
         if self._summary:
             text += f"\n{self._summary}"
         cells = "".join(
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
         )
+        picked = (
+            "<table><tr>"
+            + "".join(f"<th>{html.escape(c)}</th>" for c in chosen[0])
+            + "</tr><tr>"
+            + "".join(f"<td>{html.escape(c)}</td>" for c in chosen[1])
+            + "</tr></table>"
+            if chosen
+            else ""
+        )
         markup = (
-            f"<div><b>{html.escape(title)}</b><table>{cells}</table>"
+            f"<div><b>{html.escape(title)}</b>{picked}<table>{cells}</table>"
             f"{f'<b>{html.escape(self._summary)}</b>' if self._summary else ''}</div>"
         )
         return {"text/plain": text, "text/html": markup}
@@ -272,6 +336,9 @@ class JupyterProgress:
 
     def line(self, node: int, line: str) -> None:
         self._update(force=False)
+
+    def chosen(self, choice: Choice) -> None:
+        self._update(force=True)
 
     def note(self, text: str) -> None:
         _write_stderr(f"skyward: {text}\n")

@@ -54,7 +54,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import Future
 from contextlib import ExitStack
 from pathlib import Path
@@ -80,15 +80,17 @@ from skyward.collections.proxies import (
 from skyward.collections.state import SharedState
 from skyward.console import Console, ConsoleMode, handlers
 from skyward.console.logs import PoolLog, secrets_of
+from skyward.console.mapbar import map_bar
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
 from skyward.link.protocol import RelayFailed
-from skyward.pool import named, signals
+from skyward.pool import mapping, named, signals
 from skyward.pool import profile as _profile
 from skyward.pool.autoscale import Autoscaler
 from skyward.pool.fallback import Attempt, Candidate, Choices, Spec, candidates
 from skyward.pool.machines import Machines
+from skyward.pool.mapping import check_chunksize
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
 from skyward.pool.spec import FROM_05, PoolOptions, pickle_plugins, pool_signature
@@ -172,6 +174,7 @@ class ComputePool(CallTarget):
             gang=bool(spec.gang),
             bind_output=out.bind,
             address=self._machines.worker_address,
+            who=lambda rank: self._machines.layout.who(rank),
         )
         self._startup = Startup(
             spec,
@@ -191,7 +194,12 @@ class ComputePool(CallTarget):
             status=out.status,
         )
         self._hangs = (
-            HangWatch(self._scheduler, bound=spec.hang_timeout, status=out.status)
+            HangWatch(
+                self._scheduler,
+                layout=lambda: self._machines.layout,
+                bound=spec.hang_timeout,
+                status=out.status,
+            )
             if spec.gang and spec.hang_timeout is not None
             else None
         )
@@ -644,20 +652,78 @@ class ComputePool(CallTarget):
         result: list[Any] = gather(futures, list).result()
         return result
 
-    def map(self, fn: Callable[..., R], iterable: Iterable[Any], /) -> list[R]:
-        """``[fn(x) for x in iterable]`` spread over the nodes; results in input order.
+    def map(
+        self,
+        fn: Callable[..., R],
+        iterable: Iterable[Any],
+        /,
+        *,
+        chunksize: int | None = None,
+        ordered: bool = True,
+        progress: bool | None = None,
+    ) -> list[R]:
+        """``[fn(x) for x in iterable]`` spread over the nodes; results in input order
+        (``ordered=False``: in the order they finish).
 
-        The first failure (in input order) is raised and calls still in the pool's queue
-        are cancelled; the few a node with short calls was handed ahead (see
-        ``prefetch_depth``) may still run, and their results are dropped.
+        ``chunksize=N`` sends N items per call (one round trip for N results); ``None``
+        measures how long an item takes and sends about 20 ms of items per call (see
+        ``skyward.pool.mapping``). A bar shows progress on a terminal or in a notebook for
+        maps that run longer than a second (``progress=False``: never; ``True``: even
+        where the console would show none). The first failure (in input order) is raised
+        and the chunks still queued are cancelled; those already on a worker finish and
+        their results are dropped.
         """
-        calls = [pending_call(fn, (item,), {}) for item in iterable]
-        futures = self._submit(calls, same_function=True, prefetch=True)
-        try:
-            return [future.result() for future in futures]
-        finally:
-            for future in futures:
-                future.cancel()
+        return list(
+            self._map(fn, iterable, chunksize=chunksize, ordered=ordered, progress=progress)
+        )
+
+    def imap(
+        self,
+        fn: Callable[..., R],
+        iterable: Iterable[Any],
+        /,
+        *,
+        chunksize: int | None = None,
+        progress: bool | None = None,
+    ) -> Iterator[R]:
+        """``map``, lazily: results in input order as they come, the iterable read only as
+        far as the chunks in flight need (an endless generator is fine). Stopping the
+        iteration cancels what is still queued."""
+        return self._map(fn, iterable, chunksize=chunksize, ordered=True, progress=progress)
+
+    def imap_unordered(
+        self,
+        fn: Callable[..., R],
+        iterable: Iterable[Any],
+        /,
+        *,
+        chunksize: int | None = None,
+        progress: bool | None = None,
+    ) -> Iterator[R]:
+        """``imap``, with each result as soon as its chunk finishes, whatever its place."""
+        return self._map(fn, iterable, chunksize=chunksize, ordered=False, progress=progress)
+
+    def _map(
+        self,
+        fn: Callable[..., R],
+        iterable: Iterable[Any],
+        *,
+        chunksize: int | None,
+        ordered: bool,
+        progress: bool | None,
+    ) -> Iterator[R]:
+        check_chunksize(chunksize)  # now, not at the first next()
+        total = len(iterable) if isinstance(iterable, Sized) else None
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        bar = map_bar(self._console.mode, total, f"map {name}", progress)
+
+        def submit(calls: list[PendingCall[Any]], function: bytes | None) -> list[Future[Any]]:
+            return self._submit(calls, same_function=True, prefetch=True, function=function)
+
+        slots = self.spec.nodes * self.spec.concurrency
+        return mapping.results(
+            submit, fn, iterable, slots=slots, chunksize=chunksize, ordered=ordered, bar=bar
+        )
 
     def _submit(
         self,
@@ -666,6 +732,7 @@ class ComputePool(CallTarget):
         same_function: bool = False,
         prefetch: bool = False,
         waited: bool = False,
+        function: bytes | None = None,
     ) -> list[Future[Any]]:
         """Queue calls for the least busy nodes, all pickled before any is queued; the
         futures their callers get.
@@ -675,9 +742,11 @@ class ComputePool(CallTarget):
         ``concurrency``, so its worker finds the next call waiting instead of idling for a
         round trip. ``waited``: the caller waits for the result at once, reading it itself.
         A generator function's caller gets a future that already holds its ``ResultStream``.
+        ``function``: the calls' function pickled already (a map's chunks).
         """
         self._before_pickling()
-        function = calls[0].serialize_function() if same_function and calls else None
+        if function is None and same_function and calls:
+            function = calls[0].serialize_function()
         route = self._console.route()
         tasks: list[Task] = []
         futures: list[Future[Any]] = []  # what the callers get

@@ -40,7 +40,7 @@ from typing import Literal, TypeVar
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward._phases import Choice, Reporter
 from skyward.providers import catalog
 from skyward.providers.catalog import Cloud, Machine
 
@@ -122,16 +122,6 @@ def plan(
         rank = {id(o): i for i, o in enumerate(offers)}
         offers.sort(key=lambda o: (o.hourly is None, o.hourly or 0.0, rank[id(o)]))
     return offers
-
-
-def estimate(offers: Sequence[Offer], nodes: int) -> str:
-    """``"about $4.60/h for the pool (2 x $2.30)"`` for the first offer, or what is unknown."""
-    if not offers:
-        return "no estimate"
-    first = offers[0]
-    if first.hourly is None:
-        return f"no price known for {first.machine.type} ({first.market}) here"
-    return f"about ${first.hourly * nodes:.2f}/h for the pool ({nodes} x ${first.hourly:.4g})"
 
 
 def affordable(offers: Sequence[Offer], nodes: int, max_hourly_cost: float | None) -> list[Offer]:
@@ -260,13 +250,20 @@ def refuse_above(
 
 
 def announce(offers: Sequence[Offer], nodes: int, reporter: Reporter, where: str) -> None:
-    """The choice, where and the price, before anything is created."""
+    """The choice, where and the price, before anything is created: ``reporter.chosen``
+    (the progress display shows it), then every node's row says what it waits for.
+    ``where``: the region (on Azure the location, which is also the offer's "zone")."""
     first = offers[0]
-    others = len({o.where for o in offers[1:]})
-    fallback = f"; then {others} other place(s) if it has no capacity" if others else ""
-    reporter.status(
-        f"{nodes} x {first.machine.describe()} {first.market} in {where} ({first.zone}): "
-        f"{estimate(offers, nodes)}{fallback}"
+    reporter.chosen(
+        Choice(
+            nodes=nodes,
+            machine=first.machine.type,
+            hardware=first.machine.hardware(),
+            where=where if where == first.zone else f"{where} ({first.zone})",
+            market=first.market,
+            hourly=first.hourly,
+            fallbacks=len({o.where for o in offers[1:]}),
+        )
     )
     for rank in range(nodes):
         reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")

@@ -114,6 +114,12 @@ class Machine:
             return f"{self.type} ({self.vcpus} vCPUs{memory}, no accelerator)"
         return f"{self.type} ({self.count}x {self.accelerator} {self.memory_gb} GB)"
 
+    def hardware(self) -> str:
+        """``"8x A100 40 GB"``; ``"4 vCPUs, 16 GB"`` for a CPU machine."""
+        if self.accelerator is None:
+            return f"{self.vcpus} vCPUs" + (f", {self.ram_gb:g} GB" if self.ram_gb else "")
+        return f"{self.count}x {self.accelerator} {self.memory_gb} GB"
+
     def satisfies(self, vcpus: float | None, memory_gb: float | None) -> bool:
         """At least ``vcpus`` vCPUs and ``memory_gb`` GB of memory (``None``: any)."""
         if vcpus is not None and self.vcpus < vcpus:
@@ -495,3 +501,146 @@ def refuse_contradiction(
             f"memory_gb={memory_gb:g}; drop one of them, or name a larger type"
         )
 
+
+# ── browsing: sky.catalog() and `skyward catalog` ────────────────────────────────────────
+
+CLOUDS: tuple[Cloud, ...] = ("aws", "gcp", "azure")
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One machine type of one cloud, priced in one region: a row of ``sky.catalog()``.
+
+    ``accelerators`` per machine (0 for CPU machines), ``accelerator_memory_gb`` each;
+    ``memory_gb`` the machine's own memory (0: not known). Prices are USD per hour for one
+    machine: ``on_demand`` the dated list price (``None`` where the table does not know one),
+    ``spot`` the cloud's current price when asked for and the cloud says (AWS), else None.
+    """
+
+    cloud: str
+    type: str
+    accelerator: str | None
+    accelerators: int
+    accelerator_memory_gb: int
+    vcpus: int
+    memory_gb: float
+    region: str
+    on_demand: float | None
+    spot: float | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def cloud_of_region(region: str) -> Cloud | None:
+    """Which cloud names a region this way: AWS ``us-west-2`` (one its price list knows, or
+    its shape), GCP ``europe-west4``, Azure ``westeurope``; None when none does."""
+    aws = {r for table in ON_DEMAND.get("aws", {}).values() for r in table}
+    if region in aws or re.fullmatch(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d", region):
+        return "aws"
+    if re.fullmatch(r"[a-z]+-[a-z]+\d+", region):
+        return "gcp"
+    if re.fullmatch(r"[a-z]+\d*", region):
+        return "azure"
+    return None
+
+
+def catalog(
+    accelerator: str | None = None,
+    *,
+    cloud: str | None = None,
+    region: str | None = None,
+    spot: bool = False,
+) -> list[CatalogEntry]:
+    """What each cloud offers for ``accelerator``, with GPUs, memory and price per hour.
+
+    ``accelerator``: a name as a pool takes it (``"A100"``, ``"A100-80GB:8"``), ``"cpu"``
+    for machines without one, or None for everything. ``cloud``: ``"aws"``, ``"gcp"`` or
+    ``"azure"`` (default: every cloud, or the one ``region`` belongs to). ``region``: whose
+    prices to show (default: each cloud's reference region, where its prices are lowest);
+    on AWS, types its price list says the region does not sell are left out. ``spot``: ask
+    the cloud for its current spot prices (AWS only, with the ``aws`` extra and credentials;
+    a network call). Cheapest first within each accelerator. Reads no network otherwise.
+    ``ValueError`` for an unknown accelerator, cloud or region."""
+    clouds = _clouds_for(cloud, region)
+    entries: list[CatalogEntry] = []
+    for each in clouds:
+        where = region or REFERENCE_REGION[each]
+        for machine in _browse(each, accelerator):
+            table = ON_DEMAND.get(each, {}).get(machine.type)
+            if table is not None and where not in table:
+                continue  # not sold there, per the cloud's price list
+            entries.append(
+                CatalogEntry(
+                    cloud=each,
+                    type=machine.type,
+                    accelerator=machine.accelerator,
+                    accelerators=machine.count,
+                    accelerator_memory_gb=machine.memory_gb,
+                    vcpus=machine.vcpus,
+                    memory_gb=machine.ram_gb,
+                    region=where,
+                    on_demand=machine_price(machine, where),
+                )
+            )
+    if spot:
+        entries = _with_spot(entries)
+    order = {name: i for i, name in enumerate((None, *NAMES))}
+    return sorted(
+        entries,
+        key=lambda e: (
+            CLOUDS.index(e.cloud),
+            order[e.accelerator],
+            e.accelerators,
+            e.on_demand is None,
+            e.on_demand or 0.0,
+            e.vcpus,
+        ),
+    )
+
+
+def _clouds_for(cloud: str | None, region: str | None) -> list[Cloud]:
+    if cloud is not None:
+        if cloud not in CLOUDS:
+            raise ValueError(f"unknown cloud {cloud!r}; the catalog has {', '.join(CLOUDS)}")
+        return [cloud]
+    if region is None:
+        return list(CLOUDS)
+    owner = cloud_of_region(region)
+    if owner is None:
+        raise ValueError(
+            f"{region!r} is no region of {', '.join(CLOUDS)} (AWS: 'us-west-2', GCP: "
+            f"'europe-west4', Azure: 'westeurope'); name the cloud too"
+        )
+    return [owner]
+
+
+def _browse(cloud: Cloud, accelerator: str | None) -> list[Machine]:
+    """The machines of ``cloud`` for ``accelerator`` (None: all; "cpu": CPU machines),
+    each type once (GCP's N1 rows differ by their GPUs, and stay)."""
+    if accelerator is None:
+        return machines(cloud)
+    if accelerator.strip().lower() == "cpu":
+        return [m for m in machines(cloud) if m.accelerator is None]
+    wanted = parse(accelerator)
+    return [m for m in machines(cloud) if fits(m, wanted)]
+
+
+def _with_spot(entries: list[CatalogEntry]) -> list[CatalogEntry]:
+    """AWS rows with EC2's current spot price (the lowest of the region's zones)."""
+    from dataclasses import replace
+
+    from skyward.providers.aws.api import Api
+
+    regions = sorted({e.region for e in entries if e.cloud == "aws"})
+    lowest: dict[tuple[str, str], float] = {}
+    for region in regions:
+        api = Api.connect(region=region, profile=None, endpoint_url=None)
+        types = sorted({e.type for e in entries if e.cloud == "aws" and e.region == region})
+        for (kind, _zone), price in api.spot_prices(types).items():
+            key = (region, kind)
+            lowest[key] = min(price, lowest.get(key, price))
+    return [
+        replace(e, spot=lowest.get((e.region, e.type))) if e.cloud == "aws" else e
+        for e in entries
+    ]

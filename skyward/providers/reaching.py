@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from skyward._errors import HostKeyError, ProvisionError
-from skyward._phases import Phase, Reporter
+from skyward._phases import Choice, Phase, Reporter
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud import WatchedDeadline
 from skyward.providers.ssh.hosts import Access, HostNode, HostTarget, open_hosts
@@ -85,3 +85,6 @@ class _Reached:
 
     def status(self, line: str) -> None:
         self._reporter.status(line)
+
+    def chosen(self, choice: Choice) -> None:
+        self._reporter.chosen(choice)

@@ -48,12 +48,14 @@ class HostImage:
     only Python, no pip, no ensurepip) or None (none at all). ``unzip``: whether ``unzip``
     stays. ``tools``: more executables in ``/usr/bin``, name -> script text. ``hidden``:
     more of this machine's ``/usr/bin`` the host does not have (``("s3fs",)``: a stock
-    image, on a machine where the tests installed it)."""
+    image, on a machine where the tests installed it). ``sftp``: whether its sshd offers the
+    SFTP subsystem (some hardened hosts and appliances do not)."""
 
     python: str | None = "system"
     unzip: bool = True
     tools: Mapping[str, str] = field(default_factory=dict)
     hidden: tuple[str, ...] = ()
+    sftp: bool = True
 
     def prepare(self, directory: Path) -> str:
         """Lay out this image's files under ``directory``; the shell lines that mount it, to

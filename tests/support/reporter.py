@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from skyward._phases import Choice
+
 
 class Recorder:
     """Phases, bootstrap lines and status lines, in the order they came. Thread-safe."""
@@ -12,6 +14,7 @@ class Recorder:
         self.phases: list[tuple[int, str, str]] = []
         self.lines: list[tuple[int, str]] = []
         self.statuses: list[str] = []
+        self.choices: list[Choice] = []
         self._lock = threading.Lock()
 
     def phase(self, node: int, phase: str, detail: str = "") -> None:
@@ -25,6 +28,12 @@ class Recorder:
     def status(self, line: str) -> None:
         with self._lock:
             self.statuses.append(line)
+
+    def chosen(self, choice: Choice) -> None:
+        """Kept as a choice, and as the status line a console would print."""
+        with self._lock:
+            self.choices.append(choice)
+            self.statuses.append(choice.line())
 
     def text(self, node: int) -> str:
         return "\n".join(line for n, line in self.lines if n == node)

@@ -238,8 +238,9 @@ class Hosts:
             "PubkeyAuthentication yes\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
             "MaxSessions 100\nMaxStartups 100:30:200\nUseDNS no\nPrintMotd no\n"
-            "AcceptEnv SKYWARD_*\nSubsystem sftp internal-sftp\n"
+            "AcceptEnv SKYWARD_*\n"
             "PermitUserEnvironment yes\n"  # ~/.ssh/environment: see set_environment
+            + ("Subsystem sftp internal-sftp\n" if image.sftp else "")
         )
         # Its own UTS and mount namespaces: its own hostname, and its own /home/skytest, so
         # each host keeps its own Skyward cache as separate machines do.

@@ -41,7 +41,7 @@ from skyward._phases import Reporter
 from skyward.providers import capacity, catalog
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
-from skyward.providers.aws.api import Api, refusal
+from skyward.providers.aws.api import Api, check_credentials, refusal
 from skyward.providers.aws.inventory import AWSInventory
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
 from skyward.providers.capacity import CapacityError, Offer, Strategy
@@ -190,6 +190,7 @@ class AWS(BaseModel):
         # Reads only the environment and ~/.aws: an unknown profile, no region at all, or a
         # region no partition has is said now, not after the pool has started.
         session = Api.session(region=self.region, profile=self.profile)
+        check_credentials(session, profile=self.profile)
         keyless = [v.bucket for v in request.volumes if not v.explicit_credentials]
         if keyless and self.iam_instance_profile is None:
             raise ValueError(
@@ -255,7 +256,7 @@ class AWS(BaseModel):
         offers = self._offers(api, machines, zones, strategy)
         offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
         first = offers[0]
-        self._announce(api, offers, request.nodes, reporter)
+        capacity.announce(offers, request.nodes, reporter, api.region)
         deadline.check("finding the image")
         image, root_device, snapshot_gb = self._image(api, first.machine, request)
         gpu = request.accelerator is not None or first.machine.accelerator is not None
@@ -433,18 +434,6 @@ class AWS(BaseModel):
             return spot.get((machine.type, zone), on_demand)
 
         return capacity.plan(machines, zones, strategy=strategy, price=price)
-
-    def _announce(self, api: Api, offers: Sequence[Offer], nodes: int, reporter: Reporter) -> None:
-        """The choice, where and the price, before anything is created."""
-        first = offers[0]
-        others = sorted({o.where for o in offers[1:]})
-        fallback = f"; then {len(others)} other place(s) if it has no capacity" if others else ""
-        reporter.status(
-            f"{nodes} x {first.machine.describe()} {first.market} in {api.region} "
-            f"({first.zone}): {capacity.estimate(offers, nodes)}{fallback}"
-        )
-        for rank in range(nodes):
-            reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")
 
     def _open(
         self, made: AWSAllocation, described: list[dict[str, Any]], reporter: Reporter

@@ -173,6 +173,28 @@ def known_regions(session: Any) -> set[str]:
     return found
 
 
+NO_CREDENTIALS = (
+    "no AWS credentials found. Run `aws configure` (or `aws sso login`), set AWS_PROFILE or "
+    "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or pass sky.AWS(profile='...')"
+)
+
+
+def check_credentials(session: Any, *, profile: str | None) -> None:
+    """A ``ProvisionError`` naming what to set when boto3 finds no credentials: said when
+    the pool is built, as a missing region is, not when it starts. Reads what boto3 reads
+    (the environment, ~/.aws, an SSO cache, a credential process; on EC2 the instance's
+    role), and makes no call to AWS itself."""
+    try:
+        credentials = session.get_credentials()
+    except Exception as exc:
+        if _is_sdk_error(exc):
+            raise translate(exc, "reading the AWS credentials", str(session.region_name)) from exc
+        raise
+    if credentials is None:
+        which = f" for profile {profile!r}" if profile else ""
+        raise ProvisionError(NO_CREDENTIALS.replace("found", f"found{which}", 1))
+
+
 def check_region(session: Any) -> None:
     """A ``ProvisionError`` for a region no partition has, naming the nearest ones: a typo
     must not read as a network failure later."""
@@ -317,11 +339,7 @@ def _without_response(exc: BaseException, doing: str, region: str) -> ProvisionE
     request botocore refused to send): what happened and what to do."""
     name = type(exc).__name__
     if name in ("NoCredentialsError", "PartialCredentialsError"):
-        return ProvisionError(
-            f"{doing}: no AWS credentials found. Run `aws configure` (or `aws sso login`), set "
-            f"AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or pass "
-            f"sky.AWS(profile='...')"
-        )
+        return ProvisionError(f"{doing}: {NO_CREDENTIALS}")
     if name == "ProfileNotFound":
         return ProvisionError(f"{doing}: {exc}; check sky.AWS(profile=...) and ~/.aws/config")
     if name == "NoRegionError":

@@ -30,7 +30,9 @@ class AWSInventory:
     """Leftovers in one region, or in every enabled one (``region=None``), reached with an
     ``AWS`` configuration's credentials and endpoint (handed over as values: the
     configuration's module builds this one). ``problems`` lists regions that could not be
-    searched, after ``leftovers``."""
+    searched, after ``leftovers``, and ``searched`` those that were; ``notes`` what was
+    searched but not fully (placement groups, which cost nothing, unlisted for want of a
+    permission)."""
 
     def __init__(
         self,
@@ -44,6 +46,8 @@ class AWSInventory:
         self._release_timeout = release_timeout
         self._apis: dict[str, Api] = {}
         self.problems: list[str] = []
+        self.searched: list[str] = []
+        self.notes: list[str] = []
         self._unlisted: list[tuple[str, str]] = []  # (region, why) placement groups unlisted
 
     @property
@@ -79,7 +83,7 @@ class AWSInventory:
 
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
         regions = self.regions()
-        self.problems = []
+        self.problems, self.notes = [], []
         if len(regions) > 1:  # the clients first, one at a time, from one session
             session = self._default_api_session()
             for region in regions:
@@ -99,17 +103,19 @@ class AWSInventory:
         with ThreadPoolExecutor(max_workers=_PARALLEL) as workers:
             results = list(workers.map(search, regions))
         found: list[Leftover] = []
-        for result in results:
+        self.searched = []
+        for region, result in zip(regions, results, strict=True):
             if isinstance(result, str):
                 self.problems.append(result)
             else:
+                self.searched.append(region)
                 found += result
         if self.problems and len(self.problems) == len(regions):
             raise ProvisionError("; ".join(self.problems))
         if self._unlisted:  # one line, not one per region
             names = sorted(r for r, _ in self._unlisted)
             where = ", ".join(names) if len(names) <= 3 else f"{len(names)} regions"
-            self.problems.append(f"placement groups not listed in {where}: {self._unlisted[0][1]}")
+            self.notes.append(f"placement groups not listed in {where}: {self._unlisted[0][1]}")
         return found
 
     def _leftovers_in(self, api: Api, pool: str | None) -> list[Leftover]:

@@ -265,7 +265,7 @@ class Azure(BaseModel):
         machines = self._machines(request, skus)
         offers = self._offers(request, machines, skus, reporter)
         offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
-        _announce(offers, request.nodes, reporter)
+        capacity.announce(offers, request.nodes, reporter, offers[0].zone)
         allocation = AzureAllocation(
             api,
             request,
@@ -569,19 +569,6 @@ def _refusal(exc: ProvisionError, offer: Offer) -> Refusal | None:
     if code in CAPACITY:
         return "capacity"
     return None
-
-
-def _announce(offers: Sequence[Offer], nodes: int, reporter: Reporter) -> None:
-    """The choice, where and the price, before anything is created."""
-    first = offers[0]
-    others = sorted({o.where for o in offers[1:]})
-    fallback = f"; then {len(others)} other place(s) if it has no capacity" if others else ""
-    reporter.status(
-        f"{nodes} x {first.machine.describe()} {first.market} in {first.zone}: "
-        f"{capacity.estimate(offers, nodes)}{fallback}"
-    )
-    for rank in range(nodes):
-        reporter.phase(rank, "provisioning", f"{first.machine.type} in {first.zone}")
 
 
 def _watch_vms(

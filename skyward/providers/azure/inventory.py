@@ -138,15 +138,14 @@ def inventories(
     subscriptions: Sequence[str], base_url: str | None
 ) -> tuple[list[tuple[str, AzureInventory]], str | None]:
     """(where, inventory) for ``skyward ls`` / ``down``: each subscription named, else
-    ``AZURE_SUBSCRIPTION_ID``'s; and a line saying why none is looked at, when the SDKs are
-    not installed or no subscription is known."""
+    ``AZURE_SUBSCRIPTION_ID``'s; and a line saying why none is looked at (the SDKs are not
+    installed, or no subscription is known), None when some are."""
     import importlib.util
     import os
 
     asked = list(subscriptions) or [s for s in [os.environ.get("AZURE_SUBSCRIPTION_ID")] if s]
     if importlib.util.find_spec("azure.mgmt.compute") is None:
-        note = "azure: not checked; install it with: pip install 'skyward[azure]'"
-        return [], note if asked else None
+        return [], "azure: not checked; install it with: pip install 'skyward[azure]'"
     if not asked:
         return [], "azure: not checked; set AZURE_SUBSCRIPTION_ID or pass --subscription"
     found = [

@@ -18,8 +18,7 @@ import re
 import shlex
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -300,12 +299,21 @@ class Connection:
             channel.close()
 
     def upload(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
-        """Write ``data`` to ``path`` on the host, atomically (a temporary name, then rename)."""
+        """Write ``data`` to ``path`` on the host, atomically (a temporary name, then rename).
+
+        Over SFTP when the host offers it; a host whose sshd has no SFTP subsystem (hardened
+        hosts, some appliances) gets the bytes on the stdin of ``cat`` instead. A relative
+        ``path`` is from the login directory either way."""
         import paramiko
 
+        partial = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
         try:
-            with self._sftp() as sftp:
-                partial = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
+            sftp = self._sftp()
+        except _NoSFTP:
+            self._upload_by_exec(data, path, partial, mode)
+            return
+        try:
+            with sftp:
                 with sftp.open(partial, "wb") as file:
                     file.set_pipelined(True)
                     file.write(data)
@@ -314,20 +322,41 @@ class Connection:
         except (paramiko.SSHException, OSError) as exc:
             raise ProvisionError(f"{self.target}: could not upload {path}: {exc}") from exc
 
-    @contextmanager
-    def _sftp(self) -> Iterator[paramiko.SFTPClient]:
+    def _upload_by_exec(self, data: bytes, path: str, partial: str, mode: int) -> None:
+        """``upload`` through a shell: ``cat`` into a temporary name, chmod, rename."""
+        quoted, temporary = shlex.quote(path), shlex.quote(partial)
+        command = (
+            f"cat > {temporary} && chmod {mode:o} {temporary} && mv -f {temporary} {quoted} "
+            f"|| {{ status=$?; rm -f {temporary}; exit $status; }}"
+        )
+        status, output = self.run(command, stdin=data, timeout=600.0)
+        if status != 0:
+            raise ProvisionError(
+                f"{self.target}: could not upload {path}: the host has no SFTP subsystem, and "
+                f"writing it through the shell failed (exit status {status}): "
+                f"{output.strip()[-500:] or 'no output'}"
+            )
+
+    def _sftp(self) -> paramiko.SFTPClient:
+        """An SFTP session; ``_NoSFTP`` when the host refuses the subsystem."""
         import paramiko
 
-        sftp = paramiko.SFTPClient.from_transport(self.transport)
-        if sftp is None:
-            raise ProvisionError(f"{self.target}: the SFTP subsystem is not available")
         try:
-            yield sftp
-        finally:
-            sftp.close()
+            sftp = paramiko.SFTPClient.from_transport(self.transport)
+        except (paramiko.SSHException, EOFError) as exc:
+            # sshd closes the channel when no "Subsystem sftp" line is configured; a dead
+            # connection is said by the fallback's own attempt to open a channel.
+            raise _NoSFTP(str(exc)) from exc
+        if sftp is None:
+            raise _NoSFTP("the SFTP subsystem is not available")
+        return sftp
 
     def close(self) -> None:
         self.transport.close()
+
+
+class _NoSFTP(Exception):
+    """The host offers no SFTP subsystem (``upload`` then writes through the shell)."""
 
 
 def _handshake_failure(target: Target, exc: BaseException, timeout: float) -> str:
