@@ -1,8 +1,8 @@
 """Where a function sent by value was written, so that a worker's traceback can show it.
 
-cloudpickle sends a function from a script, a notebook or a test file by value, and names
-the file of every code object it pickles ``"<dynamic-code>"``, so that the pickle does not
-depend on where the function was defined. A traceback on the worker then reads
+cloudpickle sends a function from a script, a notebook or a test file by value, and (since
+3.1.3) names the file of every code object it pickles ``"<dynamic-code>"``, so that the
+pickle does not depend on where the function was defined. A traceback on the worker then reads
 ``File "<dynamic-code>", line 4, in f`` and shows no source line: the worker cannot know
 the file, and often has no such file (an SSH host, a cloud VM, a notebook's cell)::
 
