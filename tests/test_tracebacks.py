@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import linecache
 import pickle
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,11 @@ def test_the_traceback_names_the_file_and_shows_the_raising_line(pool: sky.Compu
 
 def test_helpers_and_nested_functions_show_their_lines(pool: sky.ComputePool) -> None:
     traceback = remote_traceback(fail_in_helpers(3), pool)
+    # Python 3.12 runs a list comprehension inline (PEP 709): no frame of its own.
+    comprehension = [] if sys.version_info >= (3, 12) else ["<listcomp>"]
     for defined_in, function, text in [
         (fail_in_helpers, "fail_in_helpers", "[inner(v) for v in (value,)]"),
-        (fail_in_helpers, "<listcomp>", "[inner(v) for v in (value,)]"),
+        *[(fail_in_helpers, name, "[inner(v) for v in (value,)]") for name in comprehension],
         (fail_in_helpers, "inner", "raise_in_helper(x + 1)"),
         (raise_in_helper, "raise_in_helper", 'raise ValueError(f"helper got {doubled}")'),
     ]:
