@@ -100,7 +100,8 @@ class Slot:
     channel: Channel | None = None
     ready: bool = False  # in rotation: takes new calls
     busy: int = 0  # calls sent and not finished, broadcasts included
-    recent: float = float("inf")  # seconds from send to result, averaged over recent calls
+    recent: float = float("inf")  # seconds a call takes here, averaged over recent calls
+    last_done: float = 0.0  # when its last call finished
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
     idle_since: float = field(default_factory=time.monotonic)  # when it last had no call
@@ -148,11 +149,9 @@ class PoolStatistics:
 
 
 def prefetch_depth(recent: float) -> int:
-    """Calls a map may queue past a node's slots, given its recent send-to-result time.
-
-    That time includes the wait behind the calls queued before, so the depth settles where
-    depth x time per call is about ``PREFETCH_BELOW``.
-    """
+    """Calls a map may queue past a node's slots, given the time a call recently took there
+    (not counting its wait behind the calls queued before it): the last queued waits about
+    ``PREFETCH_BELOW`` at most."""
     return PREFETCH_MAX if recent <= 0 else min(PREFETCH_MAX, int(PREFETCH_BELOW / recent))
 
 
@@ -687,13 +686,19 @@ class Scheduler:
     def _call_done(self, slot: Slot, ok: bool, elapsed: float, task: Task) -> None:
         # On the thread that read the result: a short hold of this lock, not the pool's.
         with self._lock:
+            now = time.monotonic()
+            # A call that waited on the worker behind another took from that one's end to its
+            # own: its send-to-result time also counts the wait, which would shrink the
+            # prefetch (below) as it grows, down to none under CPU load, when the worker most
+            # needs its next call waiting.
+            queued = slot.busy > self._concurrency  # it waited for a thread on the worker
+            took = min(elapsed, now - slot.last_done) if queued else elapsed
+            slot.last_done = now
             slot.busy -= 1
             if not slot.busy:
-                slot.idle_since = time.monotonic()
+                slot.idle_since = now
             slot.running.pop(id(task), None)
-            slot.recent = (
-                elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
-            )
+            slot.recent = took if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * took
             if ok:
                 self._succeeded += 1
             else:
