@@ -1,13 +1,21 @@
-"""Rewrite ``skyward/providers/prices.py`` from AWS's public price list.
+"""Rewrite one cloud's part of ``skyward/providers/cloud/prices.py``; the other's is kept.
 
-Asks the AWS Price List Query API (``pricing:GetProducts``, any AWS credentials with that
-permission; the API answers in us-east-1) for the on-demand Linux, shared-tenancy price of
-every AWS machine type in ``skyward.providers.catalog``, in every region, and writes the
-dated table. It needs the network and credentials, so it cannot run in the offline test
-environment: run it by hand, look at the diff, commit it.
+AWS: asks the AWS Price List Query API (``pricing:GetProducts``, any AWS credentials with
+that permission; the API answers in us-east-1) for the on-demand Linux, shared-tenancy price
+of every AWS machine type in ``skyward.providers.cloud.catalog``, in every region.
 
-    python scripts/refresh_prices.py            # rewrites skyward/providers/prices.py
-    python scripts/refresh_prices.py --check    # exits 1 if the table is out of date
+GCP: reads a ``pricing.yml`` made from Google's Cloud Billing Catalog API (the one the
+open-source google-cloud-pricing-cost-calculator project publishes, or one made with its
+tools: ``compute.instance.<type>.cost.<region>.hour``) for every GCP machine type of the
+catalog with built-in GPUs or none (N1 machines are priced by their attached GPUs, in the
+catalog itself).
+
+Both need the network (and AWS credentials), so they cannot run in the offline test
+environment: run by hand, look at the diff, commit it.
+
+    python scripts/refresh_prices.py                           # the AWS table
+    python scripts/refresh_prices.py --cloud gcp --from pricing.yml
+    python scripts/refresh_prices.py --check                   # exits 1 if out of date
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$")
-TABLE = ROOT / "skyward" / "providers" / "prices.py"
+TABLE = ROOT / "skyward" / "providers" / "cloud" / "prices.py"
 
 
 def on_demand_prices(instance_type: str, client: Any) -> dict[str, float]:
@@ -56,16 +64,32 @@ def on_demand_prices(instance_type: str, client: Any) -> dict[str, float]:
     return prices
 
 
-def render(table: dict[str, dict[str, float]], as_of: str) -> str:
+def gcp_prices(path: Path, types: list[str]) -> dict[str, dict[str, float]]:
+    """machine type -> region -> USD per hour, from a ``pricing.yml``."""
+    import yaml
+
+    instances = yaml.safe_load(path.read_text())["compute"]["instance"]
+    table: dict[str, dict[str, float]] = {}
+    for name in types:
+        cost = instances.get(name, {}).get("cost", {})
+        hourly = {r: round(float(c["hour"]), 6) for r, c in cost.items() if c.get("hour")}
+        if hourly:
+            table[name] = hourly
+    return table
+
+
+def render(tables: dict[str, dict[str, dict[str, float]]], as_of: dict[str, str]) -> str:
     current = TABLE.read_text()
-    head = current[: current.index("AS_OF = ")]
-    lines = [head + f'AS_OF = "{as_of}"', "", "# cloud -> machine type -> region -> USD per hour"]
+    head = current[: current.index("\nAS_OF = ") + 1]
+    lines = [head + f"AS_OF = {as_of!r}", "", "# cloud -> machine type -> region -> USD per hour"]
     lines.append("ON_DEMAND: dict[str, dict[str, dict[str, float]]] = {")
-    lines.append('    "aws": {')
-    for name in sorted(table):
-        body = ", ".join(f'"{r}": {table[name][r]!r}' for r in sorted(table[name]))
-        lines.append(f'        "{name}": {{{body}}},')
-    lines += ["    },", "}", ""]
+    for cloud, table in tables.items():
+        lines.append(f'    "{cloud}": {{')
+        for name in sorted(table):
+            body = ", ".join(f'"{r}": {table[name][r]!r}' for r in sorted(table[name]))
+            lines.append(f'        "{name}": {{{body}}},')
+        lines.append("    },")
+    lines += ["}", ""]
     return "\n".join(lines)
 
 
@@ -73,20 +97,32 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only say whether it changed")
     parser.add_argument("--profile", default=None, help="the AWS profile to use")
+    parser.add_argument("--cloud", choices=("aws", "gcp"), default="aws")
+    parser.add_argument("--from", dest="source", type=Path, help="GCP: the pricing.yml")
     options = parser.parse_args()
 
-    import boto3
-
     sys.path.insert(0, str(ROOT))
-    from skyward.providers import catalog
+    from skyward.providers.cloud import catalog, prices
 
-    session = boto3.session.Session(profile_name=options.profile)
-    client = session.client("pricing", region_name="us-east-1")
-    table = {m.type: on_demand_prices(m.type, client) for m in catalog.machines("aws")}
-    missing = [name for name, prices in table.items() if not prices]
+    tables, as_of = dict(prices.ON_DEMAND), dict(prices.AS_OF)
+    if options.cloud == "gcp":
+        if options.source is None:
+            parser.error("--cloud gcp needs --from pricing.yml")
+        types = sorted({m.type for m in catalog.machines("gcp") if m.attach is None})
+        table = gcp_prices(options.source, types)
+        missing = [name for name in types if name not in table]
+    else:
+        import boto3
+
+        session = boto3.session.Session(profile_name=options.profile)
+        client = session.client("pricing", region_name="us-east-1")
+        table = {m.type: on_demand_prices(m.type, client) for m in catalog.machines("aws")}
+        missing = [name for name, found in table.items() if not found]
     if missing:
         print(f"no price found for {', '.join(missing)}", file=sys.stderr)
-    text = render(table, datetime.date.today().isoformat())
+    tables[options.cloud] = table
+    as_of[options.cloud] = datetime.date.today().isoformat()
+    text = render(tables, as_of)
     if options.check:
         import tempfile
 

@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     "Azure": "skyward.providers.azure",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
-    "CatalogEntry": "skyward.providers.catalog",
+    "CatalogEntry": "skyward.providers.cloud.catalog",
     "ChannelError": "skyward._errors",
     "CollectiveHang": "skyward._errors",
     "Compute": "skyward.pool",
@@ -72,7 +72,7 @@ _EXPORTS: dict[str, str] = {
     "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
     "barrier": "skyward.collections.proxies",
-    "catalog": "skyward.providers.catalog",
+    "catalog": "skyward.providers.cloud.catalog",
     "compute": "skyward._compute",
     "counter": "skyward.collections.proxies",
     "dict": "skyward.collections.proxies",
@@ -142,7 +142,7 @@ if TYPE_CHECKING:
     from skyward.providers.aws import AWS
     from skyward.providers.azure import Azure
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
-    from skyward.providers.catalog import CatalogEntry, catalog
+    from skyward.providers.cloud.catalog import CatalogEntry, catalog
     from skyward.providers.gcp import GCP
     from skyward.providers.local import Local
     from skyward.providers.slurm import Slurm

@@ -2,19 +2,22 @@
 type checkers, a pydantic model holds their defaults and limits, and the signature that
 ``help()``, notebooks and ``inspect`` show is made from the two.
 
-``ComputePool(**options)`` and ``sky.plugins.jax(**options)`` take ``Unpack[...]`` of their
-``TypedDict`` and hand the model only what the caller gave, so a default lives in the model
-and nowhere else. Tests check each ``TypedDict`` against its model (names, types) and
-against the docs (``tests/test_pool_options.py``, ``tests/test_plugin_jax.py``).
+``ComputePool(**options)`` and every built-in plugin (``sky.plugins.jax(**options)``, ...)
+take ``Unpack[...]`` of their ``TypedDict`` and hand the model only what the caller gave
+(``validated``), so a default lives in the model and nowhere else. Tests check each
+``TypedDict`` against its model (names, types) and against the docs
+(``tests/test_pool_options.py``, ``tests/test_plugin_options.py``).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def keyword_signature(
@@ -63,3 +66,58 @@ def refuse_unknown(
             hint = (instead or {}).get(name)
             said = f"; {hint}" if hint else ""
             raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{said}")
+
+
+def validated(
+    model: type[M], options: Mapping[str, object], known: type, caller: str, **given: object
+) -> M:
+    """``model`` made from what the caller gave: ``options`` (their names checked against
+    ``known``'s first, see ``refuse_unknown``) and ``given``, the options a signature takes
+    by name before them (``keras(backend="jax", **options)``)."""
+    refuse_unknown(options, known, caller)
+    for name in given:
+        if name in options:
+            raise TypeError(f"{caller}() got {name} both by position and by keyword; give it once")
+    return model.model_validate({**given, **options})
+
+
+def leading(name: str, model: type[BaseModel]) -> inspect.Parameter:
+    """The parameter of an option that may also be given by position (``keras("torch")``),
+    for ``keyword_signature``'s ``before``: its type and default are ``model``'s field's."""
+    field = model.model_fields[name]
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        default=field.default,
+        annotation=field.annotation,
+    )
+
+
+def pinned(package: str, version: str | None) -> str:
+    """The pip requirement for ``package`` at ``version``: ``"1.6.0"`` pins it
+    (``package==1.6.0``); a specifier (``">=1.4,<2"``) is kept as written; None is any."""
+    if not version:
+        return package
+    return f"{package}{version}" if version.lstrip()[:1] in "<>=!~" else f"{package}=={version}"
+
+
+def check_version(value: str | None) -> str | None:
+    """For a ``version`` option's validator: a version (``"1.6.0"``) or a specifier
+    (``">=1.4,<2"``), else ``ValueError`` saying what to write."""
+    if value is None:
+        return None
+    # Here, not at the top: plugins' modules travel to workers, which need not have packaging.
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        if value.lstrip()[:1] in "<>=!~":
+            SpecifierSet(value)
+        else:
+            Version(value)
+    except (InvalidSpecifier, InvalidVersion):
+        raise ValueError(
+            f"{value!r} is neither a version (\"1.6.0\") nor a version specifier "
+            f"(\">=1.4,<2\")"
+        ) from None
+    return value

@@ -12,7 +12,7 @@
 A value and its string are the same request: ``ComputePool(accelerator=A100(count=8))`` is
 ``ComputePool(accelerator="A100:8")``, and the pool hands providers, plugins and
 ``InstanceInfo`` the string. The names and their memory sizes come from the catalog
-(``skyward/providers/catalog.py``), the one table of machine types and prices every cloud
+(``skyward/providers/cloud/catalog.py``), the one table of machine types and prices every cloud
 provider reads; nothing here repeats it.
 
 skyward 0.5's ``A100()`` meant one 80 GB device; here it leaves count and memory to the
@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
-from skyward.providers import catalog
-from skyward.providers.catalog import Accelerator, Machine
+from skyward.providers.cloud import catalog
+from skyward.providers.cloud.catalog import Accelerator, Machine
 
 __all__ = [
     "A10G",

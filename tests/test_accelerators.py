@@ -9,7 +9,7 @@ import pytest
 
 import skyward as sky
 from skyward.accelerators import A100, H100, Custom
-from skyward.providers import catalog
+from skyward.providers.cloud import catalog
 from skyward.providers.slurm import gres_for
 
 

@@ -25,11 +25,11 @@ from support.reporter import Recorder
 
 import skyward as sky
 from skyward._errors import MissingDependency, ProvisionError
-from skyward.providers import catalog
 from skyward.providers.aws.allocation import AWSAllocation
 from skyward.providers.aws.api import Api, translate
 from skyward.providers.aws.resources import describe_reason
-from skyward.providers.cloud import WATCHDOG_PATH
+from skyward.providers.cloud import catalog
+from skyward.providers.cloud.boot import WATCHDOG_PATH
 
 pytestmark = pytest.mark.timeout(120)
 

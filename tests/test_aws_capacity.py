@@ -20,7 +20,7 @@ from support.reporter import Recorder
 import skyward as sky
 from skyward._errors import ProvisionError
 from skyward.providers.aws.api import Api
-from skyward.providers.capacity import CapacityError
+from skyward.providers.cloud.capacity import CapacityError
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -36,11 +36,11 @@ from support.sandbox import Sandbox
 
 import skyward as sky
 from skyward._errors import ProvisionError
-from skyward.providers import catalog
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.api import translate
 from skyward.providers.azure.watchdog import RELEASE_PATH
-from skyward.providers.cloud import WATCHDOG_PATH, watchdog_script
+from skyward.providers.cloud import catalog
+from skyward.providers.cloud.boot import WATCHDOG_PATH, watchdog_script
 
 pytestmark = pytest.mark.timeout(120)
 

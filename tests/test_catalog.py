@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from skyward.providers import catalog
+from skyward.providers.cloud import catalog
+from skyward.providers.cloud.prices import ON_DEMAND
 
 
 @pytest.mark.parametrize(
@@ -90,9 +91,20 @@ def test_prices_are_per_region_and_unknown_where_the_table_has_none() -> None:
     assert catalog.price("aws", "m7i.xlarge", "eu-west-1") == pytest.approx(0.2247)
     assert catalog.price("aws", "x9.unknown") is None
     assert catalog.price("aws", "p5.48xlarge", "xx-nowhere-1") is None
-    # GCP's table is its reference region's (us-central1) only.
+    # GCP's table is per region too (us-central1 is its reference region).
     assert catalog.price("gcp", "a2-highgpu-1g") == pytest.approx(3.673385)
-    assert catalog.price("gcp", "a2-highgpu-1g", "europe-west4") is None
+    assert catalog.price("gcp", "a2-highgpu-1g", "europe-west4") == pytest.approx(3.747972)
+    assert catalog.price("gcp", "a2-highgpu-1g", "xx-nowhere1") is None
+    # Sold in a few regions only, and not in the reference one.
+    assert catalog.price("gcp", "a3-megagpu-8g") is None
+    assert catalog.price("gcp", "a3-megagpu-8g", "europe-west4") is not None
+
+
+def test_every_gcp_machine_with_built_in_gpus_or_none_has_prices_in_several_regions() -> None:
+    for machine in catalog.machines("gcp"):
+        if machine.attach is None and machine.type != "a3-ultragpu-8g":
+            table = ON_DEMAND["gcp"][machine.type]
+            assert len(table) >= 9, machine.type
 
 
 def test_gcp_n1_machines_are_priced_by_their_gpus_not_by_their_shared_type() -> None:

@@ -14,7 +14,7 @@ import pytest
 from support.moto import MotoServer
 
 import skyward as sky
-from skyward.providers import catalog
+from skyward.providers.cloud import catalog
 
 SCRIPT = Path(sys.executable).parent / "skyward"
 

@@ -20,22 +20,25 @@ from cryptography.hazmat.primitives import serialization
 from support import cloudinit
 from support.sandbox import Sandbox
 
+import skyward as sky
 from skyward._errors import ProvisionError
-from skyward.providers import cloud
-from skyward.providers.base import Allocation, Resource
+from skyward._futures import Deadline
+from skyward.providers.base import Allocation, ProvisionRequest, Resource
+from skyward.providers.cloud import allocation as cloud_allocation
+from skyward.providers.cloud import boot, options
 
 _CLIENT_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAbc me@x"
 
 
 @pytest.fixture(scope="module")
-def user_data() -> tuple[str, cloud.HostKey]:
-    key = cloud.HostKey.generate()
-    text = cloud.user_data(host_key=key, authorized_key=_CLIENT_KEY, idle_timeout=90)
+def user_data() -> tuple[str, boot.HostKey]:
+    key = boot.HostKey.generate()
+    text = boot.user_data(host_key=key, authorized_key=_CLIENT_KEY, idle_timeout=90)
     return text, key
 
 
 def test_user_data_is_cloud_config_that_cloud_inits_schema_accepts(
-    user_data: tuple[str, cloud.HostKey],
+    user_data: tuple[str, boot.HostKey],
 ) -> None:
     text, _ = user_data
     assert text.startswith("#cloud-config\n")
@@ -47,7 +50,7 @@ def test_user_data_is_cloud_config_that_cloud_inits_schema_accepts(
 
 
 def test_user_data_gives_the_vm_our_host_key_and_only_it(
-    user_data: tuple[str, cloud.HostKey],
+    user_data: tuple[str, boot.HostKey],
 ) -> None:
     text, key = user_data
     document = yaml.safe_load(text)
@@ -57,27 +60,27 @@ def test_user_data_gives_the_vm_our_host_key_and_only_it(
 
 
 def test_the_host_key_pair_matches() -> None:
-    key = cloud.HostKey.generate()
+    key = boot.HostKey.generate()
     private = serialization.load_ssh_private_key(key.private.encode(), password=None)
     derived = private.public_key().public_bytes(
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
     )
     assert derived.decode() == key.public
     assert key.public.startswith("ssh-ed25519 ")
-    assert cloud.HostKey.generate().public != key.public
+    assert boot.HostKey.generate().public != key.public
 
 
 def test_user_data_writes_and_starts_the_watchdog_with_the_idle_timeout(
-    user_data: tuple[str, cloud.HostKey],
+    user_data: tuple[str, boot.HostKey],
 ) -> None:
     document = yaml.safe_load(user_data[0])
     files = {f["path"]: f for f in document["write_files"]}
-    assert files[cloud.WATCHDOG_PATH]["content"] == cloud.watchdog_script()
-    assert files[cloud.WATCHDOG_PATH]["permissions"] == "0755"
-    assert "ClientAliveInterval" in files[cloud.SSHD_DROPIN_PATH]["content"]
-    started = [" ".join(c) for c in document["runcmd"] if cloud.WATCHDOG_PATH in " ".join(c)]
+    assert files[boot.WATCHDOG_PATH]["content"] == boot.watchdog_script()
+    assert files[boot.WATCHDOG_PATH]["permissions"] == "0755"
+    assert "ClientAliveInterval" in files[boot.SSHD_DROPIN_PATH]["content"]
+    started = [" ".join(c) for c in document["runcmd"] if boot.WATCHDOG_PATH in " ".join(c)]
     assert len(started) == 1
-    assert f"{cloud.WATCHDOG_PATH} 90 22 10 90 " in started[0]  # first client: same bound
+    assert f"{boot.WATCHDOG_PATH} 90 22 10 90 " in started[0]  # first client: same bound
 
 
 # ── the watchdog itself, in a sandbox ──────────────────────────────────────────────────
@@ -95,7 +98,7 @@ def _watchdog_box(
     for tool in tools.iterdir():
         tool.chmod(0o755)
     script = directory / "watchdog"
-    script.write_text(cloud.watchdog_script())
+    script.write_text(boot.watchdog_script())
     bounds = f"{idle} {port} 1" + ("" if first is None else f" {first}")
     main = f"PATH={tools}:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\nsh {script} {bounds}\n"
     return Sandbox(directory / "box", main), counter
@@ -196,13 +199,13 @@ def test_auto_cidr_is_the_address_the_lookup_sees(
     address_server: tuple[str, list[bytes]],
 ) -> None:
     url, answers = address_server
-    assert cloud.client_cidr("auto", lookup_url=url) == "10.123.7.9/32"
+    assert options.client_cidr("auto", lookup_url=url) == "10.123.7.9/32"
     answers[0] = b"2001:db8::7"
-    assert cloud.client_cidr("auto", lookup_url=url) == "2001:db8::7/128"
+    assert options.client_cidr("auto", lookup_url=url) == "2001:db8::7/128"
 
 
 def test_a_given_cidr_is_normalised_and_needs_no_lookup() -> None:
-    assert cloud.client_cidr("203.0.113.7/24", lookup_url="http://127.0.0.1:9/") == (
+    assert options.client_cidr("203.0.113.7/24", lookup_url="http://127.0.0.1:9/") == (
         "203.0.113.0/24"
     )
 
@@ -211,12 +214,12 @@ def test_a_lookup_that_fails_says_to_pass_ssh_cidr(address_server: tuple[str, li
     url, answers = address_server
     answers[0] = b"<html>captive portal</html>"
     with pytest.raises(ProvisionError, match="ssh_cidr="):
-        cloud.client_cidr("auto", lookup_url=url)
+        options.client_cidr("auto", lookup_url=url)
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     with pytest.raises(ProvisionError, match="ssh_cidr="):
-        cloud.client_cidr("auto", lookup_url=f"http://127.0.0.1:{port}/", timeout=5)
+        options.client_cidr("auto", lookup_url=f"http://127.0.0.1:{port}/", timeout=5)
 
 
 # ── create, then open, or destroy ──────────────────────────────────────────────────────
@@ -243,7 +246,7 @@ def test_a_failed_build_destroys_what_it_recorded_and_reraises(error: type[BaseE
         raise error("stop")
 
     with pytest.raises(error):
-        cloud.open_or_destroy(allocation, build)
+        cloud_allocation.open_or_destroy(allocation, build)
     assert allocation.released == 1
     assert allocation.terminated
 
@@ -255,13 +258,13 @@ def test_a_failed_cleanup_is_told_with_the_original_error() -> None:
         raise RuntimeError("capacity")
 
     with pytest.raises(RuntimeError) as caught:
-        cloud.open_or_destroy(allocation, build)
+        cloud_allocation.open_or_destroy(allocation, build)
     assert any("sg-1 is still in use" in note for note in caught.value.__notes__)
 
 
 def test_a_successful_build_keeps_everything() -> None:
     allocation = _Recording()
-    assert cloud.open_or_destroy(allocation, lambda made: None) is allocation
+    assert cloud_allocation.open_or_destroy(allocation, lambda made: None) is allocation
     assert allocation.released == 0
 
 
@@ -295,7 +298,7 @@ def test_ctrl_c_during_the_cleanup_of_a_failed_start_waits_for_the_cleanup_to_fi
 
     try:
         with pytest.raises(RuntimeError, match="no capacity"):
-            cloud.open_or_destroy(Slow([]), build)
+            cloud_allocation.open_or_destroy(Slow([]), build)
         assert finished == ["released"]
     finally:
         may_end.set()
@@ -303,16 +306,16 @@ def test_ctrl_c_during_the_cleanup_of_a_failed_start_waits_for_the_cleanup_to_fi
 
 
 def test_the_first_client_is_waited_for_its_own_bound_not_the_idle_one() -> None:
-    key = cloud.HostKey.generate()
-    text = cloud.user_data(
+    key = boot.HostKey.generate()
+    text = boot.user_data(
         host_key=key,
         authorized_key=_CLIENT_KEY,
         idle_timeout=1800,
-        first_client_timeout=cloud.first_client_bound(600),
+        first_client_timeout=boot.first_client_bound(600),
     )
-    started = [" ".join(c) for c in yaml.safe_load(text)["runcmd"] if cloud.WATCHDOG_PATH in c[-1]]
+    started = [" ".join(c) for c in yaml.safe_load(text)["runcmd"] if boot.WATCHDOG_PATH in c[-1]]
     # A client killed before it ever connected costs boot_timeout + 2 min, not 30 min.
-    assert f"{cloud.WATCHDOG_PATH} 1800 22 10 720 " in started[0]
+    assert f"{boot.WATCHDOG_PATH} 1800 22 10 720 " in started[0]
 
 
 # ── a port that accepts and never speaks ───────────────────────────────────────────────
@@ -338,7 +341,7 @@ def test_a_silent_ssh_port_is_retried_within_boot_timeout_then_named() -> None:
         threading.Thread(target=accept, daemon=True).start()
         target = HostTarget(
             Target("127.0.0.1", server.getsockname()[1], "me"),
-            host_key=cloud.HostKey.generate().public,
+            host_key=boot.HostKey.generate().public,
         )
         started = time.monotonic()
         with pytest.raises(ProvisionError) as caught:
@@ -379,3 +382,37 @@ def test_the_pool_reports_its_approximate_cost_at_close() -> None:
     machines.terminate()
     (line,) = [s for s in recorder.statuses if "about $" in s]
     assert line.startswith("pool p: about $0.00 for 0.0 min at about $3.60/h (2 x m7i.xlarge")
+
+
+def _request(**sizes: Any) -> ProvisionRequest:
+    return ProvisionRequest(
+        pool="p",
+        nodes=1,
+        accelerator=None,
+        image=sky.Image(),
+        tags={},
+        deadline=Deadline(60, "the test"),
+        **sizes,
+    )
+
+
+def test_every_cloud_describes_a_named_type_its_catalog_lacks_and_refuses_it_when_small() -> None:
+    facts = {"accelerator": None, "count": 0, "memory_gb": 0, "vcpus": 2, "ram_gb": 8.0}
+    for config, option in (
+        (sky.AWS(region="us-east-1", instance_type="m7g.large"), "instance_type"),
+        (
+            sky.GCP(project="proj-1", zone="us-central1-a", machine_type="e2-standard-2"),
+            "machine_type",
+        ),
+        (sky.Azure(location="eastus", vm_size="Standard_D2s_v5"), "vm_size"),
+    ):
+        (machine,) = config.described(_request(vcpus=2), **facts)
+        assert (machine.cloud, machine.type, machine.ram_gb) == (
+            config.kind,
+            getattr(config, option),
+            8.0,
+        )
+        with pytest.raises(ValueError, match=f"{option}=.* has 2 vCPUs, fewer than vcpus=8"):
+            config.described(_request(vcpus=8), **facts)
+        with pytest.raises(ValueError, match=f"{option}=.* has 8 GB of memory"):
+            config.described(_request(memory_gb=16), **facts)

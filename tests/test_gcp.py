@@ -31,9 +31,9 @@ from support.reporter import Recorder
 import skyward as sky
 from skyward._errors import ProvisionError
 from skyward._phases import SilentReporter
-from skyward.providers import catalog
-from skyward.providers.capacity import CapacityError
-from skyward.providers.cloud import BEFORE_POWEROFF_PATH, WATCHDOG_PATH
+from skyward.providers.cloud import catalog
+from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, WATCHDOG_PATH
+from skyward.providers.cloud.capacity import CapacityError
 from skyward.providers.gcp.allocation import GCPAllocation
 from skyward.providers.gcp.api import Api
 from skyward.providers.gcp.resources import Names
@@ -393,7 +393,7 @@ def test_an_unknown_image_or_zone_is_named_before_anything_is_created(gce: GCPFa
 
 
 def test_max_hourly_cost_refuses_before_anything_is_created(gce: GCPFake) -> None:
-    with pytest.raises(ProvisionError, match=r"about \$176.51/h"):
+    with pytest.raises(ProvisionError, match=r"about \$176.98/h"):
         sky.ComputePool(
             provider=provider(gce), accelerator="H100", nodes=2, max_hourly_cost=100, quiet=True
         )

@@ -148,6 +148,23 @@ def test_re_running_cells_keeps_the_live_pool_and_uses_the_new_definitions(
 
 
 @pytest.mark.timeout(180)
+def test_a_remote_traceback_shows_the_lines_of_the_cell(kernel: BlockingKernelClient) -> None:
+    # A cell's lines live only in the kernel's linecache, under a file name that exists
+    # nowhere: the worker gets them with the function.
+    _run(kernel, "import skyward as sky\npool = sky.ComputePool(nodes=1, console='off').start()")
+    _run(kernel, "@sky.compute\ndef broken(key):\n    return {'a': 1}[key]  # the failing line\n")
+    _run(
+        kernel,
+        "try:\n    broken('b') >> pool\nexcept KeyError as e:\n    print(e.__cause__.traceback)\n",
+    )
+    _run(kernel, "pool.close()")
+    printed = "".join(text for _, text in _streams(kernel))
+    assert re.search(r'File ".+", line 3, in broken\n', printed), printed
+    assert "    return {'a': 1}[key]  # the failing line\n" in printed, printed
+    assert "<dynamic-code>" not in printed
+
+
+@pytest.mark.timeout(180)
 def test_stopping_the_kernel_closes_an_open_pool(kernel: BlockingKernelClient) -> None:
     _run(kernel, "import skyward as sky\npool = sky.ComputePool(nodes=2, console='off').start()")
     assert len(worker_processes()) == 2

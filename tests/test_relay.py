@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import os
 import pickle
+import re
 import signal
 import subprocess
 import threading
@@ -174,3 +175,23 @@ def test_nodes_that_cannot_reach_each_other_get_the_payload_from_the_client(
             assert sent_by_client(ssh_hosts) - before >= 4 * 4 * 2**20
     finally:
         subprocess.run([*route, "del", "unreachable", f"{h2.address}/32"], check=True)
+
+
+@pytest.mark.parametrize(
+    ("per_node", "said"),
+    [
+        (1, "node 3: the payload of this broadcast was being relayed through node 1, "),
+        (
+            2,
+            "worker 3 (node 1): the payload of this broadcast was being relayed through "
+            "worker 1 (node 0), ",
+        ),
+    ],
+)
+def test_a_relay_abort_names_workers_by_rank_and_node(per_node: int, said: str) -> None:
+    from skyward.worker.relay import Relays
+
+    relays = Relays(3, b"k" * 32, "127.0.0.1", lambda message: None, per_node=per_node)
+    relays.abort(b"token", 1, "its link broke")
+    with pytest.raises(sky.WorkerLost, match=re.escape(said)):
+        relays.take(b"token")

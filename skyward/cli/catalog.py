@@ -1,5 +1,5 @@
 """``skyward catalog``: what each cloud offers, with GPUs, memory and price per hour, read from
-the catalog a pool chooses its machines from (``skyward.providers.catalog``), so what is
+the catalog a pool chooses its machines from (``skyward.providers.cloud.catalog``), so what is
 listed here is what ``accelerator=`` can get.
 
 ::
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import click
 
-from skyward.providers.catalog import CLOUDS, CatalogEntry
+from skyward.providers.cloud.catalog import CLOUDS, CatalogEntry
 
 _HEADER = ("CLOUD", "TYPE", "ACCELERATOR", "GPUS", "GPU MEM", "VCPUS", "MEMORY", "REGION")
 
@@ -41,7 +41,7 @@ def catalog(
 ) -> None:
     """List machine types: ACCELERATOR (A100, A100-80GB:8, cpu) and price per hour."""
     from skyward._errors import SkywardError
-    from skyward.providers.catalog import catalog as listing
+    from skyward.providers.cloud.catalog import catalog as listing
 
     try:
         entries = listing(accelerator, cloud=cloud, region=region, spot=spot)
@@ -57,10 +57,11 @@ def catalog(
         _rich(entries, spot)
     else:
         _plain(entries, spot)
-    from skyward.providers.prices import AS_OF
+    from skyward.providers.cloud.prices import AS_OF
 
+    dated = ", ".join(f"{cloud.upper()}'s as of {day}" for cloud, day in AS_OF.items())
     click.echo(
-        f"On-demand list prices (AWS's as of {AS_OF}), USD per hour per machine; '-': unknown.",
+        f"On-demand list prices ({dated}), USD per hour per machine; '-': unknown.",
         err=True,
     )
 

@@ -40,7 +40,7 @@ import click
 from skyward._errors import SkywardError
 from skyward._phases import Choice
 from skyward.providers.base import Inventory, Leftover
-from skyward.providers.cloud import LocalKey, local_keys, remove_local_key
+from skyward.providers.cloud.keys import LocalKey, local_keys, remove_local_key
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,16 @@ imported modules), or such a function itself. A function that reads a list, a di
 object or a class defined in ``__main__`` (which can be changed in place, unseen by any
 identity) is pickled afresh for every call, as before. So what a worker sees never differs
 from what pickling at that moment would have sent.
+
+The pickle keeps each code object's real file name and carries the function's source lines
+(``skyward.link.sources``), so a traceback on a worker shows them; they are looked up when
+the pickle is made, so a cached pickle costs nothing more.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import operator
 import site
 import sys
@@ -32,9 +37,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from skyward.link import sources
+
 # Pickles larger than this are not kept: they hold big constants, and pickling them
-# dominates less (the worker's cache of unpickled functions has the same bound).
-_MAX_BYTES = 1 << 16
+# dominates less (the worker's cache of unpickled functions has the same bound). The source
+# lines a pickle carries count on top, so they never make a function pickle each call.
+_MAX_BYTES = (1 << 16) + sources.BUDGET
 # How deep the check follows tuples and helper functions before it gives up (no caching).
 _MAX_DEPTH = 8
 _ATOMS = frozenset({int, float, complex, str, bytes, bool, type(None), type(...), range})
@@ -133,7 +141,8 @@ _cloudpickle: Any = None  # imported by the first pickle: `import skyward` stays
 
 
 def dumps_function(fn: Callable[..., Any]) -> bytes:
-    """``cloudpickle.dumps(fn, protocol=5)``, from the cache when it would be the same."""
+    """``cloudpickle.dumps(fn, protocol=5)`` with the source lines its tracebacks need
+    (``skyward.link.sources``), from the cache when it would be the same."""
     global _cloudpickle
     if _cloudpickle is None:
         import cloudpickle
@@ -146,11 +155,41 @@ def dumps_function(fn: Callable[..., Any]) -> bytes:
         return entry[3]
     frozen = frozenset(registry)
     reads = _reads(fn, frozen) if isinstance(fn, types.FunctionType) else None
-    data = bytes(_cloudpickle.dumps(fn, protocol=5))
+    data = pickle_function(fn)
     if reads is not None and len(data) <= _MAX_BYTES:
         with _lock:
             _cache[fn] = (frozen, modules, reads, data)
     return data
+
+
+def pickle_function(fn: Callable[..., Any]) -> bytes:
+    """``fn`` pickled afresh, its code objects with their file names and source lines."""
+    with io.BytesIO() as file:
+        _pickler()(file).dump(fn)
+        return file.getvalue()
+
+
+@functools.cache
+def _pickler() -> Callable[[io.BytesIO], Any]:
+    """cloudpickle's pickler, but code objects keep their file and carry their lines.
+
+    Made on first use: importing skyward does not import cloudpickle.
+    """
+    import cloudpickle
+
+    class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+        def __init__(self, file: io.BytesIO) -> None:
+            super().__init__(file, protocol=5)
+            self._sources = sources.Shipment()
+
+        def reducer_override(self, obj: Any) -> Any:
+            if type(obj) is types.CodeType:
+                reduced = self._sources.reduce(obj)
+                if reduced is not None:
+                    return reduced
+            return super().reducer_override(obj)
+
+    return Pickler
 
 
 def _reads(fn: types.FunctionType, registry: frozenset[str]) -> _Reads | None:

@@ -16,12 +16,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyward._image import Image
 from skyward._info import InstanceInfo
+from skyward._options import keyword_signature, leading, validated
 from skyward._plugin import Plugin
 
 if TYPE_CHECKING:
@@ -30,26 +31,32 @@ if TYPE_CHECKING:
 DEFAULT_CACHE = "~/.cache/skyward/huggingface"
 
 
+class HuggingfaceOptions(TypedDict, total=False):
+    """``sky.plugins.huggingface()``'s keyword options (``token`` comes first, and may be
+    positional); the defaults and limits are ``_Options``'s."""
+
+    cache: str | None
+    transformers: bool
+    datasets: bool
+    accelerate: bool
+
+
 class _Options(BaseModel):
+    """The plugin's options, checked when it is made: a wrong value is a ``ValidationError``
+    naming the option, before any pool exists. The only home of their defaults."""
+
     model_config = ConfigDict(
         frozen=True, extra="forbid", strict=True, title="sky.plugins.huggingface"
     )
 
-    token: str | None = Field(default=None, min_length=1)
+    token: str | None = Field(default=None, min_length=1, repr=False)
     cache: str | None = Field(default=None, min_length=1)
     transformers: bool = True
     datasets: bool = False
     accelerate: bool = False
 
 
-def huggingface(
-    token: str | None = None,
-    *,
-    cache: str | None = None,
-    transformers: bool = True,
-    datasets: bool = False,
-    accelerate: bool = False,
-) -> Plugin:
+def huggingface(token: str | None = None, **options: Unpack[HuggingfaceOptions]) -> Plugin:
     """The Hugging Face plugin.
 
     - ``token``: an access token for gated models and private repositories; default, the
@@ -59,13 +66,9 @@ def huggingface(
       ``~/.cache/skyward/huggingface``.
     - ``transformers``, ``datasets``, ``accelerate``: which libraries to install.
     """
-    _Options(
-        token=token,
-        cache=cache,
-        transformers=transformers,
-        datasets=datasets,
-        accelerate=accelerate,
-    )
+    chosen = validated(_Options, options, HuggingfaceOptions, "huggingface", token=token)
+    cache, transformers = chosen.cache, chosen.transformers
+    datasets, accelerate = chosen.datasets, chosen.accelerate
     secret = token or client_token()
     home = cache or DEFAULT_CACHE
     packages = [
@@ -97,6 +100,11 @@ def huggingface(
                     os.environ[key] = value
 
     return Plugin(name="huggingface", transform=transform, around_app=around_app)
+
+
+huggingface.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+    HuggingfaceOptions, _Options, before=[leading("token", _Options)], returns=Plugin
+)
 
 
 def client_token() -> str | None:

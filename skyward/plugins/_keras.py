@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
+
+from pydantic import BaseModel, ConfigDict
 
 from skyward._errors import PluginError
 from skyward._image import Image
 from skyward._info import InstanceInfo
+from skyward._options import keyword_signature, leading, validated
 from skyward._plugin import Plugin
 
 if TYPE_CHECKING:
@@ -30,7 +33,24 @@ Backend = Literal["jax", "torch", "tensorflow", "numpy"]
 _BACKENDS = ("jax", "torch", "tensorflow", "numpy")
 
 
-def keras(backend: Backend = "jax", *, data_parallel: bool = True) -> Plugin:
+class KerasOptions(TypedDict, total=False):
+    """``sky.plugins.keras()``'s keyword options (``backend`` comes first, and may be
+    positional); the defaults are ``_Options``'s."""
+
+    data_parallel: bool
+
+
+class _Options(BaseModel):
+    """The plugin's options, checked when it is made: a wrong value is a ``ValidationError``
+    naming the option, before any pool exists. The only home of their defaults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, title="sky.plugins.keras")
+
+    backend: Backend = "jax"
+    data_parallel: bool = True
+
+
+def keras(backend: Backend = "jax", **options: Unpack[KerasOptions]) -> Plugin:
     """The keras plugin.
 
     - ``backend``: Keras 3 backend for the workers (``KERAS_BACKEND``).
@@ -42,6 +62,8 @@ def keras(backend: Backend = "jax", *, data_parallel: bool = True) -> Plugin:
             f"keras plugin: backend={backend!r} is not a Keras 3 backend; "
             f"use one of {', '.join(_BACKENDS)}"
         )
+    chosen = validated(_Options, options, KerasOptions, "keras", backend=backend)
+    data_parallel = chosen.data_parallel
 
     def transform(image: Image, spec: PoolSpec) -> Image:
         if backend == "jax":
@@ -77,6 +99,11 @@ def keras(backend: Backend = "jax", *, data_parallel: bool = True) -> Plugin:
             keras_module.distribution.set_distribution(previous)
 
     return Plugin(name="keras", transform=transform, around_app=around_app)
+
+
+keras.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+    KerasOptions, _Options, before=[leading("backend", _Options)], returns=Plugin
+)
 
 
 def _agree_on_a_seed() -> None:

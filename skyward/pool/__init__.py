@@ -175,6 +175,7 @@ class ComputePool(CallTarget):
             gang=bool(spec.gang),
             bind_output=out.bind,
             address=self._machines.worker_address,
+            who=lambda rank: self._machines.layout.who(rank),
         )
         self._startup = Startup(
             spec,
@@ -194,7 +195,12 @@ class ComputePool(CallTarget):
             status=out.status,
         )
         self._hangs = (
-            HangWatch(self._scheduler, bound=spec.hang_timeout, status=out.status)
+            HangWatch(
+                self._scheduler,
+                layout=lambda: self._machines.layout,
+                bound=spec.hang_timeout,
+                status=out.status,
+            )
             if spec.gang and spec.hang_timeout is not None
             else None
         )

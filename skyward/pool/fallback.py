@@ -183,7 +183,7 @@ def estimate(spec: PoolSpec) -> float | None:
     """The pool's price per hour on this spec, from the catalog's list prices (USD; on-demand,
     the first machine type the provider would ask for); 0 for machines that exist already
     (local, SSH hosts, a Slurm cluster); None when the catalog does not know."""
-    from skyward.providers import catalog
+    from skyward.providers.cloud import catalog
 
     kind = spec.provider_kind
     if kind in _OWN_MACHINES:

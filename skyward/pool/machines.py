@@ -63,6 +63,21 @@ class Layout:
         node = self.node_of(rank)
         return f"node {node}" if self.per_node == 1 else f"node {node} worker {self.local_of(rank)}"
 
+    def who(self, rank: int) -> str:
+        """How a message names worker ``rank``: ``node 2``, or with several workers per node
+        ``worker 5 (node 2)``, its rank over the pool first (the rank jax and torch say)."""
+        node = self.node_of(rank)
+        return f"node {node}" if self.per_node == 1 else f"worker {rank} (node {node})"
+
+    def who_all(self, ranks: Sequence[int]) -> str:
+        """Several workers, as ``who`` names one: ``node(s) 1, 2`` or ``worker(s) 1 (node
+        0), 3 (node 1)``; ``none`` for none."""
+        if not ranks:
+            return "none"
+        if self.per_node == 1:
+            return "node(s) " + ", ".join(str(rank) for rank in ranks)
+        return "worker(s) " + ", ".join(f"{rank} (node {self.node_of(rank)})" for rank in ranks)
+
     def devices(self, rank: int, gpus: int) -> tuple[int, ...]:
         """The node's GPUs (of ``gpus``) that worker ``rank`` owns: an equal block each when
         the workers divide the GPUs; one GPU shared by ``per_node / gpus`` workers when the

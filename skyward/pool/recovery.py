@@ -179,8 +179,16 @@ _IDLE_CPU = 0.25  # at most this share of the sample in CPU time: waiting, not c
 class HangWatch:
     """One thread per gang pool; ``status(line)`` tells the user what was found."""
 
-    def __init__(self, scheduler: Scheduler, *, bound: float, status: Callable[[str], None]):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        layout: Callable[[], Layout],
+        bound: float,
+        status: Callable[[str], None],
+    ):
         self._scheduler = scheduler
+        self._layout = layout  # how messages name ranks
         self._bound = bound
         self._status = status
         self._stop = threading.Event()
@@ -252,20 +260,21 @@ class HangWatch:
             return
         if len(blocked) != len(suspects):
             return
-        ranks = ", ".join(map(str, sorted(blocked)))
+        layout = self._layout()
+        ranks = layout.who_all(sorted(blocked))
         where = "\n".join(
-            f"--- node {rank} is blocked in ---\n{text}" for rank, text in blocked.items()
+            f"--- {layout.who(rank)} is blocked in ---\n{text}" for rank, text in blocked.items()
         )
         error = CollectiveHang(
-            f"{name}: node(s) {ranks} waited more than hang_timeout ({self._bound:g} s) in a "
-            f"jax collective that node(s) {', '.join(map(str, finished)) or 'none'} had "
+            f"{name}: {ranks} waited more than hang_timeout ({self._bound:g} s) in a "
+            f"jax collective that {layout.who_all(finished)} had "
             f"already left (they finished this call, or never ran it), so it could never "
             f"complete. Every rank must run the same collectives in the same order. The pool "
             f"is restarting every rank.\n{where}",
             finished=finished,
             blocked=blocked,
         )
-        self._status(f"{name}: node(s) {ranks} blocked in a collective; restarting the gang")
+        self._status(f"{name}: {ranks} blocked in a collective; restarting the gang")
         # Out of rotation before the caller hears: what it sends next waits for the
         # restarted gang instead of meeting the blocked runtime.
         gang = self._scheduler.pause_all()
@@ -285,8 +294,9 @@ class HangWatch:
         if name in self._noted:
             return
         self._noted.add(name)
+        layout = self._layout()
         seen = "; ".join(
-            f"node {rank}: in a {kind} ({where})" for rank, (kind, where) in waits.items()
+            f"{layout.who(rank)}: in a {kind} ({where})" for rank, (kind, where) in waits.items()
         )
         self._status(
             f"{name}: trails the other ranks by more than hang_timeout ({self._bound:g} s), "

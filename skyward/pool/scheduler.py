@@ -100,7 +100,8 @@ class Slot:
     channel: Channel | None = None
     ready: bool = False  # in rotation: takes new calls
     busy: int = 0  # calls sent and not finished, broadcasts included
-    recent: float = float("inf")  # seconds from send to result, averaged over recent calls
+    recent: float = float("inf")  # seconds a call takes here, averaged over recent calls
+    last_done: float = 0.0  # when its last call finished
     lost: WorkerLost | None = None  # set when the node cannot get a worker any more
     backlog: list[Task] = field(default_factory=list)  # broadcasts waiting for a new worker
     idle_since: float = field(default_factory=time.monotonic)  # when it last had no call
@@ -148,11 +149,9 @@ class PoolStatistics:
 
 
 def prefetch_depth(recent: float) -> int:
-    """Calls a map may queue past a node's slots, given its recent send-to-result time.
-
-    That time includes the wait behind the calls queued before, so the depth settles where
-    depth x time per call is about ``PREFETCH_BELOW``.
-    """
+    """Calls a map may queue past a node's slots, given the time a call recently took there
+    (not counting its wait behind the calls queued before it): the last queued waits about
+    ``PREFETCH_BELOW`` at most."""
     return PREFETCH_MAX if recent <= 0 else min(PREFETCH_MAX, int(PREFETCH_BELOW / recent))
 
 
@@ -182,8 +181,10 @@ class Scheduler:
         gang: bool,
         bind_output: Callable[[int, Route | None], None],
         address: Callable[[int], str],
+        who: Callable[[int], str] = lambda rank: f"node {rank}",
     ) -> None:
         self._name = name
+        self._who = who  # how messages name a worker rank (Layout.who)
         self._concurrency = concurrency
         self._gang = gang
         self._bind_output = bind_output
@@ -372,7 +373,8 @@ class Scheduler:
                 slot.backlog = []
             for slot, task, split in held:
                 if split:
-                    self._failures.append((task.future, _split_error(slot.rank, task)))
+                    error = _split_error(slot.rank, self._who(slot.rank), task)
+                    self._failures.append((task.future, error))
                 else:
                     self._send(slot, task)
             self._pump()
@@ -593,7 +595,8 @@ class Scheduler:
         root = first.channel
         if not self._send(first, first_task) or root is None:
             for _, _, channel in receivers:  # held for a new worker: it will not relay
-                channel.send(RelayAbort(token, first.rank, f"node {first.rank}'s link broke"))
+                broke = f"{self._who(first.rank)}: its link broke"
+                channel.send(RelayAbort(token, first.rank, broke))
             return
         channels = [root] + [channel for _, _, channel in receivers]
         self._fanout.started(token, channels, first_task.call.payload, futures)
@@ -689,13 +692,19 @@ class Scheduler:
     def _call_done(self, slot: Slot, ok: bool, elapsed: float, task: Task) -> None:
         # On the thread that read the result: a short hold of this lock, not the pool's.
         with self._lock:
+            now = time.monotonic()
+            # A call that waited on the worker behind another took from that one's end to its
+            # own: its send-to-result time also counts the wait, which would shrink the
+            # prefetch (below) as it grows, down to none under CPU load, when the worker most
+            # needs its next call waiting.
+            queued = slot.busy > self._concurrency  # it waited for a thread on the worker
+            took = min(elapsed, now - slot.last_done) if queued else elapsed
+            slot.last_done = now
             slot.busy -= 1
             if not slot.busy:
-                slot.idle_since = time.monotonic()
+                slot.idle_since = now
             slot.running.pop(id(task), None)
-            slot.recent = (
-                elapsed if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * elapsed
-            )
+            slot.recent = took if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * took
             if ok:
                 self._succeeded += 1
             else:
@@ -736,11 +745,11 @@ def _split(task: Task) -> bool:
     return any(f.running() or f.done() for f in task.siblings if f is not task.future)
 
 
-def _split_error(rank: int, task: Task) -> WorkerLost:
+def _split_error(rank: int, who: str, task: Task) -> WorkerLost:
     # A part started alone in a new distributed runtime would wait forever in its first
     # collective (jax's backend start is one) for peers that ran their parts in the old one.
     return WorkerLost(
-        f"node {rank}: {task.call.name} was not started on the new workers: other nodes "
+        f"{who}: {task.call.name} was not started on the new workers: other workers "
         f"had already run their part of this broadcast on the workers that were lost, and "
         f"a part alone would wait for them forever; broadcast it again",
         node=rank,

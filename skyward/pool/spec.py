@@ -28,7 +28,7 @@ from skyward.console import ConsoleMode, OutputMode
 from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
 from skyward.providers.base import Provider, ProvisionRequest, identity_tags
-from skyward.providers.catalog import Accelerator
+from skyward.providers.cloud.catalog import Accelerator
 
 # Bounds for the durations users give: enough for any real start, and small enough that the
 # standard library's timeouts (threading's TIMEOUT_MAX) never overflow.

@@ -274,6 +274,41 @@ class Leftover:
     hourly_cost: float | None = None  # USD, when known
 
 
+def tagged_leftover(
+    provider: str,
+    kind: str,
+    id: str,
+    tags: Mapping[str, str],
+    *,
+    state: str = "exists",
+    region: str = "",
+    hourly_cost: float | None = None,
+) -> Leftover:
+    """A leftover read from the identity tags it carries (``identity_tags``, in reverse)."""
+    return Leftover(
+        provider=provider,
+        kind=kind,
+        id=id,
+        pool=tags.get(TAG_POOL, ""),
+        owner=tags.get(TAG_OWNER, ""),
+        created=created_at(tags.get(TAG_CREATED)),
+        state=state,
+        region=region,
+        hourly_cost=hourly_cost,
+    )
+
+
+def created_at(text: str | None) -> datetime | None:
+    """A creation time as a tag (``2026-01-02T03:04:05Z``) or as a GCP label value of one
+    (lower case, ``_`` for ``:``); ``None`` when it is neither."""
+    for form in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dt%H_%M_%Sz"):
+        try:
+            return datetime.strptime(text or "", form).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    return None
+
+
 class Inventory(Protocol):
     """Leftovers by tag, for ``skyward ls`` / ``skyward down`` and the tests' leak checks."""
 

@@ -431,7 +431,7 @@ def _unsatisfied(requirements: list[str]) -> list[str]:
 
 def _who_offers(accelerator: str) -> str:
     """Which providers have ``accelerator``, for the refusal above."""
-    from skyward.providers import catalog  # the tables load only for this message
+    from skyward.providers.cloud import catalog  # the tables load only for this message
 
     try:
         return catalog.who_offers(accelerator)

@@ -389,7 +389,11 @@ def main(argv: list[str] | None = None) -> None:
     if message.relay_key:
         info = message.info
         link.relays = Relays(
-            info.global_worker_index, message.relay_key, info.peers[info.node], link.send
+            info.global_worker_index,
+            message.relay_key,
+            info.peers[info.node],
+            link.send,
+            per_node=info.workers_per_node,
         )
     worker = _Worker(link, stdout, message.concurrency)
     if message.executor == "process":
@@ -423,10 +427,13 @@ def _own_devices(info: Any) -> None:
     """With several workers per node, each sees only the GPUs it owns (``info.devices``):
     ``CUDA_VISIBLE_DEVICES`` is set before any plugin or call can start CUDA. The indices
     are among the GPUs this process was given, so a list a scheduler set (Slurm's) is
-    narrowed, not replaced."""
+    narrowed, not replaced. The node's own list is kept in
+    ``SKYWARD_NODE_CUDA_VISIBLE_DEVICES`` (empty: every GPU), for what serves the whole node
+    (the mps plugin's daemon)."""
     if info.workers_per_node == 1 or not info.devices:
         return
     given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["SKYWARD_NODE_CUDA_VISIBLE_DEVICES"] = given or ""
     visible = given.split(",") if given else [str(i) for i in range(info.accelerators)]
     owned = [visible[i] for i in info.devices if i < len(visible)]
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(owned)

@@ -17,6 +17,7 @@ from typing import Any
 
 from skyward._errors import SerializationError  # stdlib-only, like the protocol
 from skyward.link import protocol as proto
+from skyward.link import sources
 
 SendFrame = Callable[[object, "proto.Parts | None"], None]
 
@@ -184,9 +185,13 @@ def feed_streaming_call(calls: dict[int, CallIO], message: object, parts: proto.
 # function defined in ``__main__`` travels by value, which costs more to unpickle than a no-op
 # costs to run. Equal bytes mean an equal function, globals it captured included; a function
 # whose captured globals changed on the client pickles differently and is a new entry.
+# Unpickling one also gives its code objects their file names back and puts its source lines
+# in linecache for tracebacks (skyward.link.sources), so that happens once per function.
 _FUNCTIONS: dict[bytes, Any] = {}
 _FUNCTIONS_MAX = 64
-_FUNCTION_CACHE_BYTES = 1 << 16  # larger ones (big closures) are not worth keeping
+# Larger ones (big closures) are not worth keeping; the source lines a pickle may carry count
+# on top, like the client's bound (skyward.link.pickling).
+_FUNCTION_CACHE_BYTES = (1 << 16) + sources.BUDGET
 _FUNCTIONS_LOCK = threading.Lock()  # guards: inserting into and evicting from _FUNCTIONS
 
 

@@ -165,9 +165,15 @@ class Relays:
     """This worker's relay port and the payloads relayed to it, by token. Thread-safe."""
 
     def __init__(
-        self, node: int, key: bytes, address: str, report: Callable[[object], None]
+        self,
+        node: int,
+        key: bytes,
+        address: str,
+        report: Callable[[object], None],
+        per_node: int = 1,
     ) -> None:
-        self._node = node
+        self._node = node  # this worker's rank over the pool
+        self._per_node = per_node
         self._key = key
         self._report = report  # a message to the client, over this node's own link
         self._lock = threading.Lock()  # guards: _payloads, _aborted, _taken
@@ -184,6 +190,14 @@ class Relays:
         self._listener.listen(64)
         self.port: int = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, name="skyward-relay", daemon=True).start()
+
+    def _who(self, rank: int | None = None) -> str:
+        """How messages name worker ``rank`` (this one by default), as the client's
+        ``Layout.who`` does: ``node 2``, or ``worker 5 (node 2)`` with several per node."""
+        rank = self._node if rank is None else rank
+        if self._per_node == 1:
+            return f"node {rank}"
+        return f"worker {rank} (node {rank // self._per_node})"
 
     # ── the node that gets the payload from the client ───────────────────────────────────
 
@@ -222,8 +236,8 @@ class Relays:
 
     def abort(self, token: bytes, node: int, reason: str) -> None:
         error = WorkerLost(
-            f"node {self._node}: the payload of this broadcast was being relayed through "
-            f"node {node}, which was lost ({reason})",
+            f"{self._who()}: the payload of this broadcast was being relayed through "
+            f"{self._who(node)}, which was lost ({reason})",
             node=node,
         )
         with self._lock:
@@ -282,9 +296,9 @@ class Relays:
             except (OSError, EOFError, ValueError, pickle.PickleError) as exc:
                 payload.fail(
                     WorkerLost(
-                        f"node {self._node}: the payload of this broadcast stopped arriving "
-                        f"from node {upstream}, which relayed it ({exc}): node {upstream} "
-                        f"was lost",
+                        f"{self._who()}: the payload of this broadcast stopped arriving "
+                        f"from {self._who(upstream)}, which relayed it ({exc}): "
+                        f"{self._who(upstream)} was lost",
                         node=upstream,
                     )
                 )
@@ -308,7 +322,7 @@ class Relays:
         except OSError as exc:
             # The nodes cannot reach each other there (a firewall, an address the pool's
             # machines do not route): the client sends the rest of the chain the payload.
-            reason = f"node {self._node} cannot reach {address}:{port}: {exc}"
+            reason = f"{self._who()} cannot reach {address}:{port}: {exc}"
             self._failed(RelayFailed(token, chain[0][0], reason))
             return
         with out:
@@ -323,7 +337,7 @@ class Relays:
             except OSError as exc:
                 # The next node is gone (the client hears of that over its own link) or the
                 # network between stalled: the client sends the rest of the chain the payload.
-                reason = f"node {self._node} to {address}:{port}: broke after {sent} bytes: {exc}"
+                reason = f"{self._who()} to {address}:{port}: broke after {sent} bytes: {exc}"
                 self._failed(RelayFailed(token, chain[0][0], reason, connected=True))
                 return
             except BaseException as exc:  # this node's own payload failed: say why, downstream
@@ -331,7 +345,7 @@ class Relays:
                     exc
                     if isinstance(exc, WorkerLost)
                     else WorkerLost(
-                        f"node {self._node} could not relay the payload of this broadcast: "
+                        f"{self._who()} could not relay the payload of this broadcast: "
                         f"{type(exc).__name__}: {exc}",
                         node=self._node,
                     )

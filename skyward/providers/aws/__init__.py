@@ -28,37 +28,25 @@ calls and their error messages live in ``aws/api.py``, the resources in
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import ClassVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from skyward._errors import ProvisionError
 from skyward._extras import check
 from skyward._phases import Reporter
-from skyward.providers import capacity, catalog
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
 from skyward.providers.aws.api import Api, check_credentials, refusal
 from skyward.providers.aws.inventory import AWSInventory
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
-from skyward.providers.capacity import CapacityError, Offer, Strategy
-from skyward.providers.catalog import Machine
-from skyward.providers.cloud import (
-    DEFAULT_IP_LOOKUP,
-    TAG_ALLOCATION,
-    HostKey,
-    client_cidr,
-    first_client_bound,
-    key_label,
-    open_or_destroy,
-    user_data,
-)
-from skyward.providers.reaching import reach
-from skyward.providers.ssh.connection import PoolKey
-from skyward.providers.ssh.hosts import Access, HostNode
+from skyward.providers.cloud import capacity, catalog
+from skyward.providers.cloud.allocation import TAG_ALLOCATION, open_or_destroy
+from skyward.providers.cloud.capacity import CapacityError, Offer, Strategy
+from skyward.providers.cloud.catalog import Cloud, Machine
+from skyward.providers.cloud.options import CloudOptions
 
 # AWS's public SSM parameters for the newest images, by the machine's architecture: the Deep
 # Learning Base AMI with NVIDIA's open driver for GPU machines, Canonical's Ubuntu for CPU
@@ -73,10 +61,9 @@ CPU_AMI_PARAMETERS = {"x86_64": _UBUNTU.format("amd64"), "arm64": _UBUNTU.format
 # an OS past its end of life), so they get no default image rather than one that boots and
 # shows no GPU.
 _PRE_TURING = ("p2.", "p3.", "p3dn.", "g3.", "g3s.")
-_MAX_SECONDS = 7 * 24 * 3600.0
 
 
-class AWS(BaseModel):
+class AWS(CloudOptions):
     """Run the pool's nodes on EC2 instances made for it, in one region.
 
     - ``region``: by default boto3's (``AWS_DEFAULT_REGION``, the profile's region).
@@ -112,42 +99,23 @@ class AWS(BaseModel):
     - ``release_timeout``: how long teardown waits for instances to end and groups to free.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    cloud: ClassVar[Cloud] = "aws"
+    machine_option: ClassVar[str] = "instance_type"
 
     region: str | None = Field(default=None, min_length=1)
     instance_type: str | None = Field(default=None, pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$")
     ami: str | None = Field(default=None, pattern=r"^ami-[0-9a-f]{8,17}$")
     ami_parameter: str | None = Field(default=None, pattern=r"^/.+")
-    spot: bool = False
     subnet_id: str | None = Field(default=None, pattern=r"^subnet-[0-9a-f]+$")
     vpc_id: str | None = Field(default=None, pattern=r"^vpc-[0-9a-f]+$")
-    ssh_cidr: str = "auto"
-    connect: Literal["public", "private"] = "public"
     username: str = Field(default="ubuntu", pattern=r"^[a-z_][a-z0-9_-]*$")
     disk_gb: int = Field(default=100, ge=8, le=16384)
     endpoint_url: str | None = None
     profile: str | None = Field(default=None, min_length=1)
-    idle_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
-    boot_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
-    release_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
-    ip_lookup_url: str = DEFAULT_IP_LOOKUP
-    python: str | None = Field(default=None, min_length=1)
-    workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
     iam_instance_profile: str | None = Field(
         default=None, pattern=r"^(arn:aws[\w-]*:iam::.+|[\w+=,.@-]+)$"
     )
     cluster_network: bool = True
-
-    @field_validator("ssh_cidr")
-    @classmethod
-    def _cidr(cls, value: str) -> str:
-        if value == "auto":
-            return value
-        try:
-            return str(ipaddress.ip_network(value, strict=False))
-        except ValueError as exc:
-            message = "ssh_cidr must be 'auto' or a network such as '203.0.113.7/32'"
-            raise ValueError(message) from exc
 
     @model_validator(mode="after")
     def _one_image(self) -> AWS:
@@ -155,33 +123,9 @@ class AWS(BaseModel):
             raise ValueError("give ami or ami_parameter, not both")
         return self
 
-    @property
-    def kind(self) -> str:
-        return "aws"
-
     def instance_type_for(self, accelerator: str | None) -> str:
         """The instance type a pool with ``accelerator`` gets (``ValueError`` if none)."""
         return self.instance_type or catalog.choose("aws", accelerator).type
-
-    def strategy(self, request: ProvisionRequest) -> Strategy:
-        """The pool's ``allocation=``, or this provider's default (``spot``)."""
-        return capacity.strategy_of(request.allocation, spot=self.spot, provider="sky.AWS")
-
-    def machines_for(self, request: ProvisionRequest, region: str | None = None) -> list[Machine]:
-        """The catalog's machines for the request, in the order to try them (the choice
-        first, then what a capacity failover may move to); empty when ``instance_type`` names
-        a type the catalog lacks (EC2 describes it at provision). ``ValueError`` for a
-        request no machine satisfies, or an ``instance_type`` it contradicts."""
-        return capacity.machines_for(
-            "aws",
-            request.accelerator,
-            strategy=self.strategy(request),
-            vcpus=request.vcpus,
-            memory_gb=request.memory_gb,
-            named=self.instance_type,
-            given="instance_type",
-            region=region,
-        )
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""
@@ -198,7 +142,6 @@ class AWS(BaseModel):
                 f"profile: give AWS(iam_instance_profile=...) a profile that may read it, or "
                 f"the Volume access_key_id= and secret_access_key="
             )
-        strategy = self.strategy(request)
         machines = self.machines_for(request, session.region_name)
         if (
             self.ami is None
@@ -212,25 +155,12 @@ class AWS(BaseModel):
                 f"accelerator, or give ami=... / ami_parameter=... of an image with NVIDIA's "
                 f"proprietary driver (and its login user with username=...)"
             )
-        if strategy == "on-demand" and request.max_hourly_cost is not None:
-            # The table's prices need no network: a pool above the limit is refused now
-            # (unknown prices are, at provision, still before anything is created).
-            region = str(session.region_name)
-            priced = [(m, catalog.price("aws", m.type, region)) for m in machines]
-            offers = [Offer(m, region, "on-demand", p) for m, p in priced if p is not None]
-            if offers:
-                capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        self.refuse_above(request, machines, [str(session.region_name)])
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         self.check(request)
         api = Api.connect(region=self.region, profile=self.profile, endpoint_url=self.endpoint_url)
-        allocation = AWSAllocation(
-            api,
-            request,
-            connect=self.connect,
-            username=self.username,
-            release_timeout=self.release_timeout,
-        )
+        allocation = AWSAllocation(api, request, **self.allocation_options)
         return open_or_destroy(allocation, lambda made: self._build(made, reporter))
 
     def inventory(self) -> Inventory | None:
@@ -265,14 +195,19 @@ class AWS(BaseModel):
                 f"disk_gb={self.disk_gb} is smaller than the image's root snapshot "
                 f"({snapshot_gb} GB of {image}); ask for at least {snapshot_gb}"
             )
-        cidrs = self._ssh_cidrs(api, vpc)
+        cidrs = self.ssh_cidrs(lambda: api.vpc_ranges(vpc))
         # ── creating ──
         deadline.check("importing the key pair")
-        key = PoolKey()
-        made.adopt_pool_key(key)
         name = made.name
-        endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL", "")
-        key.label(key_label("aws", api.region, request.pool, name, endpoint))
+        key, host_key = self.pool_keys(
+            made,
+            region=api.region,
+            name=name,
+            endpoint=self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL", ""),
+            gpus=(first.machine.count or None) if gpu else None,
+            machine_type=first.machine.type,
+            instance_profile=self.iam_instance_profile is not None,
+        )
         tags = {**request.tags, TAG_ALLOCATION: name, "Name": f"skyward {request.pool}"}
         made.adopt_key_pair(name)  # before the call: an answer lost in flight still counts
         ec2.import_key_pair(api, name, key.public, tags)
@@ -284,17 +219,6 @@ class AWS(BaseModel):
         efa = self._efa(api, offers, request.nodes, reporter)
         if efa:
             ec2.allow_efa(api, group, tags)
-        host_key = HostKey.generate()
-        made.host_key = host_key.public
-        made.access = Access(
-            key_file=key.path,
-            python=self.python,
-            workdir=self.workdir,
-            boot_timeout=self.boot_timeout,
-            gpus=(first.machine.count or None) if gpu else None,
-            machine_type=first.machine.type,
-            instance_profile=self.iam_instance_profile is not None,
-        )
         template = ec2.LaunchSpec(
             instance_type=first.machine.type,
             image_id=image,
@@ -304,14 +228,7 @@ class AWS(BaseModel):
             zone=first.zone,
             security_group=group,
             key_name=name,
-            user_data=user_data(
-                host_key=host_key,
-                authorized_key=key.public,
-                idle_timeout=self.idle_timeout,
-                # A machine waits for its first client as long as the client waits for it
-                # (and a margin), not idle_timeout: a client killed mid-start costs minutes.
-                first_client_timeout=first_client_bound(self.boot_timeout),
-            ),
+            user_data=self.boot(host_key, key),
             public_ip=self.connect == "public",
             spot=first.market == "spot",
             tags=tags,
@@ -341,12 +258,12 @@ class AWS(BaseModel):
         offer, made.spec = capacity.launch_first(
             offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
         )
-        made.hourly_cost = offer.pool_hourly(request.nodes)
-        made.describe = f"{request.nodes} x {offer.machine.type} {offer.market} in {offer.zone}"
+        made.chose(offer)
         for rank, instance in enumerate(made.instances):
             reporter.phase(rank, "provisioning", f"{instance} ({offer.where})")
         described = ec2.wait_running(api, made.instances, deadline, public=self.connect == "public")
-        made.nodes = list(self._open(made, described, reporter))
+        targets = [made.target(instance) for instance in described]
+        made.reach(targets, reporter, hint=self.hint("the security group"))
 
     def _efa(
         self, api: Api, offers: Sequence[Offer], nodes: int, reporter: Reporter
@@ -380,9 +297,8 @@ class AWS(BaseModel):
             return machines
         info = answer["InstanceTypes"][0]
         gpus = info.get("GpuInfo", {}).get("Gpus", [])
-        machine = Machine(
-            cloud="aws",
-            type=self.instance_type,
+        return self.described(
+            request,
             accelerator=str(gpus[0]["Name"]) if gpus else None,
             count=int(gpus[0]["Count"]) if gpus else 0,
             memory_gb=round(gpus[0]["MemoryInfo"]["SizeInMiB"] / 1024) if gpus else 0,
@@ -390,10 +306,6 @@ class AWS(BaseModel):
             ram_gb=info["MemoryInfo"]["SizeInMiB"] / 1024,
             arch=str(info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])[0]),
         )
-        catalog.refuse_contradiction(
-            machine, vcpus=request.vcpus, memory_gb=request.memory_gb, given="instance_type"
-        )
-        return [machine]
 
     def _zones(
         self, api: Api, machines: Sequence[Machine], subnets: dict[str, str]
@@ -434,28 +346,6 @@ class AWS(BaseModel):
             return spot.get((machine.type, zone), on_demand)
 
         return capacity.plan(machines, zones, strategy=strategy, price=price)
-
-    def _open(
-        self, made: AWSAllocation, described: list[dict[str, Any]], reporter: Reporter
-    ) -> list[HostNode]:
-        """Reach every instance over SSH and prepare it: the shared remote-host layer. An
-        instance that ends meanwhile (a spot reclaim, its watchdog) fails the start at once,
-        with EC2's reason, rather than after boot_timeout."""
-        assert made.access is not None
-        api, ids = made.api, list(made.instances)
-        return reach(
-            [made.target(instance) for instance in described],
-            made.access,
-            made.request,
-            reporter,
-            gone=lambda: _gone(api, ids),
-            hint=(
-                f"check that this machine's address is inside the security group's SSH range "
-                f"(ssh_cidr={self.ssh_cidr!r}) and that their {self.connect} addresses are "
-                f"reachable from this network."
-            ),
-            poll=ec2.POLL,
-        )
 
     def _launch(self, api: Api, spec: ec2.LaunchSpec, count: int) -> list[str]:
         """One run_instances for every node (all or none); ``CapacityError`` when another
@@ -538,23 +428,3 @@ class AWS(BaseModel):
                 f"{api.region} has no default VPC; pass sky.AWS(subnet_id='subnet-...')"
             )
         return str(vpcs[0]["VpcId"])
-
-    def _ssh_cidrs(self, api: Api, vpc: str) -> list[str]:
-        if self.ssh_cidr != "auto" or self.connect == "public":
-            return [client_cidr(self.ssh_cidr, lookup_url=self.ip_lookup_url)]
-        described = api.call(api.ec2.describe_vpcs, "reading the VPC", VpcIds=[vpc])["Vpcs"][0]
-        ranges = [a["CidrBlock"] for a in described.get("CidrBlockAssociationSet", [])]
-        return ranges or [str(described["CidrBlock"])]
-
-
-def _gone(api: Api, ids: list[str]) -> str | None:
-    """Why one of ``ids`` is no longer running, or None while all are."""
-    answer = api.ec2.describe_instances(InstanceIds=ids)
-    for reservation in answer["Reservations"]:
-        for instance in reservation["Instances"]:
-            if instance["State"]["Name"] not in ("pending", "running"):
-                return (
-                    f"instance {instance['InstanceId']} is {instance['State']['Name']}: "
-                    f"{ec2.describe_reason(instance)}"
-                )
-    return None

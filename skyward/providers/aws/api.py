@@ -123,6 +123,12 @@ class Api:
             raise
         return found
 
+    def vpc_ranges(self, vpc: str) -> list[str]:
+        """The address ranges of ``vpc`` (who may reach SSH from inside it)."""
+        described = self.call(self.ec2.describe_vpcs, "reading the VPC", VpcIds=[vpc])["Vpcs"][0]
+        ranges = [a["CidrBlock"] for a in described.get("CidrBlockAssociationSet", [])]
+        return ranges or [str(described["CidrBlock"])]
+
     def efa_cards(self, instance_types: list[str]) -> dict[str, int]:
         """Per type that supports EFA, its number of network cards (an EFA interface goes
         on each); types without EFA are left out, and so is everything when EC2 cannot be

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 from skyward._errors import ProvisionError, SkywardError
 from skyward._phases import Reporter
-from skyward.providers import catalog
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.api import Api
-from skyward.providers.base import TAG_CREATED, TAG_OWNER, TAG_POOL, Leftover
+from skyward.providers.base import TAG_POOL, Leftover, tagged_leftover
+from skyward.providers.cloud import catalog
 
 _LIVE = ["pending", "running", "shutting-down", "stopping", "stopped"]
 _PARALLEL = 8  # regions searched at once
@@ -214,23 +213,6 @@ def _leftover(
     hourly: float | None = None,
 ) -> Leftover:
     values = {t["Key"]: t["Value"] for t in tags}
-    return Leftover(
-        provider="aws",
-        kind=kind,
-        id=id,
-        pool=values.get(TAG_POOL, ""),
-        owner=values.get(TAG_OWNER, ""),
-        created=_parse_time(values.get(TAG_CREATED)),
-        state=state,
-        region=api.region,
-        hourly_cost=hourly,
+    return tagged_leftover(
+        "aws", kind, id, values, state=state, region=api.region, hourly_cost=hourly
     )
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None

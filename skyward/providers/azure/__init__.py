@@ -23,50 +23,38 @@ in ``api``, the resources in ``resources``, the idle watchdog's last step in ``w
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import ipaddress
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from skyward._errors import HostKeyError, ProvisionError
+from skyward._errors import ProvisionError
 from skyward._extras import check
 from skyward._phases import Reporter
-from skyward.providers import capacity, catalog
 from skyward.providers.azure import resources as arm
-from skyward.providers.azure.allocation import AzureAllocation, power_state
+from skyward.providers.azure.allocation import AzureAllocation
 from skyward.providers.azure.api import CAPACITY, PUBLIC_CLOUD, Api, failure_code
 from skyward.providers.azure.inventory import AzureInventory
 from skyward.providers.azure.watchdog import RELEASE_PATH, release_script
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
-from skyward.providers.capacity import CapacityError, Offer, Refusal, Strategy
-from skyward.providers.catalog import Machine
-from skyward.providers.cloud import (
-    DEFAULT_IP_LOOKUP,
-    HostKey,
-    WatchedDeadline,
-    client_cidr,
-    first_client_bound,
-    key_label,
-    open_or_destroy,
-    user_data,
-)
+from skyward.providers.cloud import capacity, catalog
+from skyward.providers.cloud.allocation import open_or_destroy
+from skyward.providers.cloud.boot import HostKey
+from skyward.providers.cloud.capacity import CapacityError, Offer, Refusal
+from skyward.providers.cloud.catalog import Cloud, Machine
+from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions
 from skyward.providers.ssh.connection import PoolKey
-from skyward.providers.ssh.hosts import Access, HostNode, open_hosts
 from skyward.providers.volumes import refuse_keyless
 
 # Microsoft's Ubuntu HPC image (NVIDIA driver, CUDA, NCCL, InfiniBand) for GPU sizes;
 # Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init at boot.
 GPU_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
 CPU_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"
-_MAX_SECONDS = 7 * 24 * 3600.0
 _QUOTA_CODES = ("OperationNotAllowed", "QuotaExceeded")
-_WATCH_POLL = 2.0  # seconds between looks at the VMs while they are reached
 # Public regions, for "did you mean" when Azure lists no sizes in a location.
 # fmt: off
 _LOCATIONS = (
@@ -82,7 +70,7 @@ _LOCATIONS = (
 # fmt: on
 
 
-class Azure(BaseModel):
+class Azure(CloudOptions):
     """Run the pool's nodes on Azure VMs made for it, in a resource group of its own.
 
     - ``subscription_id``: by default ``AZURE_SUBSCRIPTION_ID``.
@@ -112,30 +100,23 @@ class Azure(BaseModel):
       watchdog), and seconds between polls of a long-running operation.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    cloud: ClassVar[Cloud] = "azure"
+    machine_option: ClassVar[str] = "vm_size"
 
     subscription_id: str | None = Field(default=None, pattern=r"^[0-9a-fA-F-]{36}$")
     location: str | tuple[str, ...] | None = None
     vm_size: str | None = Field(default=None, pattern=r"^[A-Za-z][A-Za-z0-9_]+$")
     image: str | None = None
-    spot: bool = False
     max_price: float | None = Field(default=None, gt=0)
-    connect: Literal["public", "private"] = "public"
-    ssh_cidr: str = "auto"
     address_space: str = "10.77.0.0/16"
     username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     disk_gb: int = Field(default=100, ge=30, le=4095)
-    idle_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
-    boot_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
-    release_timeout: float = Field(default=1200.0, gt=0, le=_MAX_SECONDS)
+    release_timeout: float = Field(default=1200.0, gt=0, le=MAX_SECONDS)
     self_delete: bool = True
-    ip_lookup_url: str = DEFAULT_IP_LOOKUP
     base_url: str | None = Field(default=None, pattern=r"^https://")
     connection_verify: str | None = None
     poll_interval: float = Field(default=5.0, ge=0, le=300)
     credential: Any = Field(default=None, exclude=True, repr=False)
-    python: str | None = Field(default=None, min_length=1)
-    workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
 
     @field_validator("location")
     @classmethod
@@ -155,11 +136,9 @@ class Azure(BaseModel):
             arm.ImageRef.parse(value)
         return value
 
-    @field_validator("ssh_cidr", "address_space")
+    @field_validator("address_space")
     @classmethod
     def _network(cls, value: str) -> str:
-        if value == "auto":
-            return value
         try:
             return str(ipaddress.ip_network(value, strict=False))
         except ValueError as exc:
@@ -178,10 +157,6 @@ class Azure(BaseModel):
         if value is not None and not callable(getattr(value, "get_token", None)):
             raise ValueError("credential must be a TokenCredential (it has no get_token)")
         return value
-
-    @property
-    def kind(self) -> str:
-        return "azure"
 
     @property
     def locations(self) -> list[str]:
@@ -205,25 +180,9 @@ class Azure(BaseModel):
             )
         return found
 
-    def strategy(self, request: ProvisionRequest) -> Strategy:
-        """The pool's ``allocation=``, or this provider's default (``spot``'s)."""
-        return capacity.strategy_of(request.allocation, spot=self.spot, provider="sky.Azure")
-
-    def machines_for(self, request: ProvisionRequest) -> list[Machine]:
-        """The catalog's machines for the request, in the order to try them (the choice
-        first, then what a capacity failover may move to); empty when ``vm_size`` names a
-        size the catalog lacks (Azure's SKU list describes it at provision). ``ValueError``
-        for a request no size satisfies, or a ``vm_size`` it contradicts."""
-        return capacity.machines_for(
-            "azure",
-            request.accelerator,
-            strategy=self.strategy(request),
-            vcpus=request.vcpus,
-            memory_gb=request.memory_gb,
-            named=self.vm_size,
-            given="vm_size",
-            region=self.locations[0],
-        )
+    @property
+    def catalog_region(self) -> str:
+        return self.locations[0]
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""
@@ -241,17 +200,7 @@ class Azure(BaseModel):
             )
         if self.connection_verify is not None and not Path(self.connection_verify).exists():
             raise ValueError(f"connection_verify: no CA bundle at {self.connection_verify}")
-        if self.strategy(request) == "on-demand" and request.max_hourly_cost is not None:
-            # The catalog's list prices need no network: a pool above the limit is refused
-            # now (unknown prices are, at provision, still before anything is created).
-            offers = [
-                Offer(m, location, "on-demand", price)
-                for location in self.locations
-                for m in machines
-                if (price := _list_price(m.type, location)) is not None
-            ]
-            if offers:
-                capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        self.refuse_above(request, machines, self.locations, lambda m, r: _list_price(m.type, r))
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         self.check(request)
@@ -266,13 +215,7 @@ class Azure(BaseModel):
         offers = self._offers(request, machines, skus, reporter)
         offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
         capacity.announce(offers, request.nodes, reporter, offers[0].zone)
-        allocation = AzureAllocation(
-            api,
-            request,
-            connect=self.connect,
-            username=self.username,
-            release_timeout=self.release_timeout,
-        )
+        allocation = AzureAllocation(api, request, **self.allocation_options)
         return open_or_destroy(allocation, lambda made: self._build(made, offers, skus, reporter))
 
     def api(self) -> Api:
@@ -338,19 +281,14 @@ class Azure(BaseModel):
                 f"{', '.join(self.locations)} for this subscription"
             )
         gpus = int(found.get("GPUs", "0") or 0)
-        machine = Machine(
-            cloud="azure",
-            type=self.vm_size,
+        return self.described(
+            request,
             accelerator="GPU" if gpus else None,
             count=gpus,
             memory_gb=0,
             vcpus=int(float(found.get("vCPUs", "0"))),
             ram_gb=float(found.get("MemoryGB", "0")),
         )
-        catalog.refuse_contradiction(
-            machine, vcpus=request.vcpus, memory_gb=request.memory_gb, given="vm_size"
-        )
-        return [machine]
 
     def _offers(
         self,
@@ -413,24 +351,16 @@ class Azure(BaseModel):
     ) -> None:
         request, api, deadline = made.request, made.api, made.request.deadline
         first = offers[0]
-        key = PoolKey()
-        made.adopt_pool_key(key)
         group = arm.group_name(request.pool)
         # For skyward ls / down: on Azure the resource group plays the key pair's part.
-        key.label(key_label("azure", first.zone, request.pool, group, self.base_url or ""))
-        host_key = HostKey.generate()
-        made.host_key = host_key.public
-        made.access = Access(
-            key_file=key.path,
-            python=self.python,
-            workdir=self.workdir,
-            boot_timeout=self.boot_timeout,
+        key, host_key = self.pool_keys(
+            made, region=first.zone, name=group, endpoint=self.base_url or ""
         )
         made.adopt_group(group)  # before the call: an answer lost in flight still counts
         deadline.check(f"creating resource group {group}")
         arm.create_group(api, group, first.zone, request.tags)
         reporter.status(f"resource group {group} in {first.zone}")
-        cidrs = self._ssh_cidrs()
+        cidrs = self.ssh_cidrs([self.address_space])
         names = [f"node-{rank}" for rank in range(request.nodes)]
         sites: dict[str, arm.Site] = {}
 
@@ -468,9 +398,9 @@ class Azure(BaseModel):
         offer, _ = capacity.launch_first(
             offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
         )
-        made.hourly_cost = offer.pool_hourly(request.nodes)
-        made.describe = f"{request.nodes} x {offer.machine.type} {offer.market} in {offer.zone}"
-        made.nodes = list(self._open(made, names, reporter))
+        made.chose(offer)
+        hint = self.hint("the network security group")
+        made.reach([made.target(name) for name in names], reporter, hint=hint)
 
     def _spec(
         self,
@@ -502,55 +432,11 @@ class Azure(BaseModel):
             disk_type="Premium_LRS" if sku.get("PremiumIO") == "True" else "StandardSSD_LRS",
             username=self.username,
             public_key=key.public,
-            user_data=user_data(
-                host_key=host_key,
-                authorized_key=key.public,
-                idle_timeout=self.idle_timeout,
-                # A machine waits for its first client as long as the client waits for it
-                # (and a margin), not idle_timeout: a client killed mid-start costs minutes.
-                first_client_timeout=first_client_bound(self.boot_timeout),
-                idle_action=action,
-                files=files,
-            ),
+            user_data=self.boot(host_key, key, idle_action=action, files=files),
             public_ip=self.connect == "public",
             accelerated_networking=sku.get("AcceleratedNetworkingEnabled") == "True",
             tags=request.tags,
         )
-
-    def _ssh_cidrs(self) -> list[str]:
-        if self.ssh_cidr == "auto" and self.connect == "private":
-            return [self.address_space]
-        return [client_cidr(self.ssh_cidr, lookup_url=self.ip_lookup_url)]
-
-    def _open(
-        self, made: AzureAllocation, names: Sequence[str], reporter: Reporter
-    ) -> list[HostNode]:
-        """Reach every VM over SSH and prepare it: the shared remote-host layer."""
-        assert made.access is not None and made.group is not None
-        targets = [made.target(name) for name in names]
-        # A VM that ends while it is being reached (a spot eviction, its watchdog) fails the
-        # start at once, with Azure's reason, rather than after boot_timeout.
-        deadline = WatchedDeadline(made.request.deadline)
-        stop = threading.Event()
-        threading.Thread(
-            target=_watch_vms,
-            args=(made, list(names), deadline, stop),
-            name="skyward-azure-watch",
-            daemon=True,
-        ).start()
-        try:
-            request = dataclasses.replace(made.request, deadline=deadline)
-            return open_hosts(targets, made.access, request, reporter)
-        except (ProvisionError, TimeoutError) as exc:
-            if deadline.failure is None and not isinstance(exc, HostKeyError):
-                exc.add_note(
-                    f"The VMs are running, but SSH did not answer from here: check that this "
-                    f"machine's address is inside the SSH range (ssh_cidr={self.ssh_cidr!r}) "
-                    f"and that their {self.connect} addresses are reachable from this network."
-                )
-            raise
-        finally:
-            stop.set()
 
 
 def _list_price(size: str, location: str) -> float | None:
@@ -569,23 +455,3 @@ def _refusal(exc: ProvisionError, offer: Offer) -> Refusal | None:
     if code in CAPACITY:
         return "capacity"
     return None
-
-
-def _watch_vms(
-    made: AzureAllocation, names: list[str], deadline: WatchedDeadline, stop: threading.Event
-) -> None:
-    """Fail ``deadline`` as soon as one of the VMs is gone or stopped (until ``stop``)."""
-    assert made.group is not None
-    while not stop.wait(_WATCH_POLL):
-        for name in names:
-            try:
-                view = made.api.compute.virtual_machines.instance_view(made.group, name)
-            except Exception as exc:
-                if failure_code(exc) in ("ResourceNotFound", "NotFound"):
-                    deadline.fail(made.loss_reason(names.index(name)) or f"VM {name} is gone")
-                    return
-                continue  # a hint only; the connections' own bounds still hold
-            power = power_state(view)
-            if power in ("deallocated", "deallocating", "stopped", "stopping"):
-                deadline.fail(f"VM {name} is {power}")
-                return

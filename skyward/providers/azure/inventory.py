@@ -10,17 +10,16 @@ takes everything in them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import parallel
 from skyward._phases import Reporter
-from skyward.providers import catalog
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import power_state
 from skyward.providers.azure.api import Api
-from skyward.providers.base import TAG_CREATED, TAG_OWNER, TAG_POOL, Leftover
+from skyward.providers.base import TAG_POOL, Leftover, tagged_leftover
+from skyward.providers.cloud import catalog
 
 # VM power states that hold (and bill) compute.
 _BILLED = {"running", "starting", "stopping", "stopped", None}
@@ -121,16 +120,8 @@ class AzureInventory:
         location: str,
         hourly: float | None = None,
     ) -> Leftover:
-        return Leftover(
-            provider="azure",
-            kind=kind,
-            id=id,
-            pool=tags.get(TAG_POOL, ""),
-            owner=tags.get(TAG_OWNER, ""),
-            created=_parse_time(tags.get(TAG_CREATED)),
-            state=state,
-            region=location,
-            hourly_cost=hourly,
+        return tagged_leftover(
+            "azure", kind, id, tags, state=state, region=location, hourly_cost=hourly
         )
 
 
@@ -162,12 +153,3 @@ def inventories(
         for subscription in asked
     ]
     return found, None
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None

@@ -2,7 +2,7 @@
 
 The billing trap: a VM that powers itself off from inside is *stopped*, not deallocated, and
 Azure bills a stopped VM's compute as if it ran. So on Azure the shared idle watchdog
-(``providers/cloud.py``) does not power off; it runs ``skyward-release``::
+(``providers/cloud/boot.py``) does not power off; it runs ``skyward-release``::
 
     skyward-watchdog (idle)  ──>  skyward-release
                                     token   IMDS, as the pool's managed identity (no secret

@@ -24,32 +24,24 @@ import dataclasses
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from skyward._errors import ProvisionError
 from skyward._extras import check
 from skyward._phases import Reporter
-from skyward.providers import capacity, catalog
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
-from skyward.providers.capacity import Offer, Strategy
-from skyward.providers.catalog import Machine
-from skyward.providers.cloud import (
-    BEFORE_POWEROFF_PATH,
-    CloudOptions,
-    HostKey,
-    first_client_bound,
-    key_label,
-    open_or_destroy,
-    user_data,
-)
+from skyward.providers.cloud import capacity, catalog
+from skyward.providers.cloud.allocation import open_or_destroy
+from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH
+from skyward.providers.cloud.capacity import Offer
+from skyward.providers.cloud.catalog import Cloud, Machine
+from skyward.providers.cloud.options import CloudOptions
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.allocation import GCPAllocation
 from skyward.providers.gcp.api import Api, credentials_and_project
 from skyward.providers.gcp.inventory import GCPInventory
-from skyward.providers.reaching import reach
-from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.volumes import refuse_keyless
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
@@ -83,40 +75,28 @@ class GCP(CloudOptions):
     - ``endpoint``: where the Compute API calls go (a proxy, a test server).
     """
 
+    cloud: ClassVar[Cloud] = "gcp"
+    machine_option: ClassVar[str] = "machine_type"
+
     project: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9:.-]{4,62}$")
     zone: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")
     region: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+$")
     machine_type: str | None = Field(default=None, pattern=r"^[a-z0-9]+-[a-z0-9-]+$")
     image: str | None = Field(default=None, pattern=r"^projects/[^/]+/global/images/.+")
-    spot: bool = False
     network: str = Field(default="default", pattern=_NAME)
     subnetwork: str | None = Field(default=None, pattern=_NAME)
-    username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]*$")
     disk_gb: int = Field(default=100, ge=10, le=65536)
     service_account: str | None = "default"
     endpoint: str | None = None
     credentials: Any = None
 
     @property
-    def kind(self) -> str:
-        return "gcp"
+    def catalog_region(self) -> str:
+        return self.where()[1]
 
-    def strategy(self, request: ProvisionRequest) -> Strategy:
-        return capacity.strategy_of(request.allocation, spot=self.spot, provider="sky.GCP")
-
-    def machines_for(self, request: ProvisionRequest) -> list[Machine]:
-        """The catalog's machines for the request, in the order to try them."""
-        found = capacity.machines_for(
-            "gcp",
-            request.accelerator,
-            strategy=self.strategy(request),
-            vcpus=request.vcpus,
-            memory_gb=request.memory_gb,
-            named=self.machine_type,
-            given="machine_type",
-            region=self.where()[1],
-        )
+    def machines_for(self, request: ProvisionRequest, region: str | None = None) -> list[Machine]:
         # A type the catalog lacks: GCE says whether a zone offers it, before anything exists.
+        found = super().machines_for(request, region)
         return found or [Machine("gcp", str(self.machine_type), None, 0, 0, 0)]
 
     def where(self) -> tuple[str | None, str]:
@@ -138,28 +118,15 @@ class GCP(CloudOptions):
         check("google.cloud.compute_v1", feature="sky.GCP")
         check("paramiko", feature="sky.GCP")
         refuse_keyless(request.volumes, "GCP")
-        machines = self.machines_for(request)
-        if self.strategy(request) == "on-demand":
-            capacity.refuse_above(
-                machines,
-                nodes=request.nodes,
-                max_hourly_cost=request.max_hourly_cost,
-                region=self.where()[1],
-            )
+        self.refuse_above(request, self.machines_for(request), [self.where()[1]])
         credentials_and_project(self.project, self.credentials)
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         self.check(request)
         credentials, project = credentials_and_project(self.project, self.credentials)
         api = Api.connect(project=project, credentials=credentials, endpoint=self.endpoint)
-        allocation = GCPAllocation(
-            api,
-            request,
-            gce.Names.of(request.pool),
-            connect=self.connect,
-            username=self.username,
-            release_timeout=self.release_timeout,
-        )
+        names = gce.Names.of(request.pool)
+        allocation = GCPAllocation(api, request, names, **self.allocation_options)
         return open_or_destroy(allocation, lambda made: self._build(made, reporter))
 
     def inventory(self) -> Inventory | None:
@@ -193,13 +160,10 @@ class GCP(CloudOptions):
         image = self._image(api, self.image or (GPU_IMAGE if gpu else CPU_IMAGE))
         cidrs = self.ssh_cidrs(_PRIVATE_RANGES)
         # ── creating ──
-        key = PoolKey()
-        made.adopt_pool_key(key)
         # The "key pair" of a GCP pool is its names' base (its rules are <base>-ssh, -pool).
-        key.label(key_label("gcp", api.project, request.pool, made.names.base, self.endpoint or ""))
-        host_key = HostKey.generate()
-        made.host_key = host_key.public
-        made.access = self.access(key.path)
+        key, host_key = self.pool_keys(
+            made, region=api.project, name=made.names.base, endpoint=self.endpoint or ""
+        )
         deadline.check("creating the firewall rules")
         gce.open_firewalls(
             api,
@@ -213,13 +177,7 @@ class GCP(CloudOptions):
         reporter.status(f"firewall rules {made.names.base}-*: SSH from {', '.join(cidrs)}")
         hook = {"path": BEFORE_POWEROFF_PATH, "permissions": "0755"}
         hook["content"] = gce.self_delete_script(self.endpoint)
-        boot = user_data(
-            host_key=host_key,
-            authorized_key=key.public,
-            idle_timeout=self.idle_timeout,
-            first_client_timeout=first_client_bound(self.boot_timeout),
-            files=[hook] if self.service_account else [],
-        )
+        boot = self.boot(host_key, key, files=[hook] if self.service_account else [])
         template = gce.InstanceSpec(
             machine_type=first.machine.type,
             attach=None,
@@ -256,28 +214,13 @@ class GCP(CloudOptions):
         offer, names = capacity.launch_first(
             offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
         )
-        made.hourly_cost = offer.pool_hourly(request.nodes)
-        made.describe = f"{request.nodes} x {offer.machine.type} {offer.market} in {offer.zone}"
+        made.chose(offer)
         made.instances = [(offer.zone, name) for name in names]
         for rank, name in enumerate(names):
             reporter.phase(rank, "provisioning", f"{name} ({offer.where})")
         described = gce.running(api, offer.zone, names, deadline)
-
-        def gone() -> str | None:
-            return next(filter(None, (made.loss_reason(r) for r in range(len(names)))), None)
-
-        made.nodes = list(
-            reach(
-                [made.target(d) for d in described],
-                made.access,
-                dataclasses.replace(request, deadline=deadline),
-                reporter,
-                gone=gone,
-                hint=f"check that this machine's address is inside the firewall rule's SSH "
-                f"range (ssh_cidr={self.ssh_cidr!r}) and that their {self.connect} addresses "
-                f"are reachable from this network.",
-            )
-        )
+        hint = self.hint("the firewall rule")
+        made.reach([made.target(d) for d in described], reporter, hint=hint, deadline=deadline)
 
     def _zones(
         self, api: Api, machines: Sequence[Machine], first: str | None, region: str

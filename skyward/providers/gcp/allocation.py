@@ -3,12 +3,12 @@
 Names are chosen before anything is asked for, and recorded first (``adopt_*``): an insert
 whose answer is lost (a Ctrl-C in flight) is still deleted, by name. ``release`` waits for
 inserts still in flight, wakes their operation waits, deletes by name, then sweeps once more
-by the pool's label. It is idempotent and safe on a half-made allocation.
+by the pool's label. The rest of the allocation's life (release once, replace, reach) is the
+shared ``CloudAllocation``'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import uuid
 from collections.abc import Sequence
@@ -17,52 +17,33 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
-from skyward.providers.base import Allocation, Node, ProvisionRequest, Resource
-from skyward.providers.capacity import CapacityError
-from skyward.providers.cloud import WatchedDeadline
+from skyward.providers.base import ProvisionRequest, Resource
+from skyward.providers.cloud.allocation import CloudAllocation, WatchedDeadline
+from skyward.providers.cloud.capacity import CapacityError
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.api import Api
-from skyward.providers.ssh.connection import PoolKey, Target
-from skyward.providers.ssh.hosts import Access, HostTarget, open_hosts
+from skyward.providers.ssh.hosts import HostTarget
 
 _INFLIGHT_WAIT = 90.0  # seconds release waits for insert calls still on the wire
 
 
-class GCPAllocation(Allocation):
+class GCPAllocation(CloudAllocation[Api, gce.InstanceSpec]):
     """A pool's firewall rules and instances (node ``i`` runs on ``instances[i]``, a
-    (zone, name)). Thread-safe: a replacement may race the pool's teardown."""
+    (zone, name))."""
 
     def __init__(
-        self,
-        api: Api,
-        request: ProvisionRequest,
-        names: gce.Names,
-        *,
-        connect: str,
-        username: str,
-        release_timeout: float,
+        self, api: Api, request: ProvisionRequest, names: gce.Names, **options: Any
     ) -> None:
-        super().__init__([])
-        self.api, self.request, self.names = api, request, names
-        self.connect, self.username = connect, username
-        self.release_timeout = release_timeout
-        self.access: Access | None = None
-        self.host_key: str | None = None
-        self.spec: gce.InstanceSpec | None = None
-        self.pool_key: PoolKey | None = None
+        super().__init__(api, request, **options)
+        self.scope = (f" in project {api.project}", f"--project {api.project}")
+        self.names = names
         self.firewalls: list[str] = []
         self.instances: list[tuple[str, str]] = []  # by rank
         self._made: list[tuple[str, str]] = []  # every instance ever asked for
         self._generation = 0
         self._inflight = 0
-        self._released = False
         # Launches wait on this; release wakes them.
         self.launching = WatchedDeadline(request.deadline)
-        self._guard = threading.Condition(threading.RLock())  # guards: every field that changes
-
-    def adopt_pool_key(self, key: PoolKey) -> None:
-        with self._guard:
-            self.pool_key = key
 
     def adopt_firewall(self, name: str) -> None:
         with self._guard:
@@ -127,73 +108,42 @@ class GCPAllocation(Allocation):
         if left:
             raise ProvisionError(
                 f"pool {self.request.pool}: could not delete {', '.join(left)}. Remove them "
-                f"with: skyward down --pool {self.request.pool}"
+                f"with: {self.down_command}"
             )
 
     # ── the contract ───────────────────────────────────────────────────────────────────
 
-    def release(self) -> None:
-        """Delete every instance and wait, then both firewall rules; sweep by label.
-        Idempotent; raises ``ProvisionError`` naming what is left and the command that
-        removes it, after trying everything."""
+    def delete_all(self) -> list[str]:
+        """Delete every instance and wait, then both firewall rules; sweep by label."""
         with self._guard:
-            if self._released:
-                return
-            self._released = True
             self.launching.fail("the pool is being released")
             self._guard.wait_for(lambda: self._inflight == 0, timeout=_INFLIGHT_WAIT)
             instances = list(self._made)
             firewalls = list(self.firewalls)
-            pool_key = self.pool_key
         deadline = Deadline(self.release_timeout, f"release_timeout ({self.release_timeout:g} s)")
-        try:
-            left = gce.delete(self.api, instances=instances, firewalls=firewalls, deadline=deadline)
-            if instances:  # a second sweep, by label: anything the names missed
-                try:
-                    labelled = gce.live(self.api, self.request.pool)
-                except ProvisionError as exc:
-                    left.append(f"the sweep by label ({exc})")
-                    labelled = []
-                mine = [(z, i.name) for z, i in labelled if i.name.startswith(self.names.base)]
-                left += gce.delete(self.api, instances=mine, deadline=deadline)
-        finally:
-            if pool_key is not None:
-                pool_key.delete()
-        if left:
-            raise ProvisionError(
-                f"pool {self.request.pool}: could not delete {', '.join(left)} in project "
-                f"{self.api.project}. Remove them with: skyward down --pool {self.request.pool}"
-                f" --project {self.api.project}"
-            )
+        left = gce.delete(self.api, instances=instances, firewalls=firewalls, deadline=deadline)
+        if instances:  # a second sweep, by label: anything the names missed
+            try:
+                labelled = gce.live(self.api, self.request.pool)
+            except ProvisionError as exc:
+                left.append(f"the sweep by label ({exc})")
+                labelled = []
+            mine = [(z, i.name) for z, i in labelled if i.name.startswith(self.names.base)]
+            left += gce.delete(self.api, instances=mine, deadline=deadline)
+        return left
 
-    @property
-    def can_replace(self) -> bool:
-        return self.spec is not None and self.access is not None
-
-    def replace(self, rank: int, reporter: Reporter, deadline: Deadline) -> Node:
-        """A new instance for node ``rank``, in the same zone, made alike."""
+    def remake(
+        self, rank: int, spec: gce.InstanceSpec, reporter: Reporter, deadline: Deadline
+    ) -> HostTarget:
         with self._guard:
-            if self._released or self.access is None:
-                raise ProvisionError(f"pool {self.request.pool} is closing; not replacing")
             zone, old = self.instances[rank]
-            old_node = self.nodes[rank] if rank < len(self.nodes) else None
-            access = self.access
-        if old_node is not None:
-            old_node.close()
         reporter.phase(rank, "provisioning", f"replacing {old}")
         gce.delete(self.api, instances=[(zone, old)], deadline=Deadline(0.0, "no wait"))
         (new,) = self.launch(zone, [rank], deadline)
         with self._guard:
             self.instances[rank] = (zone, new)
         (described,) = gce.running(self.api, zone, [new], deadline)
-        request = dataclasses.replace(self.request, nodes=1, deadline=deadline)
-        (node,) = open_hosts([self.target(described)], access, request, reporter, ranks=[rank])
-        with self._guard:
-            if self._released:
-                node.close()
-                raise ProvisionError(f"pool {self.request.pool} is closing; not replacing")
-            self.nodes[rank] = node
-        return node
+        return self.target(described)
 
     def loss_reason(self, rank: int) -> str | None:
         """Why node ``rank``'s instance is gone, when GCE says so; ``None`` while it runs
@@ -216,12 +166,5 @@ class GCPAllocation(Allocation):
 
     def target(self, described: Any) -> HostTarget:
         interface = described.network_interfaces[0]
-        private = str(interface.network_i_p)
         public = [c.nat_i_p for c in interface.access_configs if c.nat_i_p]
-        address = public[0] if self.connect == "public" and public else private
-        assert self.access is not None
-        return HostTarget(
-            Target(host=address, port=22, user=self.username),
-            peer_address=private,
-            host_key=self.host_key,
-        )
+        return self.host_target(str(interface.network_i_p), public[0] if public else None)

@@ -26,7 +26,7 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._extras import require
 from skyward._futures import Deadline
-from skyward.providers.capacity import CapacityError
+from skyward.providers.cloud.capacity import CapacityError
 
 SCOPE = "https://www.googleapis.com/auth/compute"
 ROLES_HINT = "the minimal IAM roles are in docs/providers.md (GCP)"

@@ -8,14 +8,13 @@ their description. Instances go first, then the rules.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._phases import Reporter
-from skyward.providers import catalog
-from skyward.providers.base import TAG_CREATED, TAG_OWNER, TAG_POOL, Leftover
+from skyward.providers.base import TAG_POOL, Leftover, tagged_leftover
+from skyward.providers.cloud import catalog
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.api import Api, credentials_and_project
 
@@ -95,24 +94,6 @@ def _leftover(
     state: str = "exists",
     hourly: float | None = None,
 ) -> Leftover:
-    return Leftover(
-        provider="gcp",
-        kind=kind,
-        id=name,
-        pool=values.get(TAG_POOL, ""),
-        owner=values.get(TAG_OWNER, ""),
-        created=_parse_time(values.get(TAG_CREATED)),
-        state=state.lower(),
-        region=where,
-        hourly_cost=hourly,
+    return tagged_leftover(
+        "gcp", kind, name, values, state=state.lower(), region=where, hourly_cost=hourly
     )
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    """A creation time as a tag (``2026-01-02T03:04:05Z``) or as a label value of one."""
-    for form in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dt%H_%M_%Sz"):
-        try:
-            return datetime.strptime(text or "", form).replace(tzinfo=UTC)
-        except ValueError:
-            continue
-    return None

@@ -1,5 +1,5 @@
-"""What the cloud providers share, with no cloud SDK: the user data a VM boots with, its SSH
-host key, the client's address for the SSH rule, and "create, then open, or destroy".
+"""What a cloud VM boots with: the SSH host key the client made for it, the login key, and the
+idle watchdog, as cloud-init user data.
 
 ::
 
@@ -22,28 +22,10 @@ port, so a long job with its client attached is never stopped, and a client that
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import os
 import shlex
-import shutil
-import tempfile
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal, TypeVar
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from skyward._errors import ProvisionError
-from skyward._futures import Deadline
-from skyward._shield import finish
-from skyward.providers.base import Allocation
-from skyward.providers.ssh.hosts import Access
-
-A = TypeVar("A", bound=Allocation)
 
 WATCHDOG_PATH = "/usr/local/sbin/skyward-watchdog"
 # Run by the watchdog, when present, just before it powers the machine off: a cloud whose
@@ -53,11 +35,6 @@ BEFORE_POWEROFF_PATH = "/usr/local/sbin/skyward-before-poweroff"
 # connection ends within a minute, and the watchdog's idle time starts counting.
 SSHD_DROPIN_PATH = "/etc/ssh/sshd_config.d/60-skyward.conf"
 SSHD_DROPIN = "ClientAliveInterval 15\nClientAliveCountMax 4\n"
-DEFAULT_IP_LOOKUP = "https://checkip.amazonaws.com"
-# On everything one provision creates, besides the pool's tags: a value unique to that
-# provision (the pool's name need not be unique), so that its clean-up can sweep for what
-# a create call cut off in flight made, and never touch another run's resources.
-TAG_ALLOCATION = "skyward-allocation"
 
 
 @dataclass(frozen=True)
@@ -213,191 +190,3 @@ def first_client_bound(boot_timeout: float) -> float:
     """How long a new machine waits for its first SSH client before powering itself off:
     the client's ``boot_timeout`` (it stops trying after that) and a margin."""
     return boot_timeout + FIRST_CLIENT_MARGIN
-
-
-def client_cidr(
-    ssh_cidr: str, *, lookup_url: str = DEFAULT_IP_LOOKUP, timeout: float = 10.0
-) -> str:
-    """The network allowed to reach the machines' SSH port: ``ssh_cidr`` itself, or for
-    ``"auto"`` this machine's public address as a single-address network."""
-    if ssh_cidr != "auto":
-        return str(ipaddress.ip_network(ssh_cidr, strict=False))
-    try:
-        with urllib.request.urlopen(lookup_url, timeout=timeout) as response:
-            text = response.read(200).decode("ascii", "replace").strip()
-    except (OSError, urllib.error.URLError) as exc:
-        raise ProvisionError(
-            f"could not find this machine's public address at {lookup_url} ({exc}); pass "
-            f"ssh_cidr='203.0.113.7/32' with the address SSH connections will come from"
-        ) from exc
-    try:
-        address = ipaddress.ip_address(text)
-    except ValueError as exc:
-        raise ProvisionError(
-            f"{lookup_url} did not answer with an IP address (it said {text[:60]!r}); pass "
-            f"ssh_cidr='203.0.113.7/32' with the address SSH connections will come from"
-        ) from exc
-    return f"{address}/{address.max_prefixlen}"
-
-
-def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:
-    """Run ``build``, which creates resources, records each on ``allocation`` as soon as it
-    exists, and reaches the machines; on any failure, Ctrl-C included, terminate what it
-    recorded and re-raise.
-
-    The clean-up runs on its own thread and is waited for through any number of Ctrl-Cs
-    (``_shield.finish``): a second Ctrl-C must not turn a failed start into a running GPU
-    bill. It is bounded by the allocation's own waits, not by the start's deadline, which
-    may be what just passed.
-    """
-    try:
-        build(allocation)
-    except BaseException as exc:
-        failure = finish(allocation.terminate)
-        if failure is not None:
-            exc.add_note(f"and cleaning up failed: {failure}")
-        raise
-    return allocation
-
-
-@dataclass(frozen=True)
-class LocalKey:
-    """A pool key left on this machine (``/tmp/skyward-key-*``) and whose it is, from the
-    ``about.json`` its provider wrote beside it (``PoolKey.label``)."""
-
-    directory: Path
-    provider: str
-    region: str
-    pool: str
-    key_pair: str
-    endpoint: str = ""  # the API endpoint the pool was made through ("" for the cloud's own)
-    pid: int = 0  # the client that made it
-
-    @property
-    def client_alive(self) -> bool:
-        """Whether the client that made it still runs (then the key is in use)."""
-        if self.pid <= 0:
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-
-def key_label(
-    provider: str, region: str, pool: str, key_pair: str, endpoint: str
-) -> dict[str, str]:
-    """What a provider writes beside its pool key (``PoolKey.label``)."""
-    return {
-        "provider": provider,
-        "region": region,
-        "pool": pool,
-        "key_pair": key_pair,
-        "endpoint": endpoint,
-        "pid": str(os.getpid()),
-    }
-
-
-def local_keys(root: Path | None = None) -> list[LocalKey]:
-    """Every labelled pool key under ``root`` (default: the temporary directory). A client
-    that ends normally deletes its own; those found belong to running pools or to clients
-    that were killed."""
-    from skyward.providers.ssh.connection import ABOUT_FILE, KEY_PREFIX
-
-    found: list[LocalKey] = []
-    for directory in sorted((root or Path(tempfile.gettempdir())).glob(f"{KEY_PREFIX}*")):
-        try:
-            about = json.loads((directory / ABOUT_FILE).read_text())
-            found.append(
-                LocalKey(
-                    directory,
-                    str(about["provider"]),
-                    str(about["region"]),
-                    str(about["pool"]),
-                    str(about["key_pair"]),
-                    str(about.get("endpoint", "")),
-                    int(about.get("pid", 0)),
-                )
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # unlabelled (an older client) or being written: not ours to judge
-    return found
-
-
-def remove_local_key(key: LocalKey) -> None:
-    shutil.rmtree(key.directory, ignore_errors=True)
-
-
-class WatchedDeadline(Deadline):
-    """A deadline that ends with ``parent`` and can also be failed, with a reason, by a watcher
-    of the machines being reached: a spot instance reclaimed while it booted fails the start
-    at once instead of being retried until ``boot_timeout``."""
-
-    def __init__(self, parent: Deadline) -> None:
-        super().__init__(parent.remaining(), parent.what)
-        self._parent = parent
-        self._failure: str | None = None
-
-    @property
-    def failure(self) -> str | None:
-        return self._failure
-
-    def fail(self, reason: str) -> None:
-        self._failure = reason
-        self.cancel(reason)  # wakes whoever sleeps on this deadline
-
-    def check(self, doing: str) -> None:
-        self._parent.check(doing)
-        if self._failure is not None:
-            raise ProvisionError(f"{doing}: {self._failure}")
-        super().check(doing)
-
-
-_MAX_SECONDS = 7 * 24 * 3600.0
-
-
-class CloudOptions(BaseModel):
-    """The options every cloud provider's configuration has, validated alike (``sky.GCP``
-    builds on it): who may reach SSH, how the nodes are reached, the watchdog's and the
-    waits' bounds, and how workers run on the nodes."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
-    ssh_cidr: str = "auto"
-    connect: Literal["public", "private"] = "public"
-    idle_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
-    boot_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
-    release_timeout: float = Field(default=600.0, gt=0, le=_MAX_SECONDS)
-    ip_lookup_url: str = DEFAULT_IP_LOOKUP
-    python: str | None = Field(default=None, min_length=1)
-    workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
-
-    @field_validator("ssh_cidr")
-    @classmethod
-    def _cidr(cls, value: str) -> str:
-        if value == "auto":
-            return value
-        try:
-            return str(ipaddress.ip_network(value, strict=False))
-        except ValueError as exc:
-            message = "ssh_cidr must be 'auto' or a network such as '203.0.113.7/32'"
-            raise ValueError(message) from exc
-
-    def ssh_cidrs(self, private_ranges: Sequence[str]) -> list[str]:
-        """Who may reach SSH: ``ssh_cidr``, or for ``"auto"`` this machine's public address
-        (``connect="public"``) or the network's own ``private_ranges``."""
-        if self.ssh_cidr == "auto" and self.connect == "private":
-            return list(private_ranges)
-        return [client_cidr(self.ssh_cidr, lookup_url=self.ip_lookup_url)]
-
-    def access(self, key_file: Path) -> Access:
-        """How the pool's machines are reached and prepared (the shared SSH-host layer)."""
-        return Access(
-            key_file=key_file,
-            python=self.python,
-            workdir=self.workdir,
-            boot_timeout=self.boot_timeout,
-        )

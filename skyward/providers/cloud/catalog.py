@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from skyward.providers.prices import ON_DEMAND
+from skyward.providers.cloud.prices import ON_DEMAND
 
 Cloud = Literal["aws", "gcp", "azure"]
 
@@ -146,8 +146,8 @@ def _m7i(size: str, vcpus: int) -> Machine:
     return _m("aws", f"m7i.{size}", None, 0, 0, vcpus, ram=vcpus * 4)
 
 
-def _n2(vcpus: str, hourly: float) -> Machine:
-    return _m("gcp", f"n2-standard-{vcpus}", None, 0, 0, int(vcpus), hourly, ram=4 * int(vcpus))
+def _n2(vcpus: str) -> Machine:
+    return _m("gcp", f"n2-standard-{vcpus}", None, 0, 0, int(vcpus), ram=4 * int(vcpus))
 
 
 def _n1(vcpus: str, gpu: str, count: int, memory: int, gpu_hourly: float) -> Machine:
@@ -213,43 +213,43 @@ MACHINES: tuple[Machine, ...] = (
     _m("aws", "p3.16xlarge", "V100", 8, 16, 64, ram=488),
     _m("aws", "p3dn.24xlarge", "V100", 8, 32, 96, ram=768),
     # ── GCP (Compute Engine; N2 for CPU pools, N1 with attached GPUs) ────────────────
-    # Prices: on-demand in us-central1 (the reference region; elsewhere unknown), USD per
-    # hour, from cloud.google.com/compute/vm-instance-pricing and /gpus-pricing, late 2025;
-    # N1 rows add the attached GPUs' price to the machine's. None where not published.
-    _n2("4", 0.194236),
-    _n2("2", 0.097118),
-    _n2("8", 0.388472),
-    _n2("16", 0.776944),
-    _n2("32", 1.553888),
-    _n2("48", 2.330832),
-    _n2("64", 3.107776),
-    _n2("96", 4.661664),
-    _n2("128", 6.215552),
-    _m("gcp", "a2-highgpu-1g", "A100", 1, 40, 12, 3.673385, ram=85),
-    _m("gcp", "a2-highgpu-2g", "A100", 2, 40, 24, 7.34677, ram=170),
-    _m("gcp", "a2-highgpu-4g", "A100", 4, 40, 48, 14.69354, ram=340),
-    _m("gcp", "a2-highgpu-8g", "A100", 8, 40, 96, 29.38708, ram=680),
-    _m("gcp", "a2-megagpu-16g", "A100", 16, 40, 96, 55.739504, ram=1360),
-    _m("gcp", "a2-ultragpu-1g", "A100", 1, 80, 12, 5.06879, ram=170),
-    _m("gcp", "a2-ultragpu-2g", "A100", 2, 80, 24, 10.13758, ram=340),
-    _m("gcp", "a2-ultragpu-4g", "A100", 4, 80, 48, 20.27516, ram=680),
-    _m("gcp", "a2-ultragpu-8g", "A100", 8, 80, 96, 40.55032, ram=1360),
+    # Prices: the table in prices.py, per region. N1 rows are priced here, in us-central1
+    # (the reference region; elsewhere unknown), from cloud.google.com/compute/gpus-pricing,
+    # late 2025: the machine's price and the attached GPUs'.
+    _n2("4"),
+    _n2("2"),
+    _n2("8"),
+    _n2("16"),
+    _n2("32"),
+    _n2("48"),
+    _n2("64"),
+    _n2("96"),
+    _n2("128"),
+    _m("gcp", "a2-highgpu-1g", "A100", 1, 40, 12, ram=85),
+    _m("gcp", "a2-highgpu-2g", "A100", 2, 40, 24, ram=170),
+    _m("gcp", "a2-highgpu-4g", "A100", 4, 40, 48, ram=340),
+    _m("gcp", "a2-highgpu-8g", "A100", 8, 40, 96, ram=680),
+    _m("gcp", "a2-megagpu-16g", "A100", 16, 40, 96, ram=1360),
+    _m("gcp", "a2-ultragpu-1g", "A100", 1, 80, 12, ram=170),
+    _m("gcp", "a2-ultragpu-2g", "A100", 2, 80, 24, ram=340),
+    _m("gcp", "a2-ultragpu-4g", "A100", 4, 80, 48, ram=680),
+    _m("gcp", "a2-ultragpu-8g", "A100", 8, 80, 96, ram=1360),
     # A3 High with 1, 2 or 4 GPUs is sold as Spot (or flex-start) only: a bare "H100" is
     # the 8-GPU machine, which on-demand pools can get.
-    _m("gcp", "a3-highgpu-8g", "H100", 8, 80, 208, 88.253776, ram=1872),
-    _m("gcp", "a3-highgpu-1g", "H100", 1, 80, 26, 11.031722, ram=234),
-    _m("gcp", "a3-highgpu-2g", "H100", 2, 80, 52, 22.063444, ram=468),
-    _m("gcp", "a3-highgpu-4g", "H100", 4, 80, 104, 44.126888, ram=936),
+    _m("gcp", "a3-highgpu-8g", "H100", 8, 80, 208, ram=1872),
+    _m("gcp", "a3-highgpu-1g", "H100", 1, 80, 26, ram=234),
+    _m("gcp", "a3-highgpu-2g", "H100", 2, 80, 52, ram=468),
+    _m("gcp", "a3-highgpu-4g", "H100", 4, 80, 104, ram=936),
     _m("gcp", "a3-megagpu-8g", "H100", 8, 80, 208, ram=1872),
     _m("gcp", "a3-ultragpu-8g", "H200", 8, 141, 224, ram=2952),
-    _m("gcp", "g2-standard-4", "L4", 1, 24, 4, 0.70683, ram=16),
-    _m("gcp", "g2-standard-8", "L4", 1, 24, 8, 0.85349, ram=32),
-    _m("gcp", "g2-standard-12", "L4", 1, 24, 12, 1.00015, ram=48),
-    _m("gcp", "g2-standard-16", "L4", 1, 24, 16, 1.14681, ram=64),
-    _m("gcp", "g2-standard-32", "L4", 1, 24, 32, 1.73345, ram=128),
-    _m("gcp", "g2-standard-24", "L4", 2, 24, 24, 2.0003, ram=96),
-    _m("gcp", "g2-standard-48", "L4", 4, 24, 48, 4.0006, ram=192),
-    _m("gcp", "g2-standard-96", "L4", 8, 24, 96, 8.0012, ram=384),
+    _m("gcp", "g2-standard-4", "L4", 1, 24, 4, ram=16),
+    _m("gcp", "g2-standard-8", "L4", 1, 24, 8, ram=32),
+    _m("gcp", "g2-standard-12", "L4", 1, 24, 12, ram=48),
+    _m("gcp", "g2-standard-16", "L4", 1, 24, 16, ram=64),
+    _m("gcp", "g2-standard-32", "L4", 1, 24, 32, ram=128),
+    _m("gcp", "g2-standard-24", "L4", 2, 24, 24, ram=96),
+    _m("gcp", "g2-standard-48", "L4", 4, 24, 48, ram=192),
+    _m("gcp", "g2-standard-96", "L4", 8, 24, 96, ram=384),
     _n1("4", "T4", 1, 16, 0.35),
     _n1("8", "T4", 2, 16, 0.35),
     _n1("16", "T4", 4, 16, 0.35),
@@ -568,8 +568,8 @@ def catalog(
         where = region or REFERENCE_REGION[each]
         for machine in _browse(each, accelerator):
             table = ON_DEMAND.get(each, {}).get(machine.type)
-            if table is not None and where not in table:
-                continue  # not sold there, per the cloud's price list
+            if each == "aws" and table is not None and where not in table:
+                continue  # not sold there, per AWS's price list (GCP's lists fewer regions)
             entries.append(
                 CatalogEntry(
                     cloud=each,
@@ -641,6 +641,5 @@ def _with_spot(entries: list[CatalogEntry]) -> list[CatalogEntry]:
             key = (region, kind)
             lowest[key] = min(price, lowest.get(key, price))
     return [
-        replace(e, spot=lowest.get((e.region, e.type))) if e.cloud == "aws" else e
-        for e in entries
+        replace(e, spot=lowest.get((e.region, e.type))) if e.cloud == "aws" else e for e in entries
     ]

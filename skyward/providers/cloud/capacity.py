@@ -1,5 +1,5 @@
 """Where a cloud pool's machines are asked for, in what order, at what price; and moving on
-when a place has no capacity. Cloud-neutral: AWS uses it, GCP and Azure build on it.
+when a place has no capacity. Cloud-neutral: AWS, GCP and Azure build on it.
 
 (``Allocation`` in ``base.py`` is what one provision made; this module is about the
 allocation *strategy*, hence its own name.)
@@ -41,8 +41,8 @@ from typing import Literal, TypeVar
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._phases import Choice, Reporter
-from skyward.providers import catalog
-from skyward.providers.catalog import Cloud, Machine
+from skyward.providers.cloud import catalog
+from skyward.providers.cloud.catalog import Cloud, Machine
 
 T = TypeVar("T")
 Market = Literal["on-demand", "spot"]
@@ -189,7 +189,7 @@ def _short(why: str) -> str:
     return reason.split(". ", 1)[0].rstrip(".")
 
 
-# ── what every cloud provider asks of the request (AWS has the same as methods) ──────────
+# ── what every cloud provider asks of the request (``CloudOptions`` calls these) ──────────
 
 
 def strategy_of(allocation: str | None, *, spot: bool, provider: str) -> Strategy:
@@ -236,15 +236,20 @@ def machines_for(
 
 
 def refuse_above(
-    machines: Sequence[Machine], *, nodes: int, max_hourly_cost: float | None, region: str
+    machines: Sequence[Machine],
+    *,
+    nodes: int,
+    max_hourly_cost: float | None,
+    regions: Sequence[str],
+    price: Callable[[Machine, str], float | None] = catalog.machine_price,
 ) -> None:
-    """When the pool is built: an on-demand pool whose every known price is above
-    ``max_hourly_cost`` is refused (the table needs no network; unknown prices are judged
-    at provision, still before anything is created)."""
+    """When the pool is built: an on-demand pool whose every known price (``price`` of a
+    machine in one of ``regions``) is above ``max_hourly_cost`` is refused (the table needs
+    no network; unknown prices are judged at provision, still before anything is created)."""
     if max_hourly_cost is None:
         return
-    priced = [(m, catalog.machine_price(m, region)) for m in machines]
-    offers = [Offer(m, region, "on-demand", p) for m, p in priced if p is not None]
+    priced = [(m, r, price(m, r)) for r in regions for m in machines]
+    offers = [Offer(m, r, "on-demand", p) for m, r, p in priced if p is not None]
     if offers:
         affordable(offers, nodes, max_hourly_cost)
 
