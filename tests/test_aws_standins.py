@@ -292,7 +292,9 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
         assert len(left["instances"]) == 2, log.read_text()
         listed = _skyward(moto, "ls")
         assert listed.returncode == 0, listed.stderr
-        rows = [line for line in listed.stdout.splitlines() if " killed " in f" {line} "]
+        # The resource table's rows (the recent pools below it name the pool too).
+        rows = [line for line in listed.stdout.splitlines() if line.split()[:1] == ["aws"]]
+        rows = [line for line in rows if " killed " in f" {line} "]
         assert len(rows) == 4, listed.stdout  # 2 instances, a group, a key pair
         instances = [r for r in rows if "instance" in r]
         assert all("running" in r and "0.20" in r for r in instances), listed.stdout
