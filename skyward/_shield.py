@@ -24,6 +24,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from skyward._interrupts import allow_interrupts
+
 
 def shielded(
     fn: Callable[[], None],
@@ -59,8 +61,11 @@ def shielded(
             if not started:  # inside the try: start() waits, and a Ctrl-C may land there
                 started = True
                 thread.start()
-            if done.wait(0.2):
-                break
+            # Let a Ctrl-C through here even inside a caller's hold (the pool's close holds
+            # them): this wait is where it is counted, and the second one leaves.
+            with allow_interrupts:
+                if done.wait(0.2):
+                    break
         except KeyboardInterrupt:
             interrupts += 1
             if leave_after is not None and interrupts >= leave_after:
