@@ -49,7 +49,7 @@ _main = threading.main_thread().ident
 class _State:
     """The main thread's hold; touched by the main thread (and its signal handler) only."""
 
-    __slots__ = ("depth", "open", "pending", "previous")
+    __slots__ = ("deferred", "depth", "open", "pending", "previous")
 
     def __init__(self) -> None:
         self.reset()
@@ -58,6 +58,7 @@ class _State:
         self.depth = 0  # holds entered and not left
         self.previous: Any = None  # the program's handler, while ours stands in for it
         self.pending = False  # a SIGINT arrived while held
+        self.deferred = False  # one was let through, answered, and is raised at the end
         self.open = False  # inside allow_interrupts: a SIGINT goes through at once
 
 
@@ -82,6 +83,7 @@ class _Hold:
             _state.depth += 1
             return
         _state.pending = False
+        _state.deferred = False
         _state.open = False
         previous = _getsignal(_SIGINT)
         if callable(previous) and previous is not _on_sigint:
@@ -110,8 +112,8 @@ class _Hold:
             handler = previous
         else:  # a done-callback installed its own meanwhile: it stays
             handler = _getsignal(_SIGINT)
-        if _state.pending:
-            _state.pending = False
+        if _state.pending or _state.deferred:
+            _state.pending = _state.deferred = False
             # Already leaving on a KeyboardInterrupt: that one answers the Ctrl-C.
             if (kind is None or not issubclass(kind, KeyboardInterrupt)) and callable(handler):
                 handler(_SIGINT, sys._getframe(1))
@@ -142,6 +144,15 @@ class _Allow:
 # Module-level instances: entering one costs no allocation, and they hold no state of their own.
 hold_interrupts = _Hold()
 allow_interrupts = _Allow()
+
+
+def raise_at_end() -> None:
+    """A ``KeyboardInterrupt`` let through by ``allow_interrupts`` was caught and answered
+    where it landed (a clean-up noted it and went on): raise one again when the outermost
+    hold ends, so the program still learns of the Ctrl-C. Nothing outside a hold or off
+    the main thread: there the catcher's answer is the whole answer."""
+    if _get_ident() == _main and _state.depth and _state.previous is not None:
+        _state.deferred = True
 
 
 def holding() -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from skyward._interrupts import allow_interrupts
+from skyward._interrupts import allow_interrupts, raise_at_end
 
 
 def shielded(
@@ -70,6 +70,7 @@ def shielded(
             interrupts += 1
             if leave_after is not None and interrupts >= leave_after:
                 raise
+            raise_at_end()  # inside a hold (a pool's close): raised once it is done
             if on_interrupt is not None:
                 on_interrupt(interrupts)
     if errors:

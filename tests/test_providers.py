@@ -442,6 +442,34 @@ def test_one_ctrl_c_during_teardown_does_not_stop_the_deletion() -> None:
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
-    pool.close()  # the Ctrl-C lands while release() runs; close goes on to the end
+    # The Ctrl-C lands while release() runs: close goes on to the end, then raises it.
+    with pytest.raises(KeyboardInterrupt):
+        pool.close()
     assert allocation.released
     assert pool.statistics().state == "closed"
+
+
+def test_a_second_ctrl_c_during_teardown_leaves_at_once_and_the_deletion_goes_on() -> None:
+    # The way out a user is offered ("Ctrl-C again to leave now"): the close's own hold
+    # must not swallow it.
+    import signal
+
+    provider = _SlowReleaseProvider()
+    pool = sky.ComputePool(provider=provider, quiet=True).start()
+    assert provider.allocation is not None
+    allocation = provider.allocation
+
+    def interrupt_twice() -> None:
+        allocation.releasing.wait(30)
+        for _ in range(2):
+            time.sleep(0.3)
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    threading.Thread(target=interrupt_twice, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        pool.close()
+    assert not allocation.released  # left before the 1.5 s deletion ended
+    deadline = time.monotonic() + 10
+    while not allocation.released and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert allocation.released  # and it went on without us

@@ -496,8 +496,8 @@ class ComputePool(CallTarget):
         finally:
             # Ctrl-C: it ends a wait (for submitted calls, or for another thread's close),
             # never the teardown, which then stops the workers and terminates the machines
-            # whole. One that comes while the machines are destroyed is noted there (a second
-            # leaves: _shield); one that comes elsewhere in the teardown is raised once done.
+            # whole; one that comes during the teardown is raised once it is done. While the
+            # machines are destroyed a second one leaves at once (_shield).
             with hold_interrupts:
                 self._close(wait=wait)
 
