@@ -23,14 +23,14 @@ import socket
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, get_type_hints
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
-from skyward._options import keyword_signature, refuse_unknown
+from skyward._options import keyword_signature, leading, refuse_unknown
 from skyward._plugin import Plugin
 from skyward.plugins._jax_output import GlooFilter, quiet_when_stopped
 from skyward.worker import hooks
@@ -186,14 +186,7 @@ def jax(cuda: str | int | None = None, /, **options: Unpack[JaxOptions]) -> Plug
 jax.__signature__ = keyword_signature(  # type: ignore[attr-defined]
     JaxOptions,
     _Options,
-    before=[
-        inspect.Parameter(
-            "cuda",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=_Options.model_fields["cuda"].default,
-            annotation=get_type_hints(JaxOptions)["cuda"],
-        )
-    ],
+    before=[leading("cuda", _Options)],
     returns=Plugin,
 )
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import fcntl
-import inspect
 import ipaddress
 import os
 import re
@@ -35,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
-from skyward._options import keyword_signature, refuse_unknown
+from skyward._options import keyword_signature, leading, refuse_unknown
 from skyward._plugin import Plugin
 
 if TYPE_CHECKING:
@@ -133,14 +132,7 @@ def torch(backend: Backend | None = None, **options: Unpack[TorchOptions]) -> Pl
 torch.__signature__ = keyword_signature(  # type: ignore[attr-defined]
     TorchOptions,
     _Options,
-    before=[
-        inspect.Parameter(
-            "backend",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=None,
-            annotation=Backend | None,
-        )
-    ],
+    before=[leading("backend", _Options)],
     returns=Plugin,
 )
 
