@@ -186,22 +186,17 @@ class Allocation:
         old node any more."""
         raise NotImplementedError(f"{type(self).__name__} cannot replace a machine")
 
-    @property
-    def can_grow(self) -> bool:
-        """Whether ``grow`` and ``shrink`` work (the provider's ``grows``)."""
-        return False
-
     def grow(self, ranks: Sequence[int], reporter: Reporter, deadline: Deadline) -> list[Node]:
         """New machines for nodes ``ranks`` (the next ones: ``len(nodes)`` onwards), all or
         nothing, bounded by ``deadline`` (cancelled when the pool closes); they are added to
         ``nodes`` with ``adopt`` as they come, so that a ``terminate`` meanwhile ends them.
-        Only when ``can_grow``."""
+        Only when the provider ``grows``."""
         raise NotImplementedError(f"{type(self).__name__} cannot add machines")
 
     def shrink(self, rank: int) -> None:
         """Release node ``rank``, the last one: close it, destroy its machine, and drop it
-        from ``nodes``. Idempotent. Only when ``can_grow``; the pool has stopped its worker
-        first."""
+        from ``nodes``. Idempotent. Only when the provider ``grows``; the pool has stopped its
+        worker first."""
         raise NotImplementedError(f"{type(self).__name__} cannot release a machine")
 
     def adopt(self, node: Node) -> None:

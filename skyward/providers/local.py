@@ -149,10 +149,6 @@ class LocalAllocation(Allocation):
         self._python = python
         self._mounts = mounts
 
-    @property
-    def can_grow(self) -> bool:
-        return True
-
     def grow(self, ranks: Sequence[int], reporter: Reporter, deadline: Deadline) -> list[Node]:
         made: list[Node] = []
         for rank in ranks:

@@ -155,10 +155,6 @@ class SSHAllocation(Allocation):
         self._ssh = ssh
         self._request = request
 
-    @property
-    def can_grow(self) -> bool:
-        return True
-
     def grow(self, ranks: Sequence[int], reporter: Reporter, deadline: Deadline) -> list[Node]:
         request = dataclasses.replace(self._request, nodes=len(ranks), deadline=deadline)
         targets = self._ssh.targets(ranks)
