@@ -123,19 +123,16 @@ class GCP(CloudOptions):
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         self.check(request)
-        credentials, project = credentials_and_project(self.project, self.credentials)
-        api = Api.connect(project=project, credentials=credentials, endpoint=self.endpoint)
         names = gce.Names.of(request.pool)
-        allocation = GCPAllocation(api, request, names, **self.allocation_options)
+        allocation = GCPAllocation(self._api(), request, names, **self.allocation_options)
         return open_or_destroy(allocation, lambda made: self._build(made, reporter))
 
     def inventory(self) -> Inventory | None:
-        return GCPInventory(
-            project=self.project,
-            credentials=self.credentials,
-            endpoint=self.endpoint,
-            release_timeout=self.release_timeout,
-        )
+        return GCPInventory(self._api, release_timeout=self.release_timeout)
+
+    def _api(self) -> Api:
+        credentials, project = credentials_and_project(self.project, self.credentials)
+        return Api.connect(project=project, credentials=credentials, endpoint=self.endpoint)
 
     # ── the steps ──────────────────────────────────────────────────────────────────────
 
@@ -218,7 +215,7 @@ class GCP(CloudOptions):
         made.instances = [(offer.zone, name) for name in names]
         for rank, name in enumerate(names):
             reporter.phase(rank, "provisioning", f"{name} ({offer.where})")
-        described = gce.running(api, offer.zone, names, deadline)
+        described = made.running(offer.zone, names, deadline)
         hint = self.hint("the firewall rule")
         made.reach([made.target(d) for d in described], reporter, hint=hint, deadline=deadline)
 

@@ -9,6 +9,7 @@
     instance()        a node's Instance: labels, the tag, ``ssh-keys`` and ``user-data``
                       metadata, a boot disk deleted with it, spot with DELETE, GPUs with
                       on_host_maintenance=TERMINATE
+    ended             why an instance stopped or vanished, from GCE's operations
     delete            instances (all asked at once, then waited for), then the rules; what
                       could not be deleted
 
@@ -31,7 +32,6 @@ from skyward._futures import Deadline
 from skyward.providers.base import TAG_POOL
 from skyward.providers.gcp.api import Api, is_not_found
 
-POLL = 1.0  # seconds between reads while waiting for instances
 GOOGLE_API = "https://compute.googleapis.com"
 _DESCRIPTION = "Skyward pool "
 TAGS_KEY = "skyward-tags"  # the metadata item that keeps an instance's tags as they are
@@ -254,33 +254,6 @@ curl -sf --max-time 30 -X DELETE -H "Authorization: Bearer $token" \
     "{api}/compute/v1/projects/$project/zones/${{zone##*/}}/instances/$name" >/dev/null ||
     echo "skyward: could not delete $name; powering off only" >&2
 """
-
-
-def running(api: Api, zone: str, names: Sequence[str], deadline: Deadline) -> list[Any]:
-    """Each instance once it runs, in ``names``' order. One that ends on the way (spot
-    capacity withdrawn) fails the wait, with why."""
-    doing = f"waiting for {len(names)} instance(s) to run"
-    while True:
-        deadline.check(doing)
-        found = []
-        for name in names:
-            try:
-                got = api.call(
-                    api.instances.get, doing, project=api.project, zone=zone, instance=name
-                )
-            except ProvisionError as exc:
-                if not is_not_found(exc):
-                    raise
-                why = ended(api, zone, name)
-                raise ProvisionError(f"{doing}: instance {name} is gone: {why}") from None
-            if got.status in ("STOPPING", "SUSPENDING", "SUSPENDED", "TERMINATED"):
-                raise ProvisionError(
-                    f"{doing}: instance {name} is {got.status}: {ended(api, zone, name)}"
-                )
-            found.append(got)
-        if all(i.status == "RUNNING" for i in found):
-            return found
-        deadline.sleep(POLL)
 
 
 def ended(api: Api, zone: str, name: str) -> str:

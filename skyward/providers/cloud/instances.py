@@ -1,0 +1,190 @@
+"""A pool's machines made one create request each, under names chosen first: the allocation
+of a cloud that names its machines itself (GCP), all but the cloud's own calls.
+
+::
+
+    launch(place, ranks)     names recorded before any request (an answer lost to a Ctrl-C
+                             still leaves a name to delete), one create per name, in
+                             parallel; all settle, then the first failure is raised; when
+                             every failure was a ``CapacityError`` the attempt's machines
+                             are deleted first, so that the next place starts clean
+    running(place, names)    each machine once it runs; one that ends on the way fails the
+                             wait, with the cloud's reason
+    loss_reason(rank)        why node ``rank``'s machine ended, or ``None`` while it lives
+    remake(rank, ...)        the old machine dropped (not waited for), a new one launched
+                             in the same place, waited for
+    drain()                  for ``delete_all``: launches woken, creates still on the wire
+                             waited for (bounded), every machine ever asked for
+
+A cloud's subclass gives the calls on one machine: ``start`` a create and ``finish`` it,
+its ``status``, ``why_ended``, ``delete_machines``, and the ``name`` of a rank's machine.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, ClassVar, TypeVar
+
+from skyward._errors import ProvisionError
+from skyward._futures import Deadline
+from skyward._phases import Reporter
+from skyward.providers.base import ProvisionRequest
+from skyward.providers.cloud.allocation import CloudAllocation, WatchedDeadline
+from skyward.providers.cloud.capacity import CapacityError
+from skyward.providers.ssh.hosts import HostTarget
+
+ApiT = TypeVar("ApiT")
+SpecT = TypeVar("SpecT")
+POLL = 1.0  # seconds between reads while waiting for machines to run
+_INFLIGHT_WAIT = 90.0  # seconds a release waits for create calls still on the wire
+
+
+class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
+    """Machines made one by one, by name: node ``i`` runs on ``instances[i]``, a
+    (place, name). ``alive``: the statuses of a machine that runs or is on its way there;
+    ``running``: the one a start waits for; ``ended``: those that fail that wait at once."""
+
+    alive: ClassVar[frozenset[str]]
+    running_status: ClassVar[str]
+    ended: ClassVar[frozenset[str]]
+
+    def __init__(self, api: ApiT, request: ProvisionRequest, **options: Any) -> None:
+        super().__init__(api, request, **options)
+        self.instances: list[tuple[str, str]] = []  # by rank
+        self._made: list[tuple[str, str]] = []  # every machine ever asked for
+        self._generation = 0
+        self._inflight = 0
+        # Launches wait on this; release wakes them.
+        self.launching = WatchedDeadline(request.deadline)
+
+    # ── the cloud's calls ──────────────────────────────────────────────────────────────
+
+    def name(self, rank: int, generation: int) -> str:
+        raise NotImplementedError
+
+    def start(self, place: str, name: str, spec: SpecT) -> Any:
+        """Send the create request (not retried); what ``finish`` waits on."""
+        raise NotImplementedError
+
+    def finish(self, started: Any, doing: str, deadline: Deadline) -> None:
+        raise NotImplementedError
+
+    def status(self, place: str, name: str, *, quick: bool = False) -> tuple[str, Any] | None:
+        """(status, description), or ``None`` when the cloud says it does not exist;
+        ``quick``: one bounded try, for the watcher."""
+        raise NotImplementedError
+
+    def why_ended(self, place: str, name: str) -> str:
+        raise NotImplementedError
+
+    def delete_machines(self, machines: Sequence[tuple[str, str]], deadline: Deadline) -> list[str]:
+        """Delete (and wait, within ``deadline``); what could not be, as ``"kind name (why)"``."""
+        raise NotImplementedError
+
+    def target(self, described: Any) -> HostTarget:
+        raise NotImplementedError
+
+    # ── what is the same for every such cloud ──────────────────────────────────────────
+
+    def launch(self, place: str, ranks: Sequence[int], deadline: Deadline) -> list[str]:
+        """One machine per rank in ``place``, from ``spec``, made in parallel: their names."""
+        with self._guard:
+            spec = self.spec
+            if self._released or spec is None:
+                raise ProvisionError(f"pool {self.request.pool} is closing; not launching")
+            self._generation += 1
+            names = [self.name(r, self._generation - 1) for r in ranks]
+            self._made += [(place, n) for n in names]
+            self._inflight += len(names)
+        failures: list[BaseException | None] = [None] * len(names)
+        settled = threading.Semaphore(0)
+
+        def create(index: int) -> None:
+            doing = f"creating instance {names[index]} in {place}"
+            try:
+                try:
+                    started = self.start(place, names[index], spec)
+                finally:
+                    with self._guard:  # on the wire no more: release may delete it by name
+                        self._inflight -= 1
+                        self._guard.notify_all()
+                self.finish(started, doing, deadline)
+            except BaseException as exc:
+                failures[index] = exc
+            finally:
+                settled.release()
+
+        for index in range(len(names)):
+            threading.Thread(target=create, args=(index,), daemon=True).start()
+        for _ in names:
+            settled.acquire()  # a Ctrl-C here leaves the threads to release(), which waits
+        errors = [f for f in failures if f is not None]
+        if errors and all(isinstance(e, CapacityError) for e in errors):
+            left = self.delete_machines([(place, n) for n in names], self.release_deadline())
+            if left:
+                raise ProvisionError(
+                    f"pool {self.request.pool}: could not delete {', '.join(left)}. Remove "
+                    f"them with: {self.down_command}"
+                )
+        if errors:
+            raise errors[0]
+        return names
+
+    def running(self, place: str, names: Sequence[str], deadline: Deadline) -> list[Any]:
+        """Each machine's description once it runs, in ``names``' order."""
+        doing = f"waiting for {len(names)} instance(s) to run"
+        while True:
+            deadline.check(doing)
+            found = []
+            for name in names:
+                got = self.status(place, name)
+                if got is None:
+                    why = self.why_ended(place, name)
+                    raise ProvisionError(f"{doing}: instance {name} is gone: {why}")
+                if got[0] in self.ended:
+                    why = self.why_ended(place, name)
+                    raise ProvisionError(f"{doing}: instance {name} is {got[0]}: {why}")
+                found.append(got)
+            if all(status == self.running_status for status, _ in found):
+                return [described for _, described in found]
+            deadline.sleep(POLL)
+
+    def loss_reason(self, rank: int) -> str | None:
+        """Why node ``rank``'s machine is gone or stopped, when the cloud says so; ``None``
+        while it lives or if the cloud cannot be asked."""
+        with self._guard:
+            if rank >= len(self.instances):
+                return None
+            place, name = self.instances[rank]
+        try:
+            got = self.status(place, name, quick=True)
+        except Exception:
+            return None  # a message's detail; never a reason to fail the report of a loss
+        if got is None:
+            return f"instance {name} is gone: {self.why_ended(place, name)}"
+        if got[0] in self.alive:
+            return None
+        return f"instance {name} is {got[0]}: {self.why_ended(place, name)}"
+
+    def remake(self, rank: int, spec: SpecT, reporter: Reporter, deadline: Deadline) -> HostTarget:
+        with self._guard:
+            place, old = self.instances[rank]
+        reporter.phase(rank, "provisioning", f"replacing {old}")
+        self.delete_machines([(place, old)], Deadline(0.0, "no wait"))
+        (new,) = self.launch(place, [rank], deadline)
+        with self._guard:
+            self.instances[rank] = (place, new)
+        (described,) = self.running(place, [new], deadline)
+        return self.target(described)
+
+    def drain(self) -> list[tuple[str, str]]:
+        """Wake the launches and wait (bounded) for creates still on the wire: every
+        machine ever asked for, to delete by name."""
+        with self._guard:
+            self.launching.fail("the pool is being released")
+            self._guard.wait_for(lambda: self._inflight == 0, timeout=_INFLIGHT_WAIT)
+            return list(self._made)
+
+    def release_deadline(self) -> Deadline:
+        return Deadline(self.release_timeout, f"release_timeout ({self.release_timeout:g} s)")
