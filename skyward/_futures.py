@@ -349,6 +349,39 @@ def parallel(
     return deadline.wait(combined, doing)
 
 
+def settle(
+    fn: Callable[[T], U], items: Sequence[T], deadline: Deadline | None = None, doing: str = ""
+) -> list[Future[U]]:
+    """``fn(x)`` for every item on daemon threads, waited for until every one has ended:
+    their futures, all done. Unlike ``parallel`` a failure ends no wait, so a caller can
+    undo everything that was made (a create still running would refuse its deletion). With
+    a ``deadline``, the wait also ends when it passes or is cancelled."""
+    futures: list[Future[U]] = [Future() for _ in items]
+
+    def run(item: T, future: Future[U]) -> None:
+        try:
+            future.set_result(fn(item))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    for item, future in zip(items, futures, strict=True):
+        threading.Thread(target=run, args=(item, future), daemon=True).start()
+    for future in futures:
+        ended = _ended(future)
+        if deadline is None:
+            ended.result()
+        else:
+            deadline.wait(ended, doing)
+    return futures
+
+
+def _ended(future: Future[Any]) -> Future[None]:
+    """A future that ends when ``future`` does, whatever its outcome."""
+    ended: Future[None] = Future()
+    future.add_done_callback(lambda _: ended.set_result(None))
+    return ended
+
+
 def gather(futures: Sequence[Future[Any]], build: Callable[[list[Any]], Any]) -> Future[Any]:
     """One future for many: their results by position, or the first failure as it happens.
 

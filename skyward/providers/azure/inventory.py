@@ -9,25 +9,28 @@ takes everything in them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from skyward._errors import ProvisionError
-from skyward._futures import parallel
-from skyward._phases import Reporter
+from skyward._futures import Deadline, parallel
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import power_state
 from skyward.providers.azure.api import Api
-from skyward.providers.base import TAG_POOL, Leftover, tagged_leftover
+from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog
+from skyward.providers.cloud.inventory import CloudInventory
 
 # VM power states that hold (and bill) compute.
 _BILLED = {"running", "starting", "stopping", "stopped", None}
 
 
-class AzureInventory:
+class AzureInventory(CloudInventory[Api]):
     """Leftovers in one subscription, reached with an ``Azure`` configuration's credential
     and endpoint (handed over as values: the configuration's module builds this one)."""
+
+    provider = "azure"
+    kinds = ("resource group",)  # deleting a group takes its VMs and everything else in it
 
     def __init__(
         self,
@@ -38,22 +41,15 @@ class AzureInventory:
         connection_verify: str | None,
         release_timeout: float,
     ) -> None:
-        self._settings: dict[str, Any] = {
-            "subscription": subscription,
-            "credential": credential,
-            "base_url": base_url,
-            "connection_verify": connection_verify,
-            "polling_interval": 5.0,
-        }
+        settings = {"credential": credential, "base_url": base_url, "polling_interval": 5.0}
+        settings["connection_verify"] = connection_verify
+        connect = functools.partial(Api.connect, subscription=subscription, **settings)
+        super().__init__(connect, release_timeout=release_timeout)
         self.subscription = subscription
-        self._release_timeout = release_timeout
-        self._api: Api | None = None
 
     @property
-    def api(self) -> Api:
-        if self._api is None:
-            self._api = Api.connect(**self._settings)
-        return self._api
+    def where(self) -> str:
+        return f"subscription {self.subscription}"
 
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
         api = self.api
@@ -68,29 +64,22 @@ class AzureInventory:
         for group in groups:
             tags = dict(group.tags or {})
             state = str(getattr(group.properties, "provisioning_state", "") or "exists")
-            found.append(self._leftover("resource group", group.name, tags, state, group.location))
+            found.append(
+                self.leftover(
+                    "resource group", group.name, tags, state=state, region=group.location
+                )
+            )
             # The VMs carry the prices (the group itself costs nothing).
             found.extend([] if state == "Deleting" else self._vms(group.name, tags))
         return found
 
-    def delete(self, leftovers: Sequence[Leftover], reporter: Reporter) -> None:
-        # Deleting a group takes its VMs and everything else in it.
-        groups = sorted(
-            {x.id for x in leftovers if x.provider == "azure" and x.kind == "resource group"}
-        )
-        if not groups:
-            return
-        reporter.status(
-            f"deleting {len(groups)} resource group(s) in subscription {self.subscription}"
-        )
-        results = parallel(
-            lambda name: arm.delete_group(self.api, name, timeout=self._release_timeout), groups
-        )
-        left = [
+    def remove(self, by_kind: Mapping[str, list[Leftover]], deadline: Deadline) -> list[str]:
+        groups = sorted({x.id for x in by_kind["resource group"]})
+        timeout = deadline.remaining()
+        results = parallel(lambda name: arm.delete_group(self.api, name, timeout=timeout), groups)
+        return [
             f"resource group {g} ({why})" for g, why in zip(groups, results, strict=True) if why
         ]
-        if left:
-            raise ProvisionError(f"could not delete {', '.join(left)}")
 
     def _vms(self, group: str, tags: dict[str, str]) -> list[Leftover]:
         api = self.api
@@ -106,23 +95,11 @@ class AzureInventory:
             price = None if spot else catalog.price("azure", size)
             hourly = price if power in _BILLED else 0.0
             vm_tags = {**tags, **(vm.tags or {})}
+            where, state = str(vm.location), power or "?"
             found.append(
-                self._leftover("vm", str(vm.name), vm_tags, power or "?", str(vm.location), hourly)
+                self.leftover("vm", str(vm.name), vm_tags, region=where, state=state, hourly=hourly)
             )
         return found
-
-    def _leftover(
-        self,
-        kind: str,
-        id: str,
-        tags: dict[str, str],
-        state: str,
-        location: str,
-        hourly: float | None = None,
-    ) -> Leftover:
-        return tagged_leftover(
-            "azure", kind, id, tags, state=state, region=location, hourly_cost=hourly
-        )
 
 
 def inventories(

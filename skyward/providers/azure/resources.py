@@ -22,15 +22,13 @@ import base64
 import ipaddress
 import re
 import secrets
-import threading
 import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline, parallel
+from skyward._futures import Deadline, parallel, settle
 from skyward.providers.azure.api import Api, failure_code
 
 # Built-in role "Virtual Machine Contributor": manage VMs, not log in to them. Its id is the
@@ -266,27 +264,11 @@ def create_vms(
     """Create the VMs ``names`` in parallel; each VM once its create has finished, in
     ``names``' order. Every create is let finish before the first failure is raised, so
     that the caller can delete all of them (a create still running would refuse that)."""
-    futures: list[Future[Any]] = [Future() for _ in names]
-
-    def one(name: str, future: Future[Any]) -> None:
-        try:
-            future.set_result(create_vm(api, group, site, spec, name, deadline))
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    for name, future in zip(names, futures, strict=True):
-        threading.Thread(target=one, args=(name, future), daemon=True).start()
     doing = f"creating {len(names)} VM(s)"
-    for future in futures:
-        deadline.wait(_settled(future), doing)
-    return [future.result() for future in futures]
-
-
-def _settled(future: Future[Any]) -> Future[None]:
-    """A future that ends when ``future`` does, whatever its outcome."""
-    done: Future[None] = Future()
-    future.add_done_callback(lambda _: done.set_result(None))
-    return done
+    made = settle(
+        lambda name: create_vm(api, group, site, spec, name, deadline), names, deadline, doing
+    )
+    return [future.result() for future in made]
 
 
 def create_vm(

@@ -22,12 +22,11 @@ its ``status``, ``why_ended``, ``delete_machines``, and the ``name`` of a rank's
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward._futures import Deadline, settle
 from skyward._phases import Reporter
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud.allocation import CloudAllocation, WatchedDeadline
@@ -97,29 +96,18 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
             names = [self.name(r, self._generation - 1) for r in ranks]
             self._made += [(place, n) for n in names]
             self._inflight += len(names)
-        failures: list[BaseException | None] = [None] * len(names)
-        settled = threading.Semaphore(0)
 
-        def create(index: int) -> None:
-            doing = f"creating instance {names[index]} in {place}"
+        def create(name: str) -> None:
             try:
-                try:
-                    started = self.start(place, names[index], spec)
-                finally:
-                    with self._guard:  # on the wire no more: release may delete it by name
-                        self._inflight -= 1
-                        self._guard.notify_all()
-                self.finish(started, doing, deadline)
-            except BaseException as exc:
-                failures[index] = exc
+                started = self.start(place, name, spec)
             finally:
-                settled.release()
+                with self._guard:  # on the wire no more: release may delete it by name
+                    self._inflight -= 1
+                    self._guard.notify_all()
+            self.finish(started, f"creating instance {name} in {place}", deadline)
 
-        for index in range(len(names)):
-            threading.Thread(target=create, args=(index,), daemon=True).start()
-        for _ in names:
-            settled.acquire()  # a Ctrl-C here leaves the threads to release(), which waits
-        errors = [f for f in failures if f is not None]
+        # A Ctrl-C while waiting leaves the creates to release(), which waits for them.
+        errors = [e for f in settle(create, names) if (e := f.exception()) is not None]
         if errors and all(isinstance(e, CapacityError) for e in errors):
             left = self.delete_machines([(place, n) for n in names], self.release_deadline())
             if left:
