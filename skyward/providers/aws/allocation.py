@@ -104,26 +104,22 @@ class AWSAllocation(CloudAllocation[Api, ec2.LaunchSpec]):
         (described,) = ec2.wait_running(self.api, new, deadline, public=self.connect == "public")
         return self.target(described)
 
-    def loss_reason(self, rank: int) -> str | None:
-        """Why node ``rank``'s instance is gone, when EC2 says it is ("reclaimed by AWS
-        (spot interruption)"); ``None`` while it still runs or if EC2 cannot be asked."""
-        with self._guard:
-            if rank >= len(self.instances):
-                return None
-            instance = self.instances[rank]
-        try:
-            answer = self.api.ec2.describe_instances(InstanceIds=[instance])
-        except Exception:
-            return None  # a message's detail; never a reason to fail the report of a loss
-        for reservation in answer["Reservations"]:
-            for described in reservation["Instances"]:
-                if described["State"]["Name"] in ("pending", "running"):
-                    return None
-                return (
-                    f"instance {instance} is {described['State']['Name']}: "
-                    f"{ec2.describe_reason(described)}"
-                )
-        return None
+    # ── the calls ``CloudAllocation.loss_reason`` makes ────────────────────────────────
+
+    alive = frozenset({"pending", "running"})
+
+    def machine(self, rank: int) -> tuple[str, str] | None:
+        return (self.api.region, self.instances[rank]) if rank < len(self.instances) else None
+
+    def status(self, place: str, name: str, *, quick: bool = False) -> tuple[str, Any]:
+        answer = self.api.ec2.describe_instances(InstanceIds=[name])
+        found = [i for r in answer["Reservations"] for i in r["Instances"]]
+        if not found:
+            raise LookupError(name)  # not seen yet: no reason to report
+        return found[0]["State"]["Name"], found[0]
+
+    def why_ended(self, place: str, name: str, described: Any) -> str:
+        return ec2.describe_reason(described)
 
     def target(self, described: dict[str, object]) -> HostTarget:
         public = described.get("PublicIpAddress")

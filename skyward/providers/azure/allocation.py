@@ -73,25 +73,34 @@ class AzureAllocation(CloudAllocation[Api, arm.VmSpec]):
                 raise self.closing()
         return self.target(name)
 
-    def loss_reason(self, rank: int) -> str | None:
-        """Why node ``rank``'s VM is gone, when Azure says it is (an evicted spot VM is
-        deleted); ``None`` while it runs or if Azure cannot be asked."""
-        with self._guard:
-            if rank >= len(self.vms) or self.group is None or self.spec is None:
-                return None
-            vm, group, spot = self.vms[rank], self.group, self.spec.spot
+    # ── the calls ``CloudAllocation.loss_reason`` makes ────────────────────────────────
+
+    alive = frozenset({"", "running", "starting"})
+    noun = "VM"
+
+    def machine(self, rank: int) -> tuple[str, str] | None:
+        if rank >= len(self.vms) or self.group is None or self.spec is None:
+            return None
+        return self.group, self.vms[rank]
+
+    def status(self, place: str, name: str, *, quick: bool = False) -> tuple[str, Any] | None:
         try:
-            view = self.api.compute.virtual_machines.instance_view(group, vm)
+            view = self.api.compute.virtual_machines.instance_view(place, name)
         except Exception as exc:
             if failure_code(exc) in ("ResourceNotFound", "NotFound"):
-                if spot:
-                    return f"VM {vm} is gone: evicted by Azure (spot, eviction policy Delete)"
-                return f"VM {vm} is gone: deleted (its idle watchdog, or the API or portal)"
-            return None  # a message's detail; never a reason to fail the report of a loss
-        power = power_state(view)
-        if power in (None, "running", "starting"):
-            return None
-        return f"VM {vm} is {power}" + (" (evicted by Azure)" if spot else "")
+                return None
+            raise
+        return power_state(view) or "", view
+
+    def why_ended(self, place: str, name: str, described: Any) -> str:
+        spot = self.spec is not None and self.spec.spot
+        if spot:  # an evicted spot VM is deleted (eviction policy Delete)
+            return "evicted by Azure" + (
+                " (spot, eviction policy Delete)" if described is None else ""
+            )
+        if described is None:
+            return "deleted (its idle watchdog, or the API or portal)"
+        return "stopped from inside (the idle watchdog, a shutdown) or through the API"
 
     def target(self, vm: str) -> HostTarget:
         assert self.group is not None

@@ -16,9 +16,13 @@ made, destroyed on any failure, reached over SSH, released once, a lost machine 
     made.replace(rank, ...)        close the old node, the cloud's ``remake`` (the old
                                    machine dropped, a new one made alike), reach it
 
+    made.loss_reason(rank)         why node ``rank``'s machine ended ("instance i-1 is
+                                   terminated: reclaimed by AWS (spot interruption)"), from
+                                   the cloud's ``status`` and ``why_ended``
+
 A cloud's allocation adds its resources and the SDK calls: ``delete_all``, ``remake``,
-``loss_reason`` and ``target``. Every field that changes is guarded by ``_guard``, since a
-replacement may race the pool's teardown.
+``machine``, ``status``, ``why_ended`` and ``target``. Every field that changes is guarded
+by ``_guard``, since a replacement may race the pool's teardown.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from skyward._errors import HostKeyError, ProvisionError
 from skyward._futures import Deadline
@@ -224,6 +228,44 @@ class CloudAllocation(Allocation, Generic[ApiT, SpecT]):
         if deadline is not None:
             request = dataclasses.replace(request, deadline=deadline)
         self.nodes = list(reach(targets, self.access, request, reporter, gone=self.gone, hint=hint))
+
+    # The statuses of a machine that runs or is on its way there, in the cloud's words,
+    # and its word for a machine.
+    alive: ClassVar[frozenset[str]] = frozenset()
+    noun: ClassVar[str] = "instance"
+
+    def machine(self, rank: int) -> tuple[str, str] | None:
+        """(place, name) of node ``rank``'s machine; ``None`` before it has one. Called
+        holding ``_guard``."""
+        return None
+
+    def status(self, place: str, name: str, *, quick: bool = False) -> tuple[str, Any] | None:
+        """(status, description) of a machine, ``None`` when the cloud says it does not
+        exist; ``quick``: one bounded try (the watcher asks again in seconds)."""
+        raise NotImplementedError
+
+    def why_ended(self, place: str, name: str, described: Any) -> str:
+        """Why a machine stopped or vanished, in words (``described``: its status's
+        description, ``None`` when it is gone)."""
+        raise NotImplementedError
+
+    def loss_reason(self, rank: int) -> str | None:
+        """Why node ``rank``'s machine is gone or stopped, when the cloud says so; ``None``
+        while it lives or if the cloud cannot be asked."""
+        with self._guard:
+            found = self.machine(rank)
+        if found is None:
+            return None
+        place, name = found
+        try:
+            got = self.status(place, name, quick=True)
+        except Exception:
+            return None  # a message's detail; never a reason to fail the report of a loss
+        if got is None:
+            return f"{self.noun} {name} is gone: {self.why_ended(place, name, None)}"
+        if got[0] in self.alive:
+            return None
+        return f"{self.noun} {name} is {got[0]}: {self.why_ended(place, name, got[1])}"
 
     def gone(self) -> str | None:
         """Why one of the pool's machines ended, or ``None`` while all run."""

@@ -10,14 +10,14 @@ of a cloud that names its machines itself (GCP), all but the cloud's own calls.
                              are deleted first, so that the next place starts clean
     running(place, names)    each machine once it runs; one that ends on the way fails the
                              wait, with the cloud's reason
-    loss_reason(rank)        why node ``rank``'s machine ended, or ``None`` while it lives
     remake(rank, ...)        the old machine dropped (not waited for), a new one launched
                              in the same place, waited for
     drain()                  for ``delete_all``: launches woken, creates still on the wire
                              waited for (bounded), every machine ever asked for
 
 A cloud's subclass gives the calls on one machine: ``start`` a create and ``finish`` it,
-its ``status``, ``why_ended``, ``delete_machines``, and the ``name`` of a rank's machine.
+its ``status`` and ``why_ended`` (which ``CloudAllocation.loss_reason`` also asks),
+``delete_machines``, and the ``name`` of a rank's machine.
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ _INFLIGHT_WAIT = 90.0  # seconds a release waits for create calls still on the w
 
 class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
     """Machines made one by one, by name: node ``i`` runs on ``instances[i]``, a
-    (place, name). ``alive``: the statuses of a machine that runs or is on its way there;
-    ``running``: the one a start waits for; ``ended``: those that fail that wait at once."""
+    (place, name). ``running_status``: the status a start waits for; ``ended``: those
+    that fail that wait at once."""
 
-    alive: ClassVar[frozenset[str]]
     running_status: ClassVar[str]
     ended: ClassVar[frozenset[str]]
 
@@ -67,14 +66,6 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
         raise NotImplementedError
 
     def finish(self, started: Any, doing: str, deadline: Deadline) -> None:
-        raise NotImplementedError
-
-    def status(self, place: str, name: str, *, quick: bool = False) -> tuple[str, Any] | None:
-        """(status, description), or ``None`` when the cloud says it does not exist;
-        ``quick``: one bounded try, for the watcher."""
-        raise NotImplementedError
-
-    def why_ended(self, place: str, name: str) -> str:
         raise NotImplementedError
 
     def delete_machines(self, machines: Sequence[tuple[str, str]], deadline: Deadline) -> list[str]:
@@ -128,32 +119,18 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
             for name in names:
                 got = self.status(place, name)
                 if got is None:
-                    why = self.why_ended(place, name)
+                    why = self.why_ended(place, name, None)
                     raise ProvisionError(f"{doing}: instance {name} is gone: {why}")
                 if got[0] in self.ended:
-                    why = self.why_ended(place, name)
+                    why = self.why_ended(place, name, got[1])
                     raise ProvisionError(f"{doing}: instance {name} is {got[0]}: {why}")
                 found.append(got)
             if all(status == self.running_status for status, _ in found):
                 return [described for _, described in found]
             deadline.sleep(POLL)
 
-    def loss_reason(self, rank: int) -> str | None:
-        """Why node ``rank``'s machine is gone or stopped, when the cloud says so; ``None``
-        while it lives or if the cloud cannot be asked."""
-        with self._guard:
-            if rank >= len(self.instances):
-                return None
-            place, name = self.instances[rank]
-        try:
-            got = self.status(place, name, quick=True)
-        except Exception:
-            return None  # a message's detail; never a reason to fail the report of a loss
-        if got is None:
-            return f"instance {name} is gone: {self.why_ended(place, name)}"
-        if got[0] in self.alive:
-            return None
-        return f"instance {name} is {got[0]}: {self.why_ended(place, name)}"
+    def machine(self, rank: int) -> tuple[str, str] | None:
+        return self.instances[rank] if rank < len(self.instances) else None
 
     def remake(self, rank: int, spec: SpecT, reporter: Reporter, deadline: Deadline) -> HostTarget:
         with self._guard:

@@ -92,7 +92,7 @@ class GCPAllocation(InstanceAllocation[Api, gce.InstanceSpec]):
             raise
         return str(found.status), found
 
-    def why_ended(self, place: str, name: str) -> str:
+    def why_ended(self, place: str, name: str, described: Any) -> str:
         return gce.ended(self.api, place, name)
 
     def delete_machines(self, machines: Sequence[tuple[str, str]], deadline: Deadline) -> list[str]:
