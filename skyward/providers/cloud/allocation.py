@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from skyward._errors import HostKeyError, ProvisionError
-from skyward._futures import Deadline
+from skyward._futures import Deadline, settle
 from skyward._phases import Choice, Phase, Reporter
 from skyward._shield import finish
 from skyward.providers.base import Allocation, Node, ProvisionRequest
@@ -67,6 +67,19 @@ def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:
             exc.add_note(f"and cleaning up failed: {failure}")
         raise
     return allocation
+
+
+def delete_each(
+    deletions: Sequence[tuple[str, Callable[[], object]]], *, gone: Callable[[BaseException], bool]
+) -> list[str]:
+    """Run every deletion at once (each a (``"kind name"``, call that deletes and waits)) and
+    wait for all: what could not be deleted, as ``"kind name (why)"``. One the cloud says was
+    gone already (``gone(error)``) counts as done."""
+    ended = settle(lambda deletion: deletion[1](), deletions)
+    failures = [
+        (named, future.exception()) for (named, _), future in zip(deletions, ended, strict=True)
+    ]
+    return [f"{named} ({exc})" for named, exc in failures if exc is not None and not gone(exc)]
 
 
 class WatchedDeadline(Deadline):

@@ -23,13 +23,14 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward.providers.base import TAG_POOL
+from skyward.providers.cloud.allocation import delete_each
 from skyward.providers.gcp.api import Api, is_not_found
 
 GOOGLE_API = "https://compute.googleapis.com"
@@ -307,27 +308,18 @@ def delete(
     deadline: Deadline,
 ) -> list[str]:
     """Delete instances ((zone, name)) and firewall rules (GCE orders nothing between them):
-    all asked at once, then waited for. What could not be deleted, as ``"kind name (why)"``;
+    all at once, each waited for. What could not be deleted, as ``"kind name (why)"``;
     already gone counts as done."""
-    asks: list[tuple[str, Any, dict[str, str]]] = [
-        (f"instance {name} in {zone}", api.instances.delete, {"zone": zone, "instance": name})
+
+    def deleting(named: str, call: Any, **where: str) -> tuple[str, Callable[[], None]]:
+        doing = f"deleting {named}"
+        return named, lambda: api.run(call, doing, deadline, project=api.project, **where)
+
+    deletions = [
+        deleting(f"instance {name} in {zone}", api.instances.delete, zone=zone, instance=name)
         for zone, name in dict.fromkeys(instances)
     ]
-    asks += [(f"firewall rule {r}", api.firewalls.delete, {"firewall": r}) for r in firewalls]
-    left: list[str] = []
-    asked = []
-    for named, call, where in asks:
-        try:
-            asked.append(
-                (named, api.start(call, f"deleting {named}", project=api.project, **where))
-            )
-        except ProvisionError as exc:
-            if not is_not_found(exc):
-                left.append(f"{named} ({exc})")
-    for named, operation in asked:
-        try:
-            api.wait(operation, f"deleting {named}", deadline)
-        except (ProvisionError, TimeoutError) as exc:
-            if not is_not_found(exc):
-                left.append(f"{named} ({exc})")
-    return left
+    deletions += [
+        deleting(f"firewall rule {r}", api.firewalls.delete, firewall=r) for r in firewalls
+    ]
+    return delete_each(deletions, gone=is_not_found)
