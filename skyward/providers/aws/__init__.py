@@ -315,17 +315,17 @@ class AWS(CloudOptions):
         type is missing is refused and the failover moves on."""
         # A subnet the user named is taken as it is: EC2 itself says if the type is missing.
         offered = None if self.subnet_id else api.zones_offering_each([m.type for m in machines])
-        zones: dict[str, list[str]] = {}
-        for machine in machines:
+
+        def refusal(machine: Machine, zone: str) -> str | None:
             where = offered.get(machine.type) if offered is not None else None
-            zones[machine.type] = [z for z in subnets if where is None or z in where]
-        if not any(zones.values()):
-            have = ", ".join(subnets) or "none"
-            raise ProvisionError(
-                f"no zone of {api.region} with a subnet here ({have}) offers "
-                f"{', '.join(m.type for m in machines)}; pass another subnet_id or region"
-            )
-        return zones
+            return None if where is None or zone in where else "not offered there"
+
+        have = ", ".join(subnets) or "none"
+        nowhere = (
+            f"no zone of {api.region} with a subnet here ({have}) offers "
+            f"{', '.join(m.type for m in machines)}; pass another subnet_id or region"
+        )
+        return capacity.offered(machines, list(subnets), refusal, nowhere=nowhere)[0]
 
     def _offers(
         self,

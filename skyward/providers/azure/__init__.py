@@ -300,21 +300,16 @@ class Azure(CloudOptions):
         """Every (size, location, market) to try, in the strategy's order (``capacity.plan``;
         Azure's locations play the part of zones). Sizes Azure does not offer or restricts
         somewhere, and spot where a size has none, are left out, and said."""
-        zones: dict[str, list[str]] = {}
-        left_out: list[str] = []
-        for machine in machines:
-            zones[machine.type] = []
-            for location in self.locations:
-                sku = skus[location].get(machine.type.lower())
-                if sku is None:
-                    left_out.append(f"{machine.type} in {location}: not offered there")
-                elif "restricted" in sku:
-                    left_out.append(
-                        f"{machine.type} in {location}: restricted for this subscription "
-                        f"({sku['restricted']})"
-                    )
-                else:
-                    zones[machine.type].append(location)
+
+        def refusal(machine: Machine, location: str) -> str | None:
+            sku = skus[location].get(machine.type.lower())
+            if sku is None:
+                return "not offered there"
+            if "restricted" in sku:
+                return f"restricted for this subscription ({sku['restricted']})"
+            return None
+
+        zones, left_out = capacity.offered(machines, self.locations, refusal)
 
         def price(machine: Machine, location: str, market: capacity.Market) -> float | None:
             on_demand = _list_price(machine.type, location)

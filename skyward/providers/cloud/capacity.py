@@ -101,6 +101,31 @@ def markets(strategy: Strategy) -> list[Market]:
     return ["spot", "on-demand"]
 
 
+def offered(
+    machines: Sequence[Machine],
+    places: Sequence[str],
+    refusal: Callable[[Machine, str], str | None],
+    *,
+    nowhere: str | None = None,
+) -> tuple[dict[str, list[str]], list[str]]:
+    """Per machine type, the places that offer it, in ``places``' order (what ``plan``
+    takes), and each pair left out, as ``"TYPE in PLACE: why"``; ``refusal(machine,
+    place)`` says why not, or ``None``. With ``nowhere``, a ``ProvisionError`` saying it
+    when no place offers any type, before anything exists."""
+    zones: dict[str, list[str]] = {m.type: [] for m in machines}
+    left_out: list[str] = []
+    for machine in machines:
+        for place in places:
+            why = refusal(machine, place)
+            if why is None:
+                zones[machine.type].append(place)
+            else:
+                left_out.append(f"{machine.type} in {place}: {why}")
+    if nowhere is not None and not any(zones.values()):
+        raise ProvisionError(nowhere)
+    return zones, left_out
+
+
 def plan(
     machines: Sequence[Machine],
     zones: Mapping[str, Sequence[str]],

@@ -233,32 +233,25 @@ class GCP(CloudOptions):
         ordered = ([first] if first else []) + [z for z in every if z != first]
         wanted = " OR ".join(f'(name = "{t}")' for t in dict.fromkeys(m.type for m in machines))
         attached = {m.attach for m in machines if m.attach}
-        zones: dict[str, list[str]] = {m.type: [] for m in machines}
+        found: dict[str, set[str]] = {}
         for zone in ordered:  # one list per zone, not one get per type and zone
             doing = f"reading the machine types of {zone}"
-            found = {
-                t.name
-                for t in api.call(
-                    api.machine_types.list,
-                    doing,
-                    request={"project": api.project, "zone": zone, "filter": wanted},
-                )
-            }
+            where = {"project": api.project, "zone": zone}
+            request = {**where, "filter": wanted}
+            listed = list(api.call(api.machine_types.list, doing, request=request))
             if attached:
-                request = {"project": api.project, "zone": zone}
-                found |= {
-                    a.name for a in api.call(api.accelerator_types.list, doing, request=request)
-                }
-            for machine in machines:
-                if machine.type in found and (machine.attach is None or machine.attach in found):
-                    zones[machine.type].append(zone)
-        if not any(zones.values()):
-            raise ProvisionError(
-                f"no zone of {region} offers {', '.join(m.describe() for m in machines)} "
-                f"(zones: {', '.join(every)}); choose another region, machine_type or "
-                f"accelerator"
-            )
-        return zones
+                listed += api.call(api.accelerator_types.list, doing, request=where)
+            found[zone] = {t.name for t in listed}
+
+        def refusal(machine: Machine, zone: str) -> str | None:
+            kinds = [machine.type] + ([machine.attach] if machine.attach else [])
+            return None if all(k in found[zone] for k in kinds) else "not offered there"
+
+        nowhere = (
+            f"no zone of {region} offers {', '.join(m.describe() for m in machines)} "
+            f"(zones: {', '.join(every)}); choose another region, machine_type or accelerator"
+        )
+        return capacity.offered(machines, ordered, refusal, nowhere=nowhere)[0]
 
     def _image(self, api: Api, image: str) -> str:
         """The image's selfLink (a family's newest image, once for every node)."""
