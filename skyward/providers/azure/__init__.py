@@ -37,14 +37,14 @@ from skyward._extras import check
 from skyward._phases import Reporter
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import AzureAllocation
-from skyward.providers.azure.api import CAPACITY, PUBLIC_CLOUD, Api, failure_code
+from skyward.providers.azure.api import PUBLIC_CLOUD, Api
 from skyward.providers.azure.inventory import AzureInventory
 from skyward.providers.azure.watchdog import RELEASE_PATH, release_script
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.allocation import open_or_destroy
 from skyward.providers.cloud.boot import HostKey
-from skyward.providers.cloud.capacity import CapacityError, Offer, Refusal
+from skyward.providers.cloud.capacity import Offer
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions
 from skyward.providers.ssh.connection import PoolKey
@@ -54,7 +54,6 @@ from skyward.providers.volumes import refuse_keyless
 # Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init at boot.
 GPU_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
 CPU_IMAGE = "Canonical:ubuntu-24_04-lts:server:latest"
-_QUOTA_CODES = ("OperationNotAllowed", "QuotaExceeded")
 # Public regions, for "did you mean" when Azure lists no sizes in a location.
 # fmt: off
 _LOCATIONS = (
@@ -356,14 +355,12 @@ class Azure(CloudOptions):
         arm.create_group(api, group, first.zone, request.tags)
         reporter.status(f"resource group {group} in {first.zone}")
         cidrs = self.ssh_cidrs([self.address_space])
-        names = [f"node-{rank}" for rank in range(request.nodes)]
-        sites: dict[str, arm.Site] = {}
 
-        def launch(offer: Offer) -> arm.VmSpec:
+        def launch(offer: Offer) -> list[str]:
             location = offer.zone
-            if location not in sites:
+            if location not in made.sites:
                 deadline.check(f"making the network in {location}")
-                sites[location] = arm.make_site(
+                made.sites[location] = arm.make_site(
                     api,
                     group,
                     location,
@@ -374,26 +371,17 @@ class Azure(CloudOptions):
                     deadline=deadline,
                 )
                 reporter.status(f"network in {location}: SSH from {', '.join(cidrs)} only")
-            site = sites[location]
             sku = skus[location][offer.machine.type.lower()]
-            spec = self._spec(offer, sku, site, key, host_key, request)
-            made.adopt_vms(site, spec, names)
+            made.spec = self._spec(offer, sku, made.sites[location], key, host_key, request)
             for rank in range(request.nodes):
                 reporter.phase(rank, "provisioning", offer.where)
-            try:
-                arm.create_vms(api, group, site, spec, names, deadline)
-            except ProvisionError as exc:
-                refusal = _refusal(exc, offer)
-                if refusal is None:
-                    raise  # a quota, a permission: the group's deletion cleans up
-                arm.delete_vms(api, group, names, deadline)  # nothing of this attempt stays
-                raise CapacityError(str(exc), refusal=refusal) from exc
-            return spec
+            return made.launch(location, range(request.nodes), deadline)
 
-        offer, _ = capacity.launch_first(
+        offer, names = capacity.launch_first(
             offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
         )
         made.chose(offer)
+        made.instances = [(offer.zone, name) for name in names]
         hint = self.hint("the network security group")
         made.reach([made.target(name) for name in names], reporter, hint=hint)
 
@@ -438,15 +426,3 @@ def _list_price(size: str, location: str) -> float | None:
     """The on-demand list price of ``size`` in ``location``, else in the catalog's reference
     location (an estimate: Azure's prices differ a little between locations)."""
     return catalog.price("azure", size, location) or catalog.price("azure", size)
-
-
-def _refusal(exc: ProvisionError, offer: Offer) -> Refusal | None:
-    """How a failed create counts for the failover: no room for the size there now, or a
-    spot request refused (no spot capacity, the cap below the price, the spot quota); None
-    for what another place would not change (an on-demand quota, a permission)."""
-    code = failure_code(exc)
-    if offer.market == "spot" and (code in CAPACITY or code in _QUOTA_CODES):
-        return "spot"
-    if code in CAPACITY:
-        return "capacity"
-    return None

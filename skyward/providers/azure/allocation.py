@@ -1,49 +1,48 @@
-"""What one Azure pool made, and how it is unmade, replaced, and asked why a node was lost.
+"""What one Azure pool made, and how it is unmade: the calls on one VM that the shared
+``InstanceAllocation`` makes, replaces and asks why it was lost, and the pool's group.
 
 Everything a pool makes is in its resource group, and the group's name is recorded *before*
 the group is created: a failure or a Ctrl-C at any point, even while a create request is in
 flight, is cleaned up by deleting the group by name (deleting one that never came to be is
-a no-op). The rest of the allocation's life (release once, replace, reach) is the shared
-``CloudAllocation``'s.
+a no-op).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
-from skyward._phases import Reporter
 from skyward.providers.azure import resources as arm
-from skyward.providers.azure.api import Api, failure_code
+from skyward.providers.azure.api import CAPACITY, Api, failure_code
 from skyward.providers.base import ProvisionRequest, Resource
-from skyward.providers.cloud.allocation import CloudAllocation
+from skyward.providers.cloud.capacity import CapacityError, Refusal
+from skyward.providers.cloud.instances import InstanceAllocation
 from skyward.providers.ssh.hosts import HostTarget
 
+_QUOTA_CODES = ("OperationNotAllowed", "QuotaExceeded")
 
-class AzureAllocation(CloudAllocation[Api, arm.VmSpec]):
-    """A pool's resource group and its VMs (node ``i`` runs on ``vms[i]``)."""
+
+class AzureAllocation(InstanceAllocation[Api, arm.VmSpec]):
+    """A pool's resource group, its network per location (``sites``) and its VMs (node
+    ``i`` runs on ``instances[i]``, a (location, name))."""
+
+    alive = frozenset({"", "running", "starting"})
+    running_status = "running"
+    ended = frozenset()
+    noun = "VM"
 
     def __init__(self, api: Api, request: ProvisionRequest, **options: Any) -> None:
         super().__init__(api, request, **options)
         self.group: str | None = None
-        self.site: arm.Site | None = None
-        self.vms: list[str] = []  # by rank
-        self._replacements = 0
-
-    # ── recording, as things come to exist ─────────────────────────────────────────────
+        self.sites: dict[str, arm.Site] = {}
 
     def adopt_group(self, name: str) -> None:
         """Called before the group is asked for: from then on, teardown deletes it."""
         with self._guard:
             self.group = name
             self.resources.append(Resource("resource group", name))
-
-    def adopt_vms(self, site: arm.Site, spec: arm.VmSpec, names: list[str]) -> None:
-        with self._guard:
-            self.site, self.spec, self.vms = site, spec, list(names)
-
-    # ── the contract ───────────────────────────────────────────────────────────────────
 
     def delete_all(self) -> list[str]:
         """Delete the resource group, which holds everything of the pool, and wait for it."""
@@ -56,36 +55,28 @@ class AzureAllocation(CloudAllocation[Api, arm.VmSpec]):
         )
         return [] if why is None else [f"resource group {group} ({why})"]
 
-    def remake(
-        self, rank: int, spec: arm.VmSpec, reporter: Reporter, deadline: Deadline
-    ) -> HostTarget:
-        with self._guard:
-            assert self.group is not None and self.site is not None
-            group, site, old = self.group, self.site, self.vms[rank]
-            self._replacements += 1
-            name = f"node-{rank}-r{self._replacements}"
-        reporter.phase(rank, "provisioning", f"replacing {old} with {name}")
-        self._forget(group, old)
-        arm.create_vm(self.api, group, site, spec, name, deadline)
-        with self._guard:
-            self.vms[rank] = name
-            if self._released:  # its group's deletion takes the new VM too
-                raise self.closing()
-        return self.target(name)
+    # ── the calls on one VM ────────────────────────────────────────────────────────────
 
-    # ── the calls ``CloudAllocation.loss_reason`` makes ────────────────────────────────
+    def name(self, rank: int, generation: int) -> str:
+        return f"node-{rank}" + (f"-r{generation}" if generation else "")
 
-    alive = frozenset({"", "running", "starting"})
-    noun = "VM"
+    def start(self, place: str, name: str, spec: arm.VmSpec, deadline: Deadline) -> Any:
+        """Its public IP, NIC and VM, waited for (``finish`` has nothing left to do)."""
+        assert self.group is not None
+        try:
+            return arm.create_vm(self.api, self.group, self.sites[place], spec, name, deadline)
+        except ProvisionError as exc:
+            why = refusal(exc, spot=spec.spot)
+            if why is None:
+                raise  # a quota, a permission: the group's deletion cleans up
+            raise CapacityError(str(exc), refusal=why) from exc
 
-    def machine(self, rank: int) -> tuple[str, str] | None:
-        if rank >= len(self.vms) or self.group is None or self.spec is None:
-            return None
-        return self.group, self.vms[rank]
+    def running(self, place: str, names: Sequence[str], deadline: Deadline) -> list[Any]:
+        return list(names)  # a VM's create ends once it runs
 
     def status(self, place: str, name: str, *, quick: bool = False) -> tuple[str, Any] | None:
         try:
-            view = self.api.compute.virtual_machines.instance_view(place, name)
+            view = self.api.compute.virtual_machines.instance_view(str(self.group), name)
         except Exception as exc:
             if failure_code(exc) in ("ResourceNotFound", "NotFound"):
                 return None
@@ -102,19 +93,41 @@ class AzureAllocation(CloudAllocation[Api, arm.VmSpec]):
             return "deleted (its idle watchdog, or the API or portal)"
         return "stopped from inside (the idle watchdog, a shutdown) or through the API"
 
-    def target(self, vm: str) -> HostTarget:
+    def delete_machines(self, machines: Sequence[tuple[str, str]], deadline: Deadline) -> list[str]:
+        """Delete VMs and then their NICs and public IPs (a VM that failed to create may
+        have left them)."""
         assert self.group is not None
-        private, public = arm.addresses(self.api, self.group, vm)
-        if self.connect == "public" and not public:
-            raise ProvisionError(f"VM {vm} has no public address")
-        return self.host_target(private, public)
-
-    def _forget(self, group: str, vm: str) -> None:
-        """Start deleting a lost VM (and what goes with it); do not wait."""
         try:
-            self.api.compute.virtual_machines.begin_delete(group, vm, force_deletion=True)
+            arm.delete_vms(self.api, self.group, [name for _, name in machines], deadline)
+        except ProvisionError as exc:
+            return [str(exc)]
+        return []
+
+    def forget(self, place: str, name: str) -> None:
+        assert self.group is not None
+        try:
+            self.api.compute.virtual_machines.begin_delete(self.group, name, force_deletion=True)
         except Exception:
             pass  # gone already; the group's deletion at the end takes whatever is left
+
+    def target(self, described: Any) -> HostTarget:
+        assert self.group is not None
+        private, public = arm.addresses(self.api, self.group, str(described))
+        if self.connect == "public" and not public:
+            raise ProvisionError(f"VM {described} has no public address")
+        return self.host_target(private, public)
+
+
+def refusal(exc: ProvisionError, *, spot: bool) -> Refusal | None:
+    """How a failed create counts for the failover: no room for the size there now, or a
+    spot request refused (no spot capacity, the cap below the price, the spot quota); None
+    for what another place would not change (an on-demand quota, a permission)."""
+    code = failure_code(exc)
+    if spot and (code in CAPACITY or code in _QUOTA_CODES):
+        return "spot"
+    if code in CAPACITY:
+        return "capacity"
+    return None
 
 
 def power_state(view: Any) -> str | None:

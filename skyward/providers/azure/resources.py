@@ -7,7 +7,7 @@
                      group (SSH from the client only, everything within the subnet, nothing
                      else), and the pool's managed identity with one role on the group
                      (Virtual Machine Contributor: the idle watchdog deletes its own VM)
-    create_vms       per node, in parallel: a public IP (connect="public"), a NIC, the VM
+    create_vm        a node's public IP (connect="public"), a NIC, the VM
                      (the pool's key, cloud-init user data as customData, spot settings);
                      disk, NIC and IP are deleted with the VM (deleteOption Delete)
     delete_vms       a failed attempt's VMs, NICs and IPs, before the next one
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline, parallel, settle
+from skyward._futures import Deadline, parallel
 from skyward.providers.azure.api import Api, failure_code
 
 # Built-in role "Virtual Machine Contributor": manage VMs, not log in to them. Its id is the
@@ -251,24 +251,6 @@ def _rule(
             "destinationPortRange": ports,
         },
     }
-
-
-def create_vms(
-    api: Api,
-    group: str,
-    site: Site,
-    spec: VmSpec,
-    names: Sequence[str],
-    deadline: Deadline,
-) -> list[Any]:
-    """Create the VMs ``names`` in parallel; each VM once its create has finished, in
-    ``names``' order. Every create is let finish before the first failure is raised, so
-    that the caller can delete all of them (a create still running would refuse that)."""
-    doing = f"creating {len(names)} VM(s)"
-    made = settle(
-        lambda name: create_vm(api, group, site, spec, name, deadline), names, deadline, doing
-    )
-    return [future.result() for future in made]
 
 
 def create_vm(

@@ -1,5 +1,5 @@
 """A pool's machines made one create request each, under names chosen first: the allocation
-of a cloud that names its machines itself (GCP), all but the cloud's own calls.
+of a cloud that names its machines itself (GCP, Azure), all but the cloud's own calls.
 
 ::
 
@@ -17,7 +17,8 @@ of a cloud that names its machines itself (GCP), all but the cloud's own calls.
 
 A cloud's subclass gives the calls on one machine: ``start`` a create and ``finish`` it,
 its ``status`` and ``why_ended`` (which ``CloudAllocation.loss_reason`` also asks),
-``delete_machines``, and the ``name`` of a rank's machine.
+``delete_machines`` (and ``forget``, which does not wait), and the ``name`` of a rank's
+machine.
 """
 
 from __future__ import annotations
@@ -61,12 +62,13 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
     def name(self, rank: int, generation: int) -> str:
         raise NotImplementedError
 
-    def start(self, place: str, name: str, spec: SpecT) -> Any:
-        """Send the create request (not retried); what ``finish`` waits on."""
+    def start(self, place: str, name: str, spec: SpecT, deadline: Deadline) -> Any:
+        """Send the create request (not retried); what ``finish`` waits on. A refusal
+        that another place may not meet is a ``CapacityError``."""
         raise NotImplementedError
 
     def finish(self, started: Any, doing: str, deadline: Deadline) -> None:
-        raise NotImplementedError
+        """Wait until the create has finished (nothing, for a ``start`` that waited)."""
 
     def delete_machines(self, machines: Sequence[tuple[str, str]], deadline: Deadline) -> list[str]:
         """Delete (and wait, within ``deadline``); what could not be, as ``"kind name (why)"``."""
@@ -74,6 +76,10 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
 
     def target(self, described: Any) -> HostTarget:
         raise NotImplementedError
+
+    def forget(self, place: str, name: str) -> None:
+        """Start deleting a lost machine; do not wait."""
+        self.delete_machines([(place, name)], Deadline(0.0, "no wait"))
 
     # ── what is the same for every such cloud ──────────────────────────────────────────
 
@@ -90,7 +96,7 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
 
         def create(name: str) -> None:
             try:
-                started = self.start(place, name, spec)
+                started = self.start(place, name, spec, deadline)
             finally:
                 with self._guard:  # on the wire no more: release may delete it by name
                     self._inflight -= 1
@@ -136,7 +142,7 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
         with self._guard:
             place, old = self.instances[rank]
         reporter.phase(rank, "provisioning", f"replacing {old}")
-        self.delete_machines([(place, old)], Deadline(0.0, "no wait"))
+        self.forget(place, old)
         (new,) = self.launch(place, [rank], deadline)
         with self._guard:
             self.instances[rank] = (place, new)

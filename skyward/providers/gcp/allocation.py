@@ -65,7 +65,7 @@ class GCPAllocation(InstanceAllocation[Api, gce.InstanceSpec]):
     def name(self, rank: int, generation: int) -> str:
         return self.names.instance(rank, generation)
 
-    def start(self, place: str, name: str, spec: gce.InstanceSpec) -> Any:
+    def start(self, place: str, name: str, spec: gce.InstanceSpec, deadline: Deadline) -> Any:
         request = {
             "project": self.api.project,
             "zone": place,
