@@ -286,13 +286,15 @@ class Channel:
                 call_id = next(self._ids)
                 self._pending[call_id] = (name, done)
             if streams is not None:
-                message = streams.call(self, call_id)
+                parts = proto.frame(streams.call(self, call_id), payload)
+            elif relay is None:
+                parts = proto.frame_call(call_id, name, payload)  # the usual call
             else:
-                message = proto.Call(call_id, name, relay=relay)
-                payload = [] if relay is not None and relay.inbound else payload
+                payload = [] if relay.inbound else payload
+                parts = proto.frame(proto.Call(call_id, name, relay=relay), payload)
             if self._turns is not None and not waited:
                 self._turns.want_reader()  # nobody reads for it: the reader must
-            self._send_held(message, payload)
+            self._send_parts(parts)
             return True
 
     def wait_for(self, future: Future[Any], timeout: float | None) -> float | None:
@@ -349,7 +351,11 @@ class Channel:
             self._send_held(message, payload)
 
     def _send_held(self, message: object, payload: proto.Parts | None) -> None:
-        parts = proto.frame(message, payload)
+        self._send_parts(proto.frame(message, payload))
+
+    def _send_parts(self, parts: proto.Parts) -> None:
+        """Write one frame now if it can go at once, else queue it for the sender thread.
+        Interrupts held by the caller."""
         # Cheap checks first: while the sender is busy the frame is queued without a write.
         # A small frame is one bytes object (proto.frame).
         if (

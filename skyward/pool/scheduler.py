@@ -76,7 +76,7 @@ class Pickled(NamedTuple):
     payload: proto.Parts
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     call: Pickled
     future: Future[Any]

@@ -30,6 +30,13 @@ class WorkerLink:
         with self._send_lock:
             proto.write_parts(self._out_fd, parts)
 
+    def send_result(self, call_id: int, ok: bool, payload: proto.Parts) -> None:
+        """``send(proto.Result(call_id, ok), payload)``, framed without making the message:
+        every call ends here."""
+        parts = proto.frame_result(call_id, ok, payload)
+        with self._send_lock:
+            proto.write_parts(self._out_fd, parts)
+
     def recv(self) -> tuple[Any, proto.Parts]:
         pipe = self.pipe
         message, lengths = pipe.read_message()
