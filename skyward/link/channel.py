@@ -123,6 +123,12 @@ class Transport(Protocol):
         ahead by a caller that has stopped reading). Called only when ``caller_reads``."""
         ...
 
+    def read_ahead(self) -> bool:
+        """Whether ``readinto`` would return without waiting, found without waiting (what
+        the stream holds now may be read into a buffer). Called only when
+        ``caller_reads``, by the thread whose turn it is to read, with interrupts held."""
+        ...
+
     def write_now(self, frame: bytes) -> bool:
         """Write ``frame`` (one frame of at most ``PIPE_BUF`` bytes) if that cannot wait;
         False, with nothing written, if it could. The caller's own thread writes small
@@ -215,6 +221,7 @@ class Channel:
                 torn=self.kill,
                 recheck=CHECK,  # a call can also end by a timeout or a close
                 unblock=transport.unblock,
+                read_ahead=transport.read_ahead,
             )
         self._stderr_thread = threading.Thread(
             target=self._read_stderr, name=f"skyward-stderr-{self.rank}", daemon=True
