@@ -381,6 +381,8 @@ class PipeReader:
         """One frame, as ``proto.read_frame`` reads it; from the buffer when it holds the
         frame (the usual case: a small frame arrives whole), without a read per field."""
         message, lengths = self.read_message()
+        if len(lengths) == 1:  # the usual frame: one pickle
+            return message, [self.read_exact(lengths[0])]
         return message, [self.read_exact(n) for n in lengths]
 
     def read_message(self) -> tuple[Any, tuple[int, ...]]:
