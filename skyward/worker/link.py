@@ -45,6 +45,8 @@ class WorkerLink:
             # A broadcast's payload, passed on down the relay chain as it arrives (relay).
             parts = self.relays.forward_from(relay.token, relay.chain, lengths, pipe.readinto)
             return message, [*parts]
+        if len(lengths) == 1:  # the usual frame: one pickle
+            return message, [pipe.read_exact(lengths[0])]
         return message, [pipe.read_exact(n) for n in lengths]
 
 
