@@ -305,7 +305,7 @@ _READABLE = select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLNVAL
 class PipeReader:
     """Reads one descriptor through a 64 KiB buffer. ``readinto`` is for one reader at a
     time (its callers take turns: ``Turns``' baton); ``ready`` and ``unblock`` may be called
-    by anyone. The descriptor stays the caller's to close."""
+    by anyone. The descriptor stays the caller's to close; ``nonblocking`` sets it so."""
 
     def __init__(self, fd: int, *, nonblocking: bool = False) -> None:
         self._fd = fd
@@ -424,14 +424,15 @@ class PipeReader:
         self._start, self._end = n, got
         return n
 
-
     def _readv(self, buffer: memoryview | bytearray) -> int:
         """One read into ``buffer``, waiting for the pipe as a blocking read would."""
         while True:
             try:
                 return os.readv(self._fd, [buffer])
-            except BlockingIOError:  # a non-blocking reader, ahead of the writer
-                wait = select.poll()  # rare: a frame that arrives in pieces
+            except BlockingIOError:  # non-blocking, and ahead of the writer
+                # Not on a round trip's path (a leader reads after read_ahead or ready):
+                # a frame that arrives in pieces, the handshake's first read.
+                wait = select.poll()
                 wait.register(self._fd, _READABLE)
                 wait.poll()
 
