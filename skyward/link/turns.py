@@ -313,6 +313,7 @@ class PipeReader:
         # (``read_ahead``), not a poll and then a read; every other read waits for the pipe
         # with a poll when it would block, as a blocking read would wait.
         self._nonblocking = nonblocking
+        self._wait: Any = None  # the poll a non-blocking read waits in when it would block
         if nonblocking:
             os.set_blocking(fd, False)
         self._buffer = bytearray(_BUFFER)
@@ -432,8 +433,10 @@ class PipeReader:
             except BlockingIOError:  # non-blocking, and ahead of the writer
                 # Not on a round trip's path (a leader reads after read_ahead or ready):
                 # a frame that arrives in pieces, the handshake's first read.
-                wait = select.poll()
-                wait.register(self._fd, _READABLE)
+                wait = self._wait
+                if wait is None:  # one reader at a time (the baton's), so one poll object
+                    wait = self._wait = select.poll()
+                    wait.register(self._fd, _READABLE)
                 wait.poll()
 
 
