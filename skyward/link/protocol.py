@@ -242,10 +242,10 @@ def dumps(obj: object) -> Parts:
     """Pickle ``obj`` with cloudpickle protocol 5, large buffers out of band."""
     if type(obj) in _PLAIN or (type(obj) is tuple and all(map(_plain, obj))):
         return [pickle.dumps(obj, protocol=5)]
-    import cloudpickle
+    from skyward.link.pickling import pickle_value  # cloudpickle's, with tracebacks' lines
 
     buffers: list[pickle.PickleBuffer] = []
-    main = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    main = pickle_value(obj, buffers.append)
     return [main, *(b.raw() for b in buffers)]
 
 
