@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import logging
 import re
 import secrets
 import threading
@@ -32,6 +33,14 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
 from skyward.providers.azure.api import Api, failure_code
+
+_log = logging.getLogger("skyward")
+
+# Codes ARM answers when the endpoint does not serve a kind of resource at all (as opposed to
+# refusing this caller, or a subscription that has not registered the provider yet).
+NOT_SERVED = frozenset(
+    {"NotFound", "ResourceNotFound", "InvalidResourceType", "NoRegisteredProviderFound"}
+)
 
 # Built-in role "Virtual Machine Contributor": manage VMs, not log in to them. Its id is the
 # same in every tenant.
@@ -172,15 +181,23 @@ def make_site(
     site = Site(location=location, subnet_id=str(vnet.subnets[0].id), subnet_prefix=subnet)
     if not identity:
         return site
-    made = api.wait(
-        api.resource.resources.begin_create_or_update_by_id,
-        f"creating the pool's managed identity in {location}",
-        deadline,
-        _group_id(api, group)
-        + f"/providers/Microsoft.ManagedIdentity/userAssignedIdentities/skyward-{location}",
-        {"location": location, "tags": dict(tags)},
-        api_version=IDENTITY_API,
-    )
+    try:
+        made = api.wait(
+            api.resource.resources.begin_create_or_update_by_id,
+            f"creating the pool's managed identity in {location}",
+            deadline,
+            _group_id(api, group)
+            + f"/providers/Microsoft.ManagedIdentity/userAssignedIdentities/skyward-{location}",
+            {"location": location, "tags": dict(tags)},
+            api_version=IDENTITY_API,
+        )
+    except ProvisionError as exc:
+        if failure_code(exc) not in NOT_SERVED:
+            raise
+        # An endpoint that does not serve managed identities (an Azure Stack, a stand-in
+        # of ARM): the pool still starts, and the caller says what its watchdog can do.
+        _log.warning("%s", exc)
+        return site
     principal = str(made.properties["principalId"])
     deadline.check("giving the pool's identity its role on the resource group")
     role = f"/subscriptions/{api.subscription}/providers/Microsoft.Authorization"
@@ -204,6 +221,9 @@ def make_site(
             api_version=ROLE_API,
         )
     except ProvisionError as exc:
+        if failure_code(exc) in NOT_SERVED:
+            _log.warning("%s", exc)
+            return site  # no role: the identity could delete nothing, so none is used
         if failure_code(exc) != "AuthorizationFailed":
             raise
         raise ProvisionError(
