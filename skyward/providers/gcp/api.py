@@ -202,6 +202,25 @@ def is_not_found(exc: BaseException | None) -> bool:
     return False
 
 
+def not_served(exc: BaseException | None) -> bool:
+    """Whether the endpoint answered that it has no such call (404, 405, 501), as an
+    emulator or a private endpoint may for calls the public API has."""
+    while exc is not None:
+        if getattr(exc, "code", None) in (404, 405, 501):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def is_invalid(exc: BaseException | None) -> bool:
+    """A 400 (GCE's answer to a zone that does not exist: "Unknown zone")."""
+    while exc is not None:
+        if getattr(exc, "code", None) == 400:
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def translate(exc: BaseException, doing: str, project: str) -> ProvisionError:
     """A ``ProvisionError`` (``CapacityError`` for capacity) saying what to do about ``exc``."""
     name = type(exc).__name__

@@ -24,9 +24,16 @@ class GCPInventory:
     endpoint (handed over as values: the configuration's module builds this one)."""
 
     def __init__(
-        self, *, project: str | None, credentials: Any, endpoint: str | None, release_timeout: float
+        self,
+        *,
+        project: str | None,
+        credentials: Any,
+        endpoint: str | None,
+        release_timeout: float,
+        region: str | None = None,
     ) -> None:
         self._project, self._credentials, self._endpoint = project, credentials, endpoint
+        self._region = region  # where to look where the endpoint has no aggregated list
         self._release_timeout = release_timeout
         self._api: Api | None = None
 
@@ -42,7 +49,9 @@ class GCPInventory:
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
         api = self.api
         found = []
-        for zone, instance in gce.live(api, pool):
+        region = self._region
+        zones = None if region is None else lambda: gce.zones_of(api, region)
+        for zone, instance in gce.live(api, pool, zones):
             values = gce.tags_of_instance(instance)
             spot = instance.scheduling.provisioning_model == "SPOT"
             running = instance.status not in ("TERMINATED", "SUSPENDED")
