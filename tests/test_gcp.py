@@ -337,6 +337,8 @@ def test_an_endpoint_with_only_the_basic_calls_fails_over_lists_and_cleans_up(
 ) -> None:
     for path in _BEYOND_THE_LIST:
         gce.fail_requests("GET", path, Fault(404, "notFound", "not served here"), times=None)
+    gce.operation_self_links = False  # an operation's name and zone are enough
+    gce.operation_delay = 0.3  # several polls
     gce.fail_next_insert(ZONE, RESOURCE_POOL_EXHAUSTED, times=None)
     inventory = provider(gce).inventory()
     assert inventory is not None

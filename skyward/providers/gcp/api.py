@@ -138,9 +138,12 @@ class Api:
     def wait(self, operation: Any, doing: str, deadline: Deadline) -> None:
         """Poll ``operation`` on this endpoint until it is done; raise its error, translated."""
         found = re.search(r"/(?:zones/([^/]+)|global)/operations/([^/]+)$", operation.self_link)
-        if found is None:
-            raise ProvisionError(f"{doing}: not an operation: {operation.self_link}")
-        zone, name = found.groups()
+        if found is not None:
+            zone, name = found.groups()
+        else:  # an endpoint that leaves selfLink out: the operation's own name and zone
+            name, zone = operation.name, operation.zone.rsplit("/", 1)[-1] or None
+            if not name:
+                raise ProvisionError(f"{doing}: Compute Engine answered no operation")
         pause = 0.1
         current = operation
         while not done(current):
