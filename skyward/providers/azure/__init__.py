@@ -38,7 +38,7 @@ from skyward._extras import check
 from skyward._phases import Reporter
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import AzureAllocation
-from skyward.providers.azure.api import CAPACITY, PUBLIC_CLOUD, Api, failure_code
+from skyward.providers.azure.api import CAPACITY, PUBLIC_CLOUD, Api, failure_code, not_served
 from skyward.providers.azure.inventory import AzureInventory
 from skyward.providers.azure.watchdog import RELEASE_PATH, release_script
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest
@@ -250,7 +250,7 @@ class Azure(CloudOptions):
                 f"listing the VM sizes of {location}",
             )
         except ProvisionError as exc:
-            if failure_code(exc) not in arm.NOT_SERVED:
+            if not not_served(exc):
                 raise
             # An endpoint without the SKU list (an Azure Stack, a stand-in of ARM): the
             # catalog's sizes are assumed, and a size the location lacks fails its create

@@ -32,15 +32,9 @@ from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
-from skyward.providers.azure.api import Api, failure_code
+from skyward.providers.azure.api import Api, failure_code, not_served
 
 _log = logging.getLogger("skyward")
-
-# Codes ARM answers when the endpoint does not serve a kind of resource at all (as opposed to
-# refusing this caller, or a subscription that has not registered the provider yet).
-NOT_SERVED = frozenset(
-    {"NotFound", "ResourceNotFound", "InvalidResourceType", "NoRegisteredProviderFound"}
-)
 
 # Built-in role "Virtual Machine Contributor": manage VMs, not log in to them. Its id is the
 # same in every tenant.
@@ -192,7 +186,7 @@ def make_site(
             api_version=IDENTITY_API,
         )
     except ProvisionError as exc:
-        if failure_code(exc) not in NOT_SERVED:
+        if not not_served(exc):
             raise
         # An endpoint that does not serve managed identities (an Azure Stack, a stand-in
         # of ARM): the pool still starts, and the caller says what its watchdog can do.
@@ -221,7 +215,7 @@ def make_site(
             api_version=ROLE_API,
         )
     except ProvisionError as exc:
-        if failure_code(exc) in NOT_SERVED:
+        if not_served(exc):
             _log.warning("%s", exc)
             return site  # no role: the identity could delete nothing, so none is used
         if failure_code(exc) != "AuthorizationFailed":
