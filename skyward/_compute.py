@@ -83,6 +83,9 @@ class CallTarget(ABC):
         """Send every call, each to one node; their futures, in order."""
 
 
+_new = object.__new__
+
+
 class ComputeFunction(Generic[P, R]):
     """A function marked to run on a pool. Calling it returns a ``PendingCall``."""
 
@@ -96,7 +99,17 @@ class ComputeFunction(Generic[P, R]):
         self._call_name = _name(fn)  # once: f(x) in a loop of >> is on every call's path
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> PendingCall[R]:
-        return PendingCall(self.fn, args, kwargs, timeout=self.timeout, name=self._call_name)
+        # PendingCall(self.fn, args, kwargs, timeout=..., name=...) with its fields stored
+        # directly: the frozen dataclass's __init__ sets each through object.__setattr__,
+        # and ``f(x) >> pool`` in a loop pays it on every call.
+        call: PendingCall[R] = _new(PendingCall)
+        fields = call.__dict__
+        fields["fn"] = self.fn
+        fields["args"] = args
+        fields["kwargs"] = kwargs
+        fields["timeout"] = self.timeout
+        fields["name"] = self._call_name
+        return call
 
     def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run in this process, as a plain call."""
@@ -175,7 +188,7 @@ class PendingCall(Generic[R]):
         if function is None:
             function = self.serialize_function()
         try:
-            return proto.dumps((function, self.args, self.kwargs))
+            return proto.dumps_call(function, self.args, self.kwargs)
         except Exception as exc:
             raise SerializationError(
                 f"{self._culprit()} cannot be pickled ({type(exc).__name__}: {exc}). "

@@ -319,6 +319,43 @@ def test_an_exhausted_zone_moves_the_pool_to_the_next_zone_and_leaves_nothing_th
     assert nothing(held(gce, made.pool))
 
 
+
+# What a Compute Engine stand-in must serve is the list (instances, firewalls,
+# operations get/wait, machine types, images): none of these calls beyond it.
+_BEYOND_THE_LIST = [
+    "projects/*/regions",
+    "projects/*/regions/*",
+    "projects/*/zones",
+    "projects/*/aggregated/instances",
+    "projects/*/zones/*/operations",
+    "projects/*/zones/*/acceleratorTypes",
+]
+
+
+def test_an_endpoint_with_only_the_basic_calls_fails_over_lists_and_cleans_up(
+    gce: GCPFake,
+) -> None:
+    for path in _BEYOND_THE_LIST:
+        gce.fail_requests("GET", path, Fault(404, "notFound", "not served here"), times=None)
+    gce.operation_self_links = False  # an operation's name and zone are enough
+    gce.operation_delay = 0.3  # several polls
+    gce.fail_next_insert(ZONE, RESOURCE_POOL_EXHAUSTED, times=None)
+    inventory = provider(gce).inventory()
+    assert inventory is not None
+    seen: dict[str, Any] = {}
+
+    def look() -> None:
+        seen["held"] = gce.instances(PROJECT)
+        seen["left"] = inventory.leftovers(pool=made.pool)
+
+    made = request(accelerator="L4", deadline=Checkpoint("waiting for", reached=look))
+    with pytest.raises(KeyboardInterrupt) as caught:
+        provider(gce).provision(made, SilentReporter())
+    assert {i["zone"].rsplit("/", 1)[-1] for i in seen["held"]} == {"us-central1-b"}
+    assert sorted(x.kind for x in seen["left"]) == ["firewall rule"] * 2 + ["instance"] * 2
+    assert not getattr(caught.value, "__notes__", []), caught.value.__notes__  # nothing left
+    assert nothing(held(gce, made.pool))
+
 def test_when_every_zone_is_exhausted_the_error_names_each_one_tried(gce: GCPFake) -> None:
     for zone in ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"):
         gce.fail_next_insert(zone, RESOURCE_POOL_EXHAUSTED, times=None)

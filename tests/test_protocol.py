@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import skyward as sky
 from skyward.link import protocol as proto
@@ -55,9 +56,22 @@ def test_every_call_and_result_survives_the_packed_encoding() -> None:
             assert proto.loads(parts) == proto.loads(payload) if payload else parts == []
 
 
-def test_the_pipe_reader_reads_frames_whole_split_or_several_at_once() -> None:
+def test_a_plain_call_and_a_result_are_framed_alike_without_making_their_messages() -> None:
+    # frame_call and frame_result (every call's path) write what frame writes.
+    for payload in ([], proto.dumps(None), proto.dumps(b"x" * 10_000), proto.dumps(np.ones(3))):
+        for call_id, name in ((1, "noop"), (2**63 + 5, "f.<locals>.g ünïcode"), (3, "")):
+            expected = proto.frame(proto.Call(call_id, name), payload)
+            assert proto.frame_call(call_id, name, payload) == expected
+        for ok in (True, False):
+            expected = proto.frame(proto.Result(9, ok), payload)
+            assert proto.frame_result(9, ok, payload) == expected
+
+
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "non-blocking"])
+def test_the_pipe_reader_reads_frames_whole_split_or_several_at_once(nonblocking: bool) -> None:
     # PipeReader.read_frame parses frames from its buffer when they are all there; frames
-    # that arrive in pieces, or are larger than its buffer, are read part by part.
+    # that arrive in pieces, or are larger than its buffer, are read part by part. A
+    # non-blocking reader (the client's end) waits for the pieces as a blocking one does.
     big = np.arange(50_000, dtype=np.float64)  # 400 KB: larger than the reader's buffer
     frames = [
         (proto.Call(1, "a"), proto.dumps(((), {}))),
@@ -76,7 +90,7 @@ def test_the_pipe_reader_reads_frames_whole_split_or_several_at_once() -> None:
 
     writer = threading.Thread(target=write)
     writer.start()
-    reader = PipeReader(read_fd)
+    reader = PipeReader(read_fd, nonblocking=nonblocking)
     try:
         for message, payload in frames:
             got, parts = reader.read_frame()
@@ -98,6 +112,44 @@ def test_the_pipe_reader_reads_frames_whole_split_or_several_at_once() -> None:
     finally:
         writer.join()
         os.close(read_fd)
+
+
+def test_read_ahead_says_whether_a_frame_is_there_without_waiting_for_one() -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        reader = PipeReader(read_fd, nonblocking=True)
+        assert not reader.read_ahead()  # nothing yet: it returns at once
+        frame = proto.frame(proto.Result(1, True), proto.dumps("value"))
+        os.write(write_fd, b"".join(bytes(p) for p in frame))
+        assert reader.read_ahead()
+        assert reader.read_ahead()  # the frame is in its buffer now, still unread
+        message, parts = reader.read_frame()
+        assert message == proto.Result(1, True)
+        assert proto.loads(parts) == "value"
+        assert not reader.read_ahead()
+        os.close(write_fd)
+        write_fd = -1
+        assert reader.read_ahead()  # the end of the stream: the next read says so
+        with pytest.raises(EOFError):
+            reader.read_frame()
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+
+
+def test_a_blocking_pipe_reader_reads_ahead_only_what_it_buffered() -> None:
+    # The worker's end stays blocking: its idle main thread waits in one read instead.
+    read_fd, write_fd = os.pipe()
+    try:
+        reader = PipeReader(read_fd)
+        os.write(write_fd, b"".join(bytes(p) for p in proto.frame(proto.Result(1, True))))
+        assert not reader.read_ahead()
+        assert os.get_blocking(read_fd)
+        assert reader.read_frame()[0] == proto.Result(1, True)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def test_numpy_arrays_travel_out_of_band_and_are_not_copied_on_arrival() -> None:

@@ -94,6 +94,23 @@ def test_helpers_and_nested_functions_show_their_lines(pool: sky.ComputePool) ->
     assert "helper got 8" in traceback
 
 
+
+@sky.compute
+def apply(fn: Any, value: int) -> Any:
+    return fn(value)
+
+
+def test_a_function_passed_as_an_argument_shows_its_lines(pool: sky.ComputePool) -> None:
+    def check(x: int) -> None:  # raises rather than asserts: pytest rewrites asserts
+        if x >= 0:
+            raise ValueError(f"{x} is not negative")
+
+    traceback = remote_traceback(apply(check, 5), pool)
+    text = "raise ValueError(" + 'f"{x} is not negative")'  # this line must not match
+    assert frame(traceback, HERE, line_of(check, text), "check", text), traceback
+    assert frame(traceback, HERE, line_of(apply, "return fn(value)"), "apply", "return fn(value)")
+    assert sources.DYNAMIC not in traceback
+
 CELL = "<ipython-input-7-1f2e3d4c5b6a>"
 CELL_SOURCE = """\
 import math

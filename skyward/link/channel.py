@@ -123,6 +123,12 @@ class Transport(Protocol):
         ahead by a caller that has stopped reading). Called only when ``caller_reads``."""
         ...
 
+    def read_ahead(self) -> bool:
+        """Whether ``readinto`` would return without waiting, found without waiting (what
+        the stream holds now may be read into a buffer). Called only when
+        ``caller_reads``, by the thread whose turn it is to read, with interrupts held."""
+        ...
+
     def write_now(self, frame: bytes) -> bool:
         """Write ``frame`` (one frame of at most ``PIPE_BUF`` bytes) if that cannot wait;
         False, with nothing written, if it could. The caller's own thread writes small
@@ -215,6 +221,7 @@ class Channel:
                 torn=self.kill,
                 recheck=CHECK,  # a call can also end by a timeout or a close
                 unblock=transport.unblock,
+                read_ahead=transport.read_ahead,
             )
         self._stderr_thread = threading.Thread(
             target=self._read_stderr, name=f"skyward-stderr-{self.rank}", daemon=True
@@ -286,13 +293,15 @@ class Channel:
                 call_id = next(self._ids)
                 self._pending[call_id] = (name, done)
             if streams is not None:
-                message = streams.call(self, call_id)
+                parts = proto.frame(streams.call(self, call_id), payload)
+            elif relay is None:
+                parts = proto.frame_call(call_id, name, payload)  # the usual call
             else:
-                message = proto.Call(call_id, name, relay=relay)
-                payload = [] if relay is not None and relay.inbound else payload
+                payload = [] if relay.inbound else payload
+                parts = proto.frame(proto.Call(call_id, name, relay=relay), payload)
             if self._turns is not None and not waited:
                 self._turns.want_reader()  # nobody reads for it: the reader must
-            self._send_held(message, payload)
+            self._send_parts(parts)
             return True
 
     def wait_for(self, future: Future[Any], timeout: float | None) -> float | None:
@@ -349,7 +358,11 @@ class Channel:
             self._send_held(message, payload)
 
     def _send_held(self, message: object, payload: proto.Parts | None) -> None:
-        parts = proto.frame(message, payload)
+        self._send_parts(proto.frame(message, payload))
+
+    def _send_parts(self, parts: proto.Parts) -> None:
+        """Write one frame now if it can go at once, else queue it for the sender thread.
+        Interrupts held by the caller."""
         # Cheap checks first: while the sender is busy the frame is queued without a write.
         # A small frame is one bytes object (proto.frame).
         if (

@@ -169,8 +169,17 @@ def pickle_function(fn: Callable[..., Any]) -> bytes:
         return file.getvalue()
 
 
+def pickle_value(obj: object, buffer_callback: Callable[[Any], object]) -> bytes:
+    """``cloudpickle.dumps(obj, protocol=5, buffer_callback=...)``, where a function inside
+    ``obj`` (a call's argument, a returned closure) keeps its file name and source lines as
+    a function sent to run does, so that a traceback through it shows them too."""
+    with io.BytesIO() as file:
+        _pickler()(file, buffer_callback).dump(obj)
+        return file.getvalue()
+
+
 @functools.cache
-def _pickler() -> Callable[[io.BytesIO], Any]:
+def _pickler() -> Callable[..., Any]:
     """cloudpickle's pickler, but code objects keep their file and carry their lines.
 
     Made on first use: importing skyward does not import cloudpickle.
@@ -178,8 +187,10 @@ def _pickler() -> Callable[[io.BytesIO], Any]:
     import cloudpickle
 
     class Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-        def __init__(self, file: io.BytesIO) -> None:
-            super().__init__(file, protocol=5)
+        def __init__(
+            self, file: io.BytesIO, buffer_callback: Callable[[Any], object] | None = None
+        ) -> None:
+            super().__init__(file, protocol=5, buffer_callback=buffer_callback)
             self._sources = sources.Shipment()
 
         def reducer_override(self, obj: Any) -> Any:

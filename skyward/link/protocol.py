@@ -242,11 +242,19 @@ def dumps(obj: object) -> Parts:
     """Pickle ``obj`` with cloudpickle protocol 5, large buffers out of band."""
     if type(obj) in _PLAIN or (type(obj) is tuple and all(map(_plain, obj))):
         return [pickle.dumps(obj, protocol=5)]
-    import cloudpickle
+    from skyward.link.pickling import pickle_value  # cloudpickle's, with tracebacks' lines
 
     buffers: list[pickle.PickleBuffer] = []
-    main = cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    main = pickle_value(obj, buffers.append)
     return [main, *(b.raw() for b in buffers)]
+
+
+def dumps_call(function: bytes, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Parts:
+    """A call's payload, ``dumps((function, args, kwargs))``, with the common case (no
+    arguments, or plain ones) found in fewer steps."""
+    if (not args or _plain(args)) and (not kwargs or _plain(kwargs)):
+        return [pickle.dumps((function, args, kwargs), protocol=5)]
+    return dumps((function, args, kwargs))
 
 
 def _plain(obj: object) -> bool:
@@ -338,9 +346,29 @@ def frame(message: object, payload: Parts | None = None) -> Parts:
     """The parts to write for one frame. A small frame (payload of at most ``_JOIN_BYTES``)
     is one ``bytes``, so its size is its ``len`` and it goes out in one ``write``; a larger
     one is the header and message, then the payload's parts as they are (never copied)."""
-    head = _pack(message)
+    return _frame(_pack(message), payload)
+
+
+def frame_call(call_id: int, name: str, payload: Parts) -> Parts:
+    """``frame(Call(call_id, name), payload)`` without making the ``Call``: a plain call's
+    frame, on every call's path."""
+    return _frame(_CALL.pack(_CALL_TAG, call_id) + name.encode(), payload)
+
+
+def frame_result(call_id: int, ok: bool, payload: Parts) -> Parts:
+    """``frame(Result(call_id, ok), payload)`` without making the ``Result``."""
+    return _frame(_RESULT.pack(_RESULT_TAG, call_id, ok), payload)
+
+
+def _frame(head: bytes, payload: Parts | None) -> Parts:
     if not payload:
         return [_HEADER_1.pack(1, len(head)) + head]
+    if len(payload) == 1:  # the usual payload: one pickle, no out-of-band buffers
+        (part,) = payload
+        size = _nbytes(part)
+        if size <= _JOIN_BYTES:
+            return [b"".join((_HEADER_2.pack(2, len(head), size), head, part))]
+        return [_HEADER_2.pack(2, len(head), size) + head, part]
     count = len(payload) + 1
     lengths = [_nbytes(p) for p in payload]
     header = _header(count).pack(count, len(head), *lengths)
@@ -354,6 +382,7 @@ def frame(message: object, payload: Parts | None = None) -> Parts:
 # a pipe takes whole (PIPE_BUF, 4 KiB on Linux), so a caller may write it itself.
 _JOIN_BYTES = 3584
 _HEADER_1 = struct.Struct("!IQ")
+_HEADER_2 = struct.Struct("!IQQ")
 _HEADERS: dict[int, struct.Struct] = {}  # by part count: the frame header's layout
 _LENGTHS: dict[int, struct.Struct] = {}  # by part count: the lengths alone
 
@@ -399,16 +428,30 @@ def _pack(message: object) -> bytes:
     return pickle.dumps(message, protocol=5)
 
 
+# A packed Call or Result is rebuilt by storing its fields in a fresh instance's __dict__:
+# the frozen dataclass's __init__ sets each field through object.__setattr__, several
+# times slower, on both ends of every call.
+_new = object.__new__
+
+
 def _unpack(data: Part) -> Any:
     tag = data[0]
     if tag == _PICKLED:
         return pickle.loads(data)
     if tag == _RESULT_TAG:
         _, call_id, ok = _RESULT.unpack(data)
-        return Result(call_id, ok)
+        result = _new(Result)
+        fields = result.__dict__
+        fields["call_id"] = call_id
+        fields["ok"] = ok
+        return result
     if tag == _CALL_TAG:
         _, call_id = _CALL.unpack_from(data)
-        return Call(call_id, str(data[_CALL.size :], "utf-8"))
+        call = _new(Call)  # window, inputs and relay: the class's defaults
+        fields = call.__dict__
+        fields["call_id"] = call_id
+        fields["name"] = str(data[_CALL.size :], "utf-8")
+        return call
     raise ValueError(f"unknown message tag {tag} in a frame")
 
 

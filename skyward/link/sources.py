@@ -19,7 +19,8 @@ linecache: the file on disk, or what IPython registered for a cell). Nested func
 comprehensions lie inside their parent's stretch and carry only the name. The lines are
 looked up once per code object; the pickle they go into is made once per function
 (``skyward.link.pickling``) and unpickled once per worker (``skyward.worker.calls``), so a
-warm call pays nothing for them.
+warm call pays nothing for them. A function inside a call's arguments or a result (a
+callback, a returned closure) travels the same way, in that value's pickle.
 
 The worker merges the lines into what linecache already holds for that file, and leaves a
 file it has with the very same lines alone (a local pool reads the user's own files, and

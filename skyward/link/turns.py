@@ -90,7 +90,9 @@ class Turns:
     perhaps polling the pipe, learns it from the pipe's end);
     ``recheck``: how often a leader looks whether its wait ended without a frame (None: it
     cannot); ``unblock``: make a ``ready(None)`` blocked on another thread look again, for
-    what a leader read ahead and left buffered (``PipeReader.unblock``). Thread-safe; a
+    what a leader read ahead and left buffered (``PipeReader.unblock``); ``read_ahead``:
+    whether a read would not wait, found without waiting, by a leader that holds
+    interrupts (``PipeReader.read_ahead``). Thread-safe; a
     waiter on the main thread waits inside ``hold_interrupts`` (see the module docstring).
     """
 
@@ -104,6 +106,7 @@ class Turns:
         torn: Callable[[str], None] = _ignore,
         recheck: float | None = None,
         unblock: Callable[[], None] = _nothing,
+        read_ahead: Callable[[], bool] = _never,
     ) -> None:
         self._ready = ready
         self._read = read
@@ -112,6 +115,7 @@ class Turns:
         self._torn = torn
         self._recheck = recheck
         self._unblock = unblock
+        self._read_ahead = read_ahead
         self._baton = threading.Lock()  # guards: reading a frame, and dispatching it
         self._lock = threading.Lock()  # guards: the fields below
         self._sleepers: list[Any] = []  # locks of threads asleep until the next _wake
@@ -215,7 +219,9 @@ class Turns:
             # A leader that waits without a bound (the worker's idle main thread) has nothing
             # to look at meanwhile: the read itself waits for the frame, one system call
             # instead of a poll and then a read. (Ctrl-C: such a leader holds no interrupts.)
-            if timeout is not None:
+            # A leader with a bound first reads what is there already (a reply that came
+            # while it wrote its call): a poll saved, where the two ends share a core.
+            if timeout is not None and not self._read_ahead():
                 with allow_interrupts:  # polling holds nothing shared
                     if not self._ready(timeout):
                         return
@@ -299,10 +305,17 @@ _READABLE = select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLNVAL
 class PipeReader:
     """Reads one descriptor through a 64 KiB buffer. ``readinto`` is for one reader at a
     time (its callers take turns: ``Turns``' baton); ``ready`` and ``unblock`` may be called
-    by anyone. The descriptor stays the caller's to close."""
+    by anyone. The descriptor stays the caller's to close; ``nonblocking`` sets it so."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, *, nonblocking: bool = False) -> None:
         self._fd = fd
+        # Non-blocking (the client's end): a waiter looks for its reply with one read
+        # (``read_ahead``), not a poll and then a read; every other read waits for the pipe
+        # with a poll when it would block, as a blocking read would wait.
+        self._nonblocking = nonblocking
+        self._wait: Any = None  # the poll a non-blocking read waits in when it would block
+        if nonblocking:
+            os.set_blocking(fd, False)
         self._buffer = bytearray(_BUFFER)
         self._view = memoryview(self._buffer)
         self._start = 0  # the buffered bytes are _buffer[_start:_end]
@@ -350,16 +363,33 @@ class PipeReader:
             with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
                 os.write(self._wake_w, b"\0")
 
+    def read_ahead(self) -> bool:
+        """Whether a read would not wait, found by reading what the pipe holds now into the
+        buffer (a non-blocking reader; else only the buffer is looked at). For whoever may
+        read (the baton's holder), with interrupts held: bytes read are never dropped."""
+        if self._end > self._start:
+            return True
+        if not self._nonblocking:
+            return False
+        try:
+            got = os.readv(self._fd, [self._buffer])
+        except BlockingIOError:
+            return False
+        self._start, self._end = 0, got
+        return True  # bytes, or the end of the stream (0), which the next read reports
+
     def read_frame(self) -> tuple[Any, list[Any]]:
         """One frame, as ``proto.read_frame`` reads it; from the buffer when it holds the
         frame (the usual case: a small frame arrives whole), without a read per field."""
         message, lengths = self.read_message()
+        if len(lengths) == 1:  # the usual frame: one pickle
+            return message, [self.read_exact(lengths[0])]
         return message, [self.read_exact(n) for n in lengths]
 
     def read_message(self) -> tuple[Any, tuple[int, ...]]:
         """A frame's header and message, as ``proto.read_message`` reads them."""
         if self._end == self._start:  # one read for the lot, mostly the whole frame
-            got = os.readv(self._fd, [self._buffer])
+            got = self._readv(self._buffer)
             if not got:
                 raise EOFError("stream ended after 0 of 4 bytes")
             self._start, self._end = 0, got
@@ -388,12 +418,26 @@ class PipeReader:
             self._start += n
             return n
         if wanted >= _BUFFER:  # a large part: straight into its own buffer
-            return os.readv(self._fd, [view])
-        got = os.readv(self._fd, [self._buffer])
+            return self._readv(view)
+        got = self._readv(self._buffer)
         n = min(got, wanted)
         view[:n] = self._view[:n]
         self._start, self._end = n, got
         return n
+
+    def _readv(self, buffer: memoryview | bytearray) -> int:
+        """One read into ``buffer``, waiting for the pipe as a blocking read would."""
+        while True:
+            try:
+                return os.readv(self._fd, [buffer])
+            except BlockingIOError:  # non-blocking, and ahead of the writer
+                # Not on a round trip's path (a leader reads after read_ahead or ready):
+                # a frame that arrives in pieces, the handshake's first read.
+                wait = self._wait
+                if wait is None:  # one reader at a time (the baton's), so one poll object
+                    wait = self._wait = select.poll()
+                    wait.register(self._fd, _READABLE)
+                wait.poll()
 
 
 def _close_both(a: int, b: int) -> None:

@@ -76,7 +76,7 @@ class Pickled(NamedTuple):
     payload: proto.Parts
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     call: Pickled
     future: Future[Any]
@@ -622,16 +622,18 @@ class Scheduler:
             while self._queue:
                 head = self._queue[0]
                 prefetch = head.prefetch and head.call.timeout is None  # a timeout starts at send
-                free = [
-                    s
-                    for s in self._slots
-                    if s.ready and s.busy < limit + (prefetch_depth(s.recent) if prefetch else 0)
-                ]
-                if not free:
+                slot = None  # the least busy ready slot with room; the first of equals
+                for s in self._slots:
+                    if (
+                        s.ready
+                        and s.busy < limit + (prefetch_depth(s.recent) if prefetch else 0)
+                        and (slot is None or s.busy < slot.busy)
+                    ):
+                        slot = s
+                if slot is None:
                     if self._slots and all(s.lost is not None for s in self._slots):
                         self._fail_queue(self._slots[0].lost)
                     return
-                slot = min(free, key=lambda s: s.busy)
                 self._send(slot, self._queue.popleft())
         finally:
             self._pumping = False

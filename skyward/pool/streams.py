@@ -303,6 +303,8 @@ def is_streaming(call: PendingCall[Any]) -> bool:
     if generator:
         return True
     if not streamed:  # the common case, kept cheap: map sends thousands of calls
+        if not call.args and not call.kwargs:
+            return False
         return any(isinstance(v, Iterator) for v in (*call.args, *call.kwargs.values()))
     names = _positional_names(call.fn, len(call.args))
     return any(

@@ -255,12 +255,13 @@ class PipeTransport:
         # Buffered: a frame is several small reads (count, lengths, parts); large parts
         # still go straight into their destination buffer.
         self._stdout = process.stdout
-        self._pipe = PipeReader(process.stdout.fileno())
+        self._pipe = PipeReader(process.stdout.fileno(), nonblocking=True)
         # Bound once: asked on every round trip (see Transport).
         self.ready = self._pipe.ready
         self.read_frame = self._pipe.read_frame
         self.readinto = self._pipe.readinto
         self.unblock = self._pipe.unblock
+        self.read_ahead = self._pipe.read_ahead
         self._stderr = process.stderr
         for stream in (process.stdin, process.stdout):
             _widen_pipe(stream.fileno())

@@ -243,7 +243,7 @@ class _Worker:
                 continue
             self.stdout.drain()
             try:
-                self.link.send(proto.Result(message.call_id, ok), payload)
+                self.link.send_result(message.call_id, ok, payload)
             except OSError:
                 return
             del payload  # not kept alive while the next call waits or runs

@@ -30,6 +30,13 @@ class WorkerLink:
         with self._send_lock:
             proto.write_parts(self._out_fd, parts)
 
+    def send_result(self, call_id: int, ok: bool, payload: proto.Parts) -> None:
+        """``send(proto.Result(call_id, ok), payload)``, framed without making the message:
+        every call ends here."""
+        parts = proto.frame_result(call_id, ok, payload)
+        with self._send_lock:
+            proto.write_parts(self._out_fd, parts)
+
     def recv(self) -> tuple[Any, proto.Parts]:
         pipe = self.pipe
         message, lengths = pipe.read_message()
@@ -38,6 +45,8 @@ class WorkerLink:
             # A broadcast's payload, passed on down the relay chain as it arrives (relay).
             parts = self.relays.forward_from(relay.token, relay.chain, lengths, pipe.readinto)
             return message, [*parts]
+        if len(lengths) == 1:  # the usual frame: one pickle
+            return message, [pipe.read_exact(lengths[0])]
         return message, [pipe.read_exact(n) for n in lengths]
 
 

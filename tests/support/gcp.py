@@ -509,6 +509,8 @@ class GCPFake:
         self.default_wait_limit = wait_limit
         self.wait_limit = wait_limit  # how long operations.wait blocks at most (GCE: 2 minutes)
         self.address_plan: AddressPlan | None = None
+        # False: operations come without selfLink (GCE sends one; a stand-in may not).
+        self.operation_self_links = True
         self._regions = {region: tuple(zones) for region, zones in regions.items()}
         self._zone_region = {z: r for r, zones in self._regions.items() for z in zones}
         self._machine_types = {m.name: m for m in machine_types}
@@ -591,6 +593,7 @@ class GCPFake:
             self.operation_delay = self.default_operation_delay
             self.wait_limit = self.default_wait_limit
             self.address_plan = None
+            self.operation_self_links = True
             self._changed.notify_all()
 
     # ── what tests control ──
@@ -782,6 +785,8 @@ class GCPFake:
         }
         if scope.startswith("zones/"):
             body["zone"] = _link(project, scope)
+        if not self.operation_self_links:
+            del body["selfLink"]
         operation = _Operation(
             project,
             scope,

@@ -182,6 +182,27 @@ def failure_code(exc: BaseException | None) -> str:
     return ""
 
 
+# Codes ARM answers when the endpoint does not serve a kind of resource at all (as opposed to
+# refusing this caller, or a subscription that has not registered the provider yet).
+_NOT_SERVED = frozenset(
+    {"NotFound", "ResourceNotFound", "InvalidResourceType", "NoRegisteredProviderFound"}
+)
+
+
+def not_served(exc: BaseException | None) -> bool:
+    """Whether the endpoint answered that it has no such call or kind of resource: one of
+    those codes, or a 404, 405 or 501 without an ARM error body (an Azure Stack, a stand-in
+    of ARM); a missing resource group is not that."""
+    code = failure_code(exc)
+    if code:
+        return code in _NOT_SERVED
+    while exc is not None:
+        if getattr(exc, "status_code", None) in (404, 405, 501):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def _message(exc: BaseException) -> str:
     error = getattr(exc, "error", None)
     message = getattr(error, "message", None)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import logging
 import re
 import secrets
 import uuid
@@ -29,7 +30,9 @@ from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
-from skyward.providers.azure.api import Api, failure_code
+from skyward.providers.azure.api import Api, failure_code, not_served
+
+_log = logging.getLogger("skyward")
 
 # Built-in role "Virtual Machine Contributor": manage VMs, not log in to them. Its id is the
 # same in every tenant.
@@ -170,15 +173,23 @@ def make_site(
     site = Site(location=location, subnet_id=str(vnet.subnets[0].id), subnet_prefix=subnet)
     if not identity:
         return site
-    made = api.wait(
-        api.resource.resources.begin_create_or_update_by_id,
-        f"creating the pool's managed identity in {location}",
-        deadline,
-        _group_id(api, group)
-        + f"/providers/Microsoft.ManagedIdentity/userAssignedIdentities/skyward-{location}",
-        {"location": location, "tags": dict(tags)},
-        api_version=IDENTITY_API,
-    )
+    try:
+        made = api.wait(
+            api.resource.resources.begin_create_or_update_by_id,
+            f"creating the pool's managed identity in {location}",
+            deadline,
+            _group_id(api, group)
+            + f"/providers/Microsoft.ManagedIdentity/userAssignedIdentities/skyward-{location}",
+            {"location": location, "tags": dict(tags)},
+            api_version=IDENTITY_API,
+        )
+    except ProvisionError as exc:
+        if not not_served(exc):
+            raise
+        # An endpoint that does not serve managed identities (an Azure Stack, a stand-in
+        # of ARM): the pool still starts, and the caller says what its watchdog can do.
+        _log.warning("%s", exc)
+        return site
     principal = str(made.properties["principalId"])
     deadline.check("giving the pool's identity its role on the resource group")
     role = f"/subscriptions/{api.subscription}/providers/Microsoft.Authorization"
@@ -202,6 +213,9 @@ def make_site(
             api_version=ROLE_API,
         )
     except ProvisionError as exc:
+        if not_served(exc):
+            _log.warning("%s", exc)
+            return site  # no role: the identity could delete nothing, so none is used
         if failure_code(exc) != "AuthorizationFailed":
             raise
         raise ProvisionError(

@@ -128,7 +128,11 @@ class GCP(CloudOptions):
         return open_or_destroy(allocation, lambda made: self._build(made, reporter))
 
     def inventory(self) -> Inventory | None:
-        return GCPInventory(self._api, release_timeout=self.release_timeout)
+        try:
+            _, region = self.where()
+        except (ProvisionError, ValueError):
+            region = None  # the aggregated list needs none
+        return GCPInventory(self._api, release_timeout=self.release_timeout, region=region)
 
     def _api(self) -> Api:
         credentials, project = credentials_and_project(self.project, self.credentials)
@@ -224,10 +228,7 @@ class GCP(CloudOptions):
     ) -> dict[str, list[str]]:
         """Per machine type, the zones of ``region`` that offer it (``first`` first); a type
         no zone there offers is an error before anything exists."""
-        described = api.call(
-            api.regions.get, f"reading region {region}", project=api.project, region=region
-        )
-        every = sorted(z.rsplit("/", 1)[-1] for z in described.zones)
+        every = gce.zones_of(api, region)
         if first is not None and first not in every:
             raise ProvisionError(f"zone {first} is not in {region} (its zones: {', '.join(every)})")
         ordered = ([first] if first else []) + [z for z in every if z != first]

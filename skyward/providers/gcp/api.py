@@ -138,9 +138,12 @@ class Api:
     def wait(self, operation: Any, doing: str, deadline: Deadline) -> None:
         """Poll ``operation`` on this endpoint until it is done; raise its error, translated."""
         found = re.search(r"/(?:zones/([^/]+)|global)/operations/([^/]+)$", operation.self_link)
-        if found is None:
-            raise ProvisionError(f"{doing}: not an operation: {operation.self_link}")
-        zone, name = found.groups()
+        if found is not None:
+            zone, name = found.groups()
+        else:  # an endpoint that leaves selfLink out: the operation's own name and zone
+            name, zone = operation.name, operation.zone.rsplit("/", 1)[-1] or None
+            if not name:
+                raise ProvisionError(f"{doing}: Compute Engine answered no operation")
         pause = 0.1
         current = operation
         while not done(current):
@@ -197,6 +200,25 @@ def is_not_found(exc: BaseException | None) -> bool:
     """An SDK 404, or a ``ProvisionError`` made of one."""
     while exc is not None:
         if getattr(exc, "code", None) == 404:
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def not_served(exc: BaseException | None) -> bool:
+    """Whether the endpoint answered that it has no such call (404, 405, 501), as an
+    emulator or a private endpoint may for calls the public API has."""
+    while exc is not None:
+        if getattr(exc, "code", None) in (404, 405, 501):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def is_invalid(exc: BaseException | None) -> bool:
+    """A 400 (GCE's answer to a zone that does not exist: "Unknown zone")."""
+    while exc is not None:
+        if getattr(exc, "code", None) == 400:
             return True
         exc = exc.__cause__
     return False

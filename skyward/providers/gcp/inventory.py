@@ -7,7 +7,7 @@ their description. Instances go first, then the rules. The rest is ``CloudInvent
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from skyward._futures import Deadline
@@ -24,6 +24,12 @@ class GCPInventory(CloudInventory[Api]):
     provider = "gcp"
     kinds = ("instance", "firewall rule")
 
+    def __init__(
+        self, connect: Callable[[], Api], *, release_timeout: float, region: str | None = None
+    ) -> None:
+        super().__init__(connect, release_timeout=release_timeout)
+        self._region = region  # where to look where the endpoint has no aggregated list
+
     @property
     def where(self) -> str:
         return f"project {self.api.project}"
@@ -31,7 +37,9 @@ class GCPInventory(CloudInventory[Api]):
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
         api = self.api
         found = []
-        for zone, instance in gce.live(api, pool):
+        region = self._region
+        zones = None if region is None else lambda: gce.zones_of(api, region)
+        for zone, instance in gce.live(api, pool, zones):
             spot = instance.scheduling.provisioning_model == "SPOT"
             running = instance.status not in ("TERMINATED", "SUSPENDED")
             price = None if spot or not running else _price(instance, zone)

@@ -403,6 +403,9 @@ class SlurmTransport:
     def unblock(self) -> None:
         self._inner.unblock()
 
+    def read_ahead(self) -> bool:
+        return self._inner.read_ahead()
+
     def write_now(self, frame: bytes) -> bool:
         return self._inner.write_now(frame)
 

@@ -101,6 +101,9 @@ class SSHTransport:
     def unblock(self) -> None:
         raise NotImplementedError("never called: caller_reads is False")
 
+    def read_ahead(self) -> bool:
+        raise NotImplementedError("never called: caller_reads is False")
+
     def read_stderr(self) -> bytes:
         while True:
             data: bytes = self._channel.recv_stderr(1 << 16)
