@@ -40,7 +40,7 @@ from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import CloudOptions
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.allocation import GCPAllocation
-from skyward.providers.gcp.api import Api, credentials_and_project
+from skyward.providers.gcp.api import Api, credentials_and_project, not_served
 from skyward.providers.gcp.inventory import GCPInventory
 from skyward.providers.volumes import refuse_keyless
 
@@ -240,9 +240,18 @@ class GCP(CloudOptions):
             where = {"project": api.project, "zone": zone}
             request = {**where, "filter": wanted}
             listed = list(api.call(api.machine_types.list, doing, request=request))
-            if attached:
-                listed += api.call(api.accelerator_types.list, doing, request=where)
             found[zone] = {t.name for t in listed}
+            if attached:
+                try:
+                    found[zone] |= {
+                        a.name for a in api.call(api.accelerator_types.list, doing, request=where)
+                    }
+                except ProvisionError as exc:
+                    if not not_served(exc):
+                        raise
+                    # No list of them here: the insert says whether the zone has the GPU
+                    # (a refusal there moves the pool on, as exhaustion does).
+                    found[zone] |= attached
 
         def refusal(machine: Machine, zone: str) -> str | None:
             kinds = [machine.type] + ([machine.attach] if machine.attach else [])
