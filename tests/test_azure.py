@@ -613,6 +613,22 @@ def test_ls_and_down_find_a_pools_resource_group_by_tag(
     assert "Nothing left" in _skyward(fake, moto, tmp_path, "ls").stdout
 
 
+
+def test_an_endpoint_without_the_vm_list_still_lists_the_pools_group(fake: AzureFake) -> None:
+    clients = sdk_clients(fake)
+    try:
+        tags = {"skyward-pool": "orphan", "skyward-owner": "me@here"}
+        clients.resource.resource_groups.create_or_update(
+            "skyward-orphan-abc", {"location": LOCATION, "tags": tags}
+        )
+    finally:
+        clients.close()
+    fake.fail_requests(404, "NotFound", method="GET", path="/virtualMachines", times=None)
+    inventory = provider(fake).inventory()
+    assert inventory is not None
+    found = inventory.leftovers(pool="orphan")
+    assert [(x.kind, x.id) for x in found] == [("resource group", "skyward-orphan-abc")]
+
 def test_custom_data_round_trips_as_base64(fake: AzureFake) -> None:
     site = arm.Site(location=LOCATION, subnet_id="/x", subnet_prefix="10.0.0.0/24")
     spec = arm.VmSpec(

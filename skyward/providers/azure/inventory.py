@@ -13,10 +13,11 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import power_state
-from skyward.providers.azure.api import Api
+from skyward.providers.azure.api import Api, not_served
 from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.inventory import CloudInventory
@@ -83,10 +84,15 @@ class AzureInventory(CloudInventory[Api]):
 
     def _vms(self, group: str, tags: dict[str, str]) -> list[Leftover]:
         api = self.api
-        listed = api.call(
-            lambda: list(api.compute.virtual_machines.list(group, expand="instanceView")),
-            f"listing the VMs of {group}",
-        )
+        try:
+            listed = api.call(
+                lambda: list(api.compute.virtual_machines.list(group, expand="instanceView")),
+                f"listing the VMs of {group}",
+            )
+        except ProvisionError as exc:
+            if not not_served(exc):
+                raise
+            return []  # an endpoint without the list: the group (which holds them) is shown
         found = []
         for vm in listed:
             power = power_state(getattr(vm, "instance_view", None))
