@@ -323,15 +323,8 @@ class Deadline:
                 continue
 
 
-def parallel(
-    fn: Callable[[T], U], items: Sequence[T], deadline: Deadline | None = None, doing: str = ""
-) -> list[U]:
-    """``[fn(x) for x in items]`` on daemon threads; the first failure is raised.
-
-    Daemon threads, so a Ctrl-C in the waiting thread is never held up by them; whatever
-    they are blocked on is ended by the caller's cleanup. With a ``deadline``, the wait also
-    ends when it passes or is cancelled (the threads are left to the same cleanup).
-    """
+def _started(fn: Callable[[T], U], items: Sequence[T]) -> list[Future[U]]:
+    """``fn(x)`` for every item, each on a daemon thread of its own; their futures."""
     futures: list[Future[U]] = [Future() for _ in items]
 
     def run(item: T, future: Future[U]) -> None:
@@ -342,6 +335,19 @@ def parallel(
 
     for item, future in zip(items, futures, strict=True):
         threading.Thread(target=run, args=(item, future), daemon=True).start()
+    return futures
+
+
+def parallel(
+    fn: Callable[[T], U], items: Sequence[T], deadline: Deadline | None = None, doing: str = ""
+) -> list[U]:
+    """``[fn(x) for x in items]`` on daemon threads; the first failure is raised.
+
+    Daemon threads, so a Ctrl-C in the waiting thread is never held up by them; whatever
+    they are blocked on is ended by the caller's cleanup. With a ``deadline``, the wait also
+    ends when it passes or is cancelled (the threads are left to the same cleanup).
+    """
+    futures = _started(fn, items)
     combined = gather(futures, list)
     if deadline is None:
         results: list[U] = combined.result()
@@ -356,16 +362,7 @@ def settle(
     their futures, all done. Unlike ``parallel`` a failure ends no wait, so a caller can
     undo everything that was made (a create still running would refuse its deletion). With
     a ``deadline``, the wait also ends when it passes or is cancelled."""
-    futures: list[Future[U]] = [Future() for _ in items]
-
-    def run(item: T, future: Future[U]) -> None:
-        try:
-            future.set_result(fn(item))
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    for item, future in zip(items, futures, strict=True):
-        threading.Thread(target=run, args=(item, future), daemon=True).start()
+    futures = _started(fn, items)
     for future in futures:
         ended = _ended(future)
         if deadline is None:

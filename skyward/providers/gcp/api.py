@@ -196,32 +196,29 @@ def done(operation: Any) -> bool:
     return getattr(operation.status, "name", str(operation.status)) == "DONE"
 
 
-def is_not_found(exc: BaseException | None) -> bool:
-    """An SDK 404, or a ``ProvisionError`` made of one."""
+def status_of(exc: BaseException | None) -> int | None:
+    """The HTTP status of an SDK error, or of the one a ``ProvisionError`` was made of."""
     while exc is not None:
-        if getattr(exc, "code", None) == 404:
-            return True
+        code = getattr(exc, "code", None)
+        if isinstance(code, int):
+            return code
         exc = exc.__cause__
-    return False
+    return None
+
+
+def is_not_found(exc: BaseException | None) -> bool:
+    return status_of(exc) == 404
 
 
 def not_served(exc: BaseException | None) -> bool:
     """Whether the endpoint answered that it has no such call (404, 405, 501), as an
     emulator or a private endpoint may for calls the public API has."""
-    while exc is not None:
-        if getattr(exc, "code", None) in (404, 405, 501):
-            return True
-        exc = exc.__cause__
-    return False
+    return status_of(exc) in (404, 405, 501)
 
 
 def is_invalid(exc: BaseException | None) -> bool:
     """A 400 (GCE's answer to a zone that does not exist: "Unknown zone")."""
-    while exc is not None:
-        if getattr(exc, "code", None) == 400:
-            return True
-        exc = exc.__cause__
-    return False
+    return status_of(exc) == 400
 
 
 def translate(exc: BaseException, doing: str, project: str) -> ProvisionError:
