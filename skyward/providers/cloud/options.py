@@ -11,6 +11,19 @@ every cloud, before anything is created::
     pool_keys(made, ...)       the pool's login key and host key, recorded on the allocation
     boot(host_key, key)        the #cloud-config the machines boot with (watchdog included)
     hint(rule)                 what to check when SSH never answered
+
+and the sequence every cloud provisions by (``provision``), each step but the shared ones
+the cloud's own::
+
+    check(request)             when the pool is built: nothing touched yet
+    allocation(request)        what records the pool's resources; from here on a failure
+                               destroys what was recorded (``open_or_destroy``)
+    offers(made, reporter)     the machines, the places that offer them, at what price
+      affordable, announce       within max_hourly_cost; the choice reported (shared)
+    prepare(made, offers, ...) keys, network, image: how one offer is launched
+      launch_first, chose        the first offer with room takes the pool (shared)
+    started(made, offer, ...)  the machines recorded and running: how each is reached
+      reach                      over SSH, ``hint(ssh_rule)`` when it never answered (shared)
 """
 
 from __future__ import annotations
@@ -25,15 +38,17 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import ProvisionError
-from skyward.providers.base import ProvisionRequest
+from skyward._futures import Deadline
+from skyward._phases import Reporter
+from skyward.providers.base import Allocation, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
-from skyward.providers.cloud.allocation import CloudAllocation
+from skyward.providers.cloud.allocation import CloudAllocation, open_or_destroy
 from skyward.providers.cloud.boot import HostKey, first_client_bound, user_data
-from skyward.providers.cloud.capacity import Strategy
+from skyward.providers.cloud.capacity import Offer, Strategy
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.keys import key_label
 from skyward.providers.ssh.connection import PoolKey
-from skyward.providers.ssh.hosts import Access
+from skyward.providers.ssh.hosts import Access, HostTarget
 
 DEFAULT_IP_LOOKUP = "https://checkip.amazonaws.com"
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -49,6 +64,8 @@ class CloudOptions(BaseModel):
 
     cloud: ClassVar[Cloud]
     machine_option: ClassVar[str]
+    # The cloud's word for what opens SSH to the machines, for ``hint``.
+    ssh_rule: ClassVar[str]
 
     spot: bool = False
     username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]*$")
@@ -200,6 +217,78 @@ class CloudOptions(BaseModel):
             f"(ssh_cidr={self.ssh_cidr!r}) and that their {self.connect} addresses are "
             f"reachable from this network."
         )
+
+
+    # ── the sequence of a start ────────────────────────────────────────────────────────
+
+    def check(self, request: ProvisionRequest) -> None:
+        """Called when the pool is built, before anything is touched."""
+
+    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
+        """``check``, then the cloud's ``allocation`` built by ``build``; whatever it
+        recorded is destroyed when the start fails."""
+        self.check(request)
+        return open_or_destroy(self.allocation(request), lambda made: self.build(made, reporter))
+
+    def build(self, made: Any, reporter: Reporter) -> None:
+        """The offers in order, within the price limit and announced; the first place with
+        room takes the pool; its machines are reached over SSH."""
+        request, deadline = made.request, self.launch_deadline(made)
+        offers, region = self.offers(made, reporter)
+        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
+        capacity.announce(offers, request.nodes, reporter, region or offers[0].zone)
+        launch = self.prepare(made, offers, reporter)
+        offer, launched = capacity.launch_first(
+            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
+        )
+        made.chose(offer)
+        targets = self.started(made, offer, launched, reporter)
+        made.reach(targets, reporter, hint=self.hint(self.ssh_rule), deadline=deadline)
+
+    def allocation(self, request: ProvisionRequest) -> CloudAllocation[Any, Any]:
+        """The pool's allocation, with the cloud's API connected (nothing made yet)."""
+        raise NotImplementedError
+
+    def launch_deadline(self, made: Any) -> Deadline:
+        """What bounds the launch and the reach: the start's deadline."""
+        return made.request.deadline  # type: ignore[no-any-return]
+
+    def offers(self, made: Any, reporter: Reporter) -> tuple[list[Offer], str | None]:
+        """Before anything exists: every (machine, place, market) to try, in the strategy's
+        order, and the region to announce (``None``: the first offer's place)."""
+        raise NotImplementedError
+
+    def prepare(
+        self, made: Any, offers: Sequence[Offer], reporter: Reporter
+    ) -> Callable[[Offer], Any]:
+        """What the pool needs before its machines (keys, network, image), recorded on
+        ``made``; how one offer is launched (``CapacityError``: no room there)."""
+        raise NotImplementedError
+
+    def started(
+        self, made: Any, offer: Offer, launched: Any, reporter: Reporter
+    ) -> list[HostTarget]:
+        """After ``offer`` took the pool (``launched``: what its launch returned): the
+        machines recorded and running, and how to reach each."""
+        raise NotImplementedError
+
+
+def prices(
+    on_demand: Callable[[Machine, str], float | None],
+    spot: Callable[[Machine, str], float | None] = lambda machine, place: None,
+) -> Callable[[Machine, str, capacity.Market], float | None]:
+    """An offer's hourly price for ``capacity.plan``: ``on_demand(machine, place)``; a spot
+    one's ``spot(machine, place)``, or when that is unknown the on-demand price, its ceiling
+    (the most a spot machine is charged by default)."""
+
+    def price(machine: Machine, place: str, market: capacity.Market) -> float | None:
+        on_demand_price = on_demand(machine, place)
+        if market == "on-demand":
+            return on_demand_price
+        found = spot(machine, place)
+        return on_demand_price if found is None else found
+
+    return price
 
 
 def client_cidr(

@@ -23,25 +23,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field
 
 from skyward._errors import ProvisionError
 from skyward._extras import check
+from skyward._futures import Deadline
 from skyward._phases import Reporter
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.base import Inventory, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
-from skyward.providers.cloud.allocation import open_or_destroy
 from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH
 from skyward.providers.cloud.capacity import Offer
 from skyward.providers.cloud.catalog import Cloud, Machine
-from skyward.providers.cloud.options import CloudOptions
+from skyward.providers.cloud.options import CloudOptions, prices
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.allocation import GCPAllocation
 from skyward.providers.gcp.api import Api, credentials_and_project, not_served
 from skyward.providers.gcp.inventory import GCPInventory
+from skyward.providers.ssh.hosts import HostTarget
 from skyward.providers.volumes import refuse_keyless
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
@@ -77,6 +78,7 @@ class GCP(CloudOptions):
 
     cloud: ClassVar[Cloud] = "gcp"
     machine_option: ClassVar[str] = "machine_type"
+    ssh_rule: ClassVar[str] = "the firewall rule"
 
     project: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9:.-]{4,62}$")
     zone: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")
@@ -121,11 +123,9 @@ class GCP(CloudOptions):
         self.refuse_above(request, self.machines_for(request), [self.where()[1]])
         credentials_and_project(self.project, self.credentials)
 
-    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
-        self.check(request)
+    def allocation(self, request: ProvisionRequest) -> GCPAllocation:
         names = gce.Names.of(request.pool)
-        allocation = GCPAllocation(self._api(), request, names, **self.allocation_options)
-        return open_or_destroy(allocation, lambda made: self._build(made, reporter))
+        return GCPAllocation(self._api(), request, names, **self.allocation_options)
 
     def inventory(self) -> Inventory | None:
         try:
@@ -140,27 +140,27 @@ class GCP(CloudOptions):
 
     # ── the steps ──────────────────────────────────────────────────────────────────────
 
-    def _build(self, made: GCPAllocation, reporter: Reporter) -> None:
-        request, api, deadline = made.request, made.api, made.launching
-        # ── before anything exists: what, where, at what price ──
-        first_zone, region = self.where()
-        deadline.check("finding the zones")
+    def launch_deadline(self, made: GCPAllocation) -> Deadline:
+        return made.launching  # a release wakes the launch
+
+    def offers(self, made: GCPAllocation, reporter: Reporter) -> tuple[list[Offer], str]:
+        request, (first_zone, region) = made.request, self.where()
+        made.launching.check("finding the zones")
         machines = self.machines_for(request)
-        zones = self._zones(api, machines, first_zone, region)
+        zones = self._zones(made.api, machines, first_zone, region)
+        # No spot prices without the billing API: on-demand is their ceiling.
+        price = prices(lambda machine, zone: catalog.machine_price(machine, region))
+        return capacity.plan(machines, zones, strategy=self.strategy(request), price=price), region
 
-        def price(machine: Machine, zone: str, market: capacity.Market) -> float | None:
-            # No spot prices without the billing API: on-demand is their ceiling.
-            return catalog.machine_price(machine, region)
-
-        offers = capacity.plan(machines, zones, strategy=self.strategy(request), price=price)
-        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
-        capacity.announce(offers, request.nodes, reporter, region)
+    def prepare(
+        self, made: GCPAllocation, offers: Sequence[Offer], reporter: Reporter
+    ) -> Callable[[Offer], list[str]]:
+        request, api, deadline = made.request, made.api, made.launching
         first = offers[0]
         deadline.check("finding the image")
         gpu = first.machine.accelerator is not None
         image = self._image(api, self.image or (GPU_IMAGE if gpu else CPU_IMAGE))
         cidrs = self.ssh_cidrs(_PRIVATE_RANGES)
-        # ── creating ──
         # The "key pair" of a GCP pool is its names' base (its rules are <base>-ssh, -pool).
         key, host_key = self.pool_keys(
             made, region=api.project, name=made.names.base, endpoint=self.endpoint or ""
@@ -212,16 +212,15 @@ class GCP(CloudOptions):
             )
             return made.launch(offer.zone, range(request.nodes), deadline)
 
-        offer, names = capacity.launch_first(
-            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
-        )
-        made.chose(offer)
-        made.instances = [(offer.zone, name) for name in names]
-        for rank, name in enumerate(names):
+        return launch
+
+    def started(
+        self, made: GCPAllocation, offer: Offer, launched: list[str], reporter: Reporter
+    ) -> list[HostTarget]:
+        made.instances = [(offer.zone, name) for name in launched]
+        for rank, name in enumerate(launched):
             reporter.phase(rank, "provisioning", f"{name} ({offer.where})")
-        described = made.running(offer.zone, names, deadline)
-        hint = self.hint("the firewall rule")
-        made.reach([made.target(d) for d in described], reporter, hint=hint, deadline=deadline)
+        return [made.target(d) for d in made.running(offer.zone, launched, made.launching)]
 
     def _zones(
         self, api: Api, machines: Sequence[Machine], first: str | None, region: str
