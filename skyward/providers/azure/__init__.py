@@ -27,7 +27,7 @@ import difflib
 import ipaddress
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -41,14 +41,14 @@ from skyward.providers.azure.allocation import AzureAllocation
 from skyward.providers.azure.api import PUBLIC_CLOUD, Api, not_served
 from skyward.providers.azure.inventory import AzureInventory
 from skyward.providers.azure.watchdog import RELEASE_PATH, release_script
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.base import Inventory, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
-from skyward.providers.cloud.allocation import open_or_destroy
 from skyward.providers.cloud.boot import HostKey
 from skyward.providers.cloud.capacity import Offer
 from skyward.providers.cloud.catalog import Cloud, Machine
-from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions
+from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions, prices
 from skyward.providers.ssh.connection import PoolKey
+from skyward.providers.ssh.hosts import HostTarget
 from skyward.providers.volumes import refuse_keyless
 
 _log = logging.getLogger("skyward")
@@ -104,6 +104,7 @@ class Azure(CloudOptions):
 
     cloud: ClassVar[Cloud] = "azure"
     machine_option: ClassVar[str] = "vm_size"
+    ssh_rule: ClassVar[str] = "the network security group"
 
     subscription_id: str | None = Field(default=None, pattern=r"^[0-9a-fA-F-]{36}$")
     location: str | tuple[str, ...] | None = None
@@ -204,21 +205,8 @@ class Azure(CloudOptions):
             raise ValueError(f"connection_verify: no CA bundle at {self.connection_verify}")
         self.refuse_above(request, machines, self.locations, lambda m, r: _list_price(m.type, r))
 
-    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
-        self.check(request)
-        api = self.api()
-        deadline = request.deadline
-        # ── before anything exists: the credential, what, where, at what price ──
-        deadline.check("checking the Azure credential")
-        api.sign_in()
-        deadline.check("listing the VM sizes Azure offers")
-        skus = {location: self._skus(api, location) for location in self.locations}
-        machines = self._machines(request, skus)
-        offers = self._offers(request, machines, skus, reporter)
-        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
-        capacity.announce(offers, request.nodes, reporter, offers[0].zone)
-        allocation = AzureAllocation(api, request, **self.allocation_options)
-        return open_or_destroy(allocation, lambda made: self._build(made, offers, skus, reporter))
+    def allocation(self, request: ProvisionRequest) -> AzureAllocation:
+        return AzureAllocation(self.api(), request, **self.allocation_options)
 
     def api(self) -> Api:
         return Api.connect(
@@ -239,6 +227,15 @@ class Azure(CloudOptions):
         )
 
     # ── before anything is made ────────────────────────────────────────────────────────
+
+    def offers(self, made: AzureAllocation, reporter: Reporter) -> tuple[list[Offer], None]:
+        api, deadline = made.api, made.request.deadline
+        deadline.check("checking the Azure credential")
+        api.sign_in()
+        deadline.check("listing the VM sizes Azure offers")
+        made.skus = {location: self._skus(api, location) for location in self.locations}
+        machines = self._machines(made.request, made.skus)
+        return self._offers(made.request, machines, made.skus, reporter), None
 
     def _skus(self, api: Api, location: str) -> dict[str, dict[str, str]]:
         """The VM sizes Azure offers this subscription in ``location``: lower-cased name ->
@@ -329,14 +326,11 @@ class Azure(CloudOptions):
 
         zones, left_out = capacity.offered(machines, self.locations, refusal)
 
-        def price(machine: Machine, location: str, market: capacity.Market) -> float | None:
-            on_demand = _list_price(machine.type, location)
-            if market == "on-demand":
-                return on_demand
-            # No spot price lookup: the cap is its ceiling, else the on-demand price (Azure's
-            # own default maximum for a spot VM).
-            return self.max_price if self.max_price is not None else on_demand
-
+        # No spot price lookup: the cap is its ceiling, else the on-demand price (Azure's
+        # own default maximum for a spot VM).
+        price = prices(
+            lambda m, location: _list_price(m.type, location), lambda m, _: self.max_price
+        )
         offers = []
         for offer in capacity.plan(machines, zones, strategy=self.strategy(request), price=price):
             sku = skus[offer.zone][offer.machine.type.lower()]
@@ -355,13 +349,9 @@ class Azure(CloudOptions):
 
     # ── the steps ──────────────────────────────────────────────────────────────────────
 
-    def _build(
-        self,
-        made: AzureAllocation,
-        offers: list[Offer],
-        skus: Mapping[str, Mapping[str, Mapping[str, str]]],
-        reporter: Reporter,
-    ) -> None:
+    def prepare(
+        self, made: AzureAllocation, offers: Sequence[Offer], reporter: Reporter
+    ) -> Callable[[Offer], list[str]]:
         request, api, deadline = made.request, made.api, made.request.deadline
         first = offers[0]
         group = arm.group_name(request.pool)
@@ -397,19 +387,19 @@ class Azure(CloudOptions):
                         f"which Azure keeps billing: `skyward down` deletes what a vanished "
                         f"client leaves"
                     )
-            sku = skus[location][offer.machine.type.lower()]
+            sku = made.skus[location][offer.machine.type.lower()]
             made.spec = self._spec(offer, sku, made.sites[location], key, host_key, request)
             for rank in range(request.nodes):
                 reporter.phase(rank, "provisioning", offer.where)
             return made.launch(location, range(request.nodes), deadline)
 
-        offer, names = capacity.launch_first(
-            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
-        )
-        made.chose(offer)
-        made.instances = [(offer.zone, name) for name in names]
-        hint = self.hint("the network security group")
-        made.reach([made.target(name) for name in names], reporter, hint=hint)
+        return launch
+
+    def started(
+        self, made: AzureAllocation, offer: Offer, launched: list[str], reporter: Reporter
+    ) -> list[HostTarget]:
+        made.instances = [(offer.zone, name) for name in launched]
+        return [made.target(name) for name in launched]
 
     def _spec(
         self,

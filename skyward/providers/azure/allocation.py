@@ -37,6 +37,9 @@ class AzureAllocation(InstanceAllocation[Api, arm.VmSpec]):
         super().__init__(api, request, **options)
         self.group: str | None = None
         self.sites: dict[str, arm.Site] = {}
+        # The VM sizes Azure offers, per location: lower-cased name -> capabilities, read
+        # before anything is made; a VM's spec is made from its size's.
+        self.skus: dict[str, dict[str, dict[str, str]]] = {}
 
     def adopt_group(self, name: str) -> None:
         """Called before the group is asked for: from then on, teardown deletes it."""
