@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar, cast
 
 from pydantic import Field, model_validator
@@ -41,12 +41,13 @@ from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
 from skyward.providers.aws.api import Api, check_credentials, refusal
 from skyward.providers.aws.inventory import AWSInventory
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest
+from skyward.providers.base import Inventory, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
-from skyward.providers.cloud.allocation import TAG_ALLOCATION, open_or_destroy
+from skyward.providers.cloud.allocation import TAG_ALLOCATION
 from skyward.providers.cloud.capacity import CapacityError, Offer, Strategy
 from skyward.providers.cloud.catalog import Cloud, Machine
-from skyward.providers.cloud.options import CloudOptions
+from skyward.providers.cloud.options import CloudOptions, prices
+from skyward.providers.ssh.hosts import HostTarget
 
 # AWS's public SSM parameters for the newest images, by the machine's architecture: the Deep
 # Learning Base AMI with NVIDIA's open driver for GPU machines, Canonical's Ubuntu for CPU
@@ -101,6 +102,7 @@ class AWS(CloudOptions):
 
     cloud: ClassVar[Cloud] = "aws"
     machine_option: ClassVar[str] = "instance_type"
+    ssh_rule: ClassVar[str] = "the security group"
 
     region: str | None = Field(default=None, min_length=1)
     instance_type: str | None = Field(default=None, pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$")
@@ -157,11 +159,9 @@ class AWS(CloudOptions):
             )
         self.refuse_above(request, machines, [str(session.region_name)])
 
-    def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
-        self.check(request)
+    def allocation(self, request: ProvisionRequest) -> AWSAllocation:
         api = Api.connect(region=self.region, profile=self.profile, endpoint_url=self.endpoint_url)
-        allocation = AWSAllocation(api, request, **self.allocation_options)
-        return open_or_destroy(allocation, lambda made: self._build(made, reporter))
+        return AWSAllocation(api, request, **self.allocation_options)
 
     def inventory(self) -> Inventory | None:
         """This region's leftovers (``region=None``: every enabled region's)."""
@@ -174,19 +174,20 @@ class AWS(CloudOptions):
 
     # ── the steps ──────────────────────────────────────────────────────────────────────
 
-    def _build(self, made: AWSAllocation, reporter: Reporter) -> None:
+    def offers(self, made: AWSAllocation, reporter: Reporter) -> tuple[list[Offer], str]:
         request, api, deadline = made.request, made.api, made.request.deadline
-        # ── before anything exists: what, where, at what price ──
         deadline.check("checking the machine types")
         machines = self._described(api, request)
         deadline.check("finding the network")
-        vpc, subnets = self._network(api)
-        zones = self._zones(api, machines, subnets)
-        strategy = self.strategy(request)
-        offers = self._offers(api, machines, zones, strategy)
-        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
-        first = offers[0]
-        capacity.announce(offers, request.nodes, reporter, api.region)
+        made.vpc, made.subnets = self._network(api)
+        zones = self._zones(api, machines, made.subnets)
+        return self._offers(api, machines, zones, self.strategy(request)), api.region
+
+    def prepare(
+        self, made: AWSAllocation, offers: Sequence[Offer], reporter: Reporter
+    ) -> Callable[[Offer], ec2.LaunchSpec]:
+        request, api, deadline = made.request, made.api, made.request.deadline
+        subnets, first = made.subnets, offers[0]
         deadline.check("finding the image")
         image, root_device, snapshot_gb = self._image(api, first.machine, request)
         gpu = request.accelerator is not None or first.machine.accelerator is not None
@@ -195,7 +196,7 @@ class AWS(CloudOptions):
                 f"disk_gb={self.disk_gb} is smaller than the image's root snapshot "
                 f"({snapshot_gb} GB of {image}); ask for at least {snapshot_gb}"
             )
-        cidrs = self.ssh_cidrs(lambda: api.vpc_ranges(vpc))
+        cidrs = self.ssh_cidrs(lambda: api.vpc_ranges(made.vpc))
         # ── creating ──
         deadline.check("importing the key pair")
         name = made.name
@@ -213,7 +214,7 @@ class AWS(CloudOptions):
         ec2.import_key_pair(api, name, key.public, tags)
         reporter.status(f"key pair {name}")
         deadline.check("creating the security group")
-        group = ec2.create_group(api, name, vpc, tags, made.adopt_group)
+        group = ec2.create_group(api, name, made.vpc, tags, made.adopt_group)
         ec2.allow(api, group, cidrs, tags)
         reporter.status(f"security group {group}: SSH from {', '.join(cidrs)}")
         efa = self._efa(api, offers, request.nodes, reporter)
@@ -255,15 +256,17 @@ class AWS(CloudOptions):
             made.adopt_instances(self._launch(api, spec, request.nodes))
             return spec
 
-        offer, made.spec = capacity.launch_first(
-            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
-        )
-        made.chose(offer)
+        return launch
+
+    def started(
+        self, made: AWSAllocation, offer: Offer, launched: ec2.LaunchSpec, reporter: Reporter
+    ) -> list[HostTarget]:
+        made.spec = launched
         for rank, instance in enumerate(made.instances):
             reporter.phase(rank, "provisioning", f"{instance} ({offer.where})")
-        described = ec2.wait_running(api, made.instances, deadline, public=self.connect == "public")
-        targets = [made.target(instance) for instance in described]
-        made.reach(targets, reporter, hint=self.hint("the security group"))
+        public = self.connect == "public"
+        described = ec2.wait_running(made.api, made.instances, made.request.deadline, public=public)
+        return [made.target(instance) for instance in described]
 
     def _efa(
         self, api: Api, offers: Sequence[Offer], nodes: int, reporter: Reporter
@@ -338,13 +341,11 @@ class AWS(CloudOptions):
         if "spot" in capacity.markets(strategy):
             spot = api.spot_prices([m.type for m in machines])
 
-        def price(machine: Machine, zone: str, market: capacity.Market) -> float | None:
-            on_demand = catalog.price("aws", machine.type, api.region)
-            if market == "on-demand":
-                return on_demand
-            # Unknown spot price: on-demand is its ceiling (the default maximum price).
-            return spot.get((machine.type, zone), on_demand)
-
+        # Unknown spot price: on-demand is its ceiling (the default maximum price).
+        price = prices(
+            lambda machine, zone: catalog.price("aws", machine.type, api.region),
+            lambda machine, zone: spot.get((machine.type, zone)),
+        )
         return capacity.plan(machines, zones, strategy=strategy, price=price)
 
     def _launch(self, api: Api, spec: ec2.LaunchSpec, count: int) -> list[str]:

@@ -37,6 +37,9 @@ class AWSAllocation(CloudAllocation[Api, ec2.LaunchSpec]):
         self.placement_groups: list[str] = []
         self.placing = False  # a placement group may have been asked for: sweep for them
         self.instances: list[str] = []  # by rank
+        # The VPC and the subnet of each zone it may use, found before anything is made.
+        self.vpc = ""
+        self.subnets: dict[str, str] = {}
         self._retired: list[str] = []  # replaced instances, terminated but not yet waited for
 
     # ── recording, as things come to exist ─────────────────────────────────────────────

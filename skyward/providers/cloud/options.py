@@ -218,7 +218,6 @@ class CloudOptions(BaseModel):
             f"reachable from this network."
         )
 
-
     # ── the sequence of a start ────────────────────────────────────────────────────────
 
     def check(self, request: ProvisionRequest) -> None:
