@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import ClassVar, cast
 
 from pydantic import Field, model_validator
 
 from skyward._errors import ProvisionError
-from skyward._extras import check
 from skyward._phases import Reporter
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
@@ -46,7 +45,7 @@ from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.allocation import TAG_ALLOCATION
 from skyward.providers.cloud.capacity import CapacityError, Offer, Strategy
 from skyward.providers.cloud.catalog import Cloud, Machine
-from skyward.providers.cloud.options import CloudOptions, prices
+from skyward.providers.cloud.options import CloudOptions, Launch, prices
 from skyward.providers.ssh.hosts import HostTarget
 
 # AWS's public SSM parameters for the newest images, by the machine's architecture: the Deep
@@ -103,6 +102,7 @@ class AWS(CloudOptions):
     cloud: ClassVar[Cloud] = "aws"
     machine_option: ClassVar[str] = "instance_type"
     ssh_rule: ClassVar[str] = "the security group"
+    needs: ClassVar[tuple[str, ...]] = ("boto3",)
 
     region: str | None = Field(default=None, min_length=1)
     instance_type: str | None = Field(default=None, pattern=r"^[a-z0-9-]+\.[a-z0-9-]+$")
@@ -131,8 +131,7 @@ class AWS(CloudOptions):
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""
-        check("boto3", feature="sky.AWS")
-        check("paramiko", feature="sky.AWS")
+        super().check(request)
         # Reads only the environment and ~/.aws: an unknown profile, no region at all, or a
         # region no partition has is said now, not after the pool has started.
         session = Api.session(region=self.region, profile=self.profile)
@@ -183,9 +182,7 @@ class AWS(CloudOptions):
         zones = self._zones(api, machines, made.subnets)
         return self._offers(api, machines, zones, self.strategy(request)), api.region
 
-    def prepare(
-        self, made: AWSAllocation, offers: Sequence[Offer], reporter: Reporter
-    ) -> Callable[[Offer], ec2.LaunchSpec]:
+    def prepare(self, made: AWSAllocation, offers: Sequence[Offer], reporter: Reporter) -> Launch:
         request, api, deadline = made.request, made.api, made.request.deadline
         subnets, first = made.subnets, offers[0]
         deadline.check("finding the image")
@@ -261,7 +258,6 @@ class AWS(CloudOptions):
     def started(
         self, made: AWSAllocation, offer: Offer, launched: ec2.LaunchSpec, reporter: Reporter
     ) -> list[HostTarget]:
-        made.spec = launched
         for rank, instance in enumerate(made.instances):
             reporter.phase(rank, "provisioning", f"{instance} ({offer.where})")
         public = self.connect == "public"

@@ -44,6 +44,11 @@ class AWSAllocation(CloudAllocation[Api, ec2.LaunchSpec]):
 
     # ── recording, as things come to exist ─────────────────────────────────────────────
 
+    def chose(self, offer: Any, launched: Any) -> None:
+        """``launched``: the launch spec that took the pool, which a replacement reuses."""
+        super().chose(offer, launched)
+        self.spec = launched
+
     def adopt_key_pair(self, name: str) -> None:
         with self._guard:
             self.key_name = name

@@ -27,14 +27,13 @@ import difflib
 import ipaddress
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
 from skyward._errors import ProvisionError
-from skyward._extras import check
 from skyward._phases import Reporter
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import AzureAllocation
@@ -46,7 +45,7 @@ from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.boot import HostKey
 from skyward.providers.cloud.capacity import Offer
 from skyward.providers.cloud.catalog import Cloud, Machine
-from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions, prices
+from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions, Launch, prices
 from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.ssh.hosts import HostTarget
 from skyward.providers.volumes import refuse_keyless
@@ -105,6 +104,12 @@ class Azure(CloudOptions):
     cloud: ClassVar[Cloud] = "azure"
     machine_option: ClassVar[str] = "vm_size"
     ssh_rule: ClassVar[str] = "the network security group"
+    needs: ClassVar[tuple[str, ...]] = (
+        "azure.identity",
+        "azure.mgmt.compute",
+        "azure.mgmt.network",
+        "azure.mgmt.resource",
+    )
 
     subscription_id: str | None = Field(default=None, pattern=r"^[0-9a-fA-F-]{36}$")
     location: str | tuple[str, ...] | None = None
@@ -189,10 +194,7 @@ class Azure(CloudOptions):
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""
-        for module in ("azure.identity", "azure.mgmt.compute", "azure.mgmt.network"):
-            check(module, feature="sky.Azure")
-        check("azure.mgmt.resource", feature="sky.Azure")
-        check("paramiko", feature="sky.Azure")
+        super().check(request)
         refuse_keyless(request.volumes, "Azure")
         _ = self.subscription
         machines = self.machines_for(request)
@@ -349,9 +351,7 @@ class Azure(CloudOptions):
 
     # ── the steps ──────────────────────────────────────────────────────────────────────
 
-    def prepare(
-        self, made: AzureAllocation, offers: Sequence[Offer], reporter: Reporter
-    ) -> Callable[[Offer], list[str]]:
+    def prepare(self, made: AzureAllocation, offers: Sequence[Offer], reporter: Reporter) -> Launch:
         request, api, deadline = made.request, made.api, made.request.deadline
         first = offers[0]
         group = arm.group_name(request.pool)
@@ -398,7 +398,6 @@ class Azure(CloudOptions):
     def started(
         self, made: AzureAllocation, offer: Offer, launched: list[str], reporter: Reporter
     ) -> list[HostTarget]:
-        made.instances = [(offer.zone, name) for name in launched]
         return [made.target(name) for name in launched]
 
     def _spec(

@@ -211,8 +211,9 @@ class CloudAllocation(Allocation, Generic[ApiT, SpecT]):
         with self._guard:
             self.pool_key = key
 
-    def chose(self, offer: Any) -> None:
-        """The place that took the pool (a ``capacity.Offer``), for the cost report."""
+    def chose(self, offer: Any, launched: Any) -> None:
+        """The place that took the pool (a ``capacity.Offer``), for the cost report;
+        ``launched``: what its launch returned, which a cloud's allocation records."""
         nodes = self.request.nodes
         self.hourly_cost = offer.pool_hourly(nodes)
         self.describe = f"{nodes} x {offer.machine.type} {offer.market} in {offer.zone}"

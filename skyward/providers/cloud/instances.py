@@ -135,6 +135,11 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
                 return [described for _, described in found]
             deadline.sleep(POLL)
 
+    def chose(self, offer: Any, launched: Any) -> None:
+        """``launched``: the names of the machines made where ``offer`` is, by rank."""
+        super().chose(offer, launched)
+        self.instances = [(offer.zone, name) for name in launched]
+
     def machine(self, rank: int) -> tuple[str, str] | None:
         return self.instances[rank] if rank < len(self.instances) else None
 

@@ -21,7 +21,7 @@ the cloud's own::
     offers(made, reporter)     the machines, the places that offer them, at what price
       affordable, announce       within max_hourly_cost; the choice reported (shared)
     prepare(made, offers, ...) keys, network, image: how one offer is launched
-      launch_first, chose        the first offer with room takes the pool (shared)
+      launch_first, chose        the first offer with room takes the pool, recorded (shared)
     started(made, offer, ...)  the machines recorded and running: how each is reached
       reach                      over SSH, ``hint(ssh_rule)`` when it never answered (shared)
 """
@@ -38,6 +38,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import ProvisionError
+from skyward._extras import check as check_extra
 from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.base import Allocation, ProvisionRequest
@@ -50,6 +51,7 @@ from skyward.providers.cloud.keys import key_label
 from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.ssh.hosts import Access, HostTarget
 
+Launch = Callable[[Offer], Any]  # launches one offer's machines (``CapacityError``: no room)
 DEFAULT_IP_LOOKUP = "https://checkip.amazonaws.com"
 MAX_SECONDS = 7 * 24 * 3600.0
 
@@ -64,8 +66,10 @@ class CloudOptions(BaseModel):
 
     cloud: ClassVar[Cloud]
     machine_option: ClassVar[str]
-    # The cloud's word for what opens SSH to the machines, for ``hint``.
+    # The cloud's word for what opens SSH to the machines, for ``hint``; the modules of its
+    # SDK, which ``check`` asks for (imported only when a pool uses the cloud).
     ssh_rule: ClassVar[str]
+    needs: ClassVar[tuple[str, ...]]
 
     spot: bool = False
     username: str = Field(default="skyward", pattern=r"^[a-z_][a-z0-9_-]*$")
@@ -221,7 +225,10 @@ class CloudOptions(BaseModel):
     # ── the sequence of a start ────────────────────────────────────────────────────────
 
     def check(self, request: ProvisionRequest) -> None:
-        """Called when the pool is built, before anything is touched."""
+        """Called when the pool is built, before anything is touched: the cloud's SDK and
+        paramiko are installed (a subclass checks its options after this)."""
+        for module in (*self.needs, "paramiko"):
+            check_extra(module, feature=f"sky.{type(self).__name__}")
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         """``check``, then the cloud's ``allocation`` built by ``build``; whatever it
@@ -240,7 +247,7 @@ class CloudOptions(BaseModel):
         offer, launched = capacity.launch_first(
             offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
         )
-        made.chose(offer)
+        made.chose(offer, launched)
         targets = self.started(made, offer, launched, reporter)
         made.reach(targets, reporter, hint=self.hint(self.ssh_rule), deadline=deadline)
 
@@ -257,9 +264,7 @@ class CloudOptions(BaseModel):
         order, and the region to announce (``None``: the first offer's place)."""
         raise NotImplementedError
 
-    def prepare(
-        self, made: Any, offers: Sequence[Offer], reporter: Reporter
-    ) -> Callable[[Offer], Any]:
+    def prepare(self, made: Any, offers: Sequence[Offer], reporter: Reporter) -> Launch:
         """What the pool needs before its machines (keys, network, image), recorded on
         ``made``; how one offer is launched (``CapacityError``: no room there)."""
         raise NotImplementedError

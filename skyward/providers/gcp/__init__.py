@@ -23,13 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field
 
 from skyward._errors import ProvisionError
-from skyward._extras import check
 from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.base import Inventory, ProvisionRequest
@@ -37,7 +36,7 @@ from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH
 from skyward.providers.cloud.capacity import Offer
 from skyward.providers.cloud.catalog import Cloud, Machine
-from skyward.providers.cloud.options import CloudOptions, prices
+from skyward.providers.cloud.options import CloudOptions, Launch, prices
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.allocation import GCPAllocation
 from skyward.providers.gcp.api import Api, credentials_and_project, not_served
@@ -79,6 +78,7 @@ class GCP(CloudOptions):
     cloud: ClassVar[Cloud] = "gcp"
     machine_option: ClassVar[str] = "machine_type"
     ssh_rule: ClassVar[str] = "the firewall rule"
+    needs: ClassVar[tuple[str, ...]] = ("google.cloud.compute_v1",)
 
     project: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9:.-]{4,62}$")
     zone: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")
@@ -117,8 +117,7 @@ class GCP(CloudOptions):
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""
-        check("google.cloud.compute_v1", feature="sky.GCP")
-        check("paramiko", feature="sky.GCP")
+        super().check(request)
         refuse_keyless(request.volumes, "GCP")
         self.refuse_above(request, self.machines_for(request), [self.where()[1]])
         credentials_and_project(self.project, self.credentials)
@@ -152,9 +151,7 @@ class GCP(CloudOptions):
         price = prices(lambda machine, zone: catalog.machine_price(machine, region))
         return capacity.plan(machines, zones, strategy=self.strategy(request), price=price), region
 
-    def prepare(
-        self, made: GCPAllocation, offers: Sequence[Offer], reporter: Reporter
-    ) -> Callable[[Offer], list[str]]:
+    def prepare(self, made: GCPAllocation, offers: Sequence[Offer], reporter: Reporter) -> Launch:
         request, api, deadline = made.request, made.api, made.launching
         first = offers[0]
         deadline.check("finding the image")
@@ -217,7 +214,6 @@ class GCP(CloudOptions):
     def started(
         self, made: GCPAllocation, offer: Offer, launched: list[str], reporter: Reporter
     ) -> list[HostTarget]:
-        made.instances = [(offer.zone, name) for name in launched]
         for rank, name in enumerate(launched):
             reporter.phase(rank, "provisioning", f"{name} ({offer.where})")
         return [made.target(d) for d in made.running(offer.zone, launched, made.launching)]
