@@ -43,7 +43,7 @@ from skyward.providers.aws.inventory import AWSInventory
 from skyward.providers.base import Inventory, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.allocation import TAG_ALLOCATION
-from skyward.providers.cloud.capacity import CapacityError, Offer, Strategy
+from skyward.providers.cloud.capacity import CapacityError, Offer
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import CloudOptions, Launch, prices
 from skyward.providers.ssh.hosts import HostTarget
@@ -174,13 +174,23 @@ class AWS(CloudOptions):
     # ── the steps ──────────────────────────────────────────────────────────────────────
 
     def offers(self, made: AWSAllocation, reporter: Reporter) -> tuple[list[Offer], str]:
+        """The types (an ``instance_type`` described by EC2), the zones with a subnet that
+        offer each, and their prices (spot ones asked of EC2 when spot is allowed)."""
         request, api, deadline = made.request, made.api, made.request.deadline
         deadline.check("checking the machine types")
         machines = self._described(api, request)
         deadline.check("finding the network")
         made.vpc, made.subnets = self._network(api)
         zones = self._zones(api, machines, made.subnets)
-        return self._offers(api, machines, zones, self.strategy(request)), api.region
+        strategy = self.strategy(request)
+        wanted = "spot" in capacity.markets(strategy)
+        spot = api.spot_prices([m.type for m in machines]) if wanted else {}
+        # Unknown spot price: on-demand is its ceiling (the default maximum price).
+        price = prices(
+            lambda machine, zone: catalog.price("aws", machine.type, api.region),
+            lambda machine, zone: spot.get((machine.type, zone)),
+        )
+        return capacity.plan(machines, zones, strategy=strategy, price=price), api.region
 
     def prepare(self, made: AWSAllocation, offers: Sequence[Offer], reporter: Reporter) -> Launch:
         request, api, deadline = made.request, made.api, made.request.deadline
@@ -325,24 +335,6 @@ class AWS(CloudOptions):
             f"{', '.join(m.type for m in machines)}; pass another subnet_id or region"
         )
         return capacity.offered(machines, list(subnets), refusal, nowhere=nowhere)[0]
-
-    def _offers(
-        self,
-        api: Api,
-        machines: Sequence[Machine],
-        zones: dict[str, list[str]],
-        strategy: Strategy,
-    ) -> list[Offer]:
-        spot: dict[tuple[str, str], float] = {}
-        if "spot" in capacity.markets(strategy):
-            spot = api.spot_prices([m.type for m in machines])
-
-        # Unknown spot price: on-demand is its ceiling (the default maximum price).
-        price = prices(
-            lambda machine, zone: catalog.price("aws", machine.type, api.region),
-            lambda machine, zone: spot.get((machine.type, zone)),
-        )
-        return capacity.plan(machines, zones, strategy=strategy, price=price)
 
     def _launch(self, api: Api, spec: ec2.LaunchSpec, count: int) -> list[str]:
         """One run_instances for every node (all or none); ``CapacityError`` when another

@@ -231,13 +231,46 @@ class Azure(CloudOptions):
     # ── before anything is made ────────────────────────────────────────────────────────
 
     def offers(self, made: AzureAllocation, reporter: Reporter) -> tuple[list[Offer], None]:
-        api, deadline = made.api, made.request.deadline
+        """Every (size, location, market) to try, in the strategy's order (``capacity.plan``;
+        Azure's locations play the part of zones). Sizes Azure does not offer or restricts
+        somewhere, and spot where a size has none, are left out, and said."""
+        request, api, deadline = made.request, made.api, made.request.deadline
         deadline.check("checking the Azure credential")
         api.sign_in()
         deadline.check("listing the VM sizes Azure offers")
-        made.skus = {location: self._skus(api, location) for location in self.locations}
-        machines = self._machines(made.request, made.skus)
-        return self._offers(made.request, machines, made.skus, reporter), None
+        skus = made.skus = {location: self._skus(api, location) for location in self.locations}
+        machines = self._machines(request, skus)
+
+        def refusal(machine: Machine, location: str) -> str | None:
+            sku = skus[location].get(machine.type.lower())
+            if sku is None:
+                return "not offered there"
+            if "restricted" in sku:
+                return f"restricted for this subscription ({sku['restricted']})"
+            return None
+
+        zones, left_out = capacity.offered(machines, self.locations, refusal)
+
+        # No spot price lookup: the cap is its ceiling, else the on-demand price (Azure's
+        # own default maximum for a spot VM).
+        price = prices(
+            lambda m, location: _list_price(m.type, location), lambda m, _: self.max_price
+        )
+        offers = []
+        for offer in capacity.plan(machines, zones, strategy=self.strategy(request), price=price):
+            sku = skus[offer.zone][offer.machine.type.lower()]
+            if offer.market == "spot" and sku.get("LowPriorityCapable") == "False":
+                left_out.append(f"{offer.machine.type} in {offer.zone}: no spot VMs of this size")
+                continue
+            offers.append(offer)
+        for line in left_out:
+            reporter.status(line)
+        if not offers:
+            raise ProvisionError(
+                f"no VM size of the pool can be had in {', '.join(self.locations)}: "
+                + "; ".join(left_out)
+            )
+        return offers, None
 
     def _skus(self, api: Api, location: str) -> dict[str, dict[str, str]]:
         """The VM sizes Azure offers this subscription in ``location``: lower-cased name ->
@@ -306,48 +339,6 @@ class Azure(CloudOptions):
             vcpus=int(float(found.get("vCPUs", "0"))),
             ram_gb=float(found.get("MemoryGB", "0")),
         )
-
-    def _offers(
-        self,
-        request: ProvisionRequest,
-        machines: Sequence[Machine],
-        skus: Mapping[str, Mapping[str, Mapping[str, str]]],
-        reporter: Reporter,
-    ) -> list[Offer]:
-        """Every (size, location, market) to try, in the strategy's order (``capacity.plan``;
-        Azure's locations play the part of zones). Sizes Azure does not offer or restricts
-        somewhere, and spot where a size has none, are left out, and said."""
-
-        def refusal(machine: Machine, location: str) -> str | None:
-            sku = skus[location].get(machine.type.lower())
-            if sku is None:
-                return "not offered there"
-            if "restricted" in sku:
-                return f"restricted for this subscription ({sku['restricted']})"
-            return None
-
-        zones, left_out = capacity.offered(machines, self.locations, refusal)
-
-        # No spot price lookup: the cap is its ceiling, else the on-demand price (Azure's
-        # own default maximum for a spot VM).
-        price = prices(
-            lambda m, location: _list_price(m.type, location), lambda m, _: self.max_price
-        )
-        offers = []
-        for offer in capacity.plan(machines, zones, strategy=self.strategy(request), price=price):
-            sku = skus[offer.zone][offer.machine.type.lower()]
-            if offer.market == "spot" and sku.get("LowPriorityCapable") == "False":
-                left_out.append(f"{offer.machine.type} in {offer.zone}: no spot VMs of this size")
-                continue
-            offers.append(offer)
-        for line in left_out:
-            reporter.status(line)
-        if not offers:
-            raise ProvisionError(
-                f"no VM size of the pool can be had in {', '.join(self.locations)}: "
-                + "; ".join(left_out)
-            )
-        return offers
 
     # ── the steps ──────────────────────────────────────────────────────────────────────
 
