@@ -339,6 +339,7 @@ def test_an_endpoint_with_only_the_basic_calls_fails_over_lists_and_cleans_up(
     for path in _BEYOND_THE_LIST:
         gce.fail_requests("GET", path, Fault(404, "notFound", "not served here"), times=None)
     gce.operation_self_links = False  # an operation's name and zone are enough
+    gce.instance_filters = False  # the pool's own instances are told apart all the same
     gce.operation_delay = 0.3  # several polls
     gce.fail_next_insert(ZONE, RESOURCE_POOL_EXHAUSTED, times=None)
     inventory = provider(gce).inventory()
@@ -348,6 +349,7 @@ def test_an_endpoint_with_only_the_basic_calls_fails_over_lists_and_cleans_up(
     def look() -> None:
         seen["held"] = gce.instances(PROJECT)
         seen["left"] = inventory.leftovers(pool=made.pool)
+        seen["not ours"] = inventory.leftovers(pool="someone else")
 
     made = request(accelerator=accelerator, deadline=Checkpoint("waiting for", reached=look))
     with pytest.raises(KeyboardInterrupt) as caught:
@@ -356,6 +358,7 @@ def test_an_endpoint_with_only_the_basic_calls_fails_over_lists_and_cleans_up(
     # the insert of an N1 with a T4 is accepted).
     assert {i["zone"].rsplit("/", 1)[-1] for i in seen["held"]} == {"us-central1-b"}
     assert sorted(x.kind for x in seen["left"]) == ["firewall rule"] * 2 + ["instance"] * 2
+    assert seen["not ours"] == []  # what `down --pool` would delete
     assert not getattr(caught.value, "__notes__", []), caught.value.__notes__  # nothing left
     assert nothing(held(gce, made.pool))
 

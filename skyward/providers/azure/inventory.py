@@ -64,6 +64,10 @@ class AzureInventory(CloudInventory[Api]):
         found: list[Leftover] = []
         for group in groups:
             tags = dict(group.tags or {})
+            # The filter again, here: what `skyward down` deletes must not rest on an
+            # endpoint evaluating it (one that ignores it would hand over every group).
+            if TAG_POOL not in tags or (pool is not None and tags[TAG_POOL] != pool):
+                continue
             state = str(getattr(group.properties, "provisioning_state", "") or "exists")
             found.append(
                 self.leftover(
