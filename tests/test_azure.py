@@ -614,7 +614,9 @@ def test_ls_and_down_find_a_pools_resource_group_by_tag(
 
 
 
-def test_an_endpoint_without_the_vm_list_or_filters_lists_the_pools_group_only(fake: AzureFake) -> None:
+def test_an_endpoint_without_the_vm_list_or_filters_lists_the_pools_group_only(
+    fake: AzureFake,
+) -> None:
     clients = sdk_clients(fake)
     try:
         tags = {"skyward-pool": "orphan", "skyward-owner": "me@here"}
