@@ -606,6 +606,32 @@ def test_the_inventory_finds_instances_in_every_zone_and_rules_by_their_descript
     assert seen["all"] == seen["pool"]
 
 
+
+def test_lists_whose_filter_the_endpoint_refuses_are_read_whole_and_checked_here(
+    gce: GCPFake,
+) -> None:
+    refused = Fault(400, "invalid", "Invalid list filter expression.")
+    seen: dict[str, Any] = {}
+    inventory = provider(gce).inventory()
+    assert inventory is not None
+
+    def look() -> None:
+        gce.fail_requests("GET", "projects/*/aggregated/instances", refused)
+        gce.fail_requests("GET", "projects/*/global/firewalls", refused)
+        seen["pool"] = inventory.leftovers(pool=made.pool)
+        gce.fail_requests("GET", "projects/*/aggregated/instances", refused)
+        gce.fail_requests("GET", "projects/*/global/firewalls", refused)
+        seen["other"] = inventory.leftovers(pool="someone else")
+
+    gce.fail_requests("GET", "projects/*/zones/*/machineTypes", refused)
+    made = request(deadline=Checkpoint("waiting for", reached=look))
+    with pytest.raises(KeyboardInterrupt):
+        provider(gce).provision(made, SilentReporter())
+    assert sorted(x.kind for x in seen["pool"]) == ["firewall rule"] * 2 + ["instance"] * 2
+    assert seen["other"] == []
+    refusals = [r for r in gce.requests("GET") if "filter" in r.query]
+    assert len(refusals) >= 5  # each list was asked with its filter first
+
 # ── a client ended by a signal (a job scheduler's cancel, a closed terminal) ───────────
 
 _CLIENT = """

@@ -295,8 +295,8 @@ def live(
     try:
         found = [
             (scope.rsplit("/", 1)[-1], instance)
-            for scope, scoped in api.call(
-                api.instances.aggregated_list, "listing instances", request=request
+            for scope, scoped in api.listed(
+                api.instances.aggregated_list, "listing instances", request
             )
             for instance in scoped.instances
         ]
@@ -306,8 +306,8 @@ def live(
         found = [
             (zone, instance)
             for zone in zones()
-            for instance in api.call(
-                api.instances.list, f"listing instances in {zone}", request=request | {"zone": zone}
+            for instance in api.listed(
+                api.instances.list, f"listing instances in {zone}", request | {"zone": zone}
             )
         ]
     # The filter again, here: what `skyward down` deletes must not rest on an endpoint
