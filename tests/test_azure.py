@@ -635,6 +635,9 @@ def test_an_endpoint_without_the_vm_list_or_filters_lists_the_pools_group_only(
     found = inventory.leftovers(pool="orphan")
     assert [(x.kind, x.id) for x in found] == [("resource group", "skyward-orphan-abc")]
     assert inventory.leftovers(pool="another") == []  # what `down --pool` would delete
+    fake.fail_requests(400, "InvalidFilterInQueryString", method="GET", path="/resourcegroups")
+    found = inventory.leftovers(pool="orphan")  # asked again without the filter it refused
+    assert [(x.kind, x.id) for x in found] == [("resource group", "skyward-orphan-abc")]
 
 def test_custom_data_round_trips_as_base64(fake: AzureFake) -> None:
     site = arm.Site(location=LOCATION, subnet_id="/x", subnet_prefix="10.0.0.0/24")
