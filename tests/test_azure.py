@@ -614,19 +614,29 @@ def test_ls_and_down_find_a_pools_resource_group_by_tag(
 
 
 
-def test_an_endpoint_without_the_vm_list_still_lists_the_pools_group(fake: AzureFake) -> None:
+def test_an_endpoint_without_the_vm_list_or_filters_lists_the_pools_group_only(
+    fake: AzureFake,
+) -> None:
     clients = sdk_clients(fake)
     try:
         tags = {"skyward-pool": "orphan", "skyward-owner": "me@here"}
         clients.resource.resource_groups.create_or_update(
             "skyward-orphan-abc", {"location": LOCATION, "tags": tags}
         )
+        clients.resource.resource_groups.create_or_update(
+            "someone-elses", {"location": LOCATION, "tags": {"team": "x"}}
+        )
     finally:
         clients.close()
     fake.fail_requests(404, "NotFound", method="GET", path="/virtualMachines", times=None)
+    fake.group_filters = False  # and ignores the tag filter: the tags are read here too
     inventory = provider(fake).inventory()
     assert inventory is not None
     found = inventory.leftovers(pool="orphan")
+    assert [(x.kind, x.id) for x in found] == [("resource group", "skyward-orphan-abc")]
+    assert inventory.leftovers(pool="another") == []  # what `down --pool` would delete
+    fake.fail_requests(400, "InvalidFilterInQueryString", method="GET", path="/resourcegroups")
+    found = inventory.leftovers(pool="orphan")  # asked again without the filter it refused
     assert [(x.kind, x.id) for x in found] == [("resource group", "skyward-orphan-abc")]
 
 def test_custom_data_round_trips_as_base64(fake: AzureFake) -> None:

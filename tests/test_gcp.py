@@ -339,6 +339,7 @@ def test_an_endpoint_with_only_the_basic_calls_fails_over_lists_and_cleans_up(
     for path in _BEYOND_THE_LIST:
         gce.fail_requests("GET", path, Fault(404, "notFound", "not served here"), times=None)
     gce.operation_self_links = False  # an operation's name and zone are enough
+    gce.instance_filters = False  # the pool's own instances are told apart all the same
     gce.operation_delay = 0.3  # several polls
     gce.fail_next_insert(ZONE, RESOURCE_POOL_EXHAUSTED, times=None)
     inventory = provider(gce).inventory()
@@ -348,6 +349,7 @@ def test_an_endpoint_with_only_the_basic_calls_fails_over_lists_and_cleans_up(
     def look() -> None:
         seen["held"] = gce.instances(PROJECT)
         seen["left"] = inventory.leftovers(pool=made.pool)
+        seen["not ours"] = inventory.leftovers(pool="someone else")
 
     made = request(accelerator=accelerator, deadline=Checkpoint("waiting for", reached=look))
     with pytest.raises(KeyboardInterrupt) as caught:
@@ -356,6 +358,7 @@ def test_an_endpoint_with_only_the_basic_calls_fails_over_lists_and_cleans_up(
     # the insert of an N1 with a T4 is accepted).
     assert {i["zone"].rsplit("/", 1)[-1] for i in seen["held"]} == {"us-central1-b"}
     assert sorted(x.kind for x in seen["left"]) == ["firewall rule"] * 2 + ["instance"] * 2
+    assert seen["not ours"] == []  # what `down --pool` would delete
     assert not getattr(caught.value, "__notes__", []), caught.value.__notes__  # nothing left
     assert nothing(held(gce, made.pool))
 
@@ -602,6 +605,32 @@ def test_the_inventory_finds_instances_in_every_zone_and_rules_by_their_descript
     assert all(x.created is not None and x.owner for x in seen["pool"])
     assert seen["all"] == seen["pool"]
 
+
+
+def test_lists_whose_filter_the_endpoint_refuses_are_read_whole_and_checked_here(
+    gce: GCPFake,
+) -> None:
+    refused = Fault(400, "invalid", "Invalid list filter expression.")
+    seen: dict[str, Any] = {}
+    inventory = provider(gce).inventory()
+    assert inventory is not None
+
+    def look() -> None:
+        gce.fail_requests("GET", "projects/*/aggregated/instances", refused)
+        gce.fail_requests("GET", "projects/*/global/firewalls", refused)
+        seen["pool"] = inventory.leftovers(pool=made.pool)
+        gce.fail_requests("GET", "projects/*/aggregated/instances", refused)
+        gce.fail_requests("GET", "projects/*/global/firewalls", refused)
+        seen["other"] = inventory.leftovers(pool="someone else")
+
+    gce.fail_requests("GET", "projects/*/zones/*/machineTypes", refused)
+    made = request(deadline=Checkpoint("waiting for", reached=look))
+    with pytest.raises(KeyboardInterrupt):
+        provider(gce).provision(made, SilentReporter())
+    assert sorted(x.kind for x in seen["pool"]) == ["firewall rule"] * 2 + ["instance"] * 2
+    assert seen["other"] == []
+    refusals = [r for r in gce.requests("GET") if "filter" in r.query]
+    assert len(refusals) >= 5  # each list was asked with its filter first
 
 # ── a client ended by a signal (a job scheduler's cancel, a closed terminal) ───────────
 

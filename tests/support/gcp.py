@@ -511,6 +511,8 @@ class GCPFake:
         self.address_plan: AddressPlan | None = None
         # False: operations come without selfLink (GCE sends one; a stand-in may not).
         self.operation_self_links = True
+        # False: instance lists ignore their filter (a stand-in that does not evaluate it).
+        self.instance_filters = True
         self._regions = {region: tuple(zones) for region, zones in regions.items()}
         self._zone_region = {z: r for r, zones in self._regions.items() for z in zones}
         self._machine_types = {m.name: m for m in machine_types}
@@ -594,6 +596,7 @@ class GCPFake:
             self.wait_limit = self.default_wait_limit
             self.address_plan = None
             self.operation_self_links = True
+            self.instance_filters = True
             self._changed.notify_all()
 
     # ── what tests control ──
@@ -1117,10 +1120,15 @@ class GCPFake:
     def _get_instance(self, call: _Call, project: str, zone: str, instance: str) -> Json:
         return copy.deepcopy(self._instance(project, zone, instance))
 
+    def _instance_query(self, call: _Call) -> Mapping[str, str]:
+        if self.instance_filters:
+            return call.query
+        return {k: v for k, v in call.query.items() if k != "filter"}
+
     def _list_instances(self, call: _Call, project: str, zone: str) -> Json:
         self._zone(zone)
         found = [i for (p, z, _), i in self._instances.items() if (p, z) == (project, zone)]
-        page, token = _page(found, call.query)
+        page, token = _page(found, self._instance_query(call))
         return _list_body(
             "compute#instanceList", f"projects/{project}/zones/{zone}/instances", page, token
         )
@@ -1128,7 +1136,7 @@ class GCPFake:
     def _aggregated_instances(self, call: _Call, project: str) -> Json:
         found = [i for (p, _, _), i in self._instances.items() if p == project]
         found.sort(key=lambda i: (i["zone"], i["name"]))
-        page, token = _page(found, call.query, order=False)
+        page, token = _page(found, self._instance_query(call), order=False)
         items: Json = {}
         for zone in sorted(self._zone_region):
             scope = f"zones/{zone}"

@@ -176,7 +176,9 @@ class AWSInventory:
             found.append(
                 _leftover(api, "placement group", group["GroupName"], group.get("Tags", []))
             )
-        return found
+        # The filter again, here: what `skyward down` deletes does not rest on the endpoint
+        # evaluating it (as the GCP and Azure inventories do).
+        return [x for x in found if x.pool and (pool is None or x.pool == pool)]
 
     def delete(self, leftovers: Sequence[Leftover], reporter: Reporter) -> None:
         mine = [x for x in leftovers if x.provider == "aws"]

@@ -17,7 +17,7 @@ from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import power_state
-from skyward.providers.azure.api import Api, not_served
+from skyward.providers.azure.api import Api, failure_code, not_served
 from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.inventory import CloudInventory
@@ -57,13 +57,22 @@ class AzureInventory(CloudInventory[Api]):
         wanted = f"tagName eq '{TAG_POOL}'"
         if pool is not None:
             wanted += f" and tagValue eq '{pool.replace(chr(39), chr(39) * 2)}'"
-        groups = api.call(
-            lambda: list(api.resource.resource_groups.list(filter=wanted)),
-            f"listing resource groups in subscription {self.subscription}",
-        )
+        doing = f"listing resource groups in subscription {self.subscription}"
+        try:
+            groups = api.call(lambda: list(api.resource.resource_groups.list(filter=wanted)), doing)
+        except ProvisionError as exc:
+            if failure_code(exc) != "InvalidFilterInQueryString":
+                raise
+            # An endpoint that refuses the tag filter (ARM takes it): every group, whose
+            # tags are checked below in any case.
+            groups = api.call(lambda: list(api.resource.resource_groups.list()), doing)
         found: list[Leftover] = []
         for group in groups:
             tags = dict(group.tags or {})
+            # The filter again, here: what `skyward down` deletes must not rest on an
+            # endpoint evaluating it (one that ignores it would hand over every group).
+            if TAG_POOL not in tags or (pool is not None and tags[TAG_POOL] != pool):
+                continue
             state = str(getattr(group.properties, "provisioning_state", "") or "exists")
             found.append(
                 self.leftover(

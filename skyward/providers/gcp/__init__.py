@@ -234,7 +234,7 @@ class GCP(CloudOptions):
             doing = f"reading the machine types of {zone}"
             where = {"project": api.project, "zone": zone}
             request = {**where, "filter": wanted}
-            listed = list(api.call(api.machine_types.list, doing, request=request))
+            listed = list(api.listed(api.machine_types.list, doing, request))
             found[zone] = {t.name for t in listed}
             if attached:
                 try:

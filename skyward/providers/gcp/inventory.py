@@ -49,13 +49,13 @@ class GCPInventory(CloudInventory[Api]):
                     "instance", instance.name, tags, region=zone, state=state, hourly=price
                 )
             )
-        rules = api.call(
+        rules = api.listed(
             api.firewalls.list,
             "listing firewall rules",
-            request={"project": api.project, "filter": 'name eq "skyward-.*"'},
+            {"project": api.project, "filter": 'name eq "skyward-.*"'},
         )
         for rule in rules:
-            carried = gce.tags_of_rule(rule)
+            carried = gce.tags_of_rule(rule) if rule.name.startswith("skyward-") else None
             if carried is None or (pool is not None and carried.get(TAG_POOL) != pool):
                 continue
             found.append(self.leftover("firewall rule", rule.name, carried, region="global"))

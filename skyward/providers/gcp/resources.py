@@ -293,21 +293,31 @@ def live(
     aggregated list (an emulator, a private endpoint)."""
     request = {"project": api.project, "filter": pool_filter(pool)}
     try:
-        found = api.call(api.instances.aggregated_list, "listing instances", request=request)
+        found = [
+            (scope.rsplit("/", 1)[-1], instance)
+            for scope, scoped in api.listed(
+                api.instances.aggregated_list, "listing instances", request
+            )
+            for instance in scoped.instances
+        ]
     except ProvisionError as exc:
         if zones is None or not not_served(exc):
             raise
-        return [
+        found = [
             (zone, instance)
             for zone in zones()
-            for instance in api.call(
-                api.instances.list, f"listing instances in {zone}", request=request | {"zone": zone}
+            for instance in api.listed(
+                api.instances.list, f"listing instances in {zone}", request | {"zone": zone}
             )
         ]
+    # The filter again, here: what `skyward down` deletes must not rest on an endpoint
+    # evaluating it (an emulator that ignores it would hand over everyone's instances).
+    wanted = None if pool is None else label_value(pool)
     return [
-        (scope.rsplit("/", 1)[-1], instance)
-        for scope, scoped in found
-        for instance in scoped.instances
+        (zone, instance)
+        for zone, instance in found
+        if TAG_POOL in instance.labels
+        and (wanted is None or instance.labels[TAG_POOL] == wanted)
     ]
 
 
