@@ -581,9 +581,9 @@ def _skyward(
     )
 
 
-def test_ls_and_down_find_a_pools_resource_group_by_tag(
-    fake: AzureFake, moto: MotoServer, tmp_path: Path
-) -> None:
+def _orphan_and_another_group(fake: AzureFake) -> None:
+    """A pool's resource group a vanished client left (``skyward-orphan-abc``), and a group
+    that is not Skyward's (``someone-elses``)."""
     clients = sdk_clients(fake)
     try:
         tags = {
@@ -599,6 +599,11 @@ def test_ls_and_down_find_a_pools_resource_group_by_tag(
         )
     finally:
         clients.close()
+
+def test_ls_and_down_find_a_pools_resource_group_by_tag(
+    fake: AzureFake, moto: MotoServer, tmp_path: Path
+) -> None:
+    _orphan_and_another_group(fake)
     listed = _skyward(fake, moto, tmp_path, "ls")
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert "skyward-orphan-abc" in listed.stdout and "someone-elses" not in listed.stdout
@@ -617,17 +622,7 @@ def test_ls_and_down_find_a_pools_resource_group_by_tag(
 def test_an_endpoint_without_the_vm_list_or_filters_lists_the_pools_group_only(
     fake: AzureFake,
 ) -> None:
-    clients = sdk_clients(fake)
-    try:
-        tags = {"skyward-pool": "orphan", "skyward-owner": "me@here"}
-        clients.resource.resource_groups.create_or_update(
-            "skyward-orphan-abc", {"location": LOCATION, "tags": tags}
-        )
-        clients.resource.resource_groups.create_or_update(
-            "someone-elses", {"location": LOCATION, "tags": {"team": "x"}}
-        )
-    finally:
-        clients.close()
+    _orphan_and_another_group(fake)
     fake.fail_requests(404, "NotFound", method="GET", path="/virtualMachines", times=None)
     fake.group_filters = False  # and ignores the tag filter: the tags are read here too
     inventory = provider(fake).inventory()
