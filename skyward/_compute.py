@@ -242,12 +242,32 @@ def _not_a_value(operator: str) -> Callable[..., Any]:
 # Everything a value would support that a PendingCall does not; `>`, `>>`, `@` and `&` are
 # the operators that send it.
 for _dunder, _operator in {
-    "__add__": "+", "__radd__": "+", "__sub__": "-", "__rsub__": "-", "__mul__": "*",
-    "__rmul__": "*", "__truediv__": "/", "__rtruediv__": "/", "__floordiv__": "//",
-    "__rfloordiv__": "//", "__mod__": "%", "__rmod__": "%", "__pow__": "**", "__rpow__": "**",
-    "__neg__": "-", "__pos__": "+", "__abs__": "abs()", "__lt__": "<", "__le__": "<=",
-    "__ge__": ">=", "__iter__": "iteration", "__getitem__": "[...]", "__float__": "float()",
-    "__int__": "int()", "__index__": "an index", "__round__": "round()",
+    "__add__": "+",
+    "__radd__": "+",
+    "__sub__": "-",
+    "__rsub__": "-",
+    "__mul__": "*",
+    "__rmul__": "*",
+    "__truediv__": "/",
+    "__rtruediv__": "/",
+    "__floordiv__": "//",
+    "__rfloordiv__": "//",
+    "__mod__": "%",
+    "__rmod__": "%",
+    "__pow__": "**",
+    "__rpow__": "**",
+    "__neg__": "-",
+    "__pos__": "+",
+    "__abs__": "abs()",
+    "__lt__": "<",
+    "__le__": "<=",
+    "__ge__": ">=",
+    "__iter__": "iteration",
+    "__getitem__": "[...]",
+    "__float__": "float()",
+    "__int__": "int()",
+    "__index__": "an index",
+    "__round__": "round()",
 }.items():
     setattr(PendingCall, _dunder, _not_a_value(_operator))
 

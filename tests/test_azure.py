@@ -289,7 +289,6 @@ def test_without_self_delete_there_is_no_identity_and_the_watchdog_powers_off(
     assert RELEASE_PATH not in {f["path"] for f in document["write_files"]}
 
 
-
 @pytest.mark.parametrize("kind", ["Microsoft.ManagedIdentity", _ROLE])
 def test_an_endpoint_that_serves_no_identities_starts_the_pool_and_says_what_that_costs(
     fake: AzureFake, kind: str
@@ -317,6 +316,7 @@ def test_an_endpoint_without_the_sku_list_uses_the_catalogs_sizes(fake: AzureFak
     assert [vm["properties"]["hardwareProfile"]["vmSize"] for vm in seen["vms"]] == [
         "Standard_ND96asr_v4"
     ] * 2
+
 
 def test_custom_data_is_cloud_config_that_cloud_inits_schema_accepts(fake: AzureFake) -> None:
     seen, _ = _stopped_while_connecting(fake, provider(fake))
@@ -600,6 +600,7 @@ def _orphan_and_another_group(fake: AzureFake) -> None:
     finally:
         clients.close()
 
+
 def test_ls_and_down_find_a_pools_resource_group_by_tag(
     fake: AzureFake, moto: MotoServer, tmp_path: Path
 ) -> None:
@@ -618,7 +619,6 @@ def test_ls_and_down_find_a_pools_resource_group_by_tag(
     assert "Nothing left" in _skyward(fake, moto, tmp_path, "ls").stdout
 
 
-
 def test_an_endpoint_without_the_vm_list_or_filters_lists_the_pools_group_only(
     fake: AzureFake,
 ) -> None:
@@ -633,6 +633,7 @@ def test_an_endpoint_without_the_vm_list_or_filters_lists_the_pools_group_only(
     fake.fail_requests(400, "InvalidFilterInQueryString", method="GET", path="/resourcegroups")
     found = inventory.leftovers(pool="orphan")  # asked again without the filter it refused
     assert [(x.kind, x.id) for x in found] == [("resource group", "skyward-orphan-abc")]
+
 
 def test_custom_data_round_trips_as_base64(fake: AzureFake) -> None:
     site = arm.Site(location=LOCATION, subnet_id="/x", subnet_prefix="10.0.0.0/24")

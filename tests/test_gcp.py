@@ -319,7 +319,6 @@ def test_an_exhausted_zone_moves_the_pool_to_the_next_zone_and_leaves_nothing_th
     assert nothing(held(gce, made.pool))
 
 
-
 # What a Compute Engine stand-in must serve is the list (instances, firewalls,
 # operations get/wait, machine types, images): none of these calls beyond it.
 _BEYOND_THE_LIST = [
@@ -361,6 +360,7 @@ def test_an_endpoint_with_only_the_basic_calls_fails_over_lists_and_cleans_up(
     assert seen["not ours"] == []  # what `down --pool` would delete
     assert not getattr(caught.value, "__notes__", []), caught.value.__notes__  # nothing left
     assert nothing(held(gce, made.pool))
+
 
 def test_when_every_zone_is_exhausted_the_error_names_each_one_tried(gce: GCPFake) -> None:
     for zone in ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"):
@@ -606,7 +606,6 @@ def test_the_inventory_finds_instances_in_every_zone_and_rules_by_their_descript
     assert seen["all"] == seen["pool"]
 
 
-
 def test_lists_whose_filter_the_endpoint_refuses_are_read_whole_and_checked_here(
     gce: GCPFake,
 ) -> None:
@@ -631,6 +630,7 @@ def test_lists_whose_filter_the_endpoint_refuses_are_read_whole_and_checked_here
     assert seen["other"] == []
     refusals = [r for r in gce.requests("GET") if "filter" in r.query]
     assert len(refusals) >= 5  # each list was asked with its filter first
+
 
 # ── a client ended by a signal (a job scheduler's cancel, a closed terminal) ───────────
 

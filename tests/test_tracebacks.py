@@ -94,7 +94,6 @@ def test_helpers_and_nested_functions_show_their_lines(pool: sky.ComputePool) ->
     assert "helper got 8" in traceback
 
 
-
 @sky.compute
 def apply(fn: Any, value: int) -> Any:
     return fn(value)
@@ -110,6 +109,7 @@ def test_a_function_passed_as_an_argument_shows_its_lines(pool: sky.ComputePool)
     assert frame(traceback, HERE, line_of(check, text), "check", text), traceback
     assert frame(traceback, HERE, line_of(apply, "return fn(value)"), "apply", "return fn(value)")
     assert sources.DYNAMIC not in traceback
+
 
 CELL = "<ipython-input-7-1f2e3d4c5b6a>"
 CELL_SOURCE = """\

@@ -316,8 +316,7 @@ def live(
     return [
         (zone, instance)
         for zone, instance in found
-        if TAG_POOL in instance.labels
-        and (wanted is None or instance.labels[TAG_POOL] == wanted)
+        if TAG_POOL in instance.labels and (wanted is None or instance.labels[TAG_POOL] == wanted)
     ]
 
 
