@@ -101,7 +101,7 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
                 with self._guard:  # on the wire no more: release may delete it by name
                     self._inflight -= 1
                     self._guard.notify_all()
-            self.finish(started, f"creating instance {name} in {place}", deadline)
+            self.finish(started, f"creating {self.noun} {name} in {place}", deadline)
 
         # A Ctrl-C while waiting leaves the creates to release(), which waits for them.
         errors = [e for f in settle(create, names) if (e := f.exception()) is not None]
@@ -118,7 +118,7 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
 
     def running(self, place: str, names: Sequence[str], deadline: Deadline) -> list[Any]:
         """Each machine's description once it runs, in ``names``' order."""
-        doing = f"waiting for {len(names)} instance(s) to run"
+        doing = f"waiting for {len(names)} {self.noun}(s) to run"
         while True:
             deadline.check(doing)
             found = []
@@ -126,10 +126,10 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
                 got = self.status(place, name)
                 if got is None:
                     why = self.why_ended(place, name, None)
-                    raise ProvisionError(f"{doing}: instance {name} is gone: {why}")
+                    raise ProvisionError(f"{doing}: {self.noun} {name} is gone: {why}")
                 if got[0] in self.ended:
                     why = self.why_ended(place, name, got[1])
-                    raise ProvisionError(f"{doing}: instance {name} is {got[0]}: {why}")
+                    raise ProvisionError(f"{doing}: {self.noun} {name} is {got[0]}: {why}")
                 found.append(got)
             if all(status == self.running_status for status, _ in found):
                 return [described for _, described in found]

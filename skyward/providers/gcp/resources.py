@@ -268,10 +268,10 @@ def ended(api: Api, zone: str, name: str) -> str:
                 "delete",
             )
         )
-        operations = api.call(
+        operations = api.listed(
             api.zone_operations.list,
             "reading operations",
-            request={"project": api.project, "zone": zone, "filter": wanted},
+            {"project": api.project, "zone": zone, "filter": wanted},
         )
     except ProvisionError:
         return "no reason given (the operations could not be read)"
