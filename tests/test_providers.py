@@ -428,7 +428,9 @@ class _SlowReleaseProvider:
         return None
 
 
-def test_one_ctrl_c_during_teardown_does_not_stop_the_deletion() -> None:
+def _closing_with_ctrl_c(times: int) -> tuple[sky.ComputePool, Any]:
+    """A started pool whose provider's deletion is slow, and a thread that presses Ctrl-C
+    ``times`` times, 0.3 s apart, once the close is waiting for that deletion."""
     import signal
 
     provider = _SlowReleaseProvider()
@@ -438,10 +440,16 @@ def test_one_ctrl_c_during_teardown_does_not_stop_the_deletion() -> None:
 
     def interrupt() -> None:
         allocation.releasing.wait(30)
-        time.sleep(0.3)  # while the close waits for the deletion
-        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+        for _ in range(times):
+            time.sleep(0.3)  # while the close waits for the deletion
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
+    return pool, allocation
+
+
+def test_one_ctrl_c_during_teardown_does_not_stop_the_deletion() -> None:
+    pool, allocation = _closing_with_ctrl_c(1)
     # The Ctrl-C lands while release() runs: close goes on to the end, then raises it.
     with pytest.raises(KeyboardInterrupt):
         pool.close()
@@ -452,20 +460,7 @@ def test_one_ctrl_c_during_teardown_does_not_stop_the_deletion() -> None:
 def test_a_second_ctrl_c_during_teardown_leaves_at_once_and_the_deletion_goes_on() -> None:
     # The way out a user is offered ("Ctrl-C again to leave now"): the close's own hold
     # must not swallow it.
-    import signal
-
-    provider = _SlowReleaseProvider()
-    pool = sky.ComputePool(provider=provider, quiet=True).start()
-    assert provider.allocation is not None
-    allocation = provider.allocation
-
-    def interrupt_twice() -> None:
-        allocation.releasing.wait(30)
-        for _ in range(2):
-            time.sleep(0.3)
-            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
-
-    threading.Thread(target=interrupt_twice, daemon=True).start()
+    pool, allocation = _closing_with_ctrl_c(2)
     with pytest.raises(KeyboardInterrupt):
         pool.close()
     assert not allocation.released  # left before the 1.5 s deletion ended
