@@ -185,8 +185,12 @@ class PendingCall(Generic[R]):
         The payload is ``(function, args, kwargs)`` with the function pickled on its own, so
         ``map`` can pickle it once (``function=``) for any number of calls.
         """
-        if function is None:
-            function = self.serialize_function()
+        try:
+            if function is None:
+                # Made once and reused while it would come out the same (link.pickling).
+                function = dumps_function(self.fn)
+        except Exception as exc:
+            raise self._unpicklable(exc) from exc
         try:
             return proto.dumps_call(function, self.args, self.kwargs)
         except Exception as exc:
@@ -200,10 +204,13 @@ class PendingCall(Generic[R]):
             # Made once and reused while it would come out the same (see skyward.link.pickling).
             return dumps_function(self.fn)
         except Exception as exc:
-            raise SerializationError(
-                f"the function {self.name} cannot be pickled ({type(exc).__name__}: {exc}). "
-                f"Objects it refers to from outside travel with it: create them inside it."
-            ) from exc
+            raise self._unpicklable(exc) from exc
+
+    def _unpicklable(self, exc: Exception) -> SerializationError:
+        return SerializationError(
+            f"the function {self.name} cannot be pickled ({type(exc).__name__}: {exc}). "
+            f"Objects it refers to from outside travel with it: create them inside it."
+        )
 
     def _culprit(self) -> str:
         names = _parameter_names(self.fn, len(self.args))

@@ -10,6 +10,8 @@ whole, and the only place a ``KeyboardInterrupt`` can land is the wait itself.
 
 from __future__ import annotations
 
+import _thread
+import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +35,7 @@ _POLL = 0.05
 # A future's states once it is settled (``concurrent.futures._base``'s names).
 _SETTLED = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED", "FINISHED"))
 _sleepers_lock = threading.Lock()  # guards: every CallFuture's _sleepers
+_RLock = _thread.RLock  # what threading.RLock() makes, without the factory's frame
 
 
 class _Delivering(threading.local):
@@ -48,6 +51,22 @@ class ReadableLink(Protocol):
     """A link a caller may read while it waits for its call there (``Channel``)."""
 
     def wait_for(self, future: Future[Any], timeout: float | None) -> float | None: ...
+
+
+class _Condition(threading.Condition):
+    """``threading.Condition()``, the same fields over a new ``RLock``, set without the
+    probing of ``Condition.__init__`` (three ``try`` blocks and the ``RLock`` factory):
+    every call makes one, in its future."""
+
+    def __init__(self) -> None:
+        lock = _RLock()
+        self._lock = lock
+        self.acquire = lock.acquire
+        self.release = lock.release
+        self._release_save = lock._release_save
+        self._acquire_restore = lock._acquire_restore
+        self._is_owned = lock._is_owned
+        self._waiters = collections.deque()
 
 
 class CallFuture(Future[T]):
@@ -72,12 +91,22 @@ class CallFuture(Future[T]):
     link: ReadableLink | None = None
     _sleepers: list[Any] | None = None  # locks of waiters, released when settled
 
+    def __init__(self) -> None:
+        # Future.__init__'s fields, set here: one frame less on every call's path.
+        self._condition = _Condition()
+        self._state = "PENDING"
+        self._result = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Callable[[Future[T]], object]] = []
+
     # ── waiting ──────────────────────────────────────────────────────────────────────────
 
     def result(self, timeout: float | None = None) -> T:
         if self._state == "FINISHED" and self._exception is None:
             return self._result  # type: ignore[return-value]  # settled: no lock needed
-        _refuse_reentrant_wait(self)
+        if delivering.active:
+            _refuse_reentrant_wait(self)
         with hold_interrupts:
             self._wait(timeout)
             if self._state == "FINISHED" and self._exception is None:
@@ -156,14 +185,23 @@ class CallFuture(Future[T]):
                 if self._sleepers:
                     self._wake()
 
+    def set_running_or_notify_cancel(self) -> bool:
+        # The usual answer under the condition's own lock (a C-level ``with``; the
+        # condition's ``__enter__`` is Python code); anything else takes ``Future``'s steps.
+        with self._condition._lock:  # type: ignore[attr-defined]
+            if self._state == "PENDING":
+                self._state = "RUNNING"
+                return True
+        return super().set_running_or_notify_cancel()
+
     def _settle(self, result: Any, exception: BaseException | None) -> None:
         """``Future.set_result`` / ``set_exception``, the same steps under the same lock,
         except that the condition is notified only when a thread waits on it: nobody does
         but ``Future``'s own waits, which ``result`` and ``exception`` do not use (they sleep
         on a lock of their own, ``_sleepers``), and notifying nobody costs a deque and an
-        islice on every call."""
+        islice on every call. The lock is the condition's, taken directly."""
         condition = self._condition
-        with condition:
+        with condition._lock:  # type: ignore[attr-defined]
             if self._state in _SETTLED:
                 raise InvalidStateError(f"{self._state}: {self!r}")
             if exception is None:
@@ -178,7 +216,8 @@ class CallFuture(Future[T]):
                     waiter.add_exception(self)
             if condition._waiters:  # type: ignore[attr-defined]
                 condition.notify_all()
-        self._invoke_callbacks()  # type: ignore[attr-defined]
+        if self._done_callbacks:  # mostly none: a call waited for with ``>>``
+            self._invoke_callbacks()  # type: ignore[attr-defined]
 
     def cancel(self) -> bool:
         with hold_interrupts:
@@ -256,6 +295,22 @@ def resolve(future: Future[Any], value: Any) -> None:
                 future.set_result(value)
     except InvalidStateError:
         pass  # already failed by a timeout or a close
+
+
+def deliver(future: Future[Any], value: Any) -> None:
+    """``resolve``, by the thread that delivers results (a channel's reader thread, or a
+    caller reading its own result inside ``CallFuture.result``'s hold): a Ctrl-C cannot
+    land here (off the main thread), or is held already, so a ``CallFuture`` is settled
+    without holding again."""
+    if type(future) is not CallFuture:
+        resolve(future, value)
+        return
+    try:
+        future._settle(value, None)
+    except InvalidStateError:
+        return  # already failed by a timeout or a close, which woke its waiters
+    if future._sleepers:
+        future._wake()
 
 
 def fail(future: Future[Any], error: BaseException) -> bool:

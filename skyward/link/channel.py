@@ -284,25 +284,25 @@ class Channel:
         ``done`` will not be called, so the caller can send it elsewhere. With ``relay``,
         the call is part of a relayed broadcast; ``payload`` is not sent if ``inbound``.
         ``waited``: the caller will wait for it with ``wait_for`` (the reader may sleep on).
-        A Ctrl-C waits until the call is both registered and sent.
+        Its caller holds interrupts (the scheduler, whose books change with it, does), so
+        a Ctrl-C waits until the call is both registered and sent.
         """
-        with hold_interrupts:
-            with self._lock:
-                if self.broken:
-                    return False
-                call_id = next(self._ids)
-                self._pending[call_id] = (name, done)
-            if streams is not None:
-                parts = proto.frame(streams.call(self, call_id), payload)
-            elif relay is None:
-                parts = proto.frame_call(call_id, name, payload)  # the usual call
-            else:
-                payload = [] if relay.inbound else payload
-                parts = proto.frame(proto.Call(call_id, name, relay=relay), payload)
-            if self._turns is not None and not waited:
-                self._turns.want_reader()  # nobody reads for it: the reader must
-            self._send_parts(parts)
-            return True
+        with self._lock:
+            if self.broken:
+                return False
+            call_id = next(self._ids)
+            self._pending[call_id] = (name, done)
+        if streams is not None:
+            parts = proto.frame(streams.call(self, call_id), payload)
+        elif relay is None:
+            parts = proto.frame_call(call_id, name, payload)  # the usual call
+        else:
+            payload = [] if relay.inbound else payload
+            parts = proto.frame(proto.Call(call_id, name, relay=relay), payload)
+        if self._turns is not None and not waited:
+            self._turns.want_reader()  # nobody reads for it: the reader must
+        self._send_parts(parts)
+        return True
 
     def wait_for(self, future: Future[Any], timeout: float | None) -> float | None:
         """Read this link until ``future`` (a call sent here) is settled, the link ends, or
@@ -457,7 +457,10 @@ class Channel:
             text = f"cannot unpickle the result of {entry[0]} on the client: {exc}"
             _settle(entry[1], RemoteError(type(exc).__name__, text, ""), None)
             return
-        _settle(entry[1], None, value)
+        try:  # _settle, written out: every call's result comes here
+            entry[1](None, value)
+        except Exception:  # a bug in the pool's books must not end the reader thread
+            logging.getLogger("skyward").exception("skyward: settling a call failed")
 
     def _on_log(self, message: proto.Log, parts: proto.Parts) -> None:
         self._output(self.rank, "stdout", message.data)

@@ -56,7 +56,17 @@ class _Reads:
     one object are repeated by one ``attrgetter`` (or ``itemgetter``) and compared in one
     ``map(operator.is_, ...)``: a fraction of walking the function again."""
 
-    __slots__ = ("_absent", "_attributes", "_checks", "_items", "_missing", "_sizes")
+    __slots__ = (
+        "_absent",
+        "_attributes",
+        "_checks",
+        "_items",
+        "_lengths",
+        "_missing",
+        "_rare",
+        "_sized",
+        "_sizes",
+    )
 
     def __init__(self) -> None:
         # by id of the object read: (the object, [names], [what they were])
@@ -66,6 +76,9 @@ class _Reads:
         self._missing: list[tuple[object, str]] = []  # attributes not there
         self._sizes: list[tuple[dict[Any, Any], int]] = []  # len(mapping) == size
         self._checks: list[tuple[Callable[[Any], Any], object, tuple[object, ...]]] = []
+        self._sized: tuple[dict[Any, Any], ...] = ()  # set by seal, from _sizes
+        self._lengths: tuple[int, ...] = ()
+        self._rare = False  # keys or attributes found absent: checked too
 
     def attribute(self, obj: object, name: str) -> Any:
         value = getattr(obj, name, _ABSENT)
@@ -98,6 +111,10 @@ class _Reads:
             self._checks.append((operator.itemgetter(*keys, *_once(keys)), mapping, _tuple(values)))
         self._attributes.clear()
         self._items.clear()
+        # The sizes, compared in one step: the mappings, and their lengths then.
+        self._sized = tuple(mapping for mapping, _ in self._sizes)
+        self._lengths = tuple(size for _, size in self._sizes)
+        self._rare = bool(self._absent or self._missing)
         return self
 
     def unchanged(self) -> bool:
@@ -106,15 +123,15 @@ class _Reads:
             for getter, source, expected in self._checks:
                 if not all(map(operator.is_, getter(source), expected)):
                     return False
-            for mapping, absent in self._absent.values():
-                if not mapping.keys().isdisjoint(absent):
-                    return False
-            for obj, name in self._missing:
-                if hasattr(obj, name):
-                    return False
-            for mapping, size in self._sizes:
-                if len(mapping) != size:
-                    return False
+            if tuple(map(len, self._sized)) != self._lengths:
+                return False
+            if self._rare:
+                for mapping, absent in self._absent.values():
+                    if not mapping.keys().isdisjoint(absent):
+                        return False
+                for obj, name in self._missing:
+                    if hasattr(obj, name):
+                        return False
         except Exception:  # a read that now fails (a name deleted, an empty cell): changed
             return False
         return True
@@ -129,37 +146,63 @@ def _tuple(values: list[object]) -> tuple[object, ...]:
     return (*values, *_once(values))
 
 
-_lock = threading.Lock()  # guards: _cache, _names
-# function -> (by-value registry, len(sys.modules), the reads it was made from, the bytes)
-_cache: weakref.WeakKeyDictionary[Callable[..., Any], tuple[frozenset[str], int, _Reads, bytes]] = (
-    weakref.WeakKeyDictionary()
-)
+_lock = threading.Lock()  # guards: _names
+# id(function) -> (a weak reference to it, by-value registry, len(sys.modules), the reads it
+# was made from, the bytes). By id, not a WeakKeyDictionary: its ``get`` is Python code that
+# makes a weak reference on every call. An entry goes when its function does (_forget).
+_Entry = tuple["weakref.ref[Callable[..., Any]]", frozenset[str], int, "_Reads", bytes]
+_cache: dict[int, _Entry] = {}
 # The global names each code object reads, by id (hashing a code object hashes its whole
 # bytecode), with the code object itself, which also keeps its id from being reused.
 _names: dict[int, tuple[types.CodeType, tuple[str, ...]]] = {}
-_cloudpickle: Any = None  # imported by the first pickle: `import skyward` stays light
+# cloudpickle's registry of modules pickled by value, read in place once found (its public
+# ``list_registry_pickle_by_value`` copies it on every call). None before the first pickle
+# (`import skyward` does not import cloudpickle), or where cloudpickle keeps it elsewhere.
+_live_registry: set[str] | None = None
 
 
 def dumps_function(fn: Callable[..., Any]) -> bytes:
     """``cloudpickle.dumps(fn, protocol=5)`` with the source lines its tracebacks need
     (``skyward.link.sources``), from the cache when it would be the same."""
-    global _cloudpickle
-    if _cloudpickle is None:
-        import cloudpickle
-
-        _cloudpickle = cloudpickle
-    registry = _cloudpickle.list_registry_pickle_by_value()  # a copy: a set of names
+    registry = _live_registry if _live_registry is not None else _registry_copy()
     modules = len(sys.modules)
-    entry = _cache.get(fn) if isinstance(fn, types.FunctionType) else None
-    if entry is not None and entry[1] == modules and entry[0] == registry and entry[2].unchanged():
-        return entry[3]
+    entry = _cache.get(id(fn))
+    if (
+        entry is not None
+        and entry[0]() is fn
+        and entry[2] == modules
+        and entry[1] == registry
+        and entry[3].unchanged()
+    ):
+        return entry[4]
     frozen = frozenset(registry)
     reads = _reads(fn, frozen) if isinstance(fn, types.FunctionType) else None
     data = pickle_function(fn)
     if reads is not None and len(data) <= _MAX_BYTES:
-        with _lock:
-            _cache[fn] = (frozen, modules, reads, data)
+        key = id(fn)
+        ref = weakref.ref(fn, functools.partial(_forget, key))
+        _cache[key] = (ref, frozen, modules, reads, data)  # one store: atomic
     return data
+
+
+def _forget(key: int, ref: weakref.ref[Callable[..., Any]]) -> None:
+    """A cached function is gone: its entry too, unless a new function took its id. No
+    lock: a collection may call this while any thread holds any lock."""
+    entry = _cache.get(key)
+    if entry is not None and entry[0] is ref:
+        _cache.pop(key, None)
+
+
+def _registry_copy() -> set[str]:
+    """cloudpickle's registry of modules pickled by value, copied; imports cloudpickle and
+    finds the registry itself, for the next calls, where it can."""
+    global _live_registry
+    import cloudpickle
+
+    by_value = getattr(getattr(cloudpickle, "cloudpickle", None), "_PICKLE_BY_VALUE_MODULES", None)
+    if isinstance(by_value, set):
+        _live_registry = by_value
+    return set(cloudpickle.list_registry_pickle_by_value())
 
 
 def pickle_function(fn: Callable[..., Any]) -> bytes:

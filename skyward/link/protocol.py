@@ -236,10 +236,13 @@ class Bye:
 # Values the standard library pickles exactly as cloudpickle does, and several times
 # faster (no pickler object to build): a no-op's None, a call's empty arguments.
 _PLAIN = frozenset({type(None), bool, int, float, str, bytes})
+_NONE = pickle.dumps(None, protocol=5)
 
 
 def dumps(obj: object) -> Parts:
     """Pickle ``obj`` with cloudpickle protocol 5, large buffers out of band."""
+    if obj is None:
+        return [_NONE]  # what most calls return
     if type(obj) in _PLAIN or (type(obj) is tuple and all(map(_plain, obj))):
         return [pickle.dumps(obj, protocol=5)]
     from skyward.link.pickling import pickle_value  # cloudpickle's, with tracebacks' lines
@@ -352,11 +355,20 @@ def frame(message: object, payload: Parts | None = None) -> Parts:
 def frame_call(call_id: int, name: str, payload: Parts) -> Parts:
     """``frame(Call(call_id, name), payload)`` without making the ``Call``: a plain call's
     frame, on every call's path."""
-    return _frame(_CALL.pack(_CALL_TAG, call_id) + name.encode(), payload)
+    head = _CALL.pack(_CALL_TAG, call_id) + name.encode()
+    if len(payload) == 1:
+        part = payload[0]
+        if type(part) is bytes and len(part) <= _JOIN_BYTES:  # the usual: _frame's first case
+            return [b"".join((_HEADER_2.pack(2, len(head), len(part)), head, part))]
+    return _frame(head, payload)
 
 
 def frame_result(call_id: int, ok: bool, payload: Parts) -> Parts:
     """``frame(Result(call_id, ok), payload)`` without making the ``Result``."""
+    if len(payload) == 1:
+        part = payload[0]
+        if type(part) is bytes and len(part) <= _JOIN_BYTES:  # the usual: _frame's first case
+            return [_RESULT_FRAME.pack(2, _RESULT.size, len(part), _RESULT_TAG, call_id, ok) + part]
     return _frame(_RESULT.pack(_RESULT_TAG, call_id, ok), payload)
 
 
@@ -415,6 +427,8 @@ _CALL_TAG = 1
 _RESULT_TAG = 2
 _CALL = struct.Struct("!BQ")
 _RESULT = struct.Struct("!BQ?")
+# A result's frame up to its payload, in one pack: header (2 parts), the Result packed.
+_RESULT_FRAME = struct.Struct("!IQQBQ?")
 
 
 def _pack(message: object) -> bytes:
@@ -470,8 +484,9 @@ _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 def write_parts(fd: int, parts: Sequence[Part]) -> None:
     """Write every part to ``fd`` with as few syscalls as the kernel allows."""
     if len(parts) == 1:  # a small frame (see frame): one write mostly takes it all
-        written = os.write(fd, parts[0])
-        if written == _nbytes(parts[0]):
+        part = parts[0]
+        written = os.write(fd, part)
+        if written == (len(part) if type(part) is bytes else _nbytes(part)):
             return
     elif len(parts) <= _IOV_MAX:
         written = os.writev(fd, parts)
@@ -545,6 +560,25 @@ def parse_message(
     if stop > end:
         return None
     return _unpack(buffer[body:stop]), lengths[1:], stop
+
+
+def parse_frame(buffer: bytearray, start: int, end: int) -> tuple[Any, Parts, int] | None:
+    """A whole frame from bytes already read, if ``buffer[start:end]`` begins with one of
+    the two every call sends (a plain ``Call`` or a ``Result``, packed, and one payload
+    part): the message, its payload, and where the next frame starts. Else None (nothing
+    consumed): ``parse_message`` and the reads after it take every other frame."""
+    if end - start < _HEADER_2.size + _CALL.size:
+        return None
+    count, head, size = _HEADER_2.unpack_from(buffer, start)
+    body = start + _HEADER_2.size
+    split = body + head
+    stop = split + size
+    if count != 2 or stop > end or buffer[body] not in _PACKED_TAGS:
+        return None
+    return _unpack(buffer[body:split]), [buffer[split:stop]], stop
+
+
+_PACKED_TAGS = (_CALL_TAG, _RESULT_TAG)
 
 
 def _check_count(count: int) -> None:

@@ -177,7 +177,7 @@ class Turns:
             self._waiting += 1
             self._wanted = False  # the leader reads for everyone meanwhile
         try:
-            while not done() and not self._ended:
+            while not self._ended:
                 step = recheck
                 if deadline is not None:
                     left = deadline - time.monotonic()
@@ -186,14 +186,19 @@ class Turns:
                     step = left if step is None else min(left, step)
                 if self._baton.acquire(blocking=False):
                     try:
-                        self._lead(done, step)
+                        finished = self._lead(done, step)
                     finally:
                         self._baton.release()
+                    if finished:
+                        break
                     continue
                 with self._lock:  # follow: woken by a frame, or to lead
-                    asleep = not done() and self._baton.locked() and not self._ended
+                    finished = done()
+                    asleep = not finished and self._baton.locked() and not self._ended
                     if asleep:
                         waiter = self._sleeper()
+                if finished:
+                    break
                 if asleep:
                     self._sleep(waiter, step)
         finally:
@@ -213,9 +218,12 @@ class Turns:
                 self._unblock()
         return None if deadline is None else deadline - time.monotonic()
 
-    def _lead(self, done: Callable[[], bool], timeout: float | None) -> None:
-        """Read and dispatch what arrives within ``timeout``, until ``done()``. Baton held."""
-        while not done() and not self._ended:
+    def _lead(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Read and dispatch what arrives within ``timeout``, until ``done()``; whether it
+        is. Baton held."""
+        while not done():
+            if self._ended:
+                return False
             # A leader that waits without a bound (the worker's idle main thread) has nothing
             # to look at meanwhile: the read itself waits for the frame, one system call
             # instead of a poll and then a read. (Ctrl-C: such a leader holds no interrupts.)
@@ -224,16 +232,16 @@ class Turns:
             if timeout is not None and not self._read_ahead():
                 with allow_interrupts:  # polling holds nothing shared
                     if not self._ready(timeout):
-                        return
+                        return False
             try:
                 frame = self._read()
             except (EOFError, OSError, ValueError) as exc:  # the end: the reader reports it
                 self._end(exc)
-                return
+                return False
             except Exception as exc:  # a frame we cannot decode: the link is unusable
                 self._end(exc)
                 self._torn(f"a frame from it could not be read ({type(exc).__name__}: {exc})")
-                return
+                return False
             except BaseException:  # interrupted mid-frame: where the next frame starts is lost
                 self._end(EOFError("a frame was left half read"))
                 self._torn("the client was interrupted while reading its frame")
@@ -247,6 +255,7 @@ class Turns:
             if self._waiting > 1:
                 with self._lock:
                     self._wake()  # maybe a follower's frame
+        return True
 
     # ── the end ──────────────────────────────────────────────────────────────────────────
 
@@ -381,10 +390,27 @@ class PipeReader:
     def read_frame(self) -> tuple[Any, list[Any]]:
         """One frame, as ``proto.read_frame`` reads it; from the buffer when it holds the
         frame (the usual case: a small frame arrives whole), without a read per field."""
+        frame = proto.parse_frame(self._buffer, self._start, self._end)
+        if frame is not None:  # a call or a result, whole (read ahead: the usual case)
+            message, parts, self._start = frame
+            return message, parts
         message, lengths = self.read_message()
-        if len(lengths) == 1:  # the usual frame: one pickle
-            return message, [self.read_exact(lengths[0])]
         return message, [self.read_exact(n) for n in lengths]
+
+    def read_packed(self) -> tuple[Any, list[Any]] | None:
+        """The next frame if it is a call or a result (``proto.parse_frame``) and it is in
+        the buffer whole after one read at most (into an empty buffer); else None, nothing
+        consumed: ``read_message`` reads it."""
+        if self._end == self._start:
+            got = self._readv(self._buffer)
+            if not got:
+                return None  # the end of the stream: the next read reports it
+            self._start, self._end = 0, got
+        frame = proto.parse_frame(self._buffer, self._start, self._end)
+        if frame is None:
+            return None
+        message, parts, self._start = frame
+        return message, parts
 
     def read_message(self) -> tuple[Any, tuple[int, ...]]:
         """A frame's header and message, as ``proto.read_message`` reads them."""

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from skyward._errors import WorkerLost
-from skyward._futures import LOSS_GRACE, CallFuture, Sleepers, fail, resolve
+from skyward._futures import LOSS_GRACE, CallFuture, Sleepers, deliver, fail
 from skyward._interrupts import hold_interrupts
 from skyward.console import Route
 from skyward.link import protocol as proto
@@ -61,6 +61,8 @@ if TYPE_CHECKING:  # a streaming call's state, handed to its channel as it is se
 # PREFETCH_MAX. A node whose calls take longer than PREFETCH_BELOW gets none.
 PREFETCH_BELOW = 0.01
 PREFETCH_MAX = 8
+
+_NEVER = float("inf")  # a slot's ``recent`` before its first call finished
 
 # The intake (see the module docstring); it only moves forward.
 _STARTING, _OPEN, _DRAINING, _SHUT = range(4)
@@ -252,7 +254,9 @@ class Scheduler:
                 self._submitted += len(tasks)
                 self._queue.extend(tasks)
                 self._pump()
-                failures = self._take_failures()
+                failures = self._failures
+                if failures:
+                    self._failures = []
             if failures:
                 _fail_each(failures)
             return True
@@ -664,11 +668,11 @@ class Scheduler:
             # The pool's books first, so that statistics() agree with what the caller has
             # seen. (A timeout or close fails the caller's future first; the books follow
             # when the worker is gone.)
-            self._call_done(slot, error is None, time.monotonic() - sent, task)
+            self._call_done(slot, error is None, sent, task)
             if error is not None:
                 fail(task.future, error)
             else:
-                resolve(task.future, value)
+                deliver(task.future, value)  # a channel's reader, or the caller reading it
 
         if task.route is not None:  # before the worker can print anything for this call
             self._bind_output(slot.rank, task.route)
@@ -691,7 +695,7 @@ class Scheduler:
             self._timeouts.watch(task.future, call.name, call.timeout, channel)
         return True
 
-    def _call_done(self, slot: Slot, ok: bool, elapsed: float, task: Task) -> None:
+    def _call_done(self, slot: Slot, ok: bool, sent: float, task: Task) -> None:
         # On the thread that read the result: a short hold of this lock, not the pool's.
         with self._lock:
             now = time.monotonic()
@@ -699,14 +703,17 @@ class Scheduler:
             # own: its send-to-result time also counts the wait, which would shrink the
             # prefetch (below) as it grows, down to none under CPU load, when the worker most
             # needs its next call waiting.
-            queued = slot.busy > self._concurrency  # it waited for a thread on the worker
-            took = min(elapsed, now - slot.last_done) if queued else elapsed
+            busy = slot.busy
+            took = now - sent
+            if busy > self._concurrency:  # it waited for a thread on the worker
+                took = min(took, now - slot.last_done)
             slot.last_done = now
-            slot.busy -= 1
-            if not slot.busy:
+            slot.busy = busy = busy - 1
+            if not busy:
                 slot.idle_since = now
             slot.running.pop(id(task), None)
-            slot.recent = took if slot.recent == float("inf") else 0.7 * slot.recent + 0.3 * took
+            recent = slot.recent
+            slot.recent = took if recent == _NEVER else 0.7 * recent + 0.3 * took
             if ok:
                 self._succeeded += 1
             else:
@@ -715,7 +722,9 @@ class Scheduler:
                 self._pump()
             if self._watchers:
                 self._idle.wake_all()
-            failures = self._take_failures()
+            failures = self._failures
+            if failures:
+                self._failures = []
         if failures:
             _fail_each(failures)
 

@@ -299,7 +299,11 @@ def route(channel: StreamChannel, message: proto.Yield | proto.Want, parts: prot
 def is_streaming(call: PendingCall[Any]) -> bool:
     """Whether ``call`` streams: a generator function, an iterator argument, or an iterable
     one for a parameter annotated ``Iterator`` (skyward 0.5 streamed those)."""
-    generator, streamed = _shape(call.fn)
+    return _streams(call, *_shape(call.fn))
+
+
+def _streams(call: PendingCall[Any], generator: bool, streamed: frozenset[str]) -> bool:
+    """``is_streaming``, given ``call.fn``'s shape (``_shape``)."""
     if generator:
         return True
     if not streamed:  # the common case, kept cheap: map sends thousands of calls
@@ -316,9 +320,11 @@ def is_streaming(call: PendingCall[Any]) -> bool:
 def prepare(call: PendingCall[Any], future: Future[Any]) -> tuple[PendingCall[Any], Streams | None]:
     """The call as it is sent (iterator arguments replaced by placeholders) and its streaming
     state, or ``(call, None)`` for an ordinary call."""
-    if not is_streaming(call):
+    generator, streamed = shape = _shape(call.fn)
+    if not (generator or streamed or call.args or call.kwargs):
+        return call, None  # a call without arguments of a plain function: said at once
+    if not _streams(call, *shape):
         return call, None
-    generator, streamed = _shape(call.fn)
     inputs: list[Iterator[Any]] = []
 
     def placeholder(value: Any, name: str | None) -> Any:

@@ -141,18 +141,18 @@ class _Worker:
 
     def _next(self, main: bool) -> tuple[proto.Call, proto.Parts] | None:
         """The next call to run, or None: stop."""
+        calls = self.calls
         if not main or self.concurrency > 1 or self.processes is not None:
-            return self.calls.get()
-        if not self.calls.empty():  # the reader thread read it while a call ran
+            return calls.get()
+        if not calls.empty():  # the reader thread read it while a call ran
             try:
-                return self.calls.get_nowait()
+                return calls.get_nowait()
             except queue.Empty:  # dropped by a cancelling shutdown meanwhile
                 pass
-        self.turns.wait_for(self._has_call, None)  # a call, or the end: Nones from _stop
-        return self.calls.get()
-
-    def _has_call(self) -> bool:
-        return not self.calls.empty()
+        # Until a call is queued (a count, not 0), or the end: Nones from _stop. ``qsize``
+        # is the queue's own C method: asked after every frame, it costs no Python frame.
+        self.turns.wait_for(calls.qsize, None)
+        return calls.get()
 
     def _recv(self) -> tuple[Any, proto.Parts]:
         """Read one frame (whoever's turn it is). At EOF, a broken pipe or a frame we cannot
@@ -231,7 +231,15 @@ class _Worker:
                     call = self._io.get(message.call_id)
             if call is not None or message.relay is not None:
                 self.wake_reader()  # it waits for frames: credit, elements, a payload
-            with self._interruptible if main else _NOT_INTERRUPTIBLE:
+            if main:  # _Interruptible's steps, written out: every call comes here
+                with self._lock:
+                    self._main_busy = not self.stopping
+                try:
+                    ok, payload = self._run(message, parts, call)
+                finally:
+                    with self._lock:
+                        self._main_busy = False
+            else:
                 ok, payload = self._run(message, parts, call)
             if call is not None:
                 with self._lock:
@@ -251,7 +259,10 @@ class _Worker:
     def _run(
         self, message: proto.Call, parts: proto.Parts, call: CallIO | None
     ) -> tuple[bool, proto.Parts]:
-        relay, relays = message.relay, self.link.relays
+        relay = message.relay
+        if relay is None and self.processes is None:
+            return run_call(message, parts, call, self.stdout.drain)  # the usual call
+        relays = self.link.relays
         if relay is not None and relay.inbound and relays is not None:
             try:  # the payload comes from the node before this one in the relay
                 parts = [*relays.take(relay.token)]
@@ -280,9 +291,6 @@ class _Interruptible:
         worker = self._worker
         with worker._lock:
             worker._main_busy = False
-
-
-_NOT_INTERRUPTIBLE = contextlib.nullcontext()
 
 
 # Threads of the worker's own machinery, left out of stack reports: never where user code is.

@@ -39,6 +39,9 @@ class WorkerLink:
 
     def recv(self) -> tuple[Any, proto.Parts]:
         pipe = self.pipe
+        frame = pipe.read_packed()  # a plain call, whole: every call's frame (never relayed)
+        if frame is not None:
+            return frame
         message, lengths = pipe.read_message()
         relay = getattr(message, "relay", None)
         if relay is not None and relay.chain and self.relays is not None:
@@ -107,8 +110,14 @@ class StdoutForwarder:
 
             fflush = self._fflush = ctypes.CDLL(None).fflush
         fflush(None)
-        # The lock first: output the forwarder thread has read must be sent before the
-        # result is. Then a poll, cheaper than a read that fails: most calls print nothing.
-        with self._lock:
-            if self._poll(0):
+        # Output still in the pipe, or read by the forwarder thread and being sent (it
+        # reads and sends holding the lock): both must go before the result. A poll is
+        # cheaper than a read that fails, and most calls print nothing: then neither holds,
+        # and the lock is not taken.
+        try:
+            pending = self._poll(0)
+        except RuntimeError:  # another thread polls it now (concurrency > 1): look under the lock
+            pending = True
+        if pending or self._lock.locked():
+            with self._lock:
                 self._forward()
