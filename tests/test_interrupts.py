@@ -292,16 +292,14 @@ def test_ctrl_c_while_the_waiting_caller_hands_over_another_callers_result() -> 
 def test_ctrl_c_inside_a_futures_lock_while_the_leader_settles_it() -> None:
     # Once: inside the standard library's Future lock (threading.Condition.__enter__ had
     # taken it) while the leading caller settled another thread's future: the lock stayed
-    # held, and the next thread to touch that future blocked for good.
+    # held, and the next thread to touch that future blocked for good. CallFuture._settle
+    # now takes that lock with a C-level `with` (no Python code runs while it is taken and
+    # before its block), so the Ctrl-C lands where the leader starts to settle the other
+    # thread's future: it must finish that, and the interrupt still reaches the caller.
     def when(frame: FrameType, event: str) -> bool:
-        if not (event == "c_return" and _in(frame, "threading.py", "__enter__")):
-            return False
-        condition = frame.f_locals.get("self")
         return (
-            isinstance(condition, threading.Condition)
-            and condition._is_owned()  # type: ignore[attr-defined]
-            # CallFuture settles under the Future's own condition (CallFuture._settle)
-            and _on_stack(frame, "skyward/_futures.py", "_settle")
+            event == "call"
+            and _in(frame, "skyward/_futures.py", "_settle")
             and _on_stack(frame, "link/channel.py", "_dispatch")
         )
 

@@ -369,7 +369,7 @@ class Channel:
             len(parts) == 1
             and len(parts[0]) <= _INLINE_BYTES
             and self._queued == 0
-            and self._write_lock.acquire(blocking=False)
+            and self._write_lock.acquire(False)  # not blocking
         ):
             try:
                 # Nothing queued may be overtaken: frames keep the order they were sent in.

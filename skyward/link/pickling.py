@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import operator
 import site
 import sys
@@ -60,12 +61,15 @@ class _Reads:
         "_absent",
         "_attributes",
         "_checks",
+        "_expected",
+        "_getters",
         "_items",
         "_lengths",
         "_missing",
         "_rare",
         "_sized",
         "_sizes",
+        "_sources",
     )
 
     def __init__(self) -> None:
@@ -76,6 +80,9 @@ class _Reads:
         self._missing: list[tuple[object, str]] = []  # attributes not there
         self._sizes: list[tuple[dict[Any, Any], int]] = []  # len(mapping) == size
         self._checks: list[tuple[Callable[[Any], Any], object, tuple[object, ...]]] = []
+        self._getters: tuple[Callable[[Any], tuple[object, ...]], ...] = ()  # set by seal
+        self._sources: tuple[object, ...] = ()
+        self._expected: tuple[object, ...] = ()
         self._sized: tuple[dict[Any, Any], ...] = ()  # set by seal, from _sizes
         self._lengths: tuple[int, ...] = ()
         self._rare = False  # keys or attributes found absent: checked too
@@ -111,6 +118,12 @@ class _Reads:
             self._checks.append((operator.itemgetter(*keys, *_once(keys)), mapping, _tuple(values)))
         self._attributes.clear()
         self._items.clear()
+        # Every getter called on its object, and what they return compared with what
+        # they returned then, in one pass of C code (no Python frame per object).
+        self._getters = tuple(getter for getter, _, _ in self._checks)
+        self._sources = tuple(source for _, source, _ in self._checks)
+        self._expected = tuple(itertools.chain.from_iterable(e for _, _, e in self._checks))
+        self._checks.clear()
         # The sizes, compared in one step: the mappings, and their lengths then.
         self._sized = tuple(mapping for mapping, _ in self._sizes)
         self._lengths = tuple(size for _, size in self._sizes)
@@ -120,9 +133,9 @@ class _Reads:
     def unchanged(self) -> bool:
         """Whether every read finds what it found when recorded."""
         try:
-            for getter, source, expected in self._checks:
-                if not all(map(operator.is_, getter(source), expected)):
-                    return False
+            found = itertools.chain.from_iterable(map(_call, self._getters, self._sources))
+            if not all(map(operator.is_, found, self._expected)):
+                return False
             if tuple(map(len, self._sized)) != self._lengths:
                 return False
             if self._rare:
@@ -135,6 +148,10 @@ class _Reads:
         except Exception:  # a read that now fails (a name deleted, an empty cell): changed
             return False
         return True
+
+
+# ``getter(source)``, as C code: operator.call (Python 3.11+).
+_call = operator.call
 
 
 def _once(names: list[Any]) -> list[Any]:

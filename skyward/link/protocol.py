@@ -452,19 +452,25 @@ def _unpack(data: Part) -> Any:
     tag = data[0]
     if tag == _PICKLED:
         return pickle.loads(data)
+    return _packed(data, 0, len(data), tag)
+
+
+def _packed(buffer: Part, start: int, stop: int, tag: int) -> Any:
+    """The packed ``Call`` or ``Result`` in ``buffer[start:stop]``, whose first byte is
+    ``tag``."""
     if tag == _RESULT_TAG:
-        _, call_id, ok = _RESULT.unpack(data)
+        _, call_id, ok = _RESULT.unpack_from(buffer, start)
         result = _new(Result)
         fields = result.__dict__
         fields["call_id"] = call_id
         fields["ok"] = ok
         return result
     if tag == _CALL_TAG:
-        _, call_id = _CALL.unpack_from(data)
+        _, call_id = _CALL.unpack_from(buffer, start)
         call = _new(Call)  # window, inputs and relay: the class's defaults
         fields = call.__dict__
         fields["call_id"] = call_id
-        fields["name"] = str(data[_CALL.size :], "utf-8")
+        fields["name"] = str(buffer[start + _CALL.size : stop], "utf-8")
         return call
     raise ValueError(f"unknown message tag {tag} in a frame")
 
@@ -573,12 +579,10 @@ def parse_frame(buffer: bytearray, start: int, end: int) -> tuple[Any, Parts, in
     body = start + _HEADER_2.size
     split = body + head
     stop = split + size
-    if count != 2 or stop > end or buffer[body] not in _PACKED_TAGS:
+    tag = buffer[body]
+    if count != 2 or stop > end or (tag != _RESULT_TAG and tag != _CALL_TAG):
         return None
-    return _unpack(buffer[body:split]), [buffer[split:stop]], stop
-
-
-_PACKED_TAGS = (_CALL_TAG, _RESULT_TAG)
+    return _packed(buffer, body, split, tag), [buffer[split:stop]], stop
 
 
 def _check_count(count: int) -> None:

@@ -203,16 +203,15 @@ class Turns:
                     self._sleep(waiter, step)
         finally:
             with self._lock:
-                self._waiting -= 1
-                last = not self._waiting
-                if not last:
+                self._waiting = waiting = self._waiting - 1
+                if waiting:
                     self._wake()  # a follower leads next
                 elif self._needs_reader():
                     self._wanted = True  # calls nobody waits for: the reader reads them
                     self._wake()
                 else:
                     self._quiet_until = time.monotonic() + LINGER
-            if last:
+            if not waiting:
                 # The reader may be polling the pipe while frames this waiter read ahead sit
                 # in the buffer: the pipe would never wake it for them.
                 self._unblock()

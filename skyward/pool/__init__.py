@@ -769,7 +769,8 @@ class ComputePool(CallTarget):
         A generator function's caller gets a future that already holds its ``ResultStream``.
         ``function``: the calls' function pickled already (a map's chunks).
         """
-        self._before_pickling()
+        if self._remote:
+            self._before_pickling()
         if function is None and same_function and calls:
             function = calls[0].serialize_function()
         route = self._console.route()

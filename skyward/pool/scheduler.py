@@ -623,11 +623,12 @@ class Scheduler:
         self._pumping = True
         try:
             limit = self._concurrency
-            while self._queue:
-                head = self._queue[0]
+            queue, slots = self._queue, self._slots
+            while queue:
+                head = queue[0]
                 prefetch = head.prefetch and head.call.timeout is None  # a timeout starts at send
                 slot = None  # the least busy ready slot with room; the first of equals
-                for s in self._slots:
+                for s in slots:
                     if (
                         s.ready
                         and s.busy < limit + (prefetch_depth(s.recent) if prefetch else 0)
@@ -635,10 +636,11 @@ class Scheduler:
                     ):
                         slot = s
                 if slot is None:
-                    if self._slots and all(s.lost is not None for s in self._slots):
-                        self._fail_queue(self._slots[0].lost)
+                    if slots and all(s.lost is not None for s in slots):
+                        self._fail_queue(slots[0].lost)
                     return
-                self._send(slot, self._queue.popleft())
+                self._send(slot, queue.popleft())
+                queue = self._queue  # _send may have put it back, _fail_queue replaced it
         finally:
             self._pumping = False
 

@@ -171,8 +171,11 @@ class _Worker:
             raise
 
     def _handle(self, message: object, parts: proto.Parts) -> None:
-        if isinstance(message, proto.Call):
-            self._register(message)
+        if type(message) is proto.Call:
+            if message.call_id > self._last_call:
+                self._last_call = message.call_id
+            if message.window or message.inputs:
+                self._register(message)
             self.calls.put((message, parts))
         elif isinstance(message, proto.Cancel) and message.call_id > self._last_call:
             # The client may cancel a streaming call it is still sending.
@@ -212,9 +215,6 @@ class _Worker:
 
     def _register(self, message: proto.Call) -> None:
         """Give a streaming call its IO before any of its frames can arrive (reader)."""
-        self._last_call = max(self._last_call, message.call_id)
-        if not (message.window or message.inputs):
-            return
         call = CallIO(self.link.send, message)
         with self._lock:
             self._io[message.call_id] = call
@@ -223,21 +223,26 @@ class _Worker:
             call.cancel()
 
     def _execute(self, main: bool = False) -> None:
+        lock, drain = self._lock, self.stdout.drain
         while (item := self._next(main)) is not None:
             message, parts = item
             call = None
             if message.window or message.inputs:  # a streaming call: _register gave it IO
-                with self._lock:
+                with lock:
                     call = self._io.get(message.call_id)
-            if call is not None or message.relay is not None:
+            relayed = message.relay is not None
+            if call is not None or relayed:
                 self.wake_reader()  # it waits for frames: credit, elements, a payload
             if main:  # _Interruptible's steps, written out: every call comes here
-                with self._lock:
+                with lock:
                     self._main_busy = not self.stopping
                 try:
-                    ok, payload = self._run(message, parts, call)
+                    if relayed or self.processes is not None:
+                        ok, payload = self._run(message, parts, call)
+                    else:
+                        ok, payload = run_call(message, parts, call, drain)  # the usual call
                 finally:
-                    with self._lock:
+                    with lock:
                         self._main_busy = False
             else:
                 ok, payload = self._run(message, parts, call)
@@ -249,7 +254,7 @@ class _Worker:
                 # Interrupted by a cancelling shutdown: the client fails this call with
                 # PoolClosed itself; a KeyboardInterrupt sent back would read as Ctrl-C there.
                 continue
-            self.stdout.drain()
+            drain()
             try:
                 self.link.send_result(message.call_id, ok, payload)
             except OSError:
@@ -259,10 +264,7 @@ class _Worker:
     def _run(
         self, message: proto.Call, parts: proto.Parts, call: CallIO | None
     ) -> tuple[bool, proto.Parts]:
-        relay = message.relay
-        if relay is None and self.processes is None:
-            return run_call(message, parts, call, self.stdout.drain)  # the usual call
-        relays = self.link.relays
+        relay, relays = message.relay, self.link.relays
         if relay is not None and relay.inbound and relays is not None:
             try:  # the payload comes from the node before this one in the relay
                 parts = [*relays.take(relay.token)]
