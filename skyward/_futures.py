@@ -59,14 +59,14 @@ class _Condition(threading.Condition):
     every call makes one, in its future."""
 
     def __init__(self) -> None:
-        lock = _RLock()
+        lock: Any = _RLock()
         self._lock = lock
-        self.acquire = lock.acquire
-        self.release = lock.release
+        self.acquire = lock.acquire  # type: ignore[method-assign]  # as Condition does
+        self.release = lock.release  # type: ignore[method-assign]
         self._release_save = lock._release_save
         self._acquire_restore = lock._acquire_restore
         self._is_owned = lock._is_owned
-        self._waiters = collections.deque()
+        self._waiters: collections.deque[Any] = collections.deque()
 
 
 class CallFuture(Future[T]):

@@ -168,7 +168,7 @@ class Turns:
 
     # ── waiters ──────────────────────────────────────────────────────────────────────────
 
-    def wait_for(self, done: Callable[[], bool], timeout: float | None) -> float | None:
+    def wait_for(self, done: Callable[[], object], timeout: float | None) -> float | None:
         """Read the link until ``done()``, the stream ends, or ``timeout`` passes; the time
         left of ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -184,7 +184,7 @@ class Turns:
                     if left <= 0:
                         break
                     step = left if step is None else min(left, step)
-                if self._baton.acquire(blocking=False):
+                if self._baton.acquire(False):
                     try:
                         finished = self._lead(done, step)
                     finally:
@@ -193,7 +193,7 @@ class Turns:
                         break
                     continue
                 with self._lock:  # follow: woken by a frame, or to lead
-                    finished = done()
+                    finished = bool(done())
                     asleep = not finished and self._baton.locked() and not self._ended
                     if asleep:
                         waiter = self._sleeper()
@@ -217,7 +217,7 @@ class Turns:
                 self._unblock()
         return None if deadline is None else deadline - time.monotonic()
 
-    def _lead(self, done: Callable[[], bool], timeout: float | None) -> bool:
+    def _lead(self, done: Callable[[], object], timeout: float | None) -> bool:
         """Read and dispatch what arrives within ``timeout``, until ``done()``; whether it
         is. Baton held."""
         while not done():

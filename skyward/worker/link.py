@@ -114,8 +114,9 @@ class StdoutForwarder:
         # reads and sends holding the lock): both must go before the result. A poll is
         # cheaper than a read that fails, and most calls print nothing: then neither holds,
         # and the lock is not taken.
+        pending: object
         try:
-            pending = self._poll(0)
+            pending = self._poll(0)  # events, if any: a list, true when not empty
         except RuntimeError:  # another thread polls it now (concurrency > 1): look under the lock
             pending = True
         if pending or self._lock.locked():
