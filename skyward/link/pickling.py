@@ -197,17 +197,18 @@ def dumps_function(fn: Callable[..., Any]) -> bytes:
     data = pickle_function(fn)
     if reads is not None and len(data) <= _MAX_BYTES:
         key = id(fn)
-        ref = weakref.ref(fn, functools.partial(_forget, key))
+        ref = weakref.ref(fn, functools.partial(_forget, _cache, key))
         _cache[key] = (ref, frozen, modules, reads, data)  # one store: atomic
     return data
 
 
-def _forget(key: int, ref: weakref.ref[Callable[..., Any]]) -> None:
+def _forget(cache: dict[int, _Entry], key: int, ref: weakref.ref[Callable[..., Any]]) -> None:
     """A cached function is gone: its entry too, unless a new function took its id. No
-    lock: a collection may call this while any thread holds any lock."""
-    entry = _cache.get(key)
+    lock: a collection may call this while any thread holds any lock. (``cache`` is bound
+    in: at interpreter exit, module globals may be gone before the last functions.)"""
+    entry = cache.get(key)
     if entry is not None and entry[0] is ref:
-        _cache.pop(key, None)
+        cache.pop(key, None)
 
 
 def _registry_copy() -> set[str]:
