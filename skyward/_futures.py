@@ -11,7 +11,6 @@ whole, and the only place a ``KeyboardInterrupt`` can land is the wait itself.
 from __future__ import annotations
 
 import _thread
-import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ LOSS_GRACE = 2.0
 _POLL = 0.05
 # A future's states once it is settled (``concurrent.futures._base``'s names).
 _SETTLED = frozenset(("CANCELLED", "CANCELLED_AND_NOTIFIED", "FINISHED"))
-_sleepers_lock = threading.Lock()  # guards: every CallFuture's _sleepers
+_sleepers_lock = threading.Lock()  # guards: every CallFuture's _sleepers, and making its _made
 _RLock = _thread.RLock  # what threading.RLock() makes, without the factory's frame
 
 
@@ -51,22 +50,6 @@ class ReadableLink(Protocol):
     """A link a caller may read while it waits for its call there (``Channel``)."""
 
     def wait_for(self, future: Future[Any], timeout: float | None) -> float | None: ...
-
-
-class _Condition(threading.Condition):
-    """``threading.Condition()``, the same fields over a new ``RLock``, set without the
-    probing of ``Condition.__init__`` (three ``try`` blocks and the ``RLock`` factory):
-    every call makes one, in its future."""
-
-    def __init__(self) -> None:
-        lock: Any = _RLock()
-        self._lock = lock
-        self.acquire = lock.acquire  # type: ignore[method-assign]  # as Condition does
-        self.release = lock.release  # type: ignore[method-assign]
-        self._release_save = lock._release_save
-        self._acquire_restore = lock._acquire_restore
-        self._is_owned = lock._is_owned
-        self._waiters: collections.deque[Any] = collections.deque()
 
 
 class CallFuture(Future[T]):
@@ -90,15 +73,33 @@ class CallFuture(Future[T]):
     # Class defaults, set on an instance only when used: a map makes thousands of these.
     link: ReadableLink | None = None
     _sleepers: list[Any] | None = None  # locks of waiters, released when settled
+    _made: threading.Condition | None = None  # Future's condition, once asked for
 
     def __init__(self) -> None:
-        # Future.__init__'s fields, set here: one frame less on every call's path.
-        self._condition = _Condition()
+        # Future.__init__'s fields, set here (one frame less on every call's path), but for
+        # its condition, made only if the standard library's code asks for it (below): the
+        # calls' own paths take the lock under it directly, a C-level ``with``.
+        self._lock: Any = _RLock()
         self._state = "PENDING"
         self._result = None
         self._exception: BaseException | None = None
         self._waiters: list[Any] = []
         self._done_callbacks: list[Callable[[Future[T]], object]] = []
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        """``Future``'s condition, over this future's own lock: made when ``Future``'s code
+        first asks (``cancel``, ``concurrent.futures.wait`` and ``as_completed``, ``repr``),
+        which most calls' futures never do. Nobody waits on it (``result`` and ``exception``
+        sleep on locks of their own), so one made twice by a race would still guard the
+        same state with the same lock; the lock below makes that not happen anyway."""
+        made = self._made
+        if made is None:
+            with _sleepers_lock:
+                made = self._made
+                if made is None:
+                    made = self._made = threading.Condition(self._lock)
+        return made
 
     # ── waiting ──────────────────────────────────────────────────────────────────────────
 
@@ -188,7 +189,7 @@ class CallFuture(Future[T]):
     def set_running_or_notify_cancel(self) -> bool:
         # The usual answer under the condition's own lock (a C-level ``with``; the
         # condition's ``__enter__`` is Python code); anything else takes ``Future``'s steps.
-        with self._condition._lock:  # type: ignore[attr-defined]
+        with self._lock:
             if self._state == "PENDING":
                 self._state = "RUNNING"
                 return True
@@ -199,9 +200,9 @@ class CallFuture(Future[T]):
         except that the condition is notified only when a thread waits on it: nobody does
         but ``Future``'s own waits, which ``result`` and ``exception`` do not use (they sleep
         on a lock of their own, ``_sleepers``), and notifying nobody costs a deque and an
-        islice on every call. The lock is the condition's, taken directly."""
-        condition = self._condition
-        with condition._lock:  # type: ignore[attr-defined]
+        islice on every call. The lock is the condition's, taken directly, and the
+        condition is often not made at all."""
+        with self._lock:
             if self._state in _SETTLED:
                 raise InvalidStateError(f"{self._state}: {self!r}")
             if exception is None:
@@ -214,7 +215,8 @@ class CallFuture(Future[T]):
                     waiter.add_result(self)
                 else:
                     waiter.add_exception(self)
-            if condition._waiters:  # type: ignore[attr-defined]
+            condition = self._made
+            if condition is not None and condition._waiters:  # type: ignore[attr-defined]
                 condition.notify_all()
         if self._done_callbacks:  # mostly none: a call waited for with ``>>``
             self._invoke_callbacks()  # type: ignore[attr-defined]
