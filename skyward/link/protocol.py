@@ -355,12 +355,13 @@ def frame(message: object, payload: Parts | None = None) -> Parts:
 def frame_call(call_id: int, name: str, payload: Parts) -> Parts:
     """``frame(Call(call_id, name), payload)`` without making the ``Call``: a plain call's
     frame, on every call's path."""
-    head = _CALL.pack(_CALL_TAG, call_id) + name.encode()
+    label = name.encode()
     if len(payload) == 1:
         part = payload[0]
         if type(part) is bytes and len(part) <= _JOIN_BYTES:  # the usual: _frame's first case
-            return [b"".join((_HEADER_2.pack(2, len(head), len(part)), head, part))]
-    return _frame(head, payload)
+            size = _CALL.size + len(label)
+            return [_CALL_FRAME.pack(2, size, len(part), _CALL_TAG, call_id) + label + part]
+    return _frame(_CALL.pack(_CALL_TAG, call_id) + label, payload)
 
 
 def frame_result(call_id: int, ok: bool, payload: Parts) -> Parts:
@@ -427,7 +428,9 @@ _CALL_TAG = 1
 _RESULT_TAG = 2
 _CALL = struct.Struct("!BQ")
 _RESULT = struct.Struct("!BQ?")
-# A result's frame up to its payload, in one pack: header (2 parts), the Result packed.
+# A call's and a result's frame up to the name or the payload, each in one pack: the header
+# (2 parts), then the Call or the Result packed.
+_CALL_FRAME = struct.Struct("!IQQBQ")
 _RESULT_FRAME = struct.Struct("!IQQBQ?")
 
 
