@@ -22,7 +22,8 @@ the protocol stream ends, every call in flight fails with ``WorkerLost`` naming 
 the exit status (or the dropped link) and the last lines of stderr.
 
 Ctrl-C: what a caller's thread does here (registering a call and sending its frame, reading
-and dispatching frames while it waits) runs inside ``hold_interrupts``, so a
+and dispatching frames while it waits) runs inside ``hold_interrupts`` (the scheduler's, for
+a call's registration and frame; ``CallFuture.result``'s, while it reads), so a
 ``KeyboardInterrupt`` never splits a call's registration from its frame, nor a frame from
 its dispatch; it lands where the caller waits (see ``_interrupts``).
 """
