@@ -389,10 +389,9 @@ class PipeReader:
     def read_frame(self) -> tuple[Any, list[Any]]:
         """One frame, as ``proto.read_frame`` reads it; from the buffer when it holds the
         frame (the usual case: a small frame arrives whole), without a read per field."""
-        frame = proto.parse_frame(self._buffer, self._start, self._end)
-        if frame is not None:  # a call or a result, whole (read ahead: the usual case)
-            message, parts, self._start = frame
-            return message, parts
+        frame = self.read_packed()  # a call or a result, whole: the usual frame
+        if frame is not None:
+            return frame
         message, lengths = self.read_message()
         return message, [self.read_exact(n) for n in lengths]
 
