@@ -28,6 +28,8 @@ by ``_guard``, since a replacement may race the pool's teardown.
 from __future__ import annotations
 
 import dataclasses
+import re
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
@@ -47,6 +49,15 @@ SpecT = TypeVar("SpecT")
 # provision (the pool's name need not be unique), so that its clean-up can sweep for what
 # a create call cut off in flight made, and never touch another run's resources.
 TAG_ALLOCATION = "skyward-allocation"
+
+
+def unique_name(pool: str, *, unsafe: str, length: int) -> str:
+    """``skyward-<pool>-<6 hex>``, the base of what one provision names (AWS's key pair and
+    group, GCP's rules and instances, Azure's resource group): unique to that provision,
+    since a pool's name need not be. What the cloud refuses in names (``unsafe``, a regex)
+    becomes ``-``; ``length`` characters of the pool at most."""
+    slug = re.sub(unsafe, "-", pool)[:length].strip("-")
+    return f"skyward-{slug or 'pool'}-{secrets.token_hex(3)}"
 
 
 def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:

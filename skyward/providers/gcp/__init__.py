@@ -1,17 +1,14 @@
 """``GCP(...)``: nodes are Compute Engine instances that the pool creates and always destroys.
 
-::
+A start is every cloud's (``CloudOptions.provision``, ``cloud/options.py``); GCP's steps::
 
-    provision   the machine types (catalog, ``allocation=``) and the zones of the region
-                that offer each, the offers and their price (``capacity``) → the image (a
-                family, resolved once) → the pool's SSH key and host key → two firewall
-                rules for the pool's network tag (SSH from the client; everything within the
-                pool) → an instance per node, inserted in parallel, in the first place with
-                capacity (``capacity.launch_first``) → wait RUNNING → reach each over SSH
-                with the host key pinned (``reaching``: bootstrap, upload skyward, workers)
-    terminate   close the nodes → delete the instances and the rules, all at once, and wait
-                → sweep for instances labelled with the pool; what is left is named, with
-                ``skyward down --pool NAME --project P``
+    offers      the zones of the region that offer each machine type (and its attached
+                GPUs), priced from the catalog
+    prepare     the image (a family, resolved once), two firewall rules for the pool's
+                network tag (SSH from the client; everything within the pool), the
+                instances' body; a launch inserts an instance per node, in parallel
+    started     wait RUNNING
+    terminate   delete the instances and the rules, all at once, and wait; sweep by label
     inventory   instances labelled skyward-pool and skyward- rules, in the project
 
 google-cloud-compute is imported only when a pool uses GCP; its calls and error messages

@@ -36,6 +36,7 @@ class GCPAllocation(InstanceAllocation[Api, gce.InstanceSpec]):
         super().__init__(api, request, **options)
         self.scope = (f" in project {api.project}", f"--project {api.project}")
         self.names = names
+        self.prefix = names.instances
         self.firewalls: list[str] = []
 
     def adopt_firewall(self, name: str) -> None:
@@ -62,9 +63,6 @@ class GCPAllocation(InstanceAllocation[Api, gce.InstanceSpec]):
         return left
 
     # ── the calls on one instance ──────────────────────────────────────────────────────
-
-    def name(self, rank: int, generation: int) -> str:
-        return self.names.instance(rank, generation)
 
     def start(self, place: str, name: str, spec: gce.InstanceSpec, deadline: Deadline) -> Any:
         request = {
