@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
+from functools import partial
 from typing import ClassVar
 
 from pydantic import Field, model_validator
@@ -209,11 +210,11 @@ class AWS(CloudOptions):
             instance_profile=self.iam_instance_profile is not None,
         )
         tags = {**request.tags, TAG_ALLOCATION: name, "Name": f"skyward {request.pool}"}
-        made.adopt_key_pair(name)  # before the call: an answer lost in flight still counts
+        made.record("key pair", name)  # before the call: an answer lost in flight still counts
         ec2.import_key_pair(api, name, key.public, tags)
         reporter.status(f"key pair {name}")
         deadline.check("creating the security group")
-        group = ec2.create_group(api, name, made.vpc, tags, made.adopt_group)
+        group = ec2.create_group(api, name, made.vpc, tags, partial(made.record, "security group"))
         ec2.allow(api, group, cidrs, tags)
         reporter.status(f"security group {group}: SSH from {', '.join(cidrs)}")
         efa = self._efa(api, offers, request.nodes, reporter)
@@ -241,7 +242,7 @@ class AWS(CloudOptions):
             if cards and offer.zone not in placed:  # a cluster group stays in one zone
                 made.placing = True
                 placed[offer.zone] = ec2.create_placement(
-                    api, f"{name}-{offer.zone}", tags, made.adopt_placement_group
+                    api, f"{name}-{offer.zone}", tags, partial(made.record, "placement group")
                 )
             spec = dataclasses.replace(
                 template,
@@ -260,8 +261,6 @@ class AWS(CloudOptions):
     def started(
         self, made: AWSAllocation, offer: Offer, launched: ec2.LaunchSpec, reporter: Reporter
     ) -> list[HostTarget]:
-        for rank, instance in enumerate(made.instances):
-            reporter.phase(rank, "provisioning", f"{instance} ({offer.where})")
         public = self.connect == "public"
         described = ec2.wait_running(made.api, made.instances, made.request.deadline, public=public)
         return [made.target(instance) for instance in described]

@@ -16,7 +16,7 @@ from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.api import REFUSALS, Api, failure_code
-from skyward.providers.base import ProvisionRequest, Resource
+from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud.instances import InstanceAllocation
 from skyward.providers.ssh.hosts import HostTarget
 
@@ -40,9 +40,7 @@ class AzureAllocation(InstanceAllocation[Api, arm.VmSpec]):
 
     def adopt_group(self, name: str) -> None:
         """Called before the group is asked for: from then on, teardown deletes it."""
-        with self._guard:
-            self.group = name
-            self.resources.append(Resource("resource group", name))
+        self.group = self.record("resource group", name)
 
     def delete_all(self) -> list[str]:
         """Delete the resource group, which holds everything of the pool, and wait for it."""

@@ -6,6 +6,7 @@ made, destroyed on any failure, reached over SSH, released once, a lost machine 
     open_or_destroy(made, build)   build records each resource on ``made`` as soon as it
                                    exists; any failure, Ctrl-C included, terminates ``made``
     made.pool_keys / host_key      the login key (deleted with ``made``) and the host key
+    made.record(kind, name)        a pool-wide resource recorded (``recorded(kind)``)
     made.reach(targets, ...)       open_hosts, while a watcher asks the cloud every two
                                    seconds whether a machine ended (a spot reclaim, its
                                    watchdog): then the start fails at once, with the
@@ -38,7 +39,7 @@ from skyward._errors import HostKeyError, ProvisionError
 from skyward._futures import Deadline, settle
 from skyward._phases import Choice, Phase, Reporter
 from skyward._shield import finish
-from skyward.providers.base import Allocation, Node, ProvisionRequest
+from skyward.providers.base import Allocation, Node, ProvisionRequest, Resource
 from skyward.providers.ssh.connection import PoolKey, Target
 from skyward.providers.ssh.hosts import Access, HostNode, HostTarget, open_hosts
 
@@ -221,6 +222,19 @@ class CloudAllocation(Allocation, Generic[ApiT, SpecT]):
     def adopt_pool_key(self, key: PoolKey) -> None:
         with self._guard:
             self.pool_key = key
+
+    def record(self, kind: str, name: str) -> str:
+        """Record a pool-wide resource (``"security group"``, its id): from now on its
+        deletion is the release's. Called as soon as the cloud answers, or, for a name we
+        choose, before we ask (an answer lost in flight still counts); ``name`` back."""
+        with self._guard:
+            self.resources.append(Resource(kind, name))
+        return name
+
+    def recorded(self, kind: str) -> list[str]:
+        """The names recorded as ``kind``, in order."""
+        with self._guard:
+            return [r.id for r in self.resources if r.kind == kind]
 
     def chose(self, offer: Any, launched: Any) -> None:
         """The place that took the pool (a ``capacity.Offer``), for the cost report;

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -167,7 +168,7 @@ class GCP(CloudOptions):
             ssh_cidrs=cidrs,
             tags=request.tags,
             deadline=deadline,
-            adopt=made.adopt_firewall,
+            adopt=partial(made.record, "firewall rule"),
         )
         reporter.status(f"firewall rules {made.names.base}-*: SSH from {', '.join(cidrs)}")
         hook = {"path": BEFORE_POWEROFF_PATH, "permissions": "0755"}
@@ -211,8 +212,6 @@ class GCP(CloudOptions):
     def started(
         self, made: GCPAllocation, offer: Offer, launched: list[str], reporter: Reporter
     ) -> list[HostTarget]:
-        for rank, name in enumerate(launched):
-            reporter.phase(rank, "provisioning", f"{name} ({offer.where})")
         return [made.target(d) for d in made.running(offer.zone, launched, made.launching)]
 
     def _zones(
