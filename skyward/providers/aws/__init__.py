@@ -330,10 +330,9 @@ class AWS(CloudOptions):
     def _launch(self, api: Api, spec: ec2.LaunchSpec, count: int) -> list[str]:
         """One run_instances for every node (all or none); ``CapacityError`` when another
         zone, type or market may still work."""
-        return REFUSALS.failover(
+        return capacity.failover(
             lambda: ec2.launch(api, spec, count),
-            lambda exc: error_code(exc.__cause__),
-            spot=spec.spot,
+            lambda exc: REFUSALS.refusal(error_code(exc.__cause__), spot=spec.spot),
         )
 
     def _image(self, api: Api, machine: Machine, request: ProvisionRequest) -> tuple[str, str, int]:

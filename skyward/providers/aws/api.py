@@ -220,7 +220,6 @@ def check_region(session: Any) -> None:
 # spot quota among them: on-demand, which has its own, may still work).
 REFUSALS = Refusals(
     cloud="AWS",
-    identity="AWS",
     renew="renew them (`aws sso login`, new keys) and try again",
     grant="Add {action} to its IAM policy",
     roles=POLICY_HINT,

@@ -17,6 +17,7 @@ from skyward._futures import Deadline
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.api import REFUSALS, Api, failure_code
 from skyward.providers.base import ProvisionRequest
+from skyward.providers.cloud.capacity import failover
 from skyward.providers.cloud.instances import InstanceAllocation
 from skyward.providers.ssh.hosts import HostTarget
 
@@ -61,10 +62,9 @@ class AzureAllocation(InstanceAllocation[Api, arm.VmSpec]):
         group, site = self.group, self.sites[place]
         # A refusal no other place changes (a quota, a permission) stops the pool; the
         # group's deletion cleans up.
-        return REFUSALS.failover(
+        return failover(
             lambda: arm.create_vm(self.api, group, site, spec, name, deadline),
-            failure_code,
-            spot=spec.spot,
+            lambda exc: REFUSALS.refusal(failure_code(exc), spot=spec.spot),
         )
 
     def running(self, place: str, names: Sequence[str], deadline: Deadline) -> list[Any]:

@@ -51,7 +51,6 @@ CAPACITY = frozenset(
 _SPOT_QUOTA = frozenset({"OperationNotAllowed", "QuotaExceeded"})
 REFUSALS = Refusals(
     cloud="Azure",
-    identity="Azure",
     renew="`az login` again, or renew the service principal's secret",
     grant="Give it a role that includes {action}",
     roles=ROLE_HINT,

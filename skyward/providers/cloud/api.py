@@ -12,7 +12,8 @@
                                   the endpoint refuses the filter's syntax
     cause(exc, read)              a fact of an error or of one it was made from (a status)
     Refusals                      one cloud's table: its codes for no room (which the
-                                  failover moves on from), its name, its ways to renew
+                                  failover moves on from: ``Refusal``, for
+                                  ``capacity.failover``), its name, its ways to renew
                                   credentials and grant a permission; the errors that say
                                   what to do are worded here, once for every cloud
 
@@ -25,13 +26,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
-from skyward.providers.cloud.capacity import CapacityError, Refusal
 
 T = TypeVar("T")
+# Why a place could not take the pool: no capacity now, the type not offered there, or
+# spot refused (no spot capacity, the spot price above the cap, the spot quota). Another
+# place may take it: ``capacity.failover`` makes the refusal a ``CapacityError``.
+Refusal = Literal["capacity", "unsupported", "spot"]
 # HTTP statuses of an endpoint that has no such call at all (an emulator, a private
 # endpoint, an Azure Stack), as opposed to refusing this caller: the fallbacks use them.
 NOT_SERVED = frozenset({404, 405, 501})
@@ -116,10 +120,10 @@ class Refusals:
     """
 
     cloud: str  # who refused: "AWS", "Azure", "Compute Engine"
-    identity: str  # whose identity lacks a permission: "AWS", "Azure", "Google"
     renew: str  # how to renew refused credentials
     grant: str  # how to grant a missing permission, with {action}
     roles: str  # where the minimal roles or policy are written down
+    identity: str = ""  # whose identity lacks a permission, when not the cloud's: "Google"
     capacity: frozenset[str] = frozenset()
     unsupported: frozenset[str] = frozenset()
     spot: frozenset[str] = frozenset()
@@ -135,19 +139,6 @@ class Refusals:
             return "spot"
         return None
 
-    def failover(
-        self, attempt: Callable[[], T], code: Callable[[BaseException], str], *, spot: bool
-    ) -> T:
-        """``attempt()``, one launch; a refusal another place may meet (``code(error)`` says
-        which) leaves as a ``CapacityError`` whose cause is the SDK's error."""
-        try:
-            return attempt()
-        except ProvisionError as exc:
-            why = self.refusal(code(exc), spot=spot)
-            if why is None:
-                raise
-            raise CapacityError(str(exc), refusal=why) from (exc.__cause__ or exc)
-
     # ── the words: one refusal, said alike by every cloud ──────────────────────────────
 
     def credentials_refused(self, doing: str, detail: str) -> ProvisionError:
@@ -158,10 +149,10 @@ class Refusals:
 
     def denied(self, doing: str, action: str, where: str, code: str = "") -> ProvisionError:
         """``action`` (``ec2:RunInstances``) is not allowed ``where`` (``in us-east-1``)."""
-        said = f" ({code})" if code else ""
+        said, who = f" ({code})" if code else "", self.identity or self.cloud
         return ProvisionError(
-            f"{doing}: your {self.identity} identity lacks the permission {action} {where}"
-            f"{said}. {self.grant.format(action=action)}; {self.roles}"
+            f"{doing}: your {who} identity lacks the permission {action} {where}{said}. "
+            f"{self.grant.format(action=action)}; {self.roles}"
         )
 
     def quota(
