@@ -41,7 +41,6 @@ from skyward.providers.cloud.capacity import Offer
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions, Launch, prices
 from skyward.providers.ssh.connection import PoolKey
-from skyward.providers.ssh.hosts import HostTarget
 from skyward.providers.volumes import refuse_keyless
 
 _log = logging.getLogger("skyward")
@@ -379,11 +378,6 @@ class Azure(CloudOptions):
             return made.launch(location, range(request.nodes), deadline)
 
         return launch
-
-    def started(
-        self, made: AzureAllocation, offer: Offer, launched: list[str], reporter: Reporter
-    ) -> list[HostTarget]:
-        return [made.target(name) for name in launched]
 
     def _spec(
         self,

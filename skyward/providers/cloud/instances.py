@@ -158,8 +158,12 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
         (new,) = self.launch(place, [rank], deadline)
         with self._guard:
             self.instances[rank] = (place, new)
-        (described,) = self.running(place, [new], deadline)
-        return self.target(described)
+        (target,) = self.targets(place, [new], deadline)
+        return target
+
+    def targets(self, place: str, names: Sequence[str], deadline: Deadline) -> list[HostTarget]:
+        """How to reach each machine, once it runs (``CloudOptions.started``'s default)."""
+        return [self.target(described) for described in self.running(place, names, deadline)]
 
     def drain(self) -> list[tuple[str, str]]:
         """Wake the launches and wait (bounded) for creates still on the wire: every

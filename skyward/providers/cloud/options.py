@@ -24,6 +24,7 @@ the cloud's own::
       launch_first, chose        the first offer with room takes the pool, recorded, and
                                  each node's machine named (shared)
     started(made, offer, ...)  the machines recorded and running: how each is reached
+                               (by default, an ``InstanceAllocation``'s ``targets``)
       reach                      over SSH, ``hint(ssh_rule)`` when it never answered (shared)
 """
 
@@ -278,8 +279,9 @@ class CloudOptions(BaseModel):
         self, made: Any, offer: Offer, launched: Any, reporter: Reporter
     ) -> list[HostTarget]:
         """After ``offer`` took the pool (``launched``: what its launch returned): the
-        machines recorded and running, and how to reach each."""
-        raise NotImplementedError
+        machines recorded and running, and how to reach each. By default, a cloud that names
+        its machines (``InstanceAllocation``): each named machine once it runs."""
+        return made.targets(offer.zone, launched, self.launch_deadline(made))  # type: ignore[no-any-return]
 
 
 def prices(

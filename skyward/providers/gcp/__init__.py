@@ -39,7 +39,6 @@ from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.allocation import GCPAllocation
 from skyward.providers.gcp.api import Api, credentials_and_project, not_served
 from skyward.providers.gcp.inventory import GCPInventory
-from skyward.providers.ssh.hosts import HostTarget
 from skyward.providers.volumes import refuse_keyless
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
@@ -208,11 +207,6 @@ class GCP(CloudOptions):
             return made.launch(offer.zone, range(request.nodes), deadline)
 
         return launch
-
-    def started(
-        self, made: GCPAllocation, offer: Offer, launched: list[str], reporter: Reporter
-    ) -> list[HostTarget]:
-        return [made.target(d) for d in made.running(offer.zone, launched, made.launching)]
 
     def _zones(
         self, api: Api, machines: Sequence[Machine], first: str | None, region: str
