@@ -117,7 +117,6 @@ def check_version(value: str | None) -> str | None:
             Version(value)
     except (InvalidSpecifier, InvalidVersion):
         raise ValueError(
-            f"{value!r} is neither a version (\"1.6.0\") nor a version specifier "
-            f"(\">=1.4,<2\")"
+            f'{value!r} is neither a version ("1.6.0") nor a version specifier (">=1.4,<2")'
         ) from None
     return value

@@ -53,8 +53,9 @@ class Factory(Protocol):
 
     __name__: str
 
-    def __call__(self, *, count: int | None = None, memory: str | int | None = None) -> Accelerator:
-        ...
+    def __call__(
+        self, *, count: int | None = None, memory: str | int | None = None
+    ) -> Accelerator: ...
 
 
 def _memory_gb(name: str, memory: str | int | None) -> int | None:
@@ -106,9 +107,7 @@ V100 = _factory("V100")
 P100 = _factory("P100")
 
 
-def Custom(
-    name: str, *, count: int | None = None, memory: str | int | None = None
-) -> Accelerator:
+def Custom(name: str, *, count: int | None = None, memory: str | int | None = None) -> Accelerator:
     """An accelerator outside the catalog, or one named as a machine names it: sky.SSH and
     sky.Slurm take any name (``Custom("MI300X", count=8)`` is ``gres=gpu:mi300x:8`` on
     Slurm); a cloud provider refuses a name its catalog lacks, when the pool is built."""

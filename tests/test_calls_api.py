@@ -165,7 +165,7 @@ def test_a_named_pool_comes_from_the_project_then_the_user_file(
     (user / "skyward.toml").write_text(
         '[providers.here]\ntype = "local"\n\n'
         '[pools.small]\nprovider = "here"\nnodes = 1\n\n'
-        '[pools.both]\nnodes = 3\n'
+        "[pools.both]\nnodes = 3\n"
     )
     (project / "skyward.toml").write_text(
         '[pools.both]\nprovider = "here"\nnodes = [1, 2]\nautoscale_cooldown = 5\n'

@@ -26,11 +26,7 @@ class Recorder(logging.Handler):
         self.records.append(record)
 
     def skyward(self, level: int) -> list[str]:
-        return [
-            r.getMessage()
-            for r in self.records
-            if r.name == "skyward" and r.levelno == level
-        ]
+        return [r.getMessage() for r in self.records if r.name == "skyward" and r.levelno == level]
 
 
 @contextmanager

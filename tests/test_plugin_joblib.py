@@ -157,9 +157,10 @@ def test_inside_a_sklearn_pool_n_jobs_runs_on_the_workers_and_joblib_is_itself_a
     assert len(ran_on) > 1 and ran_on <= {0, 1, 2, 3}
     assert fits >= 4  # joblib's batches went through pool.submit
     assert _active_backend() is before  # the pool is closed: joblib's default is back
-    assert search.best_params_ == GridSearchCV(
-        DecisionTreeClassifier(random_state=0), grid, cv=3
-    ).fit(X, y).best_params_
+    assert (
+        search.best_params_
+        == GridSearchCV(DecisionTreeClassifier(random_state=0), grid, cv=3).fit(X, y).best_params_
+    )
 
 
 def _square(i: int) -> int:

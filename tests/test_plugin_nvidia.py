@@ -220,8 +220,17 @@ def test_with_several_workers_a_worker_names_its_gpus_as_the_nodes_daemon_number
     for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
         monkeypatch.delenv(key, raising=False)
     info = InstanceInfo(
-        node=0, total_nodes=1, head_addr="h", head_port=1, peers=("h",), hostname="h",
-        accelerators=4, worker=0, workers_per_node=2, devices=(0, 1), job_id="run-1",
+        node=0,
+        total_nodes=1,
+        head_addr="h",
+        head_port=1,
+        peers=("h",),
+        hostname="h",
+        accelerators=4,
+        worker=0,
+        workers_per_node=2,
+        devices=(0, 1),
+        job_id="run-1",
     )
     plugin = sky.plugins.mps(pinned_memory_limit="2G")
     assert plugin.around_app is not None

@@ -80,8 +80,7 @@ class LogConfig(BaseModel):
     def _rotation(cls, rotation: str) -> str:
         if not (_SIZE.match(rotation) or _TIME.match(rotation)):
             raise ValueError(
-                f"rotation is a size such as '50 MB' or a period such as '1 day', "
-                f"not {rotation!r}"
+                f"rotation is a size such as '50 MB' or a period such as '1 day', not {rotation!r}"
             )
         return rotation
 

@@ -115,6 +115,8 @@ _COMPILING = frozenset(
     {"compile_or_get_cached", "backend_compile", "_cached_compilation", "from_hlo", "compile"}
 )
 _TRANSFERRING = frozenset({"device_put", "_device_put_impl", "make_array_from_callback"})
+
+
 def framework_wait(report: proto.StacksReport) -> tuple[Wait, str] | None:
     """What the rank's thread inside jax waits in, and the frame that says so; None when no
     thread is inside jax, or its stack does not tell (the hang watch then gives no verdict).

@@ -388,9 +388,7 @@ def _stock_fuse(directory: Path) -> str:
     if not Path("/dev/fuse").exists():
         return ""
     node = shlex.quote(str(directory / "fuse"))
-    return (
-        f"mknod {node} c 10 229 && chmod 666 {node} && mount --bind {node} /dev/fuse || exit 1\n"
-    )
+    return f"mknod {node} c 10 229 && chmod 666 {node} && mount --bind {node} /dev/fuse || exit 1\n"
 
 
 def _kill(pid: int) -> None:

@@ -1,23 +1,15 @@
 """``AWS(...)``: nodes are EC2 instances that the pool creates and always destroys.
 
-::
+A start is every cloud's (``CloudOptions.provision``, ``cloud/options.py``); AWS's steps::
 
-    check       (when the pool is built) region known to botocore, machine types from the
-                catalog (vcpus=/memory_gb=/accelerator), allocation= against spot=, an
-                on-demand price above max_hourly_cost: refused before anything exists
-    provision   before creating anything: the instance type described by EC2, the zones of
-                the region that offer each type and have a subnet, spot prices when spot is
-                asked → the offers in order (``capacity.plan``), within max_hourly_cost →
-                the choice, where, and $/h for the pool reported; then per pool: the pool's
-                own SSH key → a key pair → a security group (SSH from ssh_cidr only, all
-                traffic within the group) → one run_instances for every node per offer,
-                moving to the next zone / type / market when EC2 has no capacity
-                (``capacity.launch_first``) → wait running → reach each node over SSH with
-                the host key we made pinned, retrying while it boots (``ssh.hosts``)
-    terminate   close the nodes → terminate the instances and wait → delete the group
-                (retried while in use) → delete the key pair, after sweeping by key pair and
-                by the allocation's tag; what is left is named with ``skyward down --pool
-                NAME --region REGION``
+    check       region known to botocore, credentials found, an image for the GPUs
+    offers      the instance type described by EC2, the zones of the region that offer
+                each type and have a subnet, spot prices when spot is asked
+    prepare     the image, a key pair, a security group (SSH from ssh_cidr only, all
+                traffic within the group), EFA; a launch is one run_instances for every node
+    started     wait running
+    terminate   terminate the instances and wait, delete the group (retried while in use)
+                and the key pair, after sweeping by key pair and by the allocation's tag
     inventory   everything tagged skyward-pool, in every enabled region unless one is named
 
 Every resource carries the pool's tags. boto3 is imported only when a pool uses AWS; the
@@ -30,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import ClassVar, cast
+from functools import partial
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
@@ -38,12 +31,12 @@ from skyward._errors import ProvisionError
 from skyward._phases import Reporter
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
-from skyward.providers.aws.api import Api, check_credentials, refusal
+from skyward.providers.aws.api import REFUSALS, Api, check_credentials, error_code
 from skyward.providers.aws.inventory import AWSInventory
 from skyward.providers.base import Inventory, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.allocation import TAG_ALLOCATION
-from skyward.providers.cloud.capacity import CapacityError, Offer
+from skyward.providers.cloud.capacity import Offer
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import CloudOptions, Launch, prices
 from skyward.providers.ssh.hosts import HostTarget
@@ -217,11 +210,11 @@ class AWS(CloudOptions):
             instance_profile=self.iam_instance_profile is not None,
         )
         tags = {**request.tags, TAG_ALLOCATION: name, "Name": f"skyward {request.pool}"}
-        made.adopt_key_pair(name)  # before the call: an answer lost in flight still counts
+        made.record("key pair", name)  # before the call: an answer lost in flight still counts
         ec2.import_key_pair(api, name, key.public, tags)
         reporter.status(f"key pair {name}")
         deadline.check("creating the security group")
-        group = ec2.create_group(api, name, made.vpc, tags, made.adopt_group)
+        group = ec2.create_group(api, name, made.vpc, tags, partial(made.record, "security group"))
         ec2.allow(api, group, cidrs, tags)
         reporter.status(f"security group {group}: SSH from {', '.join(cidrs)}")
         efa = self._efa(api, offers, request.nodes, reporter)
@@ -249,7 +242,7 @@ class AWS(CloudOptions):
             if cards and offer.zone not in placed:  # a cluster group stays in one zone
                 made.placing = True
                 placed[offer.zone] = ec2.create_placement(
-                    api, f"{name}-{offer.zone}", tags, made.adopt_placement_group
+                    api, f"{name}-{offer.zone}", tags, partial(made.record, "placement group")
                 )
             spec = dataclasses.replace(
                 template,
@@ -268,8 +261,6 @@ class AWS(CloudOptions):
     def started(
         self, made: AWSAllocation, offer: Offer, launched: ec2.LaunchSpec, reporter: Reporter
     ) -> list[HostTarget]:
-        for rank, instance in enumerate(made.instances):
-            reporter.phase(rank, "provisioning", f"{instance} ({offer.where})")
         public = self.connect == "public"
         described = ec2.wait_running(made.api, made.instances, made.request.deadline, public=public)
         return [made.target(instance) for instance in described]
@@ -339,13 +330,10 @@ class AWS(CloudOptions):
     def _launch(self, api: Api, spec: ec2.LaunchSpec, count: int) -> list[str]:
         """One run_instances for every node (all or none); ``CapacityError`` when another
         zone, type or market may still work."""
-        try:
-            return ec2.launch(api, spec, count)
-        except ProvisionError as exc:
-            why = refusal(exc.__cause__, spot=spec.spot)
-            if why is None:
-                raise
-            raise CapacityError(str(exc), refusal=cast(capacity.Refusal, why)) from exc.__cause__
+        return capacity.failover(
+            lambda: ec2.launch(api, spec, count),
+            lambda exc: REFUSALS.refusal(error_code(exc.__cause__), spot=spec.spot),
+        )
 
     def _image(self, api: Api, machine: Machine, request: ProvisionRequest) -> tuple[str, str, int]:
         """The AMI id, its root device name and its root snapshot's size in GB."""

@@ -1,6 +1,6 @@
 """What one AWS pool made, and how it is unmade, replaced, and asked why a node was lost.
 
-Resources are recorded the moment they exist (``provision`` calls ``adopt_*`` right after
+Resources are recorded the moment they exist (``provision`` calls ``record`` right after
 each create call returns; the key pair's name, which we choose, even before), so a failure
 or a Ctrl-C at any point releases what was made. A create call cut off in flight (Ctrl-C,
 SIGTERM, a lost connection) may have made something whose id never came back: ``release``
@@ -17,7 +17,7 @@ from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.api import Api
-from skyward.providers.base import ProvisionRequest, Resource
+from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud.allocation import TAG_ALLOCATION, CloudAllocation
 from skyward.providers.ssh.hosts import HostTarget
 
@@ -32,9 +32,6 @@ class AWSAllocation(CloudAllocation[Api, ec2.LaunchSpec]):
         # Unique per provision: the key pair's and group's name, and the value of the
         # skyward-allocation tag on everything made (the sweep's handle).
         self.name = ec2.resource_name(request.pool)
-        self.key_name: str | None = None
-        self.group: str | None = None
-        self.placement_groups: list[str] = []
         self.placing = False  # a placement group may have been asked for: sweep for them
         self.instances: list[str] = []  # by rank
         # The VPC and the subnet of each zone it may use, found before anything is made.
@@ -49,21 +46,6 @@ class AWSAllocation(CloudAllocation[Api, ec2.LaunchSpec]):
         super().chose(offer, launched)
         self.spec = launched
 
-    def adopt_key_pair(self, name: str) -> None:
-        with self._guard:
-            self.key_name = name
-            self.resources.append(Resource("key pair", name))
-
-    def adopt_group(self, group: str) -> None:
-        with self._guard:
-            self.group = group
-            self.resources.append(Resource("security group", group))
-
-    def adopt_placement_group(self, name: str) -> None:
-        with self._guard:
-            self.placement_groups.append(name)
-            self.resources.append(Resource("placement group", name))
-
     def adopt_instances(self, ids: list[str]) -> None:
         with self._guard:
             self.instances += ids
@@ -75,9 +57,8 @@ class AWSAllocation(CloudAllocation[Api, ec2.LaunchSpec]):
         after sweeping for what a create cut off in flight made."""
         with self._guard:
             instances = [*self.instances, *self._retired]
-            groups = [self.group] if self.group else []
-            keys = [self.key_name] if self.key_name else []
-            placed = list(self.placement_groups)
+        groups, keys = self.recorded("security group"), self.recorded("key pair")
+        placed = self.recorded("placement group")
         swept = ec2.sweep(
             self.api,
             key_name=keys[0] if keys else None,

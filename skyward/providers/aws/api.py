@@ -9,12 +9,12 @@ a vCPU quota (named, with its code in Service Quotas), an unknown AMI.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from skyward._errors import ProvisionError
 from skyward._extras import require
+from skyward.providers.cloud.api import Boundary, Refusals
 
 if TYPE_CHECKING:
     from mypy_boto3_ec2 import EC2Client
@@ -46,7 +46,7 @@ _DENIED = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "Un
 
 
 @dataclass(frozen=True)
-class Api:
+class Api(Boundary):
     """EC2 and SSM clients of one region. ``call`` translates errors; nothing else here does
     I/O. Thread-safe (boto3 clients are)."""
 
@@ -90,15 +90,11 @@ class Api:
         ssm = session.client("ssm", region_name=region, endpoint_url=endpoint_url, config=config)
         return cls(ec2=ec2, ssm=ssm, region=region)
 
-    def call(self, operation: Callable[..., Any], doing: str, /, **kwargs: Any) -> Any:
-        """``operation(**kwargs)``; any SDK error becomes a ``ProvisionError`` about
-        ``doing`` (``"launching 4 p4d.24xlarge instances"``)."""
-        try:
-            return operation(**kwargs)
-        except Exception as exc:
-            if _is_sdk_error(exc):
-                raise translate(exc, doing, self.region, kwargs) from exc
-            raise
+    def raised_by_sdk(self, exc: BaseException) -> bool:
+        return _is_sdk_error(exc)
+
+    def translate(self, exc: BaseException, doing: str, request: Any) -> ProvisionError:
+        return translate(exc, doing, self.region, dict(request))
 
     def zones_offering(self, instance_type: str) -> list[str]:
         """The zones of this region that offer ``instance_type`` (empty if unknown)."""
@@ -220,28 +216,24 @@ def check_region(session: Any) -> None:
     )
 
 
-# Refusals after which another zone, machine type or market may still take the pool.
-_NO_CAPACITY = {
-    "InsufficientInstanceCapacity",
-    "InsufficientHostCapacity",
-    "InsufficientCapacityOnHost",
-    "InsufficientReservedInstanceCapacity",
-}
-_SPOT_REFUSED = {"SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded"}
-
-
-def refusal(exc: BaseException | None, *, spot: bool) -> str | None:
-    """``"capacity"``, ``"unsupported"`` or ``"spot"`` when EC2's refusal of a launch means
-    another place may work (``capacity.CapacityError``); ``None`` for the rest (a quota,
-    a permission, a bad request), which no other zone changes."""
-    code = error_code(exc)
-    if code in _NO_CAPACITY:
-        return "spot" if spot else "capacity"
-    if code == "Unsupported":
-        return "unsupported"
-    if spot and (code in _SPOT_REFUSED or code == "VcpuLimitExceeded"):
-        return "spot"  # the spot quota: on-demand, which has its own, may still work
-    return None
+# Refusals after which another zone, machine type or market may still take the pool (the
+# spot quota among them: on-demand, which has its own, may still work).
+REFUSALS = Refusals(
+    cloud="AWS",
+    renew="renew them (`aws sso login`, new keys) and try again",
+    grant="Add {action} to its IAM policy",
+    roles=POLICY_HINT,
+    capacity=frozenset(
+        {
+            "InsufficientInstanceCapacity",
+            "InsufficientHostCapacity",
+            "InsufficientCapacityOnHost",
+            "InsufficientReservedInstanceCapacity",
+        }
+    ),
+    unsupported=frozenset({"Unsupported"}),
+    spot=frozenset({"SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded", "VcpuLimitExceeded"}),
+)
 
 
 def error_code(exc: BaseException | None) -> str:
@@ -267,16 +259,9 @@ def translate(
     if not code and not isinstance(getattr(exc, "response", None), dict):
         return _without_response(exc, doing, region)
     if code in _CREDENTIALS:
-        return ProvisionError(
-            f"{doing}: AWS refused the credentials ({code}: {message}). They may have "
-            f"expired: renew them (`aws sso login`, new keys) and try again"
-        )
+        return REFUSALS.credentials_refused(doing, f"{code}: {message}")
     if code in _DENIED:
-        action = iam_action(exc)
-        return ProvisionError(
-            f"{doing}: your AWS identity is not allowed to call {action} in {region} "
-            f"({code}). Add {action} to its IAM policy; {POLICY_HINT}"
-        )
+        return REFUSALS.denied(doing, iam_action(exc), f"in {region}", code)
     if code == "InsufficientInstanceCapacity":
         kind, zone = request.get("InstanceType", "?"), _zone(request, message)
         return ProvisionError(
@@ -292,10 +277,12 @@ def translate(
     if code in ("VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"):
         kind = str(request.get("InstanceType", ""))
         quota, quota_code = quota_for(kind, spot=_spot(request) or code.startswith("MaxSpot"))
-        return ProvisionError(
-            f"{doing}: your vCPU quota '{quota}' ({quota_code}) in {region} is too small: "
-            f"{message} Ask for more in the Service Quotas console (EC2, {quota_code}), or "
-            f"ask for fewer or smaller nodes"
+        return REFUSALS.quota(
+            doing,
+            f"vCPU quota '{quota}' ({quota_code})",
+            region,
+            detail=message.rstrip("."),
+            ask=f"in the Service Quotas console: EC2, {quota_code}",
         )
     if code == "InvalidInstanceType":
         return ProvisionError(
@@ -314,7 +301,7 @@ def translate(
             f"{region}; check sky.AWS(ami_parameter=...) or pass ami='ami-...'"
         )
     if code:
-        return ProvisionError(f"{doing}: AWS said {code}: {message}")
+        return REFUSALS.said(doing, code, message)
     return ProvisionError(f"{doing}: {name}: {exc}")
 
 
@@ -359,10 +346,12 @@ def _without_response(exc: BaseException, doing: str, region: str) -> ProvisionE
         )
     for kind, words in _NO_ANSWER.items():
         if any(c.__name__ == kind for c in type(exc).__mro__):
-            return ProvisionError(
-                f"{doing}: {words} in {region or 'the default region'} ({exc}); the request "
-                f"was retried. Check the network, a proxy (HTTPS_PROXY), or "
-                f"sky.AWS(endpoint_url=...), and try again"
+            return REFUSALS.unreachable(
+                doing,
+                f"{exc}; the request was retried",
+                what=f"{words} in {region or 'the default region'}",
+                check="the network, a proxy (HTTPS_PROXY) or sky.AWS(endpoint_url=...), "
+                "and try again",
             )
     return ProvisionError(f"{doing}: {name}: {exc}")
 

@@ -10,28 +10,33 @@ key pairs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from skyward._errors import ProvisionError, SkywardError
-from skyward._phases import Reporter
+from skyward._futures import Deadline
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.api import Api
-from skyward.providers.base import TAG_POOL, Leftover, tagged_leftover
+from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog
+from skyward.providers.cloud.inventory import CloudInventory
 
 _LIVE = ["pending", "running", "shutting-down", "stopping", "stopped"]
 _PARALLEL = 8  # regions searched at once
 
 
-class AWSInventory:
+class AWSInventory(CloudInventory[Api]):
     """Leftovers in one region, or in every enabled one (``region=None``), reached with an
     ``AWS`` configuration's credentials and endpoint (handed over as values: the
     configuration's module builds this one). ``problems`` lists regions that could not be
     searched, after ``leftovers``, and ``searched`` those that were; ``notes`` what was
     searched but not fully (placement groups, which cost nothing, unlisted for want of a
-    permission)."""
+    permission). ``api``: the configured region's, else boto3's default."""
+
+    provider = "aws"
+    kinds = ("instance", "security group", "key pair", "placement group")
 
     def __init__(
         self,
@@ -41,8 +46,12 @@ class AWSInventory:
         endpoint_url: str | None,
         release_timeout: float,
     ) -> None:
+        where = {"profile": profile, "endpoint_url": endpoint_url}
+        super().__init__(
+            functools.partial(Api.connect, region=region, **where),
+            release_timeout=release_timeout,
+        )
         self._region, self._profile, self._endpoint_url = region, profile, endpoint_url
-        self._release_timeout = release_timeout
         self._apis: dict[str, Api] = {}
         self.problems: list[str] = []
         self.searched: list[str] = []
@@ -53,14 +62,13 @@ class AWSInventory:
     def where(self) -> str:
         return f"aws {self._region}" if self._region else "aws (every enabled region)"
 
-    def api(self, region: str | None = None) -> Api:
-        """The API of ``region`` (default: the configured one, else boto3's default)."""
-        name = region or self._region
-        if (name or "") not in self._apis:
-            self._apis[name or ""] = Api.connect(
-                region=name, profile=self._profile, endpoint_url=self._endpoint_url
+    def api_in(self, region: str) -> Api:
+        """The API of ``region``."""
+        if region not in self._apis:
+            self._apis[region] = Api.connect(
+                region=region, profile=self._profile, endpoint_url=self._endpoint_url
             )
-        return self._apis[name or ""]
+        return self._apis[region]
 
     def regions(self) -> list[str]:
         """The regions searched: the one named, or every region the account has enabled."""
@@ -75,10 +83,10 @@ class AWSInventory:
 
     def _default_api(self) -> Api:
         try:
-            return self.api()
+            return self.api
         except ProvisionError:
             # No default region configured: any region answers describe_regions.
-            return self.api("us-east-1")
+            return self.api_in("us-east-1")
 
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
         regions = self.regions()
@@ -93,7 +101,7 @@ class AWSInventory:
 
         def search(region: str) -> list[Leftover] | str:
             try:
-                return self._leftovers_in(self.api(region), pool)
+                return self._leftovers_in(self.api_in(region), pool)
             except SkywardError as exc:
                 return f"{region}: {exc}"
 
@@ -142,7 +150,7 @@ class AWSInventory:
             else:
                 price = catalog.price("aws", kind, api.region)
             found.append(
-                _leftover(
+                self._leftover(
                     api,
                     "instance",
                     instance["InstanceId"],
@@ -157,12 +165,14 @@ class AWSInventory:
             Filters=[tag],
         )["SecurityGroups"]
         for group in groups:
-            found.append(_leftover(api, "security group", group["GroupId"], group.get("Tags", [])))
+            found.append(
+                self._leftover(api, "security group", group["GroupId"], group.get("Tags", []))
+            )
         keys = api.call(
             api.ec2.describe_key_pairs, f"listing key pairs in {api.region}", Filters=[tag]
         )["KeyPairs"]
         for key in keys:
-            found.append(_leftover(api, "key pair", key["KeyName"], key.get("Tags", [])))
+            found.append(self._leftover(api, "key pair", key["KeyName"], key.get("Tags", [])))
         try:
             placed = api.call(
                 api.ec2.describe_placement_groups,
@@ -174,47 +184,29 @@ class AWSInventory:
             placed = []
         for group in placed:
             found.append(
-                _leftover(api, "placement group", group["GroupName"], group.get("Tags", []))
+                self._leftover(api, "placement group", group["GroupName"], group.get("Tags", []))
             )
         # The filter again, here: what `skyward down` deletes does not rest on the endpoint
         # evaluating it (as the GCP and Azure inventories do).
         return [x for x in found if x.pool and (pool is None or x.pool == pool)]
 
-    def delete(self, leftovers: Sequence[Leftover], reporter: Reporter) -> None:
-        mine = [x for x in leftovers if x.provider == "aws"]
-        failed: list[str] = []
-        for region in sorted({x.region for x in mine}):
-            here = [x for x in mine if x.region == region]
-            by_kind = {
-                kind: [x.id for x in here if x.kind == kind]
-                for kind in ("instance", "security group", "key pair", "placement group")
-            }
-            for kind, ids in by_kind.items():
-                if ids:
-                    reporter.status(f"deleting {len(ids)} {kind}(s) in {region}")
-            left = ec2.delete(
-                self.api(region),
-                instances=by_kind["instance"],
-                groups=by_kind["security group"],
-                key_pairs=by_kind["key pair"],
-                placement_groups=by_kind["placement group"],
-                timeout=self._release_timeout,
-            )
-            if left:
-                failed.append(f"could not delete {', '.join(left)} in {region}")
-        if failed:
-            raise ProvisionError("; ".join(failed))
+    def place(self, leftover: Leftover) -> str:
+        return leftover.region  # each region has its own API
 
+    def remove(self, by_kind: Mapping[str, list[Leftover]], deadline: Deadline) -> list[str]:
+        region = next(x.region for some in by_kind.values() for x in some)
+        ids = {kind: [x.id for x in some] for kind, some in by_kind.items()}
+        return ec2.delete(
+            self.api_in(region),
+            instances=ids["instance"],
+            groups=ids["security group"],
+            key_pairs=ids["key pair"],
+            placement_groups=ids["placement group"],
+            timeout=deadline.remaining(),
+        )
 
-def _leftover(
-    api: Api,
-    kind: str,
-    id: str,
-    tags: list[Any],
-    state: str = "exists",
-    hourly: float | None = None,
-) -> Leftover:
-    values = {t["Key"]: t["Value"] for t in tags}
-    return tagged_leftover(
-        "aws", kind, id, values, state=state, region=api.region, hourly_cost=hourly
-    )
+    def _leftover(
+        self, api: Api, kind: str, id: str, tags: list[Any], state: str = "exists", **more: Any
+    ) -> Leftover:
+        values = {t["Key"]: t["Value"] for t in tags}
+        return self.leftover(kind, id, values, region=api.region, state=state, **more)

@@ -18,7 +18,6 @@ not cut short.
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,8 @@ from typing import Any, cast
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward.providers.aws.api import Api, error_code
+from skyward.providers.cloud import api as cloud
+from skyward.providers.cloud.allocation import unique_name
 
 POLL = 2.0  # seconds between describe calls while waiting on EC2
 _LIVE = ["pending", "running", "shutting-down", "stopping", "stopped"]
@@ -43,7 +44,7 @@ def tag_specs(tags: Mapping[str, str], *kinds: str) -> list[dict[str, Any]]:
 
 def resource_name(pool: str) -> str:
     """A name for the pool's key pair and group: unique, in the characters AWS accepts."""
-    return f"skyward-{re.sub(r'[^A-Za-z0-9._-]', '-', pool)[:80]}-{secrets.token_hex(3)}"
+    return unique_name(pool, unsafe=r"[^A-Za-z0-9._-]", length=80)
 
 
 def import_key_pair(api: Api, name: str, public_key: str, tags: Mapping[str, str]) -> None:
@@ -222,8 +223,8 @@ def wait_running(
     """Each instance once it runs and has its address (public or private), in ``ids``'
     order. One that ends on the way (spot capacity withdrawn) fails the wait, with why."""
     doing = f"waiting for {len(ids)} instance(s) to run"
-    while True:
-        deadline.check(doing)
+
+    def probe() -> list[dict[str, Any]] | None:
         try:
             answer = api.call(api.ec2.describe_instances, doing, InstanceIds=list(ids))
         except ProvisionError as exc:
@@ -242,7 +243,10 @@ def wait_running(
         address = "PublicIpAddress" if public else "PrivateIpAddress"
         if all(i is not None and i["State"]["Name"] == "running" and i.get(address) for i in ready):
             return [i for i in ready if i is not None]
-        deadline.sleep(poll)
+        return None
+
+    deadline.check(doing)
+    return cloud.poll(probe, doing, deadline, pause=poll, most=poll)
 
 
 def describe_reason(instance: Mapping[str, Any]) -> str:

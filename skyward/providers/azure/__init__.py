@@ -1,21 +1,15 @@
 """``Azure(...)``: nodes are Azure VMs in a resource group the pool creates and always deletes.
 
-::
+A start is every cloud's (``CloudOptions.provision``, ``cloud/options.py``); Azure's
+locations play the part of zones, and its steps are::
 
-    check       (when the pool is built) subscription and location given, sizes from the
-                catalog (vcpus=/memory_gb=/accelerator), allocation= against spot=, an
-                on-demand price above max_hourly_cost: refused before anything exists
-    provision   before creating anything: a token (credentials), Azure's SKU list for each
-                location (sizes it does not offer or restricts are left out, a vm_size is
-                described) → the offers in order (``capacity.plan``; locations play the
-                part of zones), within max_hourly_cost → the choice, where, $/h reported;
-                then the pool's resource group → per location tried: network, NSG, managed
-                identity → every node's VM at once; no room (SkuNotAvailable,
-                AllocationFailed, a spot request refused) deletes that attempt's VMs and
-                tries the next (``capacity.launch_first``) → reach each VM over SSH with the
-                host key we made pinned (``ssh/hosts``)
-    terminate   close the nodes → delete the resource group and wait
-    inventory   resource groups tagged skyward-pool in the subscription (``skyward ls``/``down``)
+    check       subscription and location given, max_price only for spot, the CA bundle
+    offers      a token (credentials), Azure's SKU list for each location (sizes it does
+                not offer or restricts are left out, a vm_size is described)
+    prepare     the pool's resource group; per location tried: network, NSG, managed
+                identity; a launch creates every node's VM at once
+    terminate   delete the resource group and wait
+    inventory   resource groups tagged skyward-pool in the subscription
 
 The SDKs are imported only when a pool uses Azure; the calls and their error messages live
 in ``api``, the resources in ``resources``, the idle watchdog's last step in ``watchdog``.
@@ -47,7 +41,6 @@ from skyward.providers.cloud.capacity import Offer
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions, Launch, prices
 from skyward.providers.ssh.connection import PoolKey
-from skyward.providers.ssh.hosts import HostTarget
 from skyward.providers.volumes import refuse_keyless
 
 _log = logging.getLogger("skyward")
@@ -385,11 +378,6 @@ class Azure(CloudOptions):
             return made.launch(location, range(request.nodes), deadline)
 
         return launch
-
-    def started(
-        self, made: AzureAllocation, offer: Offer, launched: list[str], reporter: Reporter
-    ) -> list[HostTarget]:
-        return [made.target(name) for name in launched]
 
     def _spec(
         self,

@@ -15,13 +15,11 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward.providers.azure import resources as arm
-from skyward.providers.azure.api import CAPACITY, Api, failure_code
-from skyward.providers.base import ProvisionRequest, Resource
-from skyward.providers.cloud.capacity import CapacityError, Refusal
+from skyward.providers.azure.api import REFUSALS, Api, failure_code
+from skyward.providers.base import ProvisionRequest
+from skyward.providers.cloud.capacity import failover
 from skyward.providers.cloud.instances import InstanceAllocation
 from skyward.providers.ssh.hosts import HostTarget
-
-_QUOTA_CODES = ("OperationNotAllowed", "QuotaExceeded")
 
 
 class AzureAllocation(InstanceAllocation[Api, arm.VmSpec]):
@@ -43,9 +41,7 @@ class AzureAllocation(InstanceAllocation[Api, arm.VmSpec]):
 
     def adopt_group(self, name: str) -> None:
         """Called before the group is asked for: from then on, teardown deletes it."""
-        with self._guard:
-            self.group = name
-            self.resources.append(Resource("resource group", name))
+        self.group = self.record("resource group", name)
 
     def delete_all(self) -> list[str]:
         """Delete the resource group, which holds everything of the pool, and wait for it."""
@@ -60,19 +56,16 @@ class AzureAllocation(InstanceAllocation[Api, arm.VmSpec]):
 
     # ── the calls on one VM ────────────────────────────────────────────────────────────
 
-    def name(self, rank: int, generation: int) -> str:
-        return f"node-{rank}" + (f"-r{generation}" if generation else "")
-
     def start(self, place: str, name: str, spec: arm.VmSpec, deadline: Deadline) -> Any:
         """Its public IP, NIC and VM, waited for (``finish`` has nothing left to do)."""
         assert self.group is not None
-        try:
-            return arm.create_vm(self.api, self.group, self.sites[place], spec, name, deadline)
-        except ProvisionError as exc:
-            why = refusal(exc, spot=spec.spot)
-            if why is None:
-                raise  # a quota, a permission: the group's deletion cleans up
-            raise CapacityError(str(exc), refusal=why) from exc
+        group, site = self.group, self.sites[place]
+        # A refusal no other place changes (a quota, a permission) stops the pool; the
+        # group's deletion cleans up.
+        return failover(
+            lambda: arm.create_vm(self.api, group, site, spec, name, deadline),
+            lambda exc: REFUSALS.refusal(failure_code(exc), spot=spec.spot),
+        )
 
     def running(self, place: str, names: Sequence[str], deadline: Deadline) -> list[Any]:
         return list(names)  # a VM's create ends once it runs
@@ -119,18 +112,6 @@ class AzureAllocation(InstanceAllocation[Api, arm.VmSpec]):
         if self.connect == "public" and not public:
             raise ProvisionError(f"VM {described} has no public address")
         return self.host_target(private, public)
-
-
-def refusal(exc: ProvisionError, *, spot: bool) -> Refusal | None:
-    """How a failed create counts for the failover: no room for the size there now, or a
-    spot request refused (no spot capacity, the cap below the price, the spot quota); None
-    for what another place would not change (an on-demand quota, a permission)."""
-    code = failure_code(exc)
-    if spot and (code in CAPACITY or code in _QUOTA_CODES):
-        return "spot"
-    if code in CAPACITY:
-        return "capacity"
-    return None
 
 
 def power_state(view: Any) -> str | None:

@@ -18,7 +18,6 @@ from a translated error, for the failover's choices.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from skyward._errors import ProvisionError
 from skyward._extras import require
 from skyward._futures import Deadline
+from skyward.providers.cloud.api import NOT_SERVED, Boundary, Refusals, cause, poll
 
 if TYPE_CHECKING:
     from azure.mgmt.compute import ComputeManagementClient
@@ -46,6 +46,16 @@ CAPACITY = frozenset(
         "OverconstrainedZonalAllocationRequest",
         "SpotMaxPriceTooLow",
     }
+)
+# Codes of a refused spot request that on-demand may not meet: the spot quota.
+_SPOT_QUOTA = frozenset({"OperationNotAllowed", "QuotaExceeded"})
+REFUSALS = Refusals(
+    cloud="Azure",
+    renew="`az login` again, or renew the service principal's secret",
+    grant="Give it a role that includes {action}",
+    roles=ROLE_HINT,
+    capacity=CAPACITY,
+    spot=_SPOT_QUOTA,
 )
 _CREDENTIALS = frozenset(
     {
@@ -71,7 +81,7 @@ def audience(base_url: str | None) -> str:
 
 
 @dataclass(frozen=True)
-class Api:
+class Api(Boundary):
     """The management clients of one subscription. ``call`` and ``wait`` translate errors;
     nothing else here does I/O. Thread-safe (the SDK's clients are)."""
 
@@ -128,15 +138,11 @@ class Api:
         except Exception as exc:
             raise translate(exc, "signing in to Azure") from exc
 
-    def call(self, operation: Callable[..., Any], doing: str, /, *args: Any, **kwargs: Any) -> Any:
-        """``operation(*args, **kwargs)``; an SDK error becomes a ``ProvisionError`` about
-        ``doing`` (``"creating VM skyward-x-0"``)."""
-        try:
-            return operation(*args, **kwargs)
-        except Exception as exc:
-            if is_sdk_error(exc):
-                raise translate(exc, doing) from exc
-            raise
+    def raised_by_sdk(self, exc: BaseException) -> bool:
+        return is_sdk_error(exc)
+
+    def translate(self, exc: BaseException, doing: str, request: Any) -> ProvisionError:
+        return translate(exc, doing)
 
     def wait(
         self,
@@ -149,21 +155,14 @@ class Api:
         **kwargs: Any,
     ) -> Any:
         """Start a long-running operation (``begin_*``) and wait for its result, within
-        ``deadline`` and ``timeout`` seconds (600 when neither is given). An operation left
-        behind keeps running in Azure; whoever stopped waiting deletes what it made."""
+        ``deadline``, or without one ``timeout`` seconds (600 when not given). An operation
+        left behind keeps running in Azure; whoever stopped waiting deletes what it made."""
         if deadline is not None:
             deadline.check(doing)  # a closed pool starts nothing more
         poller = self.call(operation, doing, *args, **kwargs)
-        done = threading.Event()
-        poller.add_done_callback(lambda _: done.set())
-        seconds = timeout if timeout is not None else (600.0 if deadline is None else None)
-        end = None if seconds is None else Deadline(seconds, f"{seconds:g} s")
-        while not poller.done():
-            if deadline is not None:
-                deadline.check(doing)
-            if end is not None:
-                end.check(doing)
-            done.wait(_WAIT_SLICE)
+        # Polled by the SDK's own thread; we look in short slices, so that our bound ends it.
+        bound = deadline or Deadline(timeout or 600.0, f"{timeout or 600.0:g} s")
+        poll(lambda: poller.done() or None, doing, bound, pause=0.02, most=_WAIT_SLICE)
         return self.call(poller.result, doing)
 
 
@@ -173,13 +172,8 @@ def is_sdk_error(exc: BaseException) -> bool:
 
 def failure_code(exc: BaseException | None) -> str:
     """The ARM error code behind an error (or its cause): ``"SkuNotAvailable"``, or ``""``."""
-    while exc is not None:
-        error = getattr(exc, "error", None)
-        code = getattr(error, "code", None)
-        if code:
-            return str(code)
-        exc = exc.__cause__
-    return ""
+    code = cause(exc, lambda e: getattr(getattr(e, "error", None), "code", None) or None)
+    return "" if code is None else str(code)
 
 
 # Codes ARM answers when the endpoint does not serve a kind of resource at all (as opposed to
@@ -196,11 +190,7 @@ def not_served(exc: BaseException | None) -> bool:
     code = failure_code(exc)
     if code:
         return code in _NOT_SERVED
-    while exc is not None:
-        if getattr(exc, "status_code", None) in (404, 405, 501):
-            return True
-        exc = exc.__cause__
-    return False
+    return bool(cause(exc, lambda e: getattr(e, "status_code", None) in NOT_SERVED or None))
 
 
 def _message(exc: BaseException) -> str:
@@ -221,28 +211,24 @@ def translate(exc: BaseException, doing: str) -> ProvisionError:
             f"sky.Azure(credential=...)"
         )
     if name in ("ServiceRequestError", "ServiceRequestTimeoutError", "ServiceResponseError"):
-        return ProvisionError(f"{doing}: cannot reach Azure ({message}); check the network")
+        return REFUSALS.unreachable(doing, message)
     if code in _CREDENTIALS:
-        return ProvisionError(
-            f"{doing}: Azure refused the credentials ({code}: {message}). They may have "
-            f"expired: `az login` again, or renew the service principal's secret"
-        )
+        return REFUSALS.credentials_refused(doing, f"{code}: {message}")
     if code == "AuthorizationFailed":
         found = _ACTION.search(message)
-        action = found["action"] if found else "?"
-        scope = found["scope"] if found else "?"
-        return ProvisionError(
-            f"{doing}: your Azure identity is not allowed to perform {action} on {scope} "
-            f"({code}). Give it a role that includes {action}; {ROLE_HINT}"
-        )
-    if code in ("OperationNotAllowed", "QuotaExceeded") and "quota" in message.lower():
+        where = f"on {found['scope'] if found else '?'}"
+        return REFUSALS.denied(doing, found["action"] if found else "?", where, code)
+    if code in _SPOT_QUOTA and "quota" in message.lower():
         found = _QUOTA.search(message)
         if found:
-            return ProvisionError(
-                f"{doing}: your '{found['family']}' vCPU quota in {found['location']} is "
-                f"{found['limit']} ({found['usage']} in use, {found['need']} more needed). Ask "
-                f"for more (portal: Quotas > Compute, or `az quota update`), or ask for fewer "
-                f"or smaller nodes, or another location"
+            return REFUSALS.quota(
+                doing,
+                f"'{found['family']}' vCPU quota",
+                found["location"],
+                limit=found["limit"],
+                detail=f"{found['usage']} in use, {found['need']} more needed",
+                ask="portal: Quotas > Compute, or `az quota update`",
+                more=", or another location",
             )
         return ProvisionError(f"{doing}: a quota is too small ({code}: {message})")
     if code == "SkuNotAvailable":
@@ -265,5 +251,5 @@ def translate(exc: BaseException, doing: str) -> ProvisionError:
             f"Register it once: az provider register --namespace <the namespace named above>"
         )
     if code:
-        return ProvisionError(f"{doing}: Azure said {code}: {message}")
+        return REFUSALS.said(doing, code, message)
     return ProvisionError(f"{doing}: {name}: {message}")

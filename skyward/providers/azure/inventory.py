@@ -20,6 +20,7 @@ from skyward.providers.azure.allocation import power_state
 from skyward.providers.azure.api import Api, failure_code, not_served
 from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog
+from skyward.providers.cloud.api import filtered
 from skyward.providers.cloud.inventory import CloudInventory
 
 # VM power states that hold (and bill) compute.
@@ -58,14 +59,13 @@ class AzureInventory(CloudInventory[Api]):
         if pool is not None:
             wanted += f" and tagValue eq '{pool.replace(chr(39), chr(39) * 2)}'"
         doing = f"listing resource groups in subscription {self.subscription}"
-        try:
-            groups = api.call(lambda: list(api.resource.resource_groups.list(filter=wanted)), doing)
-        except ProvisionError as exc:
-            if failure_code(exc) != "InvalidFilterInQueryString":
-                raise
-            # An endpoint that refuses the tag filter (ARM takes it): every group, whose
-            # tags are checked below in any case.
-            groups = api.call(lambda: list(api.resource.resource_groups.list()), doing)
+        groups = filtered(  # ARM takes the filter; an endpoint that refuses it lists all
+            lambda by_tag: api.call(
+                lambda: list(api.resource.resource_groups.list(filter=wanted if by_tag else None)),
+                doing,
+            ),
+            lambda exc: failure_code(exc) == "InvalidFilterInQueryString",
+        )
         found: list[Leftover] = []
         for group in groups:
             tags = dict(group.tags or {})

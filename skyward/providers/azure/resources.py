@@ -21,8 +21,6 @@ from __future__ import annotations
 import base64
 import ipaddress
 import logging
-import re
-import secrets
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
 from skyward.providers.azure.api import Api, failure_code, not_served
+from skyward.providers.cloud.allocation import unique_name
 
 _log = logging.getLogger("skyward")
 
@@ -109,7 +108,7 @@ class VmSpec:
 
 def group_name(pool: str) -> str:
     """The pool's resource group: unique, in the characters Azure accepts (90 at most)."""
-    return f"skyward-{re.sub(r'[^A-Za-z0-9_.()-]', '-', pool)[:60]}-{secrets.token_hex(3)}"
+    return unique_name(pool, unsafe=r"[^A-Za-z0-9_.()-]", length=60)
 
 
 def create_group(api: Api, name: str, location: str, tags: Mapping[str, str]) -> None:

@@ -14,8 +14,9 @@ Azure bills a stopped VM's compute as if it ran. So on Azure the shared idle wat
                                  <──  exit 0, or 1 and the watchdog tries again a minute later
 
 What stays after that is free or nearly so (the resource group, its network, the identity,
-and a public IP the deletion could not take), found by ``skyward ls``. Needs ``sh``, ``sed``
-and ``curl``, which every Ubuntu image has.
+and a public IP the deletion could not take), found by ``skyward ls``. The script's frame is
+every such cloud's (``boot.release_script``); this module gives Azure's metadata service and
+calls.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import shlex
 import urllib.parse
 
 from skyward.providers.azure.api import audience
+from skyward.providers.cloud import boot
 
 RELEASE_PATH = "/usr/local/sbin/skyward-release"
 COMPUTE_API = "2024-07-01"
@@ -38,7 +40,7 @@ def release_script(*, base_url: str, client_id: str, ca_pem: str | None = None) 
         f"identity/oauth2/token?api-version=2018-02-01&resource={resource}"
         f"&client_id={urllib.parse.quote(client_id)}"
     )
-    q = shlex.quote
+    trust = "cacert="
     if ca_pem:
         # The bundle travels inside the script: one file, written once by cloud-init.
         trust = "\n".join(
@@ -50,37 +52,19 @@ def release_script(*, base_url: str, client_id: str, ca_pem: str | None = None) 
                 "SKYWARD_CA",
             ]
         )
-    else:
-        trust = "cacert="
-    return f"""#!/bin/sh
-# Skyward on Azure: end this VM's billing (run by skyward-watchdog when the pool's client is
-# gone). Powering off would only *stop* the VM, which Azure still bills; this deletes it as
-# the pool's managed identity, whose only role is on the pool's resource group.
-arm={q(base_url.rstrip("/"))}
-imds={q(IMDS)}
-token_query={q(token_query)}
-{trust}
-say() {{
-    echo "skyward-release: $*" >&2
-    logger -t skyward-release "$*" 2>/dev/null || true
-}}
-metadata() {{
-    curl -sS --max-time 20 --noproxy '*' -H Metadata:true "$imds/$1"
-}}
-arm_call() {{  # METHOD PATH: prints the HTTP status
-    curl -sS --max-time 60 ${{cacert:+--cacert "$cacert"}} -o /dev/null -w '%{{http_code}}' \\
-        -X "$1" -H "Authorization: Bearer $token" -H 'Content-Length: 0' \\
-        "$arm$2?api-version={COMPUTE_API}"
-}}
-token=$(metadata "$token_query" | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p')
-[ -n "$token" ] || {{ say "no token from the instance metadata service"; exit 1; }}
-vm=$(metadata 'instance/compute/resourceId?api-version=2021-02-01&format=text')
-case $vm in /subscriptions/*) ;; *) say "no resource id from the metadata service"; exit 1 ;; esac
-status=$(arm_call DELETE "$vm")
-case $status in 200|202|204) say "deleting $vm"; exit 0 ;; esac
-say "deleting $vm was refused (HTTP $status); deallocating it"
-status=$(arm_call POST "$vm/deallocate")
-case $status in 200|202) say "deallocating $vm"; exit 0 ;; esac
-say "deallocating $vm was refused too (HTTP $status)"
-exit 1
-"""
+    vm = f"$arm$vm?api-version={COMPUTE_API}"
+    return boot.release_script(
+        metadata=IMDS,
+        header="Metadata: true",
+        token=token_query,
+        trust=trust,
+        find=f"arm={shlex.quote(base_url.rstrip('/'))}\n"
+        "vm=$(metadata 'instance/compute/resourceId?api-version=2021-02-01&format=text')\n"
+        'case $vm in /subscriptions/*) ;; *) say "no resource id from IMDS"; exit 1 ;; esac',
+        # Deleting takes the OS disk, NIC and public IP too (deleteOption Delete); a
+        # deallocated VM, if that is refused, bills no compute.
+        steps=[
+            ("DELETE", vm, "deleting $vm"),
+            ("POST", vm.replace("?", "/deallocate?"), "deallocating $vm"),
+        ],
+    )

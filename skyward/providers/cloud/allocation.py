@@ -6,6 +6,7 @@ made, destroyed on any failure, reached over SSH, released once, a lost machine 
     open_or_destroy(made, build)   build records each resource on ``made`` as soon as it
                                    exists; any failure, Ctrl-C included, terminates ``made``
     made.pool_keys / host_key      the login key (deleted with ``made``) and the host key
+    made.record(kind, name)        a pool-wide resource recorded (``recorded(kind)``)
     made.reach(targets, ...)       open_hosts, while a watcher asks the cloud every two
                                    seconds whether a machine ended (a spot reclaim, its
                                    watchdog): then the start fails at once, with the
@@ -28,6 +29,8 @@ by ``_guard``, since a replacement may race the pool's teardown.
 from __future__ import annotations
 
 import dataclasses
+import re
+import secrets
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
@@ -36,7 +39,7 @@ from skyward._errors import HostKeyError, ProvisionError
 from skyward._futures import Deadline, settle
 from skyward._phases import Choice, Phase, Reporter
 from skyward._shield import finish
-from skyward.providers.base import Allocation, Node, ProvisionRequest
+from skyward.providers.base import Allocation, Node, ProvisionRequest, Resource
 from skyward.providers.ssh.connection import PoolKey, Target
 from skyward.providers.ssh.hosts import Access, HostNode, HostTarget, open_hosts
 
@@ -47,6 +50,15 @@ SpecT = TypeVar("SpecT")
 # provision (the pool's name need not be unique), so that its clean-up can sweep for what
 # a create call cut off in flight made, and never touch another run's resources.
 TAG_ALLOCATION = "skyward-allocation"
+
+
+def unique_name(pool: str, *, unsafe: str, length: int) -> str:
+    """``skyward-<pool>-<6 hex>``, the base of what one provision names (AWS's key pair and
+    group, GCP's rules and instances, Azure's resource group): unique to that provision,
+    since a pool's name need not be. What the cloud refuses in names (``unsafe``, a regex)
+    becomes ``-``; ``length`` characters of the pool at most."""
+    slug = re.sub(unsafe, "-", pool)[:length].strip("-")
+    return f"skyward-{slug or 'pool'}-{secrets.token_hex(3)}"
 
 
 def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:
@@ -210,6 +222,19 @@ class CloudAllocation(Allocation, Generic[ApiT, SpecT]):
     def adopt_pool_key(self, key: PoolKey) -> None:
         with self._guard:
             self.pool_key = key
+
+    def record(self, kind: str, name: str) -> str:
+        """Record a pool-wide resource (``"security group"``, its id): from now on its
+        deletion is the release's. Called as soon as the cloud answers, or, for a name we
+        choose, before we ask (an answer lost in flight still counts); ``name`` back."""
+        with self._guard:
+            self.resources.append(Resource(kind, name))
+        return name
+
+    def recorded(self, kind: str) -> list[str]:
+        """The names recorded as ``kind``, in order."""
+        with self._guard:
+            return [r.id for r in self.resources if r.kind == kind]
 
     def chose(self, offer: Any, launched: Any) -> None:
         """The place that took the pool (a ``capacity.Offer``), for the cost report;

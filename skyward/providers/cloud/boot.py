@@ -18,6 +18,13 @@ connected for ``idle_timeout`` seconds; the clouds turn a power-off into a delet
 ``InstanceInitiatedShutdownBehavior=terminate``). It counts ESTABLISHED connections on sshd's
 port, so a long job with its client attached is never stopped, and a client that vanished
 (SIGKILL, a laptop closed) is let go by sshd's own keepalive within a minute.
+
+Where a machine powered off from inside is still billed (GCP keeps its disk, Azure its
+compute), the watchdog also runs ``release_script``: the machine deletes itself through the
+cloud's API with a token from the metadata server. This module writes that script's frame
+(token, the API calls asked in turn, what is said); each cloud gives its metadata server,
+how the machine finds its own name, and the calls (``gcp/resources.py``,
+``azure/watchdog.py``).
 """
 
 from __future__ import annotations
@@ -179,6 +186,54 @@ def user_data(
         ],
     }
     return "#cloud-config\n" + json.dumps(config, indent=1) + "\n"
+
+
+def release_script(
+    *,
+    metadata: str,
+    header: str,
+    token: str,
+    find: str,
+    steps: Sequence[tuple[str, str, str]],
+    trust: str = "",
+) -> str:
+    """What a machine runs to end its own billing through its cloud's API, once its client is
+    gone (GCP: before it powers off; Azure: instead). The token comes from the cloud's
+    metadata server, as the machine's own identity: no secret travels to the machine.
+
+    ``metadata``: the metadata server's base URL, ``header`` the header it wants, ``token``
+    the token's path there; ``find``: sh that sets what the steps name (this machine's name
+    or id); ``steps``: (method, URL, what it does) asked in turn until one is accepted (a
+    2xx); ``trust``: sh that sets ``cacert`` to a CA bundle for a private endpoint. Exits 1
+    when none was accepted: the caller powers off, or tries again. Needs sh, sed and curl,
+    which every Ubuntu image has."""
+    q = shlex.quote
+    asks = "\n".join(
+        f'status=$(api {method} "{url}")\n'
+        f'case $status in 2??) say "{doing}"; exit 0 ;; esac\n'
+        f'say "{doing} was refused (HTTP $status)"'
+        for method, url, doing in steps
+    )
+    return f"""#!/bin/sh
+# Skyward: end this machine's billing through the cloud's API; its client is gone.
+{trust or "cacert="}
+say() {{
+    echo "skyward-release: $*" >&2
+    logger -t skyward-release "$*" 2>/dev/null || true
+}}
+metadata() {{
+    curl -sS --max-time 20 --noproxy '*' -H {q(header)} {q(metadata.rstrip("/"))}/"$1"
+}}
+api() {{  # METHOD URL: prints the HTTP status
+    curl -sS --max-time 60 ${{cacert:+--cacert "$cacert"}} -o /dev/null -w '%{{http_code}}' \\
+        -X "$1" -H "Authorization: Bearer $token" -H 'Content-Length: 0' "$2"
+}}
+token=$(metadata {q(token)} | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p')
+[ -n "$token" ] || {{ say "no token from the metadata server"; exit 1; }}
+{find.strip()}
+{asks}
+exit 1
+"""
 
 
 # Past the client's own boot_timeout: the client starts counting when the cloud says the

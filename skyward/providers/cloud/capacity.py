@@ -42,15 +42,13 @@ from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward._phases import Choice, Reporter
 from skyward.providers.cloud import catalog
+from skyward.providers.cloud.api import Refusal
 from skyward.providers.cloud.catalog import Cloud, Machine
 
 T = TypeVar("T")
 Market = Literal["on-demand", "spot"]
 Strategy = Literal["on-demand", "spot", "spot-if-available", "cheapest"]
 STRATEGIES: tuple[Strategy, ...] = ("on-demand", "spot", "spot-if-available", "cheapest")
-# Why a place could not take the pool: no capacity now, the type not offered there, or
-# spot refused (no spot capacity, the spot price above the cap, the spot quota).
-Refusal = Literal["capacity", "unsupported", "spot"]
 
 
 class CapacityError(ProvisionError):
@@ -173,6 +171,19 @@ def affordable(offers: Sequence[Offer], nodes: int, max_hourly_cost: float | Non
         f"${cheapest.hourly:.4g}/h), above max_hourly_cost=${max_hourly_cost:g}; nothing "
         f"was created. Ask for fewer or smaller nodes, allow spot, or raise the limit"
     )
+
+
+def failover(attempt: Callable[[], T], refusal: Callable[[ProvisionError], Refusal | None]) -> T:
+    """``attempt()``, one launch; a refusal another place may meet (``refusal(error)`` says
+    which: a cloud's ``Refusals.refusal`` of its code) leaves as a ``CapacityError`` whose
+    cause is the SDK's error, and ``launch_first`` moves on."""
+    try:
+        return attempt()
+    except ProvisionError as exc:
+        why = refusal(exc)
+        if why is None:
+            raise
+        raise CapacityError(str(exc), refusal=why) from (exc.__cause__ or exc)
 
 
 def launch_first(

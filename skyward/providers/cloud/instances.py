@@ -17,8 +17,8 @@ of a cloud that names its machines itself (GCP, Azure), all but the cloud's own 
 
 A cloud's subclass gives the calls on one machine: ``start`` a create and ``finish`` it,
 its ``status`` and ``why_ended`` (which ``CloudAllocation.loss_reason`` also asks),
-``delete_machines`` (and ``forget``, which does not wait), and the ``name`` of a rank's
-machine.
+``delete_machines`` (and ``forget``, which does not wait), and the ``prefix`` of its
+machines' names (``node-``; a replacement's name says its generation, ``node-0-r1``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from skyward._futures import Deadline, settle
 from skyward._phases import Reporter
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud.allocation import CloudAllocation, WatchedDeadline
+from skyward.providers.cloud.api import poll
 from skyward.providers.cloud.capacity import CapacityError
 from skyward.providers.ssh.hosts import HostTarget
 
@@ -47,6 +48,7 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
 
     running_status: ClassVar[str]
     ended: ClassVar[frozenset[str]]
+    prefix = "node-"  # of the machines' names
 
     def __init__(self, api: ApiT, request: ProvisionRequest, **options: Any) -> None:
         super().__init__(api, request, **options)
@@ -60,7 +62,9 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
     # ── the cloud's calls ──────────────────────────────────────────────────────────────
 
     def name(self, rank: int, generation: int) -> str:
-        raise NotImplementedError
+        """Rank ``rank``'s machine: ``prefix`` and the rank, and for a replacement its
+        generation (the old machine's name may still be in use while it is deleted)."""
+        return f"{self.prefix}{rank}" + (f"-r{generation}" if generation else "")
 
     def start(self, place: str, name: str, spec: SpecT, deadline: Deadline) -> Any:
         """Send the create request (not retried); what ``finish`` waits on. A refusal
@@ -119,8 +123,8 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
     def running(self, place: str, names: Sequence[str], deadline: Deadline) -> list[Any]:
         """Each machine's description once it runs, in ``names``' order."""
         doing = f"waiting for {len(names)} {self.noun}(s) to run"
-        while True:
-            deadline.check(doing)
+
+        def probe() -> list[Any] | None:
             found = []
             for name in names:
                 got = self.status(place, name)
@@ -133,7 +137,10 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
                 found.append(got)
             if all(status == self.running_status for status, _ in found):
                 return [described for _, described in found]
-            deadline.sleep(POLL)
+            return None
+
+        deadline.check(doing)
+        return poll(probe, doing, deadline, pause=POLL, most=POLL)
 
     def chose(self, offer: Any, launched: Any) -> None:
         """``launched``: the names of the machines made where ``offer`` is, by rank."""
@@ -151,8 +158,12 @@ class InstanceAllocation(CloudAllocation[ApiT, SpecT]):
         (new,) = self.launch(place, [rank], deadline)
         with self._guard:
             self.instances[rank] = (place, new)
-        (described,) = self.running(place, [new], deadline)
-        return self.target(described)
+        (target,) = self.targets(place, [new], deadline)
+        return target
+
+    def targets(self, place: str, names: Sequence[str], deadline: Deadline) -> list[HostTarget]:
+        """How to reach each machine, once it runs (``CloudOptions.started``'s default)."""
+        return [self.target(described) for described in self.running(place, names, deadline)]
 
     def drain(self) -> list[tuple[str, str]]:
         """Wake the launches and wait (bounded) for creates still on the wire: every

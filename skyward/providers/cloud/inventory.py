@@ -1,10 +1,12 @@
-"""What a cloud's inventory (``skyward ls`` / ``down``) does alike in one project or
-subscription: the API connected once, when first asked; leftovers read from their tags; and
-``delete``: the leftovers of this cloud by kind, each kind said, the cloud's deletions, and
-one ``ProvisionError`` naming what is left.
+"""What a cloud's inventory (``skyward ls`` / ``down``) does alike: the API connected once,
+when first asked; leftovers read from their tags; and ``delete``: the leftovers of this cloud
+by place and kind, each kind said, the cloud's deletions, and one ``ProvisionError`` naming
+what is left.
 
-A cloud's subclass lists (``leftovers``) and deletes (``remove``: by kind, in ``kinds``'
-order; what could not be deleted, as ``"kind name (why)"``).
+A cloud's subclass lists (``leftovers``) and deletes (``remove``: the leftovers of one place
+by kind, in ``kinds``' order; what could not be deleted, as ``"kind name (why)"``). A place
+is what one API reaches: GCP's project and Azure's subscription are one each; AWS's regions
+are each their own (``place``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class CloudInventory(Generic[ApiT]):
     def remove(self, by_kind: Mapping[str, list[Leftover]], deadline: Deadline) -> list[str]:
         raise NotImplementedError
 
+    def place(self, leftover: Leftover) -> str:
+        """Where ``leftover`` is deleted through (``""``: this inventory's one API)."""
+        return ""
+
     def leftover(
         self,
         kind: str,
@@ -65,13 +71,19 @@ class CloudInventory(Generic[ApiT]):
 
     def delete(self, leftovers: Sequence[Leftover], reporter: Reporter) -> None:
         mine = [x for x in leftovers if x.provider == self.provider]
-        by_kind = {kind: [x for x in mine if x.kind == kind] for kind in self.kinds}
-        if not any(by_kind.values()):
-            return
-        for kind, some in by_kind.items():
-            if some:
-                reporter.status(f"deleting {len(some)} {kind}(s) in {self.where}")
-        timeout = self._release_timeout
-        left = self.remove(by_kind, Deadline(timeout, f"release_timeout ({timeout:g} s)"))
-        if left:
-            raise ProvisionError(f"could not delete {', '.join(left)} in {self.where}")
+        failed = []
+        for place in sorted({self.place(x) for x in mine}):
+            here = [x for x in mine if self.place(x) == place]
+            by_kind = {kind: [x for x in here if x.kind == kind] for kind in self.kinds}
+            if not any(by_kind.values()):
+                continue
+            where = place or self.where
+            for kind, some in by_kind.items():
+                if some:
+                    reporter.status(f"deleting {len(some)} {kind}(s) in {where}")
+            timeout = self._release_timeout
+            left = self.remove(by_kind, Deadline(timeout, f"release_timeout ({timeout:g} s)"))
+            if left:
+                failed.append(f"could not delete {', '.join(left)} in {where}")
+        if failed:
+            raise ProvisionError("; ".join(failed))

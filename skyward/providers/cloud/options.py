@@ -21,8 +21,10 @@ the cloud's own::
     offers(made, reporter)     the machines, the places that offer them, at what price
       affordable, announce       within max_hourly_cost; the choice reported (shared)
     prepare(made, offers, ...) keys, network, image: how one offer is launched
-      launch_first, chose        the first offer with room takes the pool, recorded (shared)
+      launch_first, chose        the first offer with room takes the pool, recorded, and
+                                 each node's machine named (shared)
     started(made, offer, ...)  the machines recorded and running: how each is reached
+                               (by default, an ``InstanceAllocation``'s ``targets``)
       reach                      over SSH, ``hint(ssh_rule)`` when it never answered (shared)
 """
 
@@ -248,6 +250,10 @@ class CloudOptions(BaseModel):
             offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
         )
         made.chose(offer, launched)
+        for rank in range(request.nodes):  # each node's row names its machine
+            machine = made.machine(rank)
+            if machine is not None:
+                reporter.phase(rank, "provisioning", f"{machine[1]} ({offer.where})")
         targets = self.started(made, offer, launched, reporter)
         made.reach(targets, reporter, hint=self.hint(self.ssh_rule), deadline=deadline)
 
@@ -273,8 +279,9 @@ class CloudOptions(BaseModel):
         self, made: Any, offer: Offer, launched: Any, reporter: Reporter
     ) -> list[HostTarget]:
         """After ``offer`` took the pool (``launched``: what its launch returned): the
-        machines recorded and running, and how to reach each."""
-        raise NotImplementedError
+        machines recorded and running, and how to reach each. By default, a cloud that names
+        its machines (``InstanceAllocation``): each named machine once it runs."""
+        return made.targets(offer.zone, launched, self.launch_deadline(made))  # type: ignore[no-any-return]
 
 
 def prices(

@@ -1,17 +1,14 @@
 """``GCP(...)``: nodes are Compute Engine instances that the pool creates and always destroys.
 
-::
+A start is every cloud's (``CloudOptions.provision``, ``cloud/options.py``); GCP's steps::
 
-    provision   the machine types (catalog, ``allocation=``) and the zones of the region
-                that offer each, the offers and their price (``capacity``) → the image (a
-                family, resolved once) → the pool's SSH key and host key → two firewall
-                rules for the pool's network tag (SSH from the client; everything within the
-                pool) → an instance per node, inserted in parallel, in the first place with
-                capacity (``capacity.launch_first``) → wait RUNNING → reach each over SSH
-                with the host key pinned (``reaching``: bootstrap, upload skyward, workers)
-    terminate   close the nodes → delete the instances and the rules, all at once, and wait
-                → sweep for instances labelled with the pool; what is left is named, with
-                ``skyward down --pool NAME --project P``
+    offers      the zones of the region that offer each machine type (and its attached
+                GPUs), priced from the catalog
+    prepare     the image (a family, resolved once), two firewall rules for the pool's
+                network tag (SSH from the client; everything within the pool), the
+                instances' body; a launch inserts an instance per node, in parallel
+    started     wait RUNNING
+    terminate   delete the instances and the rules, all at once, and wait; sweep by label
     inventory   instances labelled skyward-pool and skyward- rules, in the project
 
 google-cloud-compute is imported only when a pool uses GCP; its calls and error messages
@@ -24,6 +21,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -41,7 +39,6 @@ from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.allocation import GCPAllocation
 from skyward.providers.gcp.api import Api, credentials_and_project, not_served
 from skyward.providers.gcp.inventory import GCPInventory
-from skyward.providers.ssh.hosts import HostTarget
 from skyward.providers.volumes import refuse_keyless
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
@@ -170,7 +167,7 @@ class GCP(CloudOptions):
             ssh_cidrs=cidrs,
             tags=request.tags,
             deadline=deadline,
-            adopt=made.adopt_firewall,
+            adopt=partial(made.record, "firewall rule"),
         )
         reporter.status(f"firewall rules {made.names.base}-*: SSH from {', '.join(cidrs)}")
         hook = {"path": BEFORE_POWEROFF_PATH, "permissions": "0755"}
@@ -210,13 +207,6 @@ class GCP(CloudOptions):
             return made.launch(offer.zone, range(request.nodes), deadline)
 
         return launch
-
-    def started(
-        self, made: GCPAllocation, offer: Offer, launched: list[str], reporter: Reporter
-    ) -> list[HostTarget]:
-        for rank, name in enumerate(launched):
-            reporter.phase(rank, "provisioning", f"{name} ({offer.where})")
-        return [made.target(d) for d in made.running(offer.zone, launched, made.launching)]
 
     def _zones(
         self, api: Api, machines: Sequence[Machine], first: str | None, region: str

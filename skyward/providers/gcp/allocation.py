@@ -2,7 +2,7 @@
 ``InstanceAllocation`` makes, waits for, replaces and asks why it was lost, and the pool's
 firewall rules.
 
-Names are chosen before anything is asked for, and recorded first (``adopt_*``): an insert
+Names are chosen before anything is asked for, and recorded first (``record``): an insert
 whose answer is lost (a Ctrl-C in flight) is still deleted, by name. ``delete_all`` waits
 for inserts still in flight, deletes by name, then sweeps once more by the pool's label.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
-from skyward.providers.base import ProvisionRequest, Resource
+from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud.instances import InstanceAllocation
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.api import Api, is_not_found
@@ -36,18 +36,11 @@ class GCPAllocation(InstanceAllocation[Api, gce.InstanceSpec]):
         super().__init__(api, request, **options)
         self.scope = (f" in project {api.project}", f"--project {api.project}")
         self.names = names
-        self.firewalls: list[str] = []
-
-    def adopt_firewall(self, name: str) -> None:
-        with self._guard:
-            self.firewalls.append(name)
-            self.resources.append(Resource("firewall rule", name))
+        self.prefix = names.instances
 
     def delete_all(self) -> list[str]:
         """Delete every instance and wait, then both firewall rules; sweep by label."""
-        instances = self.drain()
-        with self._guard:
-            firewalls = list(self.firewalls)
+        instances, firewalls = self.drain(), self.recorded("firewall rule")
         deadline = self.release_deadline()
         left = gce.delete(self.api, instances=instances, firewalls=firewalls, deadline=deadline)
         if instances:  # a second sweep, by label: anything the names missed
@@ -62,9 +55,6 @@ class GCPAllocation(InstanceAllocation[Api, gce.InstanceSpec]):
         return left
 
     # ── the calls on one instance ──────────────────────────────────────────────────────
-
-    def name(self, rank: int, generation: int) -> str:
-        return self.names.instance(rank, generation)
 
     def start(self, place: str, name: str, spec: gce.InstanceSpec, deadline: Deadline) -> Any:
         request = {

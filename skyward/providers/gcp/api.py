@@ -26,6 +26,7 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._extras import require
 from skyward._futures import Deadline
+from skyward.providers.cloud.api import NOT_SERVED, Boundary, Refusals, cause, filtered, poll
 from skyward.providers.cloud.capacity import CapacityError
 
 SCOPE = "https://www.googleapis.com/auth/compute"
@@ -37,7 +38,15 @@ _CAPACITY = {
     "resourcePoolExhausted",
 }
 _QUOTA = {"QUOTA_EXCEEDED", "quotaExceeded", "QUOTA_LIMIT_EXCEEDED"}
-_POLL_MAX = 2.0  # seconds between polls of an operation, at most
+REFUSALS = Refusals(
+    cloud="Compute Engine",
+    identity="Google",
+    renew="renew them (`gcloud auth application-default login`) or check "
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    grant="Grant a role that has {action}",
+    roles=ROLES_HINT,
+    capacity=frozenset(_CAPACITY),
+)
 
 
 def credentials_and_project(project: str | None, credentials: Any) -> tuple[Any, str]:
@@ -71,7 +80,7 @@ def credentials_and_project(project: str | None, credentials: Any) -> tuple[Any,
 
 
 @dataclass(frozen=True)
-class Api:
+class Api(Boundary):
     """The Compute clients of one project, at one endpoint. ``call`` and ``run`` translate
     errors; nothing else here does I/O. Thread-safe (the clients are)."""
 
@@ -110,36 +119,34 @@ class Api:
             regions=make(compute.RegionsClient),
         )
 
-    def call(self, operation: Callable[..., Any], doing: str, /, **kwargs: Any) -> Any:
+    def call(self, operation: Callable[..., Any], doing: str, /, *args: Any, **kwargs: Any) -> Any:
         """A read (``get``, ``list``): retried on 429/5xx for 30 s at most, then translated."""
         kwargs.setdefault("retry", _read_retry())
         kwargs.setdefault("timeout", 60.0)
-        try:
-            result = operation(**kwargs)
+
+        def read() -> Any:
+            result = operation(*args, **kwargs)
             # A list pages lazily: read every page here, inside the translation.
             return list(result) if hasattr(result, "pages") else result
-        except Exception as exc:
-            raise translate(exc, doing, self.project) from exc
+
+        return super().call(read, doing)
+
+    def translate(self, exc: BaseException, doing: str, request: Any) -> ProvisionError:
+        return translate(exc, doing, self.project)
 
     def listed(self, operation: Callable[..., Any], doing: str, request: dict[str, Any]) -> Any:
         """A list with a ``filter``, read again without it where the endpoint refuses the
-        filter's syntax (an emulator's subset of Google's): every caller checks what it
-        lists itself, so the filter only saves traffic."""
-        try:
-            return self.call(operation, doing, request=request)
-        except ProvisionError as exc:
-            if "filter" not in request or status_of(exc) != 400:
-                raise
+        filter's syntax (``cloud.api.filtered``)."""
         unfiltered = {k: v for k, v in request.items() if k != "filter"}
-        return self.call(operation, doing, request=unfiltered)
+        return filtered(
+            lambda whole: self.call(operation, doing, request=request if whole else unfiltered),
+            lambda exc: "filter" in request and status_of(exc) == 400,
+        )
 
     def start(self, operation: Callable[..., Any], doing: str, /, **kwargs: Any) -> Any:
         """Ask for a change (insert, delete); its operation. Not retried: a timed-out insert
         may have happened (the caller deletes by name)."""
-        try:
-            return operation(retry=None, timeout=60.0, **kwargs)
-        except Exception as exc:
-            raise translate(exc, doing, self.project) from exc
+        return super().call(operation, doing, retry=None, timeout=60.0, **kwargs)
 
     def run(
         self, operation: Callable[..., Any], doing: str, deadline: Deadline, /, **kwargs: Any
@@ -156,20 +163,19 @@ class Api:
             name, zone = operation.name, operation.zone.rsplit("/", 1)[-1] or None
             if not name:
                 raise ProvisionError(f"{doing}: Compute Engine answered no operation")
-        pause = 0.1
-        current = operation
-        while not done(current):
-            deadline.check(doing)
-            deadline.sleep(pause)
-            pause = min(pause * 1.5, _POLL_MAX)
-            if zone:
-                current = self.call(
-                    self.zone_operations.get, doing, project=self.project, zone=zone, operation=name
-                )
+        where = {"project": self.project, "operation": name}
+        pending = [operation]
+
+        def probe() -> Any:
+            if pending:  # the operation as the change answered it: done already?
+                current = pending.pop()
+            elif zone:
+                current = self.call(self.zone_operations.get, doing, zone=zone, **where)
             else:
-                current = self.call(
-                    self.global_operations.get, doing, project=self.project, operation=name
-                )
+                current = self.call(self.global_operations.get, doing, **where)
+            return current if done(current) else None
+
+        current = poll(probe, doing, deadline)
         errors = list(current.error.errors) if current.error else []
         if errors:
             first = errors[0]
@@ -210,12 +216,12 @@ def done(operation: Any) -> bool:
 
 def status_of(exc: BaseException | None) -> int | None:
     """The HTTP status of an SDK error, or of the one a ``ProvisionError`` was made of."""
-    while exc is not None:
-        code = getattr(exc, "code", None)
-        if isinstance(code, int):
-            return code
-        exc = exc.__cause__
-    return None
+
+    def status(error: BaseException) -> int | None:
+        code = getattr(error, "code", None)
+        return code if isinstance(code, int) else None
+
+    return cause(exc, status)
 
 
 def is_not_found(exc: BaseException | None) -> bool:
@@ -225,7 +231,7 @@ def is_not_found(exc: BaseException | None) -> bool:
 def not_served(exc: BaseException | None) -> bool:
     """Whether the endpoint answered that it has no such call (404, 405, 501), as an
     emulator or a private endpoint may for calls the public API has."""
-    return status_of(exc) in (404, 405, 501)
+    return status_of(exc) in NOT_SERVED
 
 
 def is_invalid(exc: BaseException | None) -> bool:
@@ -237,13 +243,9 @@ def translate(exc: BaseException, doing: str, project: str) -> ProvisionError:
     """A ``ProvisionError`` (``CapacityError`` for capacity) saying what to do about ``exc``."""
     name = type(exc).__name__
     if name in ("RefreshError", "DefaultCredentialsError", "TransportError"):
-        return ProvisionError(
-            f"{doing}: Google refused or could not refresh the credentials ({exc}). Renew "
-            f"them (`gcloud auth application-default login`) or check "
-            f"GOOGLE_APPLICATION_CREDENTIALS"
-        )
+        return REFUSALS.credentials_refused(doing, f"could not refresh them: {exc}")
     if name in ("ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout"):
-        return ProvisionError(f"{doing}: cannot reach Compute Engine ({exc}); check the network")
+        return REFUSALS.unreachable(doing, str(exc))
     status = getattr(exc, "code", None)
     if not isinstance(status, int):
         return ProvisionError(f"{doing}: {name}: {exc}")
@@ -253,7 +255,7 @@ def translate(exc: BaseException, doing: str, project: str) -> ProvisionError:
 
 def failure(doing: str, project: str, *, status: int, reason: str, message: str) -> ProvisionError:
     """The error for a refusal of Compute Engine (HTTP status, GCE's reason, its message)."""
-    if reason in _CAPACITY:
+    if REFUSALS.refusal(reason, spot=False):
         return CapacityError(f"{doing}: no capacity there right now ({message})")
     if "does not exist in zone" in message or (
         reason == "invalid" and "is not available in" in message
@@ -264,10 +266,9 @@ def failure(doing: str, project: str, *, status: int, reason: str, message: str)
         region = re.search(r"in region ([a-z0-9-]+)", message)
         named = quota.group(1) if quota else "?"
         where = region.group(1) if region else "the region"
-        return ProvisionError(
-            f"{doing}: your Compute Engine quota {named} in {where} is too small ({message}). "
-            f"Ask for more in the console (IAM & Admin > Quotas: Compute Engine API, {named}, "
-            f"{where}), or ask for fewer or smaller nodes"
+        ask = f"in the console: IAM & Admin > Quotas: Compute Engine API, {named}, {where}"
+        return REFUSALS.quota(
+            doing, f"Compute Engine quota {named}", where, detail=message, ask=ask
         )
     if reason in ("accessNotConfigured", "SERVICE_DISABLED") or "has not been used" in message:
         return ProvisionError(
@@ -276,18 +277,12 @@ def failure(doing: str, project: str, *, status: int, reason: str, message: str)
         )
     permission = re.search(r"'((?:compute|iam)\.[A-Za-z.]+)'", message)
     if status == 403 and permission:
-        return ProvisionError(
-            f"{doing}: your Google identity lacks the permission {permission.group(1)} in "
-            f"project {project}. Grant a role that has it; {ROLES_HINT}"
-        )
+        return REFUSALS.denied(doing, permission.group(1), f"in project {project}")
     if status == 401:
-        return ProvisionError(
-            f"{doing}: Google refused the credentials ({message}). Renew them "
-            f"(`gcloud auth application-default login`)"
-        )
+        return REFUSALS.credentials_refused(doing, message)
     if status == 404 and "/images/" in message:
         return ProvisionError(
             f"{doing}: the image does not exist ({message}); check sky.GCP(image=...) (a "
             f"family is 'projects/PROJECT/global/images/family/FAMILY')"
         )
-    return ProvisionError(f"{doing}: Compute Engine said {status} {reason}: {message}")
+    return REFUSALS.said(doing, f"{status} {reason}", message)

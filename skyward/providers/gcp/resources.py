@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,8 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward.providers.base import TAG_POOL
-from skyward.providers.cloud.allocation import delete_each
+from skyward.providers.cloud.allocation import delete_each, unique_name
+from skyward.providers.cloud.boot import release_script
 from skyward.providers.gcp.api import Api, is_invalid, is_not_found, not_served
 
 GOOGLE_API = "https://compute.googleapis.com"
@@ -62,15 +62,16 @@ class Names:
 
     @classmethod
     def of(cls, pool: str) -> Names:
-        slug = re.sub(r"[^a-z0-9-]+", "-", pool.lower()).strip("-")[:36].rstrip("-")
-        return cls(f"skyward-{slug or 'pool'}-{secrets.token_hex(3)}")
+        return cls(unique_name(pool.lower(), unsafe=r"[^a-z0-9-]+", length=36))
 
     @property
     def tag(self) -> str:
         return self.base
 
-    def instance(self, rank: int, generation: int = 0) -> str:
-        return f"{self.base}-n{rank}" + (f"-r{generation}" if generation else "")
+    @property
+    def instances(self) -> str:
+        """The prefix of the instances' names: ``<base>-n0``, ``<base>-n1-r1``..."""
+        return f"{self.base}-n"
 
     @property
     def ssh_rule(self) -> str:
@@ -234,27 +235,26 @@ def _disk_type(machine_type: str) -> str:
 
 
 def self_delete_script(endpoint: str | None) -> str:
-    """The watchdog's hook on a GCE machine: delete this instance through the API before it
-    powers off; a powered-off instance is kept, and its disk billed, until deleted. Needs
-    the instance's service account (metadata server token) and ``compute.instances.delete``;
-    without them it says so and the machine only powers off."""
+    """The watchdog's hook on a GCE machine (``boot.release_script``): delete this instance
+    through the API before it powers off; a powered-off instance is kept, and its disk
+    billed, until deleted. Needs the instance's service account and
+    ``compute.instances.delete``; without them it says so and the machine only powers off."""
     api = (endpoint or GOOGLE_API).rstrip("/")
-    return rf"""#!/bin/sh
-md=http://metadata.google.internal/computeMetadata/v1
-get() {{ curl -sf --max-time 10 -H 'Metadata-Flavor: Google' "$md/$1"; }}
-token=$(get instance/service-accounts/default/token |
-    sed -n 's/.*"access_token" *: *"\([^"]*\)".*/\1/p')
-if [ -z "$token" ]; then
-    echo "skyward: no service account token; powering off only" >&2
-    exit 0
-fi
-project=$(get project/project-id)
-zone=$(get instance/zone)
-name=$(get instance/name)
-curl -sf --max-time 30 -X DELETE -H "Authorization: Bearer $token" \
-    "{api}/compute/v1/projects/$project/zones/${{zone##*/}}/instances/$name" >/dev/null ||
-    echo "skyward: could not delete $name; powering off only" >&2
-"""
+    return release_script(
+        metadata="http://metadata.google.internal/computeMetadata/v1",
+        header="Metadata-Flavor: Google",
+        token="instance/service-accounts/default/token",
+        find="project=$(metadata project/project-id)\n"
+        "zone=$(metadata instance/zone)\n"
+        "name=$(metadata instance/name)",
+        steps=[
+            (
+                "DELETE",
+                f"{api}/compute/v1/projects/$project/zones/${{zone##*/}}/instances/$name",
+                "deleting $name",
+            )
+        ],
+    )
 
 
 def ended(api: Api, zone: str, name: str) -> str:

@@ -263,6 +263,7 @@ apt_get() {
 }
 """
 
+
 def apt_install(packages: tuple[str, ...] | list[str], why: str) -> list[str]:
     """Lines that install ``packages`` with apt-get, as root or through password-less sudo
     (``why`` says what needs them when the user has neither); ``$env_dir`` names where the
@@ -272,8 +273,7 @@ def apt_install(packages: tuple[str, ...] | list[str], why: str) -> list[str]:
         'if [ "$(id -u)" = 0 ]; then sudo=""',
         'elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"',
         "else",
-        f'  echo "{ERROR}{why}, but this user is not root and has'
-        ' no password-less sudo" >&2',
+        f'  echo "{ERROR}{why}, but this user is not root and has no password-less sudo" >&2',
         "  exit 126",
         "fi",
         *_APT_GET.strip("\n").split("\n"),
