@@ -110,8 +110,11 @@ class _Reads:
     def size(self, mapping: dict[Any, Any]) -> None:
         self._sizes.append((mapping, len(mapping)))  # a key added later is a change
 
-    def seal(self) -> _Reads:
-        """Done recording: build the getters ``unchanged`` repeats."""
+    def seal(self, root: object) -> _Reads:
+        """Done recording: build the getters ``unchanged`` repeats. ``root`` (the function
+        the reads are for) is read through a weak proxy: the cache's entry must not keep
+        its function alive, or the function, its closure and the entry would never go.
+        Once it is gone, a read raises ``ReferenceError``: changed."""
         for obj, names, values in self._attributes.values():
             self._checks.append((operator.attrgetter(*names, *_once(names)), obj, _tuple(values)))
         for mapping, keys, values in self._items.values():
@@ -121,7 +124,9 @@ class _Reads:
         # Every getter called on its object, and what they return compared with what
         # they returned then, in one pass of C code (no Python frame per object).
         self._getters = tuple(getter for getter, _, _ in self._checks)
-        self._sources = tuple(source for _, source, _ in self._checks)
+        self._sources = tuple(
+            weakref.proxy(source) if source is root else source for _, source, _ in self._checks
+        )
         self._expected = tuple(itertools.chain.from_iterable(e for _, _, e in self._checks))
         self._checks.clear()
         # The sizes, compared in one step: the mappings, and their lengths then.
@@ -268,7 +273,7 @@ def _reads(fn: types.FunctionType, registry: frozenset[str]) -> _Reads | None:
     """The reads ``fn``'s pickle is made from, or None if it could change without one of
     them changing (something mutable is reachable)."""
     reads = _Reads()
-    return reads.seal() if _function(fn, registry, reads, set(), 0) else None
+    return reads.seal(fn) if _function(fn, registry, reads, set(), 0) else None
 
 
 def _function(
