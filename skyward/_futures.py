@@ -311,8 +311,9 @@ def deliver(future: Future[Any], value: Any) -> None:
         future._settle(value, None)
     except InvalidStateError:
         return  # already failed by a timeout or a close, which woke its waiters
-    if future._sleepers:
-        future._wake()
+    finally:  # a done-callback may raise past Future's own ``except Exception``
+        if future._sleepers:
+            future._wake()
 
 
 def fail(future: Future[Any], error: BaseException) -> bool:

@@ -130,6 +130,25 @@ def test_deliver_ignores_a_cancelled_future_and_wakes_waiters_of_a_live_one() ->
     assert got == [5]
 
 
+@pytest.mark.parametrize("settle", ["set_result", "deliver"])
+def test_waiters_wake_even_when_a_done_callback_raises_a_base_exception(settle: str) -> None:
+    future: CallFuture[int] = CallFuture()
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(future.result()), daemon=True)
+    waiter.start()
+    while not future._sleepers:  # the waiter is asleep on the future (no timing involved)
+        threading.Event().wait(0.001)
+
+    def leave(_: Future[Any]) -> None:
+        raise SystemExit("a callback that exits")  # not an Exception: Future lets it through
+
+    future.add_done_callback(leave)
+    with pytest.raises(SystemExit):
+        future.set_result(3) if settle == "set_result" else deliver(future, 3)
+    waiter.join(10)  # woken at once, or never: only a failure waits this long
+    assert got == [3], "a waiter slept on past the result"
+
+
 def _settle_later(futures: list[Future[Any]], seed: int) -> threading.Thread:
     order = list(futures)
     random.Random(seed).shuffle(order)
