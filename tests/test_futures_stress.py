@@ -294,9 +294,9 @@ def test_pool_futures_keep_the_future_contract_under_load() -> None:
         assert sorted(late) == sorted(i * i for i in range(120))
         for future in futures:
             assert future.exception(timeout=0) is None and "finished" in repr(future)
-            seen: list[int] = []
-            future.add_done_callback(lambda f: seen.append(f.result()))
-            assert len(seen) == 1  # added after: run at once, on this thread
+            now: list[Future[int]] = []
+            future.add_done_callback(now.append)
+            assert now == [future]  # added after: run at once, on this thread
         # an error's future
         failing = pool.submit(_square, "x")
         assert isinstance(failing.exception(timeout=60), TypeError)
@@ -354,7 +354,7 @@ def test_calls_from_many_threads_while_others_cancel_get_their_own_results() -> 
             except CancelledError:
                 cancelled += 1
                 assert future.cancelled()
-        done, not_done = wait([f for _, f in submitted], timeout=60)
+        _, not_done = wait([f for _, f in submitted], timeout=60)
         assert not not_done
         assert (sky.compute(_square)(9) >> pool) == 81  # the pool still serves
         assert pool.map(_square, range(50)) == [i * i for i in range(50)]
@@ -396,7 +396,9 @@ def test_a_new_function_at_a_dead_functions_id_never_gets_its_pickle() -> None:
 
 
 def test_partials_methods_and_redefined_functions_are_pickled_afresh() -> None:
-    ns = _script("class K:\n    def __init__(self, v): self.v = v\n    def get(self): return self.v\n")
+    ns = _script(
+        "class K:\n    def __init__(self, v): self.v = v\n    def get(self): return self.v\n"
+    )
     for i in range(200):
         method = ns["K"](i).get
         assert pickle.loads(dumps_function(method))() == i
@@ -466,3 +468,57 @@ def test_each_calls_output_arrives_before_its_result_with_several_at_once(
             seen += capsys.readouterr().out
             missing.extend(w for w in [f"c-{i}-2", f"py-{i}-2", f"printf-{i}"] if w not in seen)
         assert not missing
+
+
+def _wait_for_file(path: str) -> str:
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.005)
+    return path
+
+
+@pytest.mark.timeout(120)
+def test_a_callback_that_waits_for_a_pending_call_is_refused_not_deadlocked(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = str(tmp_path / "gate")
+    with sky.ComputePool(concurrency=2, quiet=True) as pool:
+        blocked = pool.submit(_wait_for_file, gate)
+        with pytest.raises(TimeoutError):
+            blocked.exception(timeout=0.05)
+        assert blocked.running() and "state=running" in repr(blocked)
+        refused: list[BaseException] = []
+
+        def wait_inside(_: Future[Any]) -> None:
+            try:
+                blocked.result()
+            except RuntimeError as exc:
+                refused.append(exc)
+
+        for i in range(20):  # delivered by the reader, or by this thread reading for >>
+            pool.submit(_square, i).add_done_callback(wait_inside)
+            assert (sky.compute(_square)(i) >> pool) == i * i
+        done, _ = wait([blocked], timeout=0)
+        assert not done
+        open(gate, "w").close()
+        assert blocked.result(timeout=60) == gate
+        assert blocked.exception(timeout=0) is None
+        wait([blocked], timeout=60)
+        assert len(refused) == 20 and all("deadlock" in str(e) for e in refused)
+
+
+@pytest.mark.timeout(120)
+def test_asyncio_awaits_pool_futures_alongside_plain_ones() -> None:
+    import asyncio
+
+    async def gather(pool: sky.ComputePool) -> list[int]:
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(2) as threads:
+            plain = [loop.run_in_executor(threads, _square, -i) for i in range(10)]
+            ours = [asyncio.wrap_future(pool.submit(_square, i)) for i in range(60)]
+            return list(await asyncio.gather(*ours, *plain))
+
+    with sky.ComputePool(concurrency=3, quiet=True) as pool:
+        got = asyncio.run(gather(pool))
+    assert got == [i * i for i in range(60)] + [i * i for i in range(10)]
