@@ -428,6 +428,20 @@ def test_every_call_runs_its_own_function_while_functions_come_and_go() -> None:
         futures = [pool.submit(eval(f"lambda: {i}", ns)) for i in range(200)]
         assert [f.result(timeout=60) for f in futures] == list(range(200))
 
+        def caller(base: int) -> list[tuple[int, int]]:  # threads make and drop functions
+            got = []
+            for i in range(base, base + 100):
+                fn = ns["make"](i) if i % 3 else eval(f"lambda: {i}", ns)
+                got.append((i, sky.compute(fn)() >> pool))
+                del fn
+                if i % 25 == 0:
+                    gc.collect()
+            return got
+
+        with ThreadPoolExecutor(4) as threads:
+            results = [r for got in threads.map(caller, range(0, 4000, 1000)) for r in got]
+        assert all(i == value for i, value in results) and len(results) == 400
+
 
 # ── output before the result, several calls at once ──────────────────────────────────────
 
