@@ -379,6 +379,22 @@ def test_the_function_cache_does_not_keep_a_function_alive() -> None:
     assert gone() is None, "the cache keeps every function it pickled (and its closure) alive"
 
 
+def test_a_recursive_closure_is_not_kept_alive_by_the_cache() -> None:
+    ns = _script(
+        "def make(k):\n"
+        "    def rec(n):\n        return k if n == 0 else rec(n - 1)\n"
+        "    return rec\n"
+    )
+    gone = []
+    for i in range(20):
+        fn = ns["make"](i)
+        assert pickle.loads(dumps_function(fn))(3) == i
+        gone.append(weakref.ref(fn))
+        del fn
+    gc.collect()
+    assert not [ref for ref in gone if ref() is not None]
+
+
 def test_a_new_function_at_a_dead_functions_id_never_gets_its_pickle() -> None:
     ns = _script("def make(i):\n    return lambda: i\n")
     reused = 0

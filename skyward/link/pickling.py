@@ -273,7 +273,15 @@ def _reads(fn: types.FunctionType, registry: frozenset[str]) -> _Reads | None:
     """The reads ``fn``'s pickle is made from, or None if it could change without one of
     them changing (something mutable is reachable)."""
     reads = _Reads()
-    return reads.seal(fn) if _function(fn, registry, reads, set(), 0) else None
+    if not _function(fn, registry, reads, set(), 0):
+        return None
+    reads.seal(fn)
+    if "<locals>" in fn.__qualname__ and any(value is fn for value in reads._expected):
+        # A closure that reaches itself (a recursive helper made inside a function): its
+        # entry would hold it, so it would never go, nor would its entry. Functions made at
+        # a module's top level are held by the module anyway.
+        return None
+    return reads
 
 
 def _function(
