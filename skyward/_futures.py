@@ -318,7 +318,9 @@ def deliver(future: Future[Any], value: Any) -> None:
 
 def fail(future: Future[Any], error: BaseException) -> bool:
     """Fail ``future`` unless it is already done; True if this call failed it. A Ctrl-C
-    waits for it (a ``CallFuture`` holds it back itself)."""
+    waits for it (a ``CallFuture`` holds it back itself). A future cancelled while its
+    call was queued is told so instead (``notify_cancelled``): failed, the call never runs.
+    """
     try:
         if type(future) is CallFuture:
             future.set_exception(error)
@@ -326,8 +328,24 @@ def fail(future: Future[Any], error: BaseException) -> bool:
             with hold_interrupts:
                 future.set_exception(error)
     except InvalidStateError:
+        notify_cancelled(future)
         return False
     return True
+
+
+def notify_cancelled(future: Future[Any]) -> None:
+    """``future`` was cancelled while its call was queued, and the call leaves the queue
+    without running: ``Future.set_running_or_notify_cancel``'s other half, which marks it
+    cancelled for ``concurrent.futures.wait`` and ``as_completed``. They count a future
+    only once notified (as an executor's worker does when it reaches a cancelled item);
+    until then they would wait for it for good."""
+    if future._state != "CANCELLED":  # mostly: nothing to do
+        return
+    with hold_interrupts:
+        try:
+            future.set_running_or_notify_cancel()
+        except RuntimeError:  # notified by another thread meanwhile
+            pass
 
 
 class Deadline:

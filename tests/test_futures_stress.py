@@ -552,3 +552,38 @@ def test_asyncio_awaits_pool_futures_alongside_plain_ones() -> None:
     with sky.ComputePool(concurrency=3, quiet=True) as pool:
         got = asyncio.run(gather(pool))
     assert got == [i * i for i in range(60)] + [i * i for i in range(10)]
+
+
+def _queued_and_cancelled(pool: sky.ComputePool, gate: str) -> tuple[Future[str], Future[int]]:
+    blocker = pool.submit(_wait_for_file, gate)  # the only slot is busy with this one
+    queued = pool.submit(_square, 3)
+    assert queued.cancel(), "the second call must still be queued"
+    return blocker, queued
+
+
+@pytest.mark.timeout(120)
+def test_a_call_cancelled_while_queued_is_done_for_wait_after_statistics(tmp_path: Any) -> None:
+    gate = str(tmp_path / "gate")
+    with sky.ComputePool(concurrency=1, quiet=True) as pool:
+        blocker, queued = _queued_and_cancelled(pool, gate)
+        pool.statistics()  # drops cancelled calls from the queue
+        open(gate, "w").close()
+        assert blocker.result(timeout=60) == gate
+        assert pool.run(_square, 4) == 16  # the queue has moved past the cancelled call
+        done, not_done = wait([queued], timeout=0)
+        assert done == {queued} and not not_done, "wait() would block for good"
+        assert [f for f in as_completed([queued], timeout=60)] == [queued]
+
+
+@pytest.mark.timeout(120)
+def test_a_call_cancelled_while_queued_is_done_for_wait_after_a_close(tmp_path: Any) -> None:
+    gate = str(tmp_path / "gate")
+    pool = sky.ComputePool(concurrency=1, quiet=True).start()
+    try:
+        blocker, queued = _queued_and_cancelled(pool, gate)
+    finally:
+        pool.close(wait=False)  # fails what has not started; the cancelled one stays so
+    assert blocker.done()
+    assert queued.cancelled()
+    done, not_done = wait([queued, blocker], timeout=0)
+    assert done == {queued, blocker} and not not_done, "wait() would block for good"

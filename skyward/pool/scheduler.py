@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from skyward._errors import WorkerLost
-from skyward._futures import LOSS_GRACE, CallFuture, Sleepers, deliver, fail
+from skyward._futures import LOSS_GRACE, CallFuture, Sleepers, deliver, fail, notify_cancelled
 from skyward._interrupts import hold_interrupts
 from skyward.console import Route
 from skyward.link import protocol as proto
@@ -541,6 +541,8 @@ class Scheduler:
         """Calls cancelled while queued (a group past its timeout, a map that failed) are
         no demand: out of the queue now rather than when a node would have taken them."""
         if any(task.future.done() for task in self._queue):
+            for task in self._queue:
+                notify_cancelled(task.future)  # it never runs: wait() may count it now
             self._queue = deque(task for task in self._queue if not task.future.done())
 
     def _slot_of(self, channel: Channel) -> Slot | None:
