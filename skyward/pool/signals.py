@@ -32,9 +32,7 @@ from typing import Any
 
 from skyward._errors import Terminated
 
-SIGNALS = tuple(
-    s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s
-)
+SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s)
 
 _lock = threading.Lock()  # guards: _holders, _previous
 _holders: set[int] = set()  # id() of each open pool that asked
