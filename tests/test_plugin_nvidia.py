@@ -188,6 +188,64 @@ def test_each_node_runs_one_daemon_started_by_its_worker_0_kept_through_a_gang_r
                 os.kill(int(line), signal.SIGKILL)
 
 
+def test_a_worker_the_pool_replaces_leaves_the_daemon_to_the_next_and_a_closing_one_quits_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gang restart tells each worker it is replaced before killing it: leaving then, the
+    node's last worker must not quit the daemon (the quit would race the kill, and the new
+    worker 0 joins the daemon it finds). The next worker to leave on a close quits it."""
+    import shutil
+
+    from skyward.plugins._nvidia import daemon_pid, node_directory
+    from skyward.worker import hooks
+
+    record, daemons = tmp_path / "calls", tmp_path / "daemons"
+    fake = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    fake.parent.mkdir()
+    fake.write_text(_FAKE_MPS_CONTROL.format(record=record, daemons=daemons))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(hooks, "_replaced", False)
+    info = InstanceInfo(
+        node=0,
+        total_nodes=1,
+        head_addr="h",
+        head_port=1,
+        peers=("h",),
+        hostname="h",
+        accelerators=1,
+        worker=0,
+        workers_per_node=1,
+        job_id=f"replaced-{os.getpid()}-{time.time_ns()}",  # a node directory of its own
+    )
+    base = node_directory(info)
+    plugin = sky.plugins.mps()
+    assert plugin.around_app is not None
+    try:
+        with plugin.around_app(info):
+            pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+            daemon = daemon_pid(pipe)
+            hooks.replacing()  # what the worker does on the pool's Shutdown(replaced=True)
+        assert [line.split()[0] for line in record.read_text().splitlines()] == ["start"]
+        assert daemon is not None and daemon_pid(pipe) == daemon
+
+        monkeypatch.setattr(hooks, "_replaced", False)  # the next worker, closed normally
+        with plugin.around_app(info):
+            assert daemon_pid(os.environ["CUDA_MPS_PIPE_DIRECTORY"]) == daemon
+        assert [line.split()[0] for line in record.read_text().splitlines()] == [
+            "start",
+            "quit",
+        ]
+        assert daemon_pid(pipe) is None
+    finally:
+        for line in daemons.read_text().splitlines() if daemons.exists() else []:
+            if _alive(int(line)):
+                os.kill(int(line), signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_mps_must_come_before_plugins_that_start_cuda() -> None:
     spec = _gpu_spec(sky.plugins.torch(), sky.plugins.mps())
     plugin = spec.plugins[1]

@@ -339,9 +339,10 @@ class Channel:
             self._send(proto.Shutdown(cancel=cancel))
 
     def interrupt(self) -> None:
-        """Tell the worker it is being stopped (a cancelling ``Shutdown``), without this
-        channel counting as closed by the pool: its calls still fail with ``WorkerLost``."""
-        self._send(proto.Shutdown(cancel=True))
+        """Tell the worker it is being stopped to be replaced (a cancelling ``Shutdown`` that
+        says so), without this channel counting as closed by the pool: its calls still fail
+        with ``WorkerLost``."""
+        self._send(proto.Shutdown(cancel=True, replaced=True))
 
     def wait_closed(self, timeout: float) -> bool:
         """Wait for the worker to exit and the reader to finish; True if it did in time."""

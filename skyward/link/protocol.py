@@ -132,10 +132,13 @@ class Shutdown:
 
     ``cancel``: drop queued calls and interrupt the running one (or a slow ``around_app``
     entry) with ``KeyboardInterrupt``, as Ctrl-C would; used when the client leaves on an
-    error.
+    error. ``replaced``: the pool is about to kill this worker and start another in its
+    place (a gang restart), so what a plugin keeps for the node's workers (the MPS daemon)
+    must outlive it rather than be stopped by it.
     """
 
     cancel: bool = False
+    replaced: bool = False
 
 
 @dataclass(frozen=True)

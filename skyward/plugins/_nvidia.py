@@ -14,7 +14,8 @@ through a directory of the node's own (``<tmp>/skyward-mps/<run>-node<N>``)::
     life     every worker holds a shared lock on ``members`` while it runs; the kernel drops
              it when the worker dies, however it dies
     stop     a leaving worker that can then take ``members`` exclusively is the node's last
-             one: it tells the daemon to ``quit``
+             one: it tells the daemon to ``quit``; not when the pool is replacing it (a gang
+             restart, ``hooks.replaced()``): the daemon is kept for the workers that come next
 
 An exclusive lock on ``lock`` makes each start and stop one step, so a worker joining while
 another leaves never meets a daemon that is being stopped.
@@ -41,6 +42,7 @@ from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
 from skyward._options import check_version, keyword_signature, leading, pinned, validated
 from skyward._plugin import Plugin
+from skyward.worker import hooks
 
 if TYPE_CHECKING:
     from skyward.pool.spec import PoolSpec
@@ -294,6 +296,12 @@ def _leave(base: str, env: dict[str, str], info: InstanceInfo, members: int) -> 
             fcntl.flock(members, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return  # another worker of this node still runs
+        if hooks.replaced():
+            # A gang restart: the pool kills this worker next and starts the node's workers
+            # again, and they join this daemon. A quit here would race that kill, and a
+            # daemon half-way through quitting could be joined by the new worker 0.
+            fcntl.flock(members, fcntl.LOCK_UN)
+            return
         try:
             if _running(base, env["CUDA_MPS_PIPE_DIRECTORY"]):
                 _control([], env, info, stdin="quit\n")

@@ -191,10 +191,12 @@ class _Worker:
         elif isinstance(message, proto.StacksRequest):
             self.link.send(_stacks(message.request_id))
         elif isinstance(message, proto.Shutdown):
-            self._stop(message.cancel)
+            self._stop(message.cancel, replaced=message.replaced)
 
-    def _stop(self, cancel: bool) -> None:
+    def _stop(self, cancel: bool, *, replaced: bool = False) -> None:
         """Shutdown or EOF: no more frames will be read. By the thread reading."""
+        if replaced:
+            hooks.replacing()  # before the contexts are left: plugins keep the node's state
         self.turns.end()
         with self._lock:
             self.stopping = True

@@ -7,8 +7,10 @@
 
 Both hooks live for a ``with`` block, entered inside ``around_app``: the jax plugin uses them
 to drop gloo's connection chatter and to keep JAX's own shutdown logs off the user's
-terminal when the pool stops a rank in the middle of a call. Worker-side only, standard
-library only; outside a worker nothing ever calls them.
+terminal when the pool stops a rank in the middle of a call. ``replaced()`` says, while the
+contexts are left, whether the pool is replacing this worker (a gang restart) rather than
+closing: the mps plugin then leaves the node's daemon to the workers that come next.
+Worker-side only, standard library only; outside a worker nothing ever calls them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ StopHandler = Callable[[bool], None]
 # whole-list replacement keeps every reader on a consistent tuple without a lock.
 _stdout_filters: tuple[StdoutFilter, ...] = ()
 _stop_handlers: tuple[StopHandler, ...] = ()
+# Set once, by the reader thread, when the pool says it replaces this worker (a gang
+# restart); read by plugins' around_app exits on the main thread. A bool needs no lock.
+_replaced = False
 
 
 @contextmanager
@@ -56,6 +61,18 @@ def filter_stdout(data: bytes) -> bytes:
     for fn in _stdout_filters:
         data = fn(data)
     return data
+
+
+def replacing() -> None:
+    """The pool kills this worker next and starts another in its place."""
+    global _replaced
+    _replaced = True
+
+
+def replaced() -> bool:
+    """Whether this worker stops to be replaced (a gang restart) rather than because the
+    pool closes: what it keeps for the node's workers (a daemon) must then stay."""
+    return _replaced
 
 
 def stopping(running: bool) -> None:
