@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,6 +119,23 @@ fi
 """
 
 
+def _worker_info(**changes: Any) -> InstanceInfo:
+    """Worker 0 of node 0 in a 1-node pool, as a worker sees itself, with ``changes``."""
+    fields: dict[str, Any] = {
+        "node": 0,
+        "total_nodes": 1,
+        "head_addr": "h",
+        "head_port": 1,
+        "peers": ("h",),
+        "hostname": "h",
+        "accelerators": 1,
+        "worker": 0,
+        "workers_per_node": 1,
+        "job_id": "run-1",
+    }
+    return InstanceInfo(**(fields | changes))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -208,18 +226,8 @@ def test_a_worker_the_pool_replaces_leaves_the_daemon_to_the_next_and_a_closing_
     for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(hooks, "_replaced", False)
-    info = InstanceInfo(
-        node=0,
-        total_nodes=1,
-        head_addr="h",
-        head_port=1,
-        peers=("h",),
-        hostname="h",
-        accelerators=1,
-        worker=0,
-        workers_per_node=1,
-        job_id=f"replaced-{os.getpid()}-{time.time_ns()}",  # a node directory of its own
-    )
+    # A node directory of its own: a kept daemon's files must not meet another test's.
+    info = _worker_info(job_id=f"replaced-{os.getpid()}-{time.time_ns()}")
     base = node_directory(info)
     plugin = sky.plugins.mps()
     assert plugin.around_app is not None
@@ -277,19 +285,7 @@ def test_with_several_workers_a_worker_names_its_gpus_as_the_nodes_daemon_number
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
         monkeypatch.delenv(key, raising=False)
-    info = InstanceInfo(
-        node=0,
-        total_nodes=1,
-        head_addr="h",
-        head_port=1,
-        peers=("h",),
-        hostname="h",
-        accelerators=4,
-        worker=0,
-        workers_per_node=2,
-        devices=(0, 1),
-        job_id="run-1",
-    )
+    info = _worker_info(accelerators=4, workers_per_node=2, devices=(0, 1))
     plugin = sky.plugins.mps(pinned_memory_limit="2G")
     assert plugin.around_app is not None
     with plugin.around_app(info):
