@@ -539,6 +539,33 @@ def test_a_callback_that_waits_for_a_pending_call_is_refused_not_deadlocked(
 
 
 @pytest.mark.timeout(120)
+def test_a_callback_raising_system_exit_on_the_reader_thread_leaves_the_pool_working(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Future lets a callback's SystemExit through to whoever settles it; here that is the
+    channel's reader thread, which must log it and read on, not end and strand every later
+    call of the worker."""
+    gate = str(tmp_path / "gate")
+    on: list[str] = []
+
+    def leave(_: Future[Any]) -> None:
+        on.append(threading.current_thread().name)
+        raise SystemExit("a callback that exits")
+
+    with sky.ComputePool(quiet=True) as pool:
+        pending = pool.submit(_wait_for_file, gate)
+        pending.add_done_callback(leave)  # before the result: the reader runs it
+        open(gate, "w").close()
+        done, _ = wait([pending], timeout=60)  # the standard library's wait reads nothing
+        assert done == {pending} and pending.result() == gate
+        assert on and on[0] != threading.main_thread().name
+        later = [pool.submit(_square, i) for i in range(3)]
+        done, _ = wait(later, timeout=30)  # only the reader thread can settle these
+        assert done == set(later) and [f.result() for f in later] == [0, 1, 4]
+    assert "a done-callback raised past Future" in caplog.text
+
+
+@pytest.mark.timeout(120)
 def test_asyncio_awaits_pool_futures_alongside_plain_ones() -> None:
     import asyncio
 

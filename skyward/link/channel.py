@@ -149,6 +149,19 @@ def _settle(done: Done, error: BaseException | None, value: Any) -> None:
         done(error, value)
     except Exception:  # a bug in the pool's books must not end the reader thread
         logging.getLogger("skyward").exception("skyward: settling a call failed")
+    except BaseException:
+        _callback_left()
+
+
+def _callback_left() -> None:
+    """A done-callback raised what ``Future`` lets through (``SystemExit``); called from the
+    ``except`` block, so a bare ``raise`` passes it on. On the main thread, reading its
+    caller's own result, it reaches that caller, as ``set_result`` would let it; on a reader
+    thread it would end the thread and leave every later call of the worker waiting for
+    good, so it is logged there."""
+    if threading.current_thread() is threading.main_thread():
+        raise
+    logging.getLogger("skyward").exception("skyward: a done-callback raised past Future")
 
 
 def _tail_line(line: bytes) -> str:
@@ -463,6 +476,8 @@ class Channel:
             entry[1](None, value)
         except Exception:  # a bug in the pool's books must not end the reader thread
             logging.getLogger("skyward").exception("skyward: settling a call failed")
+        except BaseException:
+            _callback_left()
 
     def _on_log(self, message: proto.Log, parts: proto.Parts) -> None:
         self._output(self.rank, "stdout", message.data)
