@@ -185,12 +185,8 @@ class PendingCall(Generic[R]):
         The payload is ``(function, args, kwargs)`` with the function pickled on its own, so
         ``map`` can pickle it once (``function=``) for any number of calls.
         """
-        try:
-            if function is None:
-                # Made once and reused while it would come out the same (link.pickling).
-                function = dumps_function(self.fn)
-        except Exception as exc:
-            raise self._unpicklable(exc) from exc
+        if function is None:
+            function = self.serialize_function()
         try:
             return proto.dumps_call(function, self.args, self.kwargs)
         except Exception as exc:
