@@ -144,10 +144,6 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-# ``thread`` is true on a channel's reader thread (``Channel._read``), and only there.
-_reader = threading.local()
-
-
 def _settle(done: Done, error: BaseException | None, value: Any) -> None:
     try:
         done(error, value)
@@ -159,11 +155,11 @@ def _settle(done: Done, error: BaseException | None, value: Any) -> None:
 
 def _callback_left() -> None:
     """A done-callback raised what ``Future`` lets through (``SystemExit``); called from the
-    ``except`` block, so a bare ``raise`` passes it on. On a caller's thread, reading its own
-    result, it reaches that caller, as ``set_result`` would let it; on a channel's reader
+    ``except`` block, so a bare ``raise`` passes it on. On the main thread, reading its
+    caller's own result, it reaches that caller, as ``set_result`` would let it; on a reader
     thread it would end the thread and leave every later call of the worker waiting for
     good, so it is logged there."""
-    if not getattr(_reader, "thread", False):
+    if threading.current_thread() is threading.main_thread():
         raise
     logging.getLogger("skyward").exception("skyward: a done-callback raised past Future")
 
@@ -438,7 +434,6 @@ class Channel:
 
     def _read(self) -> None:
         delivering.active = True  # done-callbacks run here: see CallFuture
-        _reader.thread = True
         try:
             if self._turns is not None:
                 self._turns.run_reader()  # raises when the stream ends, as read_frame does
