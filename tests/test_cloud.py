@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -100,7 +101,10 @@ def _watchdog_box(
     script = directory / "watchdog"
     script.write_text(boot.watchdog_script())
     bounds = f"{idle} {port} 1" + ("" if first is None else f" {first}")
-    main = f"PATH={tools}:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\nsh {script} {bounds}\n"
+    main = (
+        f"PATH={tools}:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
+        f"SKYWARD_WATCHDOG_LOG={directory / 'watchdog.log'} sh {script} {bounds}\n"
+    )
     return Sandbox(directory / "box", main), counter
 
 
@@ -117,6 +121,9 @@ def test_watchdog_powers_off_when_no_client_is_connected(tmp_path: Path) -> None
             assert sandbox.power_state() == "poweroff"
         finally:
             sandbox.stop()
+    # Kept on the machine: why it went, for whoever looks at its disk or console later.
+    said = (tmp_path / "watchdog.log").read_text()
+    assert "no SSH client for" in said and "powering off" in said.splitlines()[-1]
 
 
 @pytest.mark.timeout(90)
@@ -166,6 +173,108 @@ def test_watchdog_waits_longer_for_the_first_client_then_keeps_the_idle_bound(
             assert sandbox.power_state() == "poweroff"
         finally:
             sandbox.stop()
+
+
+# ── the release: a machine ending its own billing ────────────────────────────────────────
+
+
+class _CloudAnswers:
+    """A metadata server and a cloud API in one local server: the token, this machine's
+    name, and DELETEs answered with the statuses a test queues (then 200)."""
+
+    def __init__(self, token: bool = True) -> None:
+        self.statuses: list[int] = []
+        self.deletes: list[str] = []
+        answers = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/meta/token" and token:
+                    self._answer(200, b'{"access_token": "t0k", "expires_in": 3599}')
+                elif self.path == "/meta/name":
+                    self._answer(200, b"vm-7")
+                else:
+                    self._answer(404, b"not found")
+
+            def do_DELETE(self) -> None:
+                assert self.headers["Authorization"] == "Bearer t0k"
+                answers.deletes.append(self.path)
+                self._answer(answers.statuses.pop(0) if answers.statuses else 200, b"{}")
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def release(self, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+        script = tmp_path / "release"
+        script.write_text(
+            boot.release_script(
+                metadata=f"{self.url}/meta",
+                header="Metadata: true",
+                token="token",
+                find="name=$(metadata name)",
+                steps=[("DELETE", f"{self.url}/api/machines/$name", "deleting $name")],
+                pause=0,
+            )
+        )
+        return subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=60)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("hiccups", [[503], [429, 500]])
+def test_a_release_the_cloud_did_not_answer_is_tried_again(
+    tmp_path: Path, hiccups: list[int]
+) -> None:
+    # Given up at once, the machine would power off and stay billed until `skyward down`.
+    cloud = _CloudAnswers()
+    cloud.statuses = list(hiccups)
+    try:
+        done = cloud.release(tmp_path)
+    finally:
+        cloud.close()
+    assert done.returncode == 0, done.stderr
+    assert cloud.deletes == ["/api/machines/vm-7"] * (len(hiccups) + 1)
+    assert f"refused (HTTP {hiccups[0]})" in done.stderr
+    assert "deleting vm-7" in done.stderr.splitlines()[-1]
+
+
+def test_a_release_refused_for_good_or_never_answered_ends_in_failure(tmp_path: Path) -> None:
+    cloud = _CloudAnswers()
+    try:
+        cloud.statuses = [403]  # no permission: another round cannot help
+        refused = cloud.release(tmp_path)
+        assert (refused.returncode, len(cloud.deletes)) == (1, 1), refused.stderr
+        cloud.deletes.clear()
+        cloud.statuses = [500] * boot.RELEASE_TRIES
+        failing = cloud.release(tmp_path)
+        assert (failing.returncode, len(cloud.deletes)) == (1, boot.RELEASE_TRIES)
+    finally:
+        cloud.close()
+    assert "refused (HTTP 403)" in refused.stderr
+    assert "trying again" not in refused.stderr
+
+
+def test_a_release_without_a_token_is_tried_again_then_fails(tmp_path: Path) -> None:
+    cloud = _CloudAnswers(token=False)
+    try:
+        done = cloud.release(tmp_path)
+    finally:
+        cloud.close()
+    assert done.returncode == 1
+    assert cloud.deletes == []
+    assert done.stderr.count("no token from the metadata server") == boot.RELEASE_TRIES
 
 
 # ── the client's address ───────────────────────────────────────────────────────────────

@@ -132,13 +132,21 @@ def test_a_killed_clients_machines_delete_themselves_and_down_removes_the_rules(
         "the stand-ins powered themselves off",
     )
     left = held(gcp_standins.fake, "orphan")
-    assert left["instances"] == []
     # Deleted by their own watchdog's hook, through the API (the client, SIGKILLed, could
     # not), before it powered off: GCE keeps a powered-off instance, and bills its disk.
     deletes = gcp_standins.fake.requests("DELETE", "projects/*/zones/*/instances/*")
+    assert left["instances"] == [], (
+        gcp_standins.events,
+        [r.path for r in deletes],
+        {name: s.log() for name, s in gcp_standins.standins.items()},
+    )
     assert sorted(r.path.rsplit("/", 1)[-1] for r in deletes) == sorted(gcp_standins.standins)
     events = {what for what, _ in gcp_standins.events}
     assert "powered-off-kept" not in events, gcp_standins.events
+    for name, standin in gcp_standins.standins.items():  # each kept its own account of it
+        said = (standin.directory / "var-log" / "skyward-watchdog.log").read_text()
+        assert f"skyward-release: deleting {name}" in said, said
+        assert "skyward-watchdog: no SSH client for" in said, said
     assert len(left["firewall rules"]) == 2
 
     tokens = TokenServer()

@@ -48,7 +48,11 @@ from support.sshhosts import USER, Hosts, ensure_user
 
 # Directories the provider's write_files may target, and the name of the per-stand-in
 # directory mounted over each.
-_WRITABLE = {"/usr/local/sbin": "usr-local-sbin", "/etc/ssh/sshd_config.d": "sshd-config-d"}
+_WRITABLE = {
+    "/usr/local/sbin": "usr-local-sbin",
+    "/etc/ssh/sshd_config.d": "sshd-config-d",
+    "/var/log": "var-log",  # each machine's own: the watchdog's log
+}
 _POLL = 0.1
 
 
@@ -70,7 +74,7 @@ class StandIn:
 
     def log(self) -> str:
         parts = []
-        for name in ("sandbox.log", "runcmd.log"):
+        for name in ("sandbox.log", "runcmd.log", "var-log/skyward-watchdog.log"):
             path = self.directory / name
             if path.exists():
                 parts.append(f"--- {name}\n{path.read_text()[-3000:]}")

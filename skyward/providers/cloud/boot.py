@@ -35,6 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 WATCHDOG_PATH = "/usr/local/sbin/skyward-watchdog"
+# What the watchdog (and a release it runs) said, kept on the machine: why it powered off or
+# deleted itself, for whoever reads its disk or console later (syslog has it too).
+WATCHDOG_LOG = "/var/log/skyward-watchdog.log"
 # Run by the watchdog, when present, just before it powers the machine off: a cloud whose
 # powered-off machines are kept (and bill their disks) deletes the machine there (GCP).
 BEFORE_POWEROFF_PATH = "/usr/local/sbin/skyward-before-poweroff"
@@ -83,7 +86,8 @@ def watchdog_script() -> str:
     comes (it crashed while creating the pool) still goes ``FIRST`` seconds after boot.
     ``ACTION`` is a command to run instead of powering off, for a cloud where a machine that
     powers itself off is still billed (Azure); it is run again every minute until the machine
-    is gone.
+    is gone. What it does is said on stderr, to syslog, and in ``WATCHDOG_LOG`` (or
+    ``$SKYWARD_WATCHDOG_LOG``), with what a release it runs says.
     """
     return r"""#!/bin/sh
 # Skyward idle watchdog: power this machine off when no SSH client has been connected to
@@ -95,9 +99,13 @@ bound=${4:-$idle}  # until the first client has come
 action=${5:-}  # instead of powering off
 suffix=$(printf ':%04X' "$port")
 
+log=${SKYWARD_WATCHDOG_LOG:-/var/log/skyward-watchdog.log}  # WATCHDOG_LOG
+export SKYWARD_WATCHDOG_LOG="$log"  # the release it runs writes there too
+
 say() {
     echo "skyward-watchdog: $*" >&2
     logger -t skyward-watchdog "$*" 2>/dev/null || true
+    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) skyward-watchdog: $*" >>"$log" 2>/dev/null || true
 }
 
 uptime_s() {
@@ -188,6 +196,11 @@ def user_data(
     return "#cloud-config\n" + json.dumps(config, indent=1) + "\n"
 
 
+# A release whose calls went unanswered is tried this many times in all, this far apart.
+RELEASE_TRIES = 3
+RELEASE_PAUSE = 10
+
+
 def release_script(
     *,
     metadata: str,
@@ -196,6 +209,8 @@ def release_script(
     find: str,
     steps: Sequence[tuple[str, str, str]],
     trust: str = "",
+    tries: int = RELEASE_TRIES,
+    pause: float = RELEASE_PAUSE,
 ) -> str:
     """What a machine runs to end its own billing through its cloud's API, once its client is
     gone (GCP: before it powers off; Azure: instead). The token comes from the cloud's
@@ -204,22 +219,33 @@ def release_script(
     ``metadata``: the metadata server's base URL, ``header`` the header it wants, ``token``
     the token's path there; ``find``: sh that sets what the steps name (this machine's name
     or id); ``steps``: (method, URL, what it does) asked in turn until one is accepted (a
-    2xx); ``trust``: sh that sets ``cacert`` to a CA bundle for a private endpoint. Exits 1
-    when none was accepted: the caller powers off, or tries again. Needs sh, sed and curl,
-    which every Ubuntu image has."""
+    2xx); ``trust``: sh that sets ``cacert`` to a CA bundle for a private endpoint.
+
+    A round that went unanswered (no token, a timeout, HTTP 408, 429 or 5xx) is tried
+    again, ``tries`` rounds in all, ``pause`` seconds apart: a machine that
+    gave up on a passing hiccup would stay stopped, and billed, until ``skyward down``. A
+    plain refusal (403: no permission) is not tried again. Exits 1 when no call was
+    accepted: the caller powers off, or tries again later. Needs sh, sed and curl, which
+    every Ubuntu image has."""
     q = shlex.quote
     asks = "\n".join(
-        f'status=$(api {method} "{url}")\n'
-        f'case $status in 2??) say "{doing}"; exit 0 ;; esac\n'
-        f'say "{doing} was refused (HTTP $status)"'
+        f'    status=$(api {method} "{url}")\n'
+        "    case $status in\n"
+        f'        2??) say "{doing}"; exit 0 ;;\n'
+        "        000 | 408 | 429 | 5??) again=2 ;;\n"
+        "    esac\n"
+        f'    say "{doing} was refused (HTTP $status)"'
         for method, url, doing in steps
     )
+    found = "\n".join(f"    {line}" for line in find.strip().splitlines())
     return f"""#!/bin/sh
 # Skyward: end this machine's billing through the cloud's API; its client is gone.
 {trust or "cacert="}
 say() {{
     echo "skyward-release: $*" >&2
     logger -t skyward-release "$*" 2>/dev/null || true
+    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) skyward-release: $*" \
+        >>"${{SKYWARD_WATCHDOG_LOG:-{WATCHDOG_LOG}}}" 2>/dev/null || true
 }}
 metadata() {{
     curl -sS --max-time 20 --noproxy '*' -H {q(header)} {q(metadata.rstrip("/"))}/"$1"
@@ -228,11 +254,22 @@ api() {{  # METHOD URL: prints the HTTP status
     curl -sS --max-time 60 ${{cacert:+--cacert "$cacert"}} -o /dev/null -w '%{{http_code}}' \\
         -X "$1" -H "Authorization: Bearer $token" -H 'Content-Length: 0' "$2"
 }}
-token=$(metadata {q(token)} | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p')
-[ -n "$token" ] || {{ say "no token from the metadata server"; exit 1; }}
-{find.strip()}
+# One round: exits 0 once a call is accepted; returns 2 where another round may fare better.
+round() {{
+    again=1
+    token=$(metadata {q(token)} | sed -n 's/.*"access_token" *: *"\\([^"]*\\)".*/\\1/p')
+    [ -n "$token" ] || {{ say "no token from the metadata server"; return 2; }}
+{found}
 {asks}
-exit 1
+    return $again
+}}
+tries={max(1, tries)}
+while :; do
+    round
+    [ $? -eq 2 ] && [ $((tries -= 1)) -gt 0 ] || exit 1
+    say "trying again in {pause:g}s"
+    sleep {pause:g}
+done
 """
 
 
