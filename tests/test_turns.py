@@ -158,3 +158,47 @@ def test_unblock_wakes_a_thread_polling_the_pipe_for_bytes_already_buffered() ->
     assert pipe.readinto(view) == 1 and view == b"x"
     os.close(w)
     os.close(r)
+
+
+def test_a_waiter_that_came_while_the_reader_held_the_baton_is_woken_to_lead() -> None:
+    # Once, in the full suite: a worker's idle main thread (a leader without a recheck, as
+    # the worker's is) arrived while the reader thread held the baton, and slept as its
+    # follower; the reader, seeing a waiter, let the baton go without reading and without
+    # waking it. Both then slept for good: the worker never read its next call.
+    r, w = os.pipe()
+    pipe = PipeReader(r)
+    at_the_check = threading.Event()
+    go_on = threading.Event()
+
+    def ready(timeout: float | None) -> bool:
+        if timeout == 0 and threading.current_thread().name == "reader":
+            at_the_check.set()  # the reader holds the baton here
+            go_on.wait(5)
+            return False  # what it saw then: nothing yet
+        if timeout is None and threading.current_thread().name == "reader":
+            return True  # readable, as far as it knew: it takes the baton
+        return pipe.ready(timeout)
+
+    def read() -> tuple[object, list[object]]:
+        return pipe.read_frame()
+
+    calls: list[object] = []  # the reader thread is told apart by its name
+    turns = Turns(ready=ready, read=read, dispatch=lambda m, p: calls.append(m))
+    reader = threading.Thread(target=turns.run_reader, name="reader", daemon=True)
+    reader.start()
+    assert at_the_check.wait(5)
+    waiter = threading.Thread(target=turns.wait_for, args=(lambda: calls, None), daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while turns._waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # asleep as the reader's follower by now
+    go_on.set()  # the reader sees the waiter and leaves the frame to it
+    proto.write_parts(w, proto.frame(proto.Log(b"the next call")))
+    waiter.join(5)
+    assert not waiter.is_alive(), "the waiter was never woken to lead"
+    assert [m.data for m in calls if isinstance(m, proto.Log)] == [b"the next call"]
+    turns.end()
+    os.close(w)
+    reader.join(5)
+    os.close(r)

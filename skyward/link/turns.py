@@ -145,15 +145,18 @@ class Turns:
             with self._baton:
                 if self._ended:
                     break
-                if self._waiting or not self._ready(0):
-                    continue  # a waiter read it
-                try:
-                    frame = self._read()
-                except BaseException as exc:
-                    self._end(exc)
-                    raise
-                self._dispatch(*frame)
-            if self._waiting:  # a follower may wait for that frame
+                # A waiter came (or read it): the frame is its to read.
+                if not self._waiting and self._ready(0):
+                    try:
+                        frame = self._read()
+                    except BaseException as exc:
+                        self._end(exc)
+                        raise
+                    self._dispatch(*frame)
+            if self._waiting:
+                # A follower may wait for that frame, or, come while this thread held the
+                # baton, sleep until it is free: without a recheck (a worker's idle main
+                # thread) nobody else would ever wake it.
                 with self._lock:
                     self._wake()
         if self._ending is not None:
