@@ -145,7 +145,7 @@ def test_a_killed_clients_machines_delete_themselves_and_down_removes_the_rules(
     assert "powered-off-kept" not in events, gcp_standins.events
     for name, standin in gcp_standins.standins.items():  # each kept its own account of it
         said = (standin.directory / "var-log" / "skyward-watchdog.log").read_text()
-        assert f"skyward-release: deleting {name}" in said, said
+        assert f"skyward-release: deleting {name}" in said, said  # said before it asks
         assert "skyward-watchdog: no SSH client for" in said, said
     assert len(left["firewall rules"]) == 2
 

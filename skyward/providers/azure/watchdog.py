@@ -60,7 +60,7 @@ def release_script(*, base_url: str, client_id: str, ca_pem: str | None = None) 
         trust=trust,
         find=f"arm={shlex.quote(base_url.rstrip('/'))}\n"
         "vm=$(metadata 'instance/compute/resourceId?api-version=2021-02-01&format=text')\n"
-        'case $vm in /subscriptions/*) ;; *) say "no resource id from IMDS"; exit 1 ;; esac',
+        'case $vm in /subscriptions/*) ;; *) say "no resource id from IMDS"; return 2 ;; esac',
         # Deleting takes the OS disk, NIC and public IP too (deleteOption Delete); a
         # deallocated VM, if that is refused, bills no compute.
         steps=[

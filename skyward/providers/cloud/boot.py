@@ -218,8 +218,9 @@ def release_script(
 
     ``metadata``: the metadata server's base URL, ``header`` the header it wants, ``token``
     the token's path there; ``find``: sh that sets what the steps name (this machine's name
-    or id); ``steps``: (method, URL, what it does) asked in turn until one is accepted (a
-    2xx); ``trust``: sh that sets ``cacert`` to a CA bundle for a private endpoint.
+    or id), run in each round (``return 2`` there: worth another round); ``steps``:
+    (method, URL, what it does) asked in turn until one is accepted (a 2xx); ``trust``: sh
+    that sets ``cacert`` to a CA bundle for a private endpoint.
 
     A round that went unanswered (no token, a timeout, HTTP 408, 429 or 5xx) is tried
     again, ``tries`` rounds in all, ``pause`` seconds apart: a machine that
@@ -228,13 +229,15 @@ def release_script(
     accepted: the caller powers off, or tries again later. Needs sh, sed and curl, which
     every Ubuntu image has."""
     q = shlex.quote
+    # Said before it is asked: once the cloud deletes the machine, nothing more is written.
     asks = "\n".join(
+        f'    say "{doing}"\n'
         f'    status=$(api {method} "{url}")\n'
         "    case $status in\n"
-        f'        2??) say "{doing}"; exit 0 ;;\n'
+        '        2??) say "accepted (HTTP $status)"; exit 0 ;;\n'
         "        000 | 408 | 429 | 5??) again=2 ;;\n"
         "    esac\n"
-        f'    say "{doing} was refused (HTTP $status)"'
+        '    say "refused (HTTP $status)"'
         for method, url, doing in steps
     )
     found = "\n".join(f"    {line}" for line in find.strip().splitlines())
