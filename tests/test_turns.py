@@ -190,9 +190,9 @@ def test_a_waiter_that_came_while_the_reader_held_the_baton_is_woken_to_lead() -
     waiter = threading.Thread(target=turns.wait_for, args=(lambda: calls, None), daemon=True)
     waiter.start()
     deadline = time.monotonic() + 5
-    while turns._waiting == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)  # asleep as the reader's follower by now
+    while not turns._sleepers and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the waiter sleeps as the reader's follower (nobody else can)
+    assert turns._sleepers, "the waiter never followed the reader"
     go_on.set()  # the reader sees the waiter and leaves the frame to it
     proto.write_parts(w, proto.frame(proto.Log(b"the next call")))
     waiter.join(5)

@@ -223,11 +223,11 @@ def release_script(
     that sets ``cacert`` to a CA bundle for a private endpoint.
 
     A round that went unanswered (no token, a timeout, HTTP 408, 429 or 5xx) is tried
-    again, ``tries`` rounds in all, ``pause`` seconds apart: a machine that
-    gave up on a passing hiccup would stay stopped, and billed, until ``skyward down``. A
-    plain refusal (403: no permission) is not tried again. Exits 1 when no call was
-    accepted: the caller powers off, or tries again later. Needs sh, sed and curl, which
-    every Ubuntu image has."""
+    again, ``tries`` rounds in all, ``pause`` seconds apart: a machine that gave up on a
+    passing hiccup would stay stopped, and billed, until ``skyward down``. A plain refusal
+    (403: no permission) is not tried again. Exits 1 when no call was accepted: the caller
+    powers off, or tries again later. Needs sh, sed and curl, which every Ubuntu image has.
+    """
     q = shlex.quote
     # Said before it is asked: once the cloud deletes the machine, nothing more is written.
     asks = "\n".join(
@@ -247,7 +247,7 @@ def release_script(
 say() {{
     echo "skyward-release: $*" >&2
     logger -t skyward-release "$*" 2>/dev/null || true
-    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) skyward-release: $*" \
+    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) skyward-release: $*" \\
         >>"${{SKYWARD_WATCHDOG_LOG:-{WATCHDOG_LOG}}}" 2>/dev/null || true
 }}
 metadata() {{
