@@ -34,7 +34,9 @@ from skyward._phases import SilentReporter
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, WATCHDOG_PATH
 from skyward.providers.cloud.capacity import CapacityError
-from skyward.providers.gcp.allocation import GCPAllocation
+from skyward.providers.cloud.capacity import Offer
+from skyward.providers.cloud.catalog import Machine
+from skyward.providers.cloud.start import CloudPool
 from skyward.providers.gcp.api import Api
 from skyward.providers.gcp.resources import Names
 
@@ -534,18 +536,11 @@ def test_loss_reason_says_a_spot_vm_was_preempted_and_a_machine_powered_off(
     with pytest.raises(KeyboardInterrupt):
         provider(gce, spot=True).provision(made, SilentReporter())
     # Made again by hand (the provision above cleaned up): two spot VMs of the pool.
-    api = _api(gce)
-    allocation = GCPAllocation(
-        api,
-        request(pool=pool),
-        Names("skyward-lost-0"),
-        connect="private",
-        username="u",
-        release_timeout=10,
-    )
+    options = provider(gce, spot=True)
+    machines = options.machines(request(pool=pool))
     from skyward.providers.gcp import resources as gce_resources
 
-    allocation.spec = gce_resources.InstanceSpec(
+    machines._template = gce_resources.InstanceSpec(
         machine_type="n2-standard-4",
         attach=None,
         gpu=False,
@@ -557,11 +552,12 @@ def test_loss_reason_says_a_spot_vm_was_preempted_and_a_machine_powered_off(
         labels={},
         metadata={},
         public=False,
-        spot=True,
+        spot=False,
         service_account=None,
     )
-    names = allocation.launch(ZONE, [0, 1], allocation.launching)
-    allocation.instances = [(ZONE, n) for n in names]
+    allocation = CloudPool(options, machines, request(pool=pool))
+    offer = Offer(Machine("gcp", "n2-standard-4", None, 0, 0, 0), ZONE, "spot", None)
+    names = allocation._launch(offer, [0, 1], allocation.launching)
     assert allocation.loss_reason(0) is None  # running: not a loss
     gce.preempt(PROJECT, ZONE, names[0])
     gce.stop_instance(PROJECT, ZONE, names[1])

@@ -29,10 +29,11 @@ how the machine finds its own name, and the calls (``gcp/resources.py``,
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 WATCHDOG_PATH = "/usr/local/sbin/skyward-watchdog"
 # What the watchdog (and a release it runs) said, kept on the machine: why it powered off or
@@ -166,11 +167,12 @@ def user_data(
     connected costs that long, not ``idle_timeout`` (see ``first_client_bound``). Or it runs
     ``idle_action`` (a command's path) instead of powering off. ``files`` are more cloud-init
     ``write_files`` entries (a cloud's own scripts, such as its ``BEFORE_POWEROFF_PATH``)."""
-    idle = max(1, round(idle_timeout))
-    first = idle if first_client_timeout is None else max(1, round(first_client_timeout))
-    every = max(1, min(10, idle // 6))  # notice idleness within about a sixth of the bound
-    arguments = [WATCHDOG_PATH, str(idle), str(ssh_port), str(every), str(first)]
-    watchdog = shlex.join([*arguments, *([idle_action] if idle_action else [])])
+    watchdog = watchdog_command(
+        idle_timeout=idle_timeout,
+        first_client_timeout=first_client_timeout,
+        ssh_port=ssh_port,
+        idle_action=idle_action,
+    )
     config = {
         # Only the host key we made: the image's keys are deleted, and cloud-init generates
         # none when ssh_keys is given (its schema refuses an empty ssh_genkeytypes).
@@ -194,6 +196,128 @@ def user_data(
         ],
     }
     return "#cloud-config\n" + json.dumps(config, indent=1) + "\n"
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What every machine of a pool boots with, made once by the start: the host key the
+    client made, the login key, the idle watchdog and its last act. Two carriers, one
+    payload: ``cloud_config()`` for images that run cloud-init (the clouds' VMs),
+    ``start_script()`` for images that do not (a marketplace's containers, which run a start
+    command). ``idle_action``: a command the watchdog runs instead of powering off (Azure's
+    self-delete; a container's ``END_CONTAINER``); ``files``: more files to write
+    (``{"path", "content", "permissions"}``), such as a cloud's ``BEFORE_POWEROFF_PATH``."""
+
+    host_key: HostKey
+    authorized_key: str
+    user: str
+    idle_timeout: float
+    first_client_timeout: float | None = None
+    ssh_port: int = 22
+    idle_action: str | None = None
+    files: tuple[Mapping[str, str], ...] = ()
+
+    def with_last_act(
+        self, *, idle_action: str | None = None, files: Sequence[Mapping[str, str]] = ()
+    ) -> Boot:
+        """The same payload with the cloud's own last act (a self-delete, a hook)."""
+        return replace(self, idle_action=idle_action, files=(*self.files, *files))
+
+    def cloud_config(self) -> str:
+        """The payload as cloud-init user data (``#cloud-config``)."""
+        return user_data(
+            host_key=self.host_key,
+            authorized_key=self.authorized_key,
+            idle_timeout=self.idle_timeout,
+            first_client_timeout=self.first_client_timeout,
+            ssh_port=self.ssh_port,
+            idle_action=self.idle_action,
+            files=self.files,
+        )
+
+    def start_script(self) -> str:
+        """The payload as a POSIX sh script, run as root by an image with no cloud-init
+        before (or as) its main process: the same files, host key, login key, sshd
+        settings and watchdog that ``cloud_config`` gives, and sshd started (installed
+        from the image's apt when it lacks one)."""
+        q = shlex.quote
+        files = [
+            {"path": WATCHDOG_PATH, "permissions": "0755", "content": watchdog_script()},
+            {"path": SSHD_DROPIN_PATH, "permissions": "0644", "content": SSHD_DROPIN},
+            *self.files,
+        ]
+        written = "\n".join(
+            f"write {q(entry['path'])} {q(entry.get('permissions', '0644'))} "
+            f"{q(base64.b64encode(entry['content'].encode()).decode())}"
+            for entry in files
+        )
+        key = "/etc/ssh/ssh_host_ed25519_key"
+        return f"""#!/bin/sh
+# Skyward: boot this machine for its pool (the payload cloud-init carries elsewhere).
+set -eu
+umask 022
+write() {{  # PATH MODE BASE64
+    mkdir -p "$(dirname "$1")"
+    printf '%s' "$3" | base64 -d >"$1"
+    chmod "$2" "$1"
+}}
+{written}
+# Only the host key the client made: the client checks it on its first connection.
+mkdir -p /etc/ssh /run/sshd
+rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub
+write {key} 0600 {q(base64.b64encode(self.host_key.private.encode()).decode())}
+printf '%s\n' {q(self.host_key.public)} >{key}.pub
+user={q(self.user)}
+if ! id "$user" >/dev/null 2>&1; then
+    useradd -m -s /bin/sh "$user" 2>/dev/null || adduser -D "$user"
+    usermod -p '*' "$user" 2>/dev/null || true  # no password, not locked: sshd takes the key
+fi
+home=$(getent passwd "$user" | cut -d: -f6)
+mkdir -p "$home/.ssh"
+printf '%s\n' {q(self.authorized_key)} >>"$home/.ssh/authorized_keys"
+chmod 700 "$home/.ssh"
+chmod 600 "$home/.ssh/authorized_keys"
+chown -R "$user" "$home/.ssh"
+if ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends openssh-server >/dev/null
+fi
+/usr/sbin/sshd -p {self.ssh_port} -o HostKey={key} -o PasswordAuthentication=no ||
+    echo "skyward: sshd did not start" >&2
+setsid {self._watchdog()} </dev/null >/dev/null 2>&1 &
+"""
+
+    def _watchdog(self) -> str:
+        return watchdog_command(
+            idle_timeout=self.idle_timeout,
+            first_client_timeout=self.first_client_timeout,
+            ssh_port=self.ssh_port,
+            idle_action=self.idle_action,
+        )
+
+
+def watchdog_command(
+    *,
+    idle_timeout: float,
+    first_client_timeout: float | None,
+    ssh_port: int,
+    idle_action: str | None,
+) -> str:
+    """The watchdog's command line: its bounds in whole seconds, and its last act."""
+    idle = max(1, round(idle_timeout))
+    first = idle if first_client_timeout is None else max(1, round(first_client_timeout))
+    every = max(1, min(10, idle // 6))  # notice idleness within about a sixth of the bound
+    arguments = [WATCHDOG_PATH, str(idle), str(ssh_port), str(every), str(first)]
+    return shlex.join([*arguments, *([idle_action] if idle_action else [])])
+
+
+# A container has nothing to power off: its watchdog ends the container's main process.
+END_CONTAINER_PATH = "/usr/local/sbin/skyward-end-container"
+END_CONTAINER = {
+    "path": END_CONTAINER_PATH,
+    "permissions": "0755",
+    "content": "#!/bin/sh\n# Skyward: the client is gone; end this container.\nkill -TERM 1\n",
+}
 
 
 # A release whose calls went unanswered is tried this many times in all, this far apart.

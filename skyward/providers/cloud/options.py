@@ -49,6 +49,7 @@ from skyward.providers.cloud.allocation import CloudAllocation, open_or_destroy
 from skyward.providers.cloud.boot import HostKey, first_client_bound, user_data
 from skyward.providers.cloud.capacity import Offer, Strategy
 from skyward.providers.cloud.catalog import Cloud, Machine
+from skyward.providers.cloud.contract import Machines
 from skyward.providers.cloud.keys import key_label
 from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.ssh.hosts import Access, HostTarget
@@ -215,11 +216,11 @@ class CloudOptions(BaseModel):
             files=files,
         )
 
-    def hint(self, rule: str) -> str:
+    def hint(self, rule: str | None = None) -> str:
         """What to check when the machines run but SSH never answered; ``rule``: the cloud's
-        word for what opens SSH ("the security group")."""
+        word for what opens SSH (default ``ssh_rule``: "the security group")."""
         return (
-            f"check that this machine's address is inside {rule}'s SSH range "
+            f"check that this machine's address is inside {rule or self.ssh_rule}'s SSH range "
             f"(ssh_cidr={self.ssh_cidr!r}) and that their {self.connect} addresses are "
             f"reachable from this network."
         )
@@ -233,10 +234,19 @@ class CloudOptions(BaseModel):
             check_extra(module, feature=f"sky.{type(self).__name__}")
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
-        """``check``, then the cloud's ``allocation`` built by ``build``; whatever it
-        recorded is destroyed when the start fails."""
+        """``check``, then the one start (``cloud/start.py``) of this pool's ``machines``;
+        whatever it recorded is destroyed when the start fails."""
         self.check(request)
+        if type(self).machines is not CloudOptions.machines:
+            from skyward.providers.cloud.start import start
+
+            return start(self, self.machines(request), request, reporter)
         return open_or_destroy(self.allocation(request), lambda made: self.build(made, reporter))
+
+    def machines(self, request: ProvisionRequest) -> Machines:
+        """This pool's machines on the cloud (the contract's calls), its API connected;
+        nothing is made yet."""
+        raise NotImplementedError
 
     def build(self, made: Any, reporter: Reporter) -> None:
         """The offers in order, within the price limit and announced; the first place with

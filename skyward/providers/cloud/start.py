@@ -1,0 +1,523 @@
+"""The one start of every cloud pool, and its allocation: the only writer of its record.
+
+::
+
+    start(options, machines, request, reporter)      (CloudOptions.provision calls it)
+      CloudPool(...)                      the record: nothing made yet
+      open_or_destroy ── open():
+        machines.offers(want)             every place to try, priced
+        affordable, announce              within max_hourly_cost; the choice reported
+        keys                              the pool's login key and the host key its machines
+                                          present, and the boot payload (Boot) with the watchdog
+        machines.prepare(...)             network, rules, image: recorded as made
+        launch_first: machines.launch     the first place with room takes the pool; names
+                                          recorded before each create is asked for
+        wait_running: machines.describe   every machine running, or why one ended
+        reach                             SSH where describe says, the bootstrap; a machine
+                                          that ends meanwhile fails the start at once
+      any failure, Ctrl-C included ──>    terminate(): machines.delete(record), the key
+
+    the pool runs:
+      loss_reason(rank)                   machines.describe: why a node's machine ended
+      replace(rank)                       the old machine discarded, a new one launched in
+                                          the same place, reached alike
+    close:
+      terminate() -> release()            machines.delete(record), waited for; the key
+
+The record (``Record``) is what exists: pool-wide resources by kind, every machine ever
+asked for, each node's machine, and the creates still on the wire. It has one lock; only
+its methods write it, and a cloud's calls write it only through them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from skyward._errors import HostKeyError, ProvisionError
+from skyward._futures import Deadline, settle
+from skyward._phases import Choice, Phase, Reporter
+from skyward._shield import finish
+from skyward.providers.base import Allocation, Node, ProvisionRequest, Resource
+from skyward.providers.cloud import capacity
+from skyward.providers.cloud.api import poll
+from skyward.providers.cloud.boot import Boot, HostKey, first_client_bound
+from skyward.providers.cloud.capacity import CapacityError, Offer
+from skyward.providers.cloud.contract import Described, Machines, Want
+from skyward.providers.cloud.keys import key_label
+from skyward.providers.ssh.connection import PoolKey, Target
+from skyward.providers.ssh.hosts import Access, HostNode, HostTarget, open_hosts
+
+if TYPE_CHECKING:
+    from skyward.providers.cloud.options import CloudOptions
+
+A = TypeVar("A", bound=Allocation)
+# On everything one provision creates, besides the pool's tags: a value unique to that
+# provision (the pool's name need not be unique), so that its clean-up can sweep for what
+# a create call cut off in flight made, and never touch another run's resources.
+TAG_ALLOCATION = "skyward-allocation"
+POLL = 1.0  # seconds between reads while waiting for machines to run
+_INFLIGHT_WAIT = 90.0  # seconds a release waits for create calls still on the wire
+
+
+def unique_name(pool: str, *, unsafe: str, length: int) -> str:
+    """``skyward-<pool>-<6 hex>``, the base of what one provision names (AWS's key pair and
+    group, GCP's rules and instances, Azure's resource group): unique to that provision,
+    since a pool's name need not be. What the cloud refuses in names (``unsafe``, a regex)
+    becomes ``-``; ``length`` characters of the pool at most."""
+    slug = re.sub(unsafe, "-", pool)[:length].strip("-")
+    return f"skyward-{slug or 'pool'}-{secrets.token_hex(3)}"
+
+
+class Record:
+    """What one pool made, as it is made. Every method takes the one lock; nothing else
+    writes these fields. A ``Condition``: a release waits on it for creates on the wire."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self._resources: list[Resource] = []
+        self._asked: list[tuple[str, str]] = []  # (place, name) of every machine asked for
+        self._made: list[tuple[str, str]] = []  # (place, id) of every machine the cloud made
+        self._nodes: list[tuple[str, str]] = []  # (place, id) of each node's machine, by rank
+        self._inflight = 0
+        self._generation = 0
+        self._released = False
+        self._pool_key: PoolKey | None = None
+        self._lock = threading.Condition(threading.RLock())  # guards: every field above
+
+    # ── written by the start and, through these, by a cloud's calls ────────────────────
+
+    def add(self, kind: str, id: str) -> str:
+        """A pool-wide resource (``"security group"``, its id): from now on its deletion
+        is the release's. Called as soon as the cloud answers, or, for a name we choose,
+        before we ask (an answer lost in flight still counts); ``id`` back."""
+        with self._lock:
+            self._resources.append(Resource(kind, id))
+        return id
+
+    def made(self, place: str, ids: Sequence[str]) -> None:
+        """Machines the cloud made (their ids, as it answered)."""
+        with self._lock:
+            self._made += [(place, i) for i in ids if (place, i) not in self._made]
+
+    def key(self, key: PoolKey) -> None:
+        with self._lock:
+            self._pool_key = key
+
+    def ask(self, place: str, ranks: Sequence[int], prefix: str) -> list[str]:
+        """Names for new machines of ``ranks``, recorded before anything is asked for: an
+        answer lost to a Ctrl-C still leaves a name to delete. A replacement's name says its
+        generation (the old machine's name may still be in use while it is deleted)."""
+        with self._lock:
+            if self._released:
+                raise ProvisionError(f"pool {self.pool} is closing; not launching")
+            generation = self._generation
+            self._generation += 1
+            names = [f"{prefix}{r}" + (f"-r{generation}" if generation else "") for r in ranks]
+            self._asked += [(place, n) for n in names]
+            self._inflight += 1
+            return names
+
+    def answered(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            self._lock.notify_all()
+
+    def place(self, rank: int, place: str, id: str) -> None:
+        with self._lock:
+            if rank < len(self._nodes):
+                self._nodes[rank] = (place, id)
+            else:
+                self._nodes.append((place, id))
+
+    def close(self) -> tuple[bool, PoolKey | None]:
+        """Mark the record released (once): whether it was already, and the key to delete.
+        Waits (bounded) for creates still on the wire, so the delete sees every name."""
+        with self._lock:
+            if self._released:
+                return True, None
+            self._released = True
+            self._lock.wait_for(lambda: self._inflight == 0, timeout=_INFLIGHT_WAIT)
+            return False, self._pool_key
+
+    # ── read by a cloud's ``delete`` and by the pool ───────────────────────────────────
+
+    def resources(self, kind: str) -> list[str]:
+        """The ids recorded as ``kind``, in order."""
+        with self._lock:
+            return [r.id for r in self._resources if r.kind == kind]
+
+    def all_resources(self) -> list[Resource]:
+        with self._lock:
+            return list(self._resources)
+
+    def asked(self) -> list[tuple[str, str]]:
+        """(place, name) of every machine ever asked for, replacements included."""
+        with self._lock:
+            return list(self._asked)
+
+    def machines(self) -> list[tuple[str, str]]:
+        """(place, id) of every machine the cloud made, replaced ones included."""
+        with self._lock:
+            return list(self._made)
+
+    def node(self, rank: int) -> tuple[str, str] | None:
+        """(place, id) of node ``rank``'s machine; ``None`` before it has one."""
+        with self._lock:
+            return self._nodes[rank] if rank < len(self._nodes) else None
+
+    @property
+    def released(self) -> bool:
+        with self._lock:
+            return self._released
+
+
+class WatchedDeadline(Deadline):
+    """A deadline that ends with ``parent`` and can also be failed, with a reason, by a watcher
+    of the machines being reached: a spot instance reclaimed while it booted fails the start
+    at once instead of being retried until ``boot_timeout``."""
+
+    def __init__(self, parent: Deadline) -> None:
+        super().__init__(parent.remaining(), parent.what)
+        self._parent = parent
+        self._failure: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    def fail(self, reason: str) -> None:
+        self._failure = reason
+        self.cancel(reason)  # wakes whoever sleeps on this deadline
+
+    def check(self, doing: str) -> None:
+        self._parent.check(doing)
+        if self._failure is not None:
+            raise ProvisionError(f"{doing}: {self._failure}")
+        super().check(doing)
+
+
+def start(
+    options: CloudOptions, machines: Machines, request: ProvisionRequest, reporter: Reporter
+) -> CloudPool:
+    """A cloud pool's machines, running and reached, or nothing: whatever the start made is
+    destroyed when it fails (``open_or_destroy``)."""
+    pool = CloudPool(options, machines, request)
+    return open_or_destroy(pool, lambda made: made.open(reporter))
+
+
+def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:
+    """Run ``build``, which creates resources, records each on ``allocation`` as soon as it
+    exists, and reaches the machines; on any failure, Ctrl-C included, terminate what it
+    recorded and re-raise.
+
+    The clean-up runs on its own thread and is waited for through any number of Ctrl-Cs
+    (``_shield.finish``): a second Ctrl-C must not turn a failed start into a running GPU
+    bill. It is bounded by the allocation's own waits, not by the start's deadline, which
+    may be what just passed.
+    """
+    try:
+        build(allocation)
+    except BaseException as exc:
+        failure = finish(allocation.terminate)
+        if failure is not None:
+            exc.add_note(f"and cleaning up failed: {failure}")
+        raise
+    return allocation
+
+
+class CloudPool(Allocation):
+    """A cloud pool's machines and resources: the record, the cloud's ``machines``, and
+    how the machines are reached (``access``, the ``host_key`` they present)."""
+
+    def __init__(self, options: CloudOptions, machines: Machines, request: ProvisionRequest):
+        super().__init__([])
+        self.options = options
+        self.cloud = machines
+        self.request = request
+        self.record = Record(request.pool)
+        # Launches and the reach wait on this; a release wakes them.
+        self.launching = WatchedDeadline(request.deadline)
+        # Set once by open(), before any machine exists; read by replace().
+        self._access: Access | None = None
+        self._host_key: str | None = None
+        self._offer: Offer | None = None
+
+    # ── the start ──────────────────────────────────────────────────────────────────────
+
+    def open(self, reporter: Reporter) -> None:
+        request, cloud, deadline = self.request, self.cloud, self.launching
+        strategy = self.options.strategy(request)
+        want = Want(request, strategy, deadline, reporter)
+        found = cloud.offers(want)
+        offers = capacity.affordable(found.offers, request.nodes, request.max_hourly_cost)
+        capacity.announce(offers, request.nodes, reporter, found.region or offers[0].zone)
+        boot = self._keys(offers[0])
+        deadline.check("preparing the network")
+        cloud.prepare(want, offers, boot, self.record)
+        offer, ids = capacity.launch_first(
+            offers,
+            lambda offer: self._launch(offer, range(request.nodes), deadline),
+            nodes=request.nodes,
+            reporter=reporter,
+            deadline=deadline,
+        )
+        self._offer = offer
+        self.hourly_cost = offer.pool_hourly(request.nodes)
+        self.describe = f"{request.nodes} x {offer.machine.type} {offer.market} in {offer.zone}"
+        for rank, id in enumerate(ids):  # each node's row names its machine
+            reporter.phase(rank, "provisioning", f"{id} ({offer.where})")
+        targets = self._running(offer.zone, ids, deadline)
+        self.nodes = list(self._reach(targets, reporter))
+
+    def _keys(self, first: Offer) -> Boot:
+        """The pool's login key (labelled for ``skyward ls`` / ``down``, deleted with the
+        pool), the host key its machines present, how they are reached, and the boot
+        payload that carries both."""
+        options, cloud = self.options, self.cloud
+        key = PoolKey()
+        self.record.key(key)
+        region, name, endpoint = cloud.key_label
+        key.label(key_label(options.cloud, region, self.request.pool, name, endpoint))
+        host_key = HostKey.generate()
+        gpu = self.request.accelerator is not None or first.machine.accelerator is not None
+        self._host_key = host_key.public
+        self._access = Access(
+            key_file=key.path,
+            python=options.python,
+            workdir=options.workdir,
+            boot_timeout=options.boot_timeout,
+            gpus=(first.machine.count or None) if gpu else None,
+            machine_type=first.machine.type,
+            instance_profile=cloud.instance_profile,
+        )
+        return Boot(
+            host_key=host_key,
+            authorized_key=key.public,
+            user=options.username,
+            idle_timeout=options.idle_timeout,
+            # A machine waits for its first client as long as the client waits for it
+            # (and a margin), not idle_timeout: a client killed mid-start costs minutes.
+            first_client_timeout=first_client_bound(options.boot_timeout),
+        )
+
+    def _launch(self, offer: Offer, ranks: Sequence[int], deadline: Deadline) -> list[str]:
+        """One machine per rank where ``offer`` is: their ids, each node's recorded."""
+        names = self.record.ask(offer.zone, ranks, self.cloud.prefix)
+        try:
+            ids = self.cloud.launch(offer, names, self.record, deadline)
+        finally:
+            self.record.answered()
+        self.record.made(offer.zone, ids)
+        for rank, id in zip(ranks, ids, strict=True):
+            self.record.place(rank, offer.zone, id)
+        return ids
+
+    def _running(self, place: str, ids: Sequence[str], deadline: Deadline) -> list[HostTarget]:
+        """How to reach each machine, once every one runs; one that ends on the way fails
+        the wait, with the cloud's reason."""
+        noun = self.cloud.noun
+        doing = f"waiting for {len(ids)} {noun}(s) to run"
+
+        def probe() -> list[HostTarget] | None:
+            found = self.cloud.describe(place, ids)
+            for id, machine in zip(ids, found, strict=True):
+                if machine.state == "ended":
+                    raise ProvisionError(f"{doing}: {_ended(noun, id, machine)}")
+            if all(m.state == "running" and m.reach is not None for m in found):
+                return [self._target(m) for m in found]
+            return None
+
+        deadline.check(doing)
+        return poll(probe, doing, deadline, pause=POLL, most=POLL)
+
+    def _target(self, machine: Described) -> HostTarget:
+        assert machine.reach is not None
+        reach = machine.reach
+        user = reach.user or self.options.username
+        return HostTarget(
+            Target(host=reach.host, port=reach.port, user=user),
+            peer_address=reach.peer,
+            host_key=self._host_key,
+        )
+
+    def _reach(
+        self,
+        targets: Sequence[HostTarget],
+        reporter: Reporter,
+        ranks: Sequence[int] | None = None,
+        deadline: Deadline | None = None,
+    ) -> list[HostNode]:
+        """``open_hosts`` for the machines: SSH and the bootstrap. A machine that ends
+        meanwhile fails it at once (a watcher asks ``loss_reason``); a start that failed
+        with machines SSH never answered says what to check."""
+        assert self._access is not None
+        ranks = list(range(len(targets))) if ranks is None else list(ranks)
+        reached = _Reached(reporter)
+        watched = WatchedDeadline(deadline or self.launching)
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(2.0):
+                try:
+                    why = next(filter(None, map(self.loss_reason, ranks)), None)
+                except Exception:
+                    continue  # a hint only: the connections' own bounds still hold
+                if why is not None:
+                    watched.fail(why)
+                    return
+
+        threading.Thread(target=watch, name="skyward-watch-machines", daemon=True).start()
+        request = dataclasses.replace(self.request, nodes=len(targets), deadline=watched)
+        try:
+            return open_hosts(targets, self._access, request, reached, ranks=ranks)
+        except (ProvisionError, TimeoutError) as exc:
+            pairs = zip(ranks, targets, strict=True)
+            silent = [t.target.host for r, t in pairs if r not in reached.reached]
+            if silent and watched.failure is None and not isinstance(exc, HostKeyError):
+                exc.add_note(
+                    f"Machines {', '.join(silent)} are running, but SSH did not answer from "
+                    f"here: {self.options.hint()}"
+                )
+            raise
+        finally:
+            stop.set()
+
+    # ── the pool's life ────────────────────────────────────────────────────────────────
+
+    def loss_reason(self, rank: int) -> str | None:
+        """Why node ``rank``'s machine is gone or stopped, when the cloud says so; ``None``
+        while it runs or if the cloud cannot be asked."""
+        found = self.record.node(rank)
+        if found is None:
+            return None
+        place, id = found
+        try:
+            (machine,) = self.cloud.describe(place, [id], quick=True)
+        except Exception:
+            return None  # a message's detail; never a reason to fail the report of a loss
+        if machine.state != "ended":
+            return None
+        return _ended(self.cloud.noun, id, machine)
+
+    @property
+    def can_replace(self) -> bool:
+        return self._offer is not None and self._access is not None
+
+    def replace(self, rank: int, reporter: Reporter, deadline: Deadline) -> Node:
+        """A new machine for node ``rank``, made alike (same place, network, keys)."""
+        offer, old = self._offer, self.record.node(rank)
+        if self.record.released or offer is None or old is None:
+            raise self._closing()
+        if rank < len(self.nodes):
+            self.nodes[rank].close()
+        reporter.phase(rank, "provisioning", f"replacing {old[1]}")
+        self.cloud.discard(old[0], [old[1]], Deadline(0.0, "no wait"))
+        (id,) = self._launch(offer, [rank], deadline)
+        (target,) = self._running(offer.zone, [id], deadline)
+        (node,) = self._reach([target], reporter, ranks=[rank], deadline=deadline)
+        with self._lock:
+            if self.record.released:
+                node.close()
+                raise self._closing()
+            self.nodes[rank] = node
+        return node
+
+    def _closing(self) -> ProvisionError:
+        return ProvisionError(f"pool {self.request.pool} is closing; not replacing")
+
+    @property
+    def down_command(self) -> str:
+        """The ``skyward down`` command that removes what this pool leaves behind."""
+        return " ".join(["skyward down --pool", self.request.pool, self.cloud.scope[1]]).rstrip()
+
+    def release(self) -> None:
+        """Delete everything recorded, then the pool key. Idempotent; raises
+        ``ProvisionError`` naming what is left and the command that removes it, after
+        trying everything."""
+        self.launching.fail("the pool is being released")
+        already, pool_key = self.record.close()
+        if already:
+            return
+        timeout = self.options.release_timeout
+        try:
+            left = self.cloud.delete(
+                self.record, Deadline(timeout, f"release_timeout ({timeout:g} s)")
+            )
+        finally:
+            if pool_key is not None:
+                pool_key.delete()
+        if left:
+            raise ProvisionError(
+                f"pool {self.request.pool}: could not delete {', '.join(left)}"
+                f"{self.cloud.scope[0]}. Remove what is left with: {self.down_command}"
+            )
+
+
+def _ended(noun: str, id: str, machine: Described) -> str:
+    if machine.status == "gone":
+        return f"{noun} {id} is gone: {machine.why}"
+    return f"{noun} {id} is {machine.status}: {machine.why}"
+
+
+def launch_each(
+    place: str,
+    names: Sequence[str],
+    create: Callable[[str], None],
+    discard: Callable[[str, Sequence[str], Deadline], list[str]],
+    *,
+    release_timeout: float,
+    down: str,
+) -> list[str]:
+    """For a cloud that makes machines one create each, by name (GCP, Azure): every
+    ``create(name)`` at once, all settled; the first failure raised. When every failure was
+    a ``CapacityError`` the attempt's machines are deleted first (``discard``, waited for),
+    so that the next place starts clean."""
+    errors = [e for f in settle(create, names) if (e := f.exception()) is not None]
+    if errors and all(isinstance(e, CapacityError) for e in errors):
+        deadline = Deadline(release_timeout, f"release_timeout ({release_timeout:g} s)")
+        left = discard(place, names, deadline)
+        if left:
+            raise ProvisionError(f"could not delete {', '.join(left)}. Remove them with: {down}")
+    if errors:
+        raise errors[0]
+    return list(names)
+
+
+def delete_each(
+    deletions: Sequence[tuple[str, Callable[[], object]]], *, gone: Callable[[BaseException], bool]
+) -> list[str]:
+    """Run every deletion at once (each a (``"kind name"``, call that deletes and waits)) and
+    wait for all: what could not be deleted, as ``"kind name (why)"``. One the cloud says was
+    gone already (``gone(error)``) counts as done."""
+    ended = settle(lambda deletion: deletion[1](), deletions)
+    failures = [
+        (named, future.exception()) for (named, _), future in zip(deletions, ended, strict=True)
+    ]
+    return [f"{named} ({exc})" for named, exc in failures if exc is not None and not gone(exc)]
+
+
+class _Reached:
+    """A reporter that also remembers which nodes got past connecting (SSH answered)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self._reporter = reporter
+        self.reached: set[int] = set()
+
+    def phase(self, node: int, phase: Phase, detail: str = "") -> None:
+        if phase not in ("provisioning", "connecting"):
+            self.reached.add(node)
+        self._reporter.phase(node, phase, detail)
+
+    def log(self, node: int, line: str) -> None:
+        self._reporter.log(node, line)
+
+    def status(self, line: str) -> None:
+        self._reporter.status(line)
+
+    def chosen(self, choice: Choice) -> None:
+        self._reporter.chosen(choice)
