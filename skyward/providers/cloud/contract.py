@@ -44,20 +44,45 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud.boot import Boot
 from skyward.providers.cloud.capacity import Offer, Strategy
-
-if TYPE_CHECKING:
-    from skyward.providers.cloud.start import Record
+from skyward.providers.cloud.record import Record
 
 # What a machine is doing, in the start's words: on its way, running, or ended (stopped,
 # reclaimed, deleted). Each cloud maps its own states onto these three.
 State = Literal["starting", "running", "ended"]
+
+
+class Options(Protocol):
+    """What the start reads of a cloud's options (``CloudOptions`` has all of it)."""
+
+    @property
+    def cloud(self) -> str: ...
+    @property
+    def username(self) -> str: ...
+    @property
+    def python(self) -> str | None: ...
+    @property
+    def workdir(self) -> str: ...
+    @property
+    def idle_timeout(self) -> float: ...
+    @property
+    def boot_timeout(self) -> float: ...
+    @property
+    def release_timeout(self) -> float: ...
+
+    def strategy(self, request: ProvisionRequest) -> Strategy:
+        """The pool's ``allocation=``, or the cloud's default (its ``spot=``)."""
+        ...
+
+    def hint(self, rule: str | None = None) -> str:
+        """What to check when the machines run but SSH never answered."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -117,11 +142,10 @@ class Machines(Protocol):
     prefix: str
     instance_profile: bool
 
-    @property
-    def key_label(self) -> tuple[str, str, str]:
-        """What the pool's key is labelled with for ``skyward ls`` / ``down`` (``keys.py``):
-        the region, the name of what plays the key pair's part, the endpoint ("": the
-        cloud's own)."""
+    def key_label(self, first: Offer) -> tuple[str, str, str]:
+        """What the pool's key is labelled with for ``skyward ls`` / ``down`` (``keys.py``),
+        when ``first`` is the offer tried first: the region, the name of what plays the key
+        pair's part, the endpoint ("": the cloud's own)."""
         ...
 
     @property

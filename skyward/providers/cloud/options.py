@@ -51,6 +51,7 @@ from skyward.providers.cloud.capacity import Offer, Strategy
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.contract import Machines
 from skyward.providers.cloud.keys import key_label
+from skyward.providers.cloud.start import start
 from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.ssh.hosts import Access, HostTarget
 
@@ -238,8 +239,6 @@ class CloudOptions(BaseModel):
         whatever it recorded is destroyed when the start fails."""
         self.check(request)
         if type(self).machines is not CloudOptions.machines:
-            from skyward.providers.cloud.start import start
-
             return start(self, self.machines(request), request, reporter)
         return open_or_destroy(self.allocation(request), lambda made: self.build(made, reporter))
 

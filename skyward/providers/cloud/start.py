@@ -36,24 +36,22 @@ import re
 import secrets
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from skyward._errors import HostKeyError, ProvisionError
 from skyward._futures import Deadline, settle
 from skyward._phases import Choice, Phase, Reporter
 from skyward._shield import finish
-from skyward.providers.base import Allocation, Node, ProvisionRequest, Resource
+from skyward.providers.base import Allocation, Node, ProvisionRequest
 from skyward.providers.cloud import capacity
 from skyward.providers.cloud.api import poll
 from skyward.providers.cloud.boot import Boot, HostKey, first_client_bound
 from skyward.providers.cloud.capacity import CapacityError, Offer
-from skyward.providers.cloud.contract import Described, Machines, Want
+from skyward.providers.cloud.contract import Described, Machines, Options, Want
 from skyward.providers.cloud.keys import key_label
+from skyward.providers.cloud.record import Record
 from skyward.providers.ssh.connection import PoolKey, Target
 from skyward.providers.ssh.hosts import Access, HostNode, HostTarget, open_hosts
-
-if TYPE_CHECKING:
-    from skyward.providers.cloud.options import CloudOptions
 
 A = TypeVar("A", bound=Allocation)
 # On everything one provision creates, besides the pool's tags: a value unique to that
@@ -61,7 +59,6 @@ A = TypeVar("A", bound=Allocation)
 # a create call cut off in flight made, and never touch another run's resources.
 TAG_ALLOCATION = "skyward-allocation"
 POLL = 1.0  # seconds between reads while waiting for machines to run
-_INFLIGHT_WAIT = 90.0  # seconds a release waits for create calls still on the wire
 
 
 def unique_name(pool: str, *, unsafe: str, length: int) -> str:
@@ -71,109 +68,6 @@ def unique_name(pool: str, *, unsafe: str, length: int) -> str:
     becomes ``-``; ``length`` characters of the pool at most."""
     slug = re.sub(unsafe, "-", pool)[:length].strip("-")
     return f"skyward-{slug or 'pool'}-{secrets.token_hex(3)}"
-
-
-class Record:
-    """What one pool made, as it is made. Every method takes the one lock; nothing else
-    writes these fields. A ``Condition``: a release waits on it for creates on the wire."""
-
-    def __init__(self, pool: str) -> None:
-        self.pool = pool
-        self._resources: list[Resource] = []
-        self._asked: list[tuple[str, str]] = []  # (place, name) of every machine asked for
-        self._made: list[tuple[str, str]] = []  # (place, id) of every machine the cloud made
-        self._nodes: list[tuple[str, str]] = []  # (place, id) of each node's machine, by rank
-        self._inflight = 0
-        self._generation = 0
-        self._released = False
-        self._pool_key: PoolKey | None = None
-        self._lock = threading.Condition(threading.RLock())  # guards: every field above
-
-    # ── written by the start and, through these, by a cloud's calls ────────────────────
-
-    def add(self, kind: str, id: str) -> str:
-        """A pool-wide resource (``"security group"``, its id): from now on its deletion
-        is the release's. Called as soon as the cloud answers, or, for a name we choose,
-        before we ask (an answer lost in flight still counts); ``id`` back."""
-        with self._lock:
-            self._resources.append(Resource(kind, id))
-        return id
-
-    def made(self, place: str, ids: Sequence[str]) -> None:
-        """Machines the cloud made (their ids, as it answered)."""
-        with self._lock:
-            self._made += [(place, i) for i in ids if (place, i) not in self._made]
-
-    def key(self, key: PoolKey) -> None:
-        with self._lock:
-            self._pool_key = key
-
-    def ask(self, place: str, ranks: Sequence[int], prefix: str) -> list[str]:
-        """Names for new machines of ``ranks``, recorded before anything is asked for: an
-        answer lost to a Ctrl-C still leaves a name to delete. A replacement's name says its
-        generation (the old machine's name may still be in use while it is deleted)."""
-        with self._lock:
-            if self._released:
-                raise ProvisionError(f"pool {self.pool} is closing; not launching")
-            generation = self._generation
-            self._generation += 1
-            names = [f"{prefix}{r}" + (f"-r{generation}" if generation else "") for r in ranks]
-            self._asked += [(place, n) for n in names]
-            self._inflight += 1
-            return names
-
-    def answered(self) -> None:
-        with self._lock:
-            self._inflight -= 1
-            self._lock.notify_all()
-
-    def place(self, rank: int, place: str, id: str) -> None:
-        with self._lock:
-            if rank < len(self._nodes):
-                self._nodes[rank] = (place, id)
-            else:
-                self._nodes.append((place, id))
-
-    def close(self) -> tuple[bool, PoolKey | None]:
-        """Mark the record released (once): whether it was already, and the key to delete.
-        Waits (bounded) for creates still on the wire, so the delete sees every name."""
-        with self._lock:
-            if self._released:
-                return True, None
-            self._released = True
-            self._lock.wait_for(lambda: self._inflight == 0, timeout=_INFLIGHT_WAIT)
-            return False, self._pool_key
-
-    # ── read by a cloud's ``delete`` and by the pool ───────────────────────────────────
-
-    def resources(self, kind: str) -> list[str]:
-        """The ids recorded as ``kind``, in order."""
-        with self._lock:
-            return [r.id for r in self._resources if r.kind == kind]
-
-    def all_resources(self) -> list[Resource]:
-        with self._lock:
-            return list(self._resources)
-
-    def asked(self) -> list[tuple[str, str]]:
-        """(place, name) of every machine ever asked for, replacements included."""
-        with self._lock:
-            return list(self._asked)
-
-    def machines(self) -> list[tuple[str, str]]:
-        """(place, id) of every machine the cloud made, replaced ones included."""
-        with self._lock:
-            return list(self._made)
-
-    def node(self, rank: int) -> tuple[str, str] | None:
-        """(place, id) of node ``rank``'s machine; ``None`` before it has one."""
-        with self._lock:
-            return self._nodes[rank] if rank < len(self._nodes) else None
-
-    @property
-    def released(self) -> bool:
-        with self._lock:
-            return self._released
 
 
 class WatchedDeadline(Deadline):
@@ -202,7 +96,7 @@ class WatchedDeadline(Deadline):
 
 
 def start(
-    options: CloudOptions, machines: Machines, request: ProvisionRequest, reporter: Reporter
+    options: Options, machines: Machines, request: ProvisionRequest, reporter: Reporter
 ) -> CloudPool:
     """A cloud pool's machines, running and reached, or nothing: whatever the start made is
     destroyed when it fails (``open_or_destroy``)."""
@@ -234,7 +128,7 @@ class CloudPool(Allocation):
     """A cloud pool's machines and resources: the record, the cloud's ``machines``, and
     how the machines are reached (``access``, the ``host_key`` they present)."""
 
-    def __init__(self, options: CloudOptions, machines: Machines, request: ProvisionRequest):
+    def __init__(self, options: Options, machines: Machines, request: ProvisionRequest):
         super().__init__([])
         self.options = options
         self.cloud = machines
@@ -281,7 +175,7 @@ class CloudPool(Allocation):
         options, cloud = self.options, self.cloud
         key = PoolKey()
         self.record.key(key)
-        region, name, endpoint = cloud.key_label
+        region, name, endpoint = cloud.key_label(first)
         key.label(key_label(options.cloud, region, self.request.pool, name, endpoint))
         host_key = HostKey.generate()
         gpu = self.request.accelerator is not None or first.machine.accelerator is not None

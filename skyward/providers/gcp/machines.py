@@ -23,22 +23,21 @@ import json
 import uuid
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
+from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, Boot
 from skyward.providers.cloud.capacity import Offer
 from skyward.providers.cloud.catalog import Machine
 from skyward.providers.cloud.contract import Described, Offers, Reach, State, Want
 from skyward.providers.cloud.options import prices
-from skyward.providers.cloud.start import Record, launch_each
+from skyward.providers.cloud.record import Record
+from skyward.providers.cloud.start import launch_each
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.api import Api, is_not_found, not_served
-
-if TYPE_CHECKING:
-    from skyward.providers.gcp import GCP
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
 # machines, Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init and the guest agent.
@@ -59,12 +58,39 @@ _STATES: dict[str, State] = {
 }
 
 
+class Settings(Protocol):
+    """What the machines read of ``sky.GCP`` (``options.py``)."""
+
+    @property
+    def image(self) -> str | None: ...
+    @property
+    def network(self) -> str: ...
+    @property
+    def subnetwork(self) -> str | None: ...
+    @property
+    def disk_gb(self) -> int: ...
+    @property
+    def service_account(self) -> str | None: ...
+    @property
+    def endpoint(self) -> str | None: ...
+    @property
+    def username(self) -> str: ...
+    @property
+    def connect(self) -> Literal["public", "private"]: ...
+    @property
+    def release_timeout(self) -> float: ...
+
+    def where(self) -> tuple[str | None, str]: ...
+    def machines_for(self, request: ProvisionRequest) -> list[Machine]: ...
+    def ssh_cidrs(self, private_ranges: Sequence[str]) -> list[str]: ...
+
+
 class GCPMachines:
     """A pool's firewall rules and instances in one project."""
 
     noun = "instance"
 
-    def __init__(self, options: GCP, api: Api, pool: str) -> None:
+    def __init__(self, options: Settings, api: Api, pool: str) -> None:
         self.options = options
         self.api = api
         self.names = gce.Names.of(pool)
@@ -76,8 +102,7 @@ class GCPMachines:
     def scope(self) -> tuple[str, str]:
         return f" in project {self.api.project}", f"--project {self.api.project}"
 
-    @property
-    def key_label(self) -> tuple[str, str, str]:
+    def key_label(self, first: Offer) -> tuple[str, str, str]:
         # The "key pair" of a GCP pool is its names' base (its rules are <base>-ssh, -pool).
         return self.api.project, self.names.base, self.options.endpoint or ""
 
