@@ -25,11 +25,11 @@ from support.reporter import Recorder
 
 import skyward as sky
 from skyward._errors import MissingDependency, ProvisionError
-from skyward.providers.aws.allocation import AWSAllocation
-from skyward.providers.aws.api import Api, translate
+from skyward.providers.aws.api import translate
 from skyward.providers.aws.resources import describe_reason
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.boot import WATCHDOG_PATH
+from skyward.providers.cloud.start import CloudPool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -495,7 +495,6 @@ def test_an_action_the_policy_lacks_is_named(
 
 
 def test_loss_reason_asks_ec2_why_an_instance_ended(moto: MotoServer) -> None:
-    api = Api.connect(region=moto.region, profile=None, endpoint_url=moto.url)
     ec2 = moto.client("ec2")
     image = ec2.describe_images(Filters=[{"Name": "name", "Values": ["*ubuntu*"]}])["Images"][0]
     (instance,) = [
@@ -504,10 +503,13 @@ def test_loss_reason_asks_ec2_why_an_instance_ended(moto: MotoServer) -> None:
             ImageId=image["ImageId"], InstanceType="g5.xlarge", MinCount=1, MaxCount=1
         )["Instances"]
     ]
-    allocation = AWSAllocation(
-        api, request(nodes=1), connect="private", username="ubuntu", release_timeout=10
+    options = sky.AWS(
+        region=moto.region, endpoint_url=moto.url, connect="private", release_timeout=10
     )
-    allocation.adopt_instances([instance])
+    made = request(nodes=1)
+    allocation = CloudPool(options, options.machines(made), made)
+    allocation.record.made(moto.region, [instance])
+    allocation.record.place(0, moto.region, instance)
     assert allocation.loss_reason(0) is None  # still running: not a machine loss
     ec2.terminate_instances(InstanceIds=[instance])
     assert allocation.loss_reason(0) == (

@@ -33,12 +33,10 @@ from skyward._errors import ProvisionError
 from skyward._phases import SilentReporter
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, WATCHDOG_PATH
-from skyward.providers.cloud.capacity import CapacityError
-from skyward.providers.cloud.capacity import Offer
+from skyward.providers.cloud.capacity import CapacityError, Offer
 from skyward.providers.cloud.catalog import Machine
 from skyward.providers.cloud.start import CloudPool
 from skyward.providers.gcp.api import Api
-from skyward.providers.gcp.resources import Names
 
 pytestmark = pytest.mark.timeout(120)
 

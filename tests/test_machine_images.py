@@ -19,7 +19,7 @@ from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
 
 import skyward as sky
-from skyward.providers.aws import CPU_AMI_PARAMETERS, GPU_AMI_PARAMETERS
+from skyward.providers.aws.machines import CPU_AMI_PARAMETERS, GPU_AMI_PARAMETERS
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
 from skyward.providers.azure import resources as arm
-from skyward.providers.azure.machines import power_state
 from skyward.providers.azure.api import Api, failure_code, not_served
+from skyward.providers.azure.machines import power_state
 from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.api import filtered
