@@ -16,7 +16,7 @@ can mark the thread as stopped while it still runs (``_wait_for_tstate_lock`` re
 thread's lock when the interrupted acquire did not get it), so a loop on ``is_alive()`` would
 stop waiting for a clean-up that is still deleting things. The pool's close
 (``pool/machines.py``) and the cloud layer's "create, then open, or destroy"
-(``providers/cloud/allocation.py``) both wait this way.
+(``providers/cloud/start.py``) both wait this way.
 """
 
 from __future__ import annotations

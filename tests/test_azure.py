@@ -310,14 +310,6 @@ def test_an_endpoint_that_serves_no_identities_starts_the_pool_and_says_what_tha
     assert fake.resource_groups() == []
 
 
-def test_an_endpoint_without_the_sku_list_uses_the_catalogs_sizes(fake: AzureFake) -> None:
-    fake.fail_requests(404, "NotFound", method="GET", path="Microsoft.Compute/skus", times=None)
-    seen, _ = _stopped_while_connecting(fake, provider(fake), accelerator="A100:8")
-    assert [vm["properties"]["hardwareProfile"]["vmSize"] for vm in seen["vms"]] == [
-        "Standard_ND96asr_v4"
-    ] * 2
-
-
 def test_custom_data_is_cloud_config_that_cloud_inits_schema_accepts(fake: AzureFake) -> None:
     seen, _ = _stopped_while_connecting(fake, provider(fake))
     text = seen["user_data"].decode()

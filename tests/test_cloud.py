@@ -25,8 +25,8 @@ import skyward as sky
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward.providers.base import Allocation, ProvisionRequest, Resource
-from skyward.providers.cloud import allocation as cloud_allocation
 from skyward.providers.cloud import boot, options
+from skyward.providers.cloud import start as cloud_start
 
 _CLIENT_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAbc me@x"
 
@@ -359,7 +359,7 @@ def test_a_failed_build_destroys_what_it_recorded_and_reraises(error: type[BaseE
         raise error("stop")
 
     with pytest.raises(error):
-        cloud_allocation.open_or_destroy(allocation, build)
+        cloud_start.open_or_destroy(allocation, build)
     assert allocation.released == 1
     assert allocation.terminated
 
@@ -371,13 +371,13 @@ def test_a_failed_cleanup_is_told_with_the_original_error() -> None:
         raise RuntimeError("capacity")
 
     with pytest.raises(RuntimeError) as caught:
-        cloud_allocation.open_or_destroy(allocation, build)
+        cloud_start.open_or_destroy(allocation, build)
     assert any("sg-1 is still in use" in note for note in caught.value.__notes__)
 
 
 def test_a_successful_build_keeps_everything() -> None:
     allocation = _Recording()
-    assert cloud_allocation.open_or_destroy(allocation, lambda made: None) is allocation
+    assert cloud_start.open_or_destroy(allocation, lambda made: None) is allocation
     assert allocation.released == 0
 
 
@@ -411,7 +411,7 @@ def test_ctrl_c_during_the_cleanup_of_a_failed_start_waits_for_the_cleanup_to_fi
 
     try:
         with pytest.raises(RuntimeError, match="no capacity"):
-            cloud_allocation.open_or_destroy(Slow([]), build)
+            cloud_start.open_or_destroy(Slow([]), build)
         assert finished == ["released"]
     finally:
         may_end.set()

@@ -28,7 +28,7 @@ from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward.providers.aws.api import Api, error_code
 from skyward.providers.cloud import api as cloud
-from skyward.providers.cloud.allocation import unique_name
+from skyward.providers.cloud.start import unique_name
 
 POLL = 2.0  # seconds between describe calls while waiting on EC2
 _LIVE = ["pending", "running", "shutting-down", "stopping", "stopped"]

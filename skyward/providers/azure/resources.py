@@ -29,7 +29,7 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
 from skyward.providers.azure.api import Api, failure_code, not_served
-from skyward.providers.cloud.allocation import unique_name
+from skyward.providers.cloud.start import unique_name
 
 _log = logging.getLogger("skyward")
 

@@ -1,21 +1,23 @@
-"""What the clouds share, with no cloud SDK: everything a cloud provider does alike, so that
-each cloud's package holds only its SDK's calls and the mapping to them.
+"""What the clouds share, with no cloud SDK: the contract a cloud writes, and everything done
+alike around it, so that each cloud's folder holds only its options, its SDK's calls and
+the contract's calls (``<cloud>/options.py``, ``api.py``, ``machines.py``).
 
 ::
 
+    contract.py    the calls a cloud writes (offers, prepare, launch, describe, discard,
+                   delete) and what they answer with (Offers, Described, Reach), documented
+    start.py       the one start: offers -> keys and boot payload -> prepare -> failover ->
+                   launch -> wait running -> reach, open or destroy; CloudPool, the
+                   allocation (replace a lost machine, say why one ended, release once)
+    record.py      what a pool made, as it is made: one lock, the only writer
     options.py     CloudOptions: the options every cloud has (spot, ssh_cidr, connect, the
-                   bounds), the strategy, the catalog's machines, the price check, the pool's
-                   keys and boot config; sky.AWS, sky.GCP and sky.Azure build on it
-    allocation.py  CloudAllocation: what a pool made, recorded as it is made; release once,
-                   replace a lost machine, reach the machines while watching them end;
-                   "create, then open, or destroy" (open_or_destroy)
-    instances.py   InstanceAllocation: machines made one create each, under names chosen
-                   first (GCP, Azure); the cloud gives its calls on one machine
-    inventory.py   CloudInventory: leftovers by tag, deleted by place and kind
+                   bounds), the strategy, the catalog's machines, the price check
+    boot.py        the boot payload (Boot): the host key the client made, the login key,
+                   the idle watchdog and its last act; as cloud-init user data or as a
+                   start script; the frame of the script that deletes a machine
     api.py         the shared half of every SDK boundary: one call translated, one wait
-                   loop, a refused filter, the refusal codes' table and its words
-    boot.py        the #cloud-config user data: the host key the client made, the login key,
-                   the idle watchdog; the frame of the script that deletes a machine
+                   loop, the refusal codes' table and its words
+    inventory.py   CloudInventory: leftovers by tag, deleted by place and kind
     capacity.py    offers (type, zone, market, price) in the strategy's order; the failover
     catalog.py     accelerators -> machine types per cloud, with their facts and prices
     prices.py      the dated on-demand price table, per cloud, type and region

@@ -80,7 +80,7 @@ class Options(Protocol):
         """The pool's ``allocation=``, or the cloud's default (its ``spot=``)."""
         ...
 
-    def hint(self, rule: str | None = None) -> str:
+    def hint(self) -> str:
         """What to check when the machines run but SSH never answered."""
         ...
 

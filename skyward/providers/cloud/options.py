@@ -1,31 +1,17 @@
 """The options every cloud provider has, and what they decide alike: ``CloudOptions``.
 
-``sky.AWS``, ``sky.GCP`` and ``sky.Azure`` are ``CloudOptions`` with their own SDK's options
-added (region or project, machine type, image, disk). What is decided here the same way for
-every cloud, before anything is created::
+``sky.AWS``, ``sky.GCP`` and ``sky.Azure`` are ``CloudOptions`` with their own options added
+(region or project, machine type, image, disk). What is decided here the same way for every
+cloud, before anything is created (the start and each cloud's ``machines`` ask)::
 
+    check(request)             when the pool is built: the cloud's SDK and paramiko installed
     strategy(request)          allocation= against spot=
     machines_for(request)      the catalog's machines, in the order to try them
     refuse_above(...)          an on-demand pool above max_hourly_cost, from the price table
     ssh_cidrs(private_ranges)  who may reach SSH ("auto": this machine's public address)
-    pool_keys(made, ...)       the pool's login key and host key, recorded on the allocation
-    boot(host_key, key)        the #cloud-config the machines boot with (watchdog included)
-    hint(rule)                 what to check when SSH never answered
-
-and the sequence every cloud provisions by (``provision``), each step but the shared ones
-the cloud's own::
-
-    check(request)             when the pool is built: nothing touched yet
-    allocation(request)        what records the pool's resources; from here on a failure
-                               destroys what was recorded (``open_or_destroy``)
-    offers(made, reporter)     the machines, the places that offer them, at what price
-      affordable, announce       within max_hourly_cost; the choice reported (shared)
-    prepare(made, offers, ...) keys, network, image: how one offer is launched
-      launch_first, chose        the first offer with room takes the pool, recorded, and
-                                 each node's machine named (shared)
-    started(made, offer, ...)  the machines recorded and running: how each is reached
-                               (by default, an ``InstanceAllocation``'s ``targets``)
-      reach                      over SSH, ``hint(ssh_rule)`` when it never answered (shared)
+    hint()                     what to check when SSH never answered
+    machines(request)          the cloud's: this pool's ``Machines`` (``contract.py``)
+    provision(request, ...)    check, then the one start (``start.py``)
 """
 
 from __future__ import annotations
@@ -33,29 +19,21 @@ from __future__ import annotations
 import ipaddress
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import ProvisionError
 from skyward._extras import check as check_extra
-from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.base import Allocation, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
-from skyward.providers.cloud.allocation import CloudAllocation, open_or_destroy
-from skyward.providers.cloud.boot import HostKey, first_client_bound, user_data
-from skyward.providers.cloud.capacity import Offer, Strategy
+from skyward.providers.cloud.capacity import Strategy
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.contract import Machines
-from skyward.providers.cloud.keys import key_label
 from skyward.providers.cloud.start import start
-from skyward.providers.ssh.connection import PoolKey
-from skyward.providers.ssh.hosts import Access, HostTarget
 
-Launch = Callable[[Offer], Any]  # launches one offer's machines (``CapacityError``: no room)
 DEFAULT_IP_LOOKUP = "https://checkip.amazonaws.com"
 MAX_SECONDS = 7 * 24 * 3600.0
 
@@ -105,15 +83,6 @@ class CloudOptions(BaseModel):
     def catalog_region(self) -> str | None:
         """The region whose prices rank the catalog's machines (None: the reference one)."""
         return None
-
-    @property
-    def allocation_options(self) -> dict[str, Any]:
-        """What the pool's ``CloudAllocation`` is made with, from these options."""
-        return {
-            "connect": self.connect,
-            "username": self.username,
-            "release_timeout": self.release_timeout,
-        }
 
     def strategy(self, request: ProvisionRequest) -> Strategy:
         """The pool's ``allocation=``, or this provider's default (its ``spot``)."""
@@ -173,60 +142,14 @@ class CloudOptions(BaseModel):
             return list(private_ranges() if callable(private_ranges) else private_ranges)
         return [client_cidr(self.ssh_cidr, lookup_url=self.ip_lookup_url)]
 
-    def access(self, key_file: Path, **more: Any) -> Access:
-        """How the pool's machines are reached and prepared (the shared SSH-host layer)."""
-        return Access(
-            key_file=key_file,
-            python=self.python,
-            workdir=self.workdir,
-            boot_timeout=self.boot_timeout,
-            **more,
-        )
-
-    def pool_keys(
-        self, made: CloudAllocation[Any, Any], *, region: str, name: str, endpoint: str, **more: Any
-    ) -> tuple[PoolKey, HostKey]:
-        """The pool's login key, labelled for ``skyward ls`` / ``down`` (``name``: what plays
-        the key pair's part) and deleted with ``made``, and the host key its machines
-        present; both recorded on ``made`` with the access (``more``: ``Access`` options)."""
-        key = PoolKey()
-        made.adopt_pool_key(key)
-        key.label(key_label(self.cloud, region, made.request.pool, name, endpoint))
-        host_key = HostKey.generate()
-        made.host_key = host_key.public
-        made.access = self.access(key.path, **more)
-        return key, host_key
-
-    def boot(
-        self,
-        host_key: HostKey,
-        key: PoolKey,
-        *,
-        idle_action: str | None = None,
-        files: Sequence[Mapping[str, str]] = (),
-    ) -> str:
-        """The ``#cloud-config`` of the pool's machines. A machine waits for its first client
-        as long as the client waits for it (and a margin), not ``idle_timeout``: a client
-        killed mid-start costs minutes."""
-        return user_data(
-            host_key=host_key,
-            authorized_key=key.public,
-            idle_timeout=self.idle_timeout,
-            first_client_timeout=first_client_bound(self.boot_timeout),
-            idle_action=idle_action,
-            files=files,
-        )
-
-    def hint(self, rule: str | None = None) -> str:
-        """What to check when the machines run but SSH never answered; ``rule``: the cloud's
-        word for what opens SSH (default ``ssh_rule``: "the security group")."""
+    def hint(self) -> str:
+        """What to check when the machines run but SSH never answered (``ssh_rule``: the
+        cloud's word for what opens SSH, "the security group")."""
         return (
-            f"check that this machine's address is inside {rule or self.ssh_rule}'s SSH range "
+            f"check that this machine's address is inside {self.ssh_rule}'s SSH range "
             f"(ssh_cidr={self.ssh_cidr!r}) and that their {self.connect} addresses are "
             f"reachable from this network."
         )
-
-    # ── the sequence of a start ────────────────────────────────────────────────────────
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched: the cloud's SDK and
@@ -236,61 +159,14 @@ class CloudOptions(BaseModel):
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
         """``check``, then the one start (``cloud/start.py``) of this pool's ``machines``;
-        whatever it recorded is destroyed when the start fails."""
+        whatever it made is destroyed when the start fails."""
         self.check(request)
-        if type(self).machines is not CloudOptions.machines:
-            return start(self, self.machines(request), request, reporter)
-        return open_or_destroy(self.allocation(request), lambda made: self.build(made, reporter))
+        return start(self, self.machines(request), request, reporter)
 
     def machines(self, request: ProvisionRequest) -> Machines:
         """This pool's machines on the cloud (the contract's calls), its API connected;
         nothing is made yet."""
         raise NotImplementedError
-
-    def build(self, made: Any, reporter: Reporter) -> None:
-        """The offers in order, within the price limit and announced; the first place with
-        room takes the pool; its machines are reached over SSH."""
-        request, deadline = made.request, self.launch_deadline(made)
-        offers, region = self.offers(made, reporter)
-        offers = capacity.affordable(offers, request.nodes, request.max_hourly_cost)
-        capacity.announce(offers, request.nodes, reporter, region or offers[0].zone)
-        launch = self.prepare(made, offers, reporter)
-        offer, launched = capacity.launch_first(
-            offers, launch, nodes=request.nodes, reporter=reporter, deadline=deadline
-        )
-        made.chose(offer, launched)
-        for rank in range(request.nodes):  # each node's row names its machine
-            machine = made.machine(rank)
-            if machine is not None:
-                reporter.phase(rank, "provisioning", f"{machine[1]} ({offer.where})")
-        targets = self.started(made, offer, launched, reporter)
-        made.reach(targets, reporter, hint=self.hint(self.ssh_rule), deadline=deadline)
-
-    def allocation(self, request: ProvisionRequest) -> CloudAllocation[Any, Any]:
-        """The pool's allocation, with the cloud's API connected (nothing made yet)."""
-        raise NotImplementedError
-
-    def launch_deadline(self, made: Any) -> Deadline:
-        """What bounds the launch and the reach: the start's deadline."""
-        return made.request.deadline  # type: ignore[no-any-return]
-
-    def offers(self, made: Any, reporter: Reporter) -> tuple[list[Offer], str | None]:
-        """Before anything exists: every (machine, place, market) to try, in the strategy's
-        order, and the region to announce (``None``: the first offer's place)."""
-        raise NotImplementedError
-
-    def prepare(self, made: Any, offers: Sequence[Offer], reporter: Reporter) -> Launch:
-        """What the pool needs before its machines (keys, network, image), recorded on
-        ``made``; how one offer is launched (``CapacityError``: no room there)."""
-        raise NotImplementedError
-
-    def started(
-        self, made: Any, offer: Offer, launched: Any, reporter: Reporter
-    ) -> list[HostTarget]:
-        """After ``offer`` took the pool (``launched``: what its launch returned): the
-        machines recorded and running, and how to reach each. By default, a cloud that names
-        its machines (``InstanceAllocation``): each named machine once it runs."""
-        return made.targets(offer.zone, launched, self.launch_deadline(made))  # type: ignore[no-any-return]
 
 
 def prices(

@@ -29,8 +29,8 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward.providers.base import TAG_POOL
-from skyward.providers.cloud.allocation import delete_each, unique_name
 from skyward.providers.cloud.boot import release_script
+from skyward.providers.cloud.start import delete_each, unique_name
 from skyward.providers.gcp.api import Api, is_invalid, is_not_found, not_served
 
 GOOGLE_API = "https://compute.googleapis.com"
