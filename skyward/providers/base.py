@@ -33,7 +33,7 @@ A provider never schedules work or speaks the worker protocol; the pool does bot
 - ``Node.spawn_worker(rank, env)`` starts ``python -m skyward.worker --node RANK`` and returns
   its byte streams. ``Node.close()`` kills its workers and lets go of the machine's link.
 
-A provider that reaches its machines over SSH builds on ``providers._hosts``: it hands over
+A provider that reaches its machines over SSH builds on ``providers.ssh.hosts``: it hands over
 targets (address, user, key, expected host key) and gets nodes back.
 """
 

@@ -3,7 +3,7 @@
 - ``TestHosts`` "creates" machines by handing out this run's SSH test hosts, and reaches
   them through the shared SSH-host layer exactly as a cloud does: each machine's host key is
   given in advance (no known_hosts), the pool's own key logs in, and a booting machine is
-  waited for. It needs nothing else, which is the point of ``providers._hosts``.
+  waited for. It needs nothing else, which is the point of ``providers.ssh.hosts``.
 - ``Preemptible`` is local nodes whose machines a test can take away, and replaces them.
 - ``Slow`` wraps another provider and takes its time (or fails) at chosen moments, to test
   what the pool does around ``provision``.
