@@ -136,6 +136,33 @@ def test_bad_settings_are_validation_errors_naming_the_field() -> None:
             sky.Slurm(**bad)
 
 
+def test_the_ssh_options_read_as_sky_ssh_reads_them(tmp_path: Path) -> None:
+    key = tmp_path / "id_test"
+    key.write_text("not read here")
+    given: dict[str, Any] = {
+        "key": key,
+        "known_hosts": "~/known",
+        "accept_new_hosts": True,
+        "python": "python3.12",
+        "workdir": "/scratch/skyward/",
+        "connect_timeout": 3,
+        "keepalive": 2,
+        "link_timeout": 9,
+    }
+    assert sky.Slurm(**given).access == sky.SSH(hosts=("h",), **given).access
+    assert sky.Slurm(**given).workdir == "/scratch/skyward"
+    for field, bad in [
+        ("key", "~nobody-here-skyward/id"),
+        ("known_hosts", "~nobody-here-skyward/known"),
+        ("key", tmp_path / "missing"),
+        ("workdir", "relative/dir"),
+        ("keepalive", 0.5),
+    ]:
+        for make in (sky.Slurm, lambda **o: sky.SSH(hosts=("h",), **o)):
+            with pytest.raises(pydantic.ValidationError, match=field):
+                make(**{field: bad})
+
+
 def test_accelerators_become_gres_per_node() -> None:
     assert gres_for("A100:4") == "gpu:a100:4"
     assert gres_for("h100") == "gpu:h100:1"

@@ -21,24 +21,22 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from skyward._extras import check
 from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
+from skyward.providers.shell import AccessOptions
 from skyward.providers.slurm import api
 from skyward.providers.slurm.inventory import SlurmInventory
 from skyward.providers.slurm.job import SlurmAllocation, job_mark, submit, wait_running
 from skyward.providers.slurm.login import Login, open_login
 from skyward.providers.slurm.steps import open_nodes
-from skyward.providers.ssh.bootstrap import Plan
 from skyward.providers.ssh.connection import Target
-from skyward.providers.ssh.hosts import Access, HostTarget, runtime_requirements
+from skyward.providers.ssh.hosts import HostTarget, bootstrap_plan
 
 _MAX_SECONDS = 365 * 24 * 3600.0
 # Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; or unlimited.
@@ -75,7 +73,7 @@ _ACCELERATOR = re.compile(
 )
 
 
-class Slurm(BaseModel):
+class Slurm(AccessOptions):
     """Run the pool as one Slurm job: a holder script on its nodes, a worker per node as a
     job step.
 
@@ -100,8 +98,6 @@ class Slurm(BaseModel):
       ``link_timeout``: the SSH link to the login host, as for ``sky.SSH``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     login: str | None = None
     partition: str | None = Field(default=None, pattern=_NAME.pattern)
     account: str | None = Field(default=None, pattern=_NAME.pattern)
@@ -111,17 +107,9 @@ class Slurm(BaseModel):
     reservation: str | None = Field(default=None, pattern=_NAME.pattern)
     gres: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_:.,/-]+$")
     modules: tuple[str, ...] = ()
-    python: str | None = Field(default=None, min_length=1)
-    workdir: str = Field(default="~/.cache/skyward", pattern=r"^(/|~/|~$)")
     sbatch_options: Mapping[str, str | int | bool] = Field(default_factory=dict)
     idle_timeout: float = Field(default=300.0, ge=1, le=_MAX_SECONDS)
     cancel_timeout: float = Field(default=120.0, gt=0, le=_MAX_SECONDS)
-    key: Path | None = None
-    known_hosts: Path | None = None
-    accept_new_hosts: bool = False
-    connect_timeout: float = Field(default=15.0, gt=0)
-    keepalive: float = Field(default=5.0, ge=1)
-    link_timeout: float = Field(default=20.0, ge=2)
 
     @field_validator("login")
     @classmethod
@@ -166,34 +154,9 @@ class Slurm(BaseModel):
                 )
         return {key.removeprefix("--"): value for key, value in options.items()}
 
-    @field_validator("key")
-    @classmethod
-    def _key(cls, key: Path | None) -> Path | None:
-        if key is not None and not key.expanduser().is_file():
-            raise ValueError(f"no private key file at {key}")
-        return None if key is None else key.expanduser()
-
-    @field_validator("known_hosts")
-    @classmethod
-    def _known_hosts(cls, known_hosts: Path | None) -> Path | None:
-        return None if known_hosts is None else known_hosts.expanduser()
-
     @property
     def kind(self) -> str:
         return "slurm"
-
-    @property
-    def access(self) -> Access:
-        return Access(
-            key_file=self.key,
-            known_hosts=self.known_hosts,
-            accept_new_hosts=self.accept_new_hosts,
-            python=self.python,
-            workdir=self.workdir,
-            connect_timeout=self.connect_timeout,
-            keepalive=self.keepalive,
-            link_timeout=self.link_timeout,
-        )
 
     @property
     def target(self) -> HostTarget | None:
@@ -282,13 +245,7 @@ class Slurm(BaseModel):
                 login,
                 job,
                 api.nodes_of(login, state.nodes),
-                plan=Plan(
-                    image=request.image,
-                    python_version="{}.{}".format(*sys.version_info[:2]),
-                    python=self.python,
-                    workdir=self.workdir,
-                    runtime=runtime_requirements(),
-                ),
+                plan=bootstrap_plan(request.image, self.access),
                 image=request.image,
                 modules=self.modules,
                 reporter=reporter,

@@ -6,9 +6,10 @@
                                    host key checked); every command an exec channel on it
     Slurm(login=None)              LocalLogin: ``/bin/sh -c`` subprocesses on this machine
 
-Both answer ``run`` (a command to its end, stdout and stderr merged) and ``spawn`` (a
-long-running command whose stdin and stdout are a worker's link, ``Transport``), so nothing
-above this module knows which one it has. Every command runs in a session of its own: a
+Both are a ``shell.Runner`` (``run``: a command to its end, stdout and stderr merged, within
+``COMMAND_TIMEOUT`` unless told otherwise) that also answers ``spawn`` (a long-running
+command whose stdin and stdout are a worker's link, ``Transport``), so nothing above this
+module knows which one it has. Every command runs in a session of its own: a
 Ctrl-C in the client's terminal reaches the client, which then cancels the job in order,
 not the ``scancel`` doing it.
 
@@ -30,38 +31,25 @@ from typing import TYPE_CHECKING, Protocol
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline
 from skyward.providers.local import PipeTransport
+from skyward.providers.shell import Access, Runner
 from skyward.providers.ssh.transport import SSHTransport
 
 if TYPE_CHECKING:
     from skyward.link.channel import Transport
     from skyward.providers.ssh.connection import Connection
-    from skyward.providers.ssh.hosts import Access, HostTarget
+    from skyward.providers.ssh.hosts import HostTarget
 
 COMMANDS = ("sbatch", "squeue", "scancel", "srun", "scontrol")
 COMMAND_TIMEOUT = 60.0  # seconds: a Slurm command that takes longer has a sick controller
 
 
-class Login(Protocol):
-    """Runs commands where Slurm's client commands are. Thread-safe; ``close`` idempotent."""
+class Login(Runner, Protocol):
+    """Runs commands where Slurm's client commands are, each bounded by ``COMMAND_TIMEOUT``
+    unless ``run`` is told otherwise. Thread-safe; ``close`` idempotent."""
 
     @property
     def target(self) -> str:
         """For messages: ``alice@cluster`` or ``this machine``."""
-        ...
-
-    @property
-    def alive(self) -> bool: ...
-
-    def run(
-        self,
-        command: str,
-        *,
-        on_line: Callable[[str], None] | None = None,
-        stdin: bytes = b"",
-        timeout: float | None = COMMAND_TIMEOUT,
-    ) -> tuple[int, str]:
-        """Run ``command`` (a POSIX shell line) to its end: its exit status and its output,
-        stdout and stderr merged, also streamed line by line to ``on_line``."""
         ...
 
     def spawn(self, command: str) -> Transport:

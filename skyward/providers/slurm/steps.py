@@ -40,8 +40,9 @@ from skyward._image import Image
 from skyward._phases import Reporter
 from skyward.link import protocol as proto
 from skyward.link.channel import Transport
+from skyward.providers.shell import WorkerFiles, shell_path
 from skyward.providers.slurm.login import Login
-from skyward.providers.ssh.bootstrap import Plan, shell_path
+from skyward.providers.ssh.bootstrap import Plan
 from skyward.providers.ssh.hosts import bootstrap, upload_includes, upload_package
 
 _KILL_TIMEOUT = 10.0  # seconds a step's scancel may take before the srun is killed anyway
@@ -182,7 +183,7 @@ def _is_ip(text: str) -> bool:
 
 
 class StepShell:
-    """One compute node of the job as ``ssh.hosts.Shell``: each command a step there."""
+    """One compute node of the job as a ``shell.Shell``: each command a step there."""
 
     def __init__(self, login: Login, job: str, node: str, prelude: str) -> None:
         self._login = login
@@ -221,14 +222,6 @@ class StepShell:
             raise ProvisionError(f"{self.target}: could not upload {path}: {output.strip()}")
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """What the workers of one filesystem group run."""
-
-    package: str  # the uploaded skyward
-    included: str | None  # the image's includes, when it has some
-
-
 def open_nodes(
     login: Login,
     job: str,
@@ -242,7 +235,7 @@ def open_nodes(
 ) -> list[SlurmNode]:
     """The running job's ``nodes`` (name, ``NodeAddr``), probed and prepared, by rank."""
     probed, cleanup = probe(login, job, nodes, plan.workdir)
-    prepared = prepare(
+    files = prepare(
         login,
         job,
         probed,
@@ -254,8 +247,7 @@ def open_nodes(
         cleanup=cleanup,
     )
     return [
-        SlurmNode(login, job, node, plan=plan, prepared=prepared[node.group], modules=modules)
-        for node in probed
+        SlurmNode(login, job, node, files=files[node.group], modules=modules) for node in probed
     ]
 
 
@@ -270,7 +262,7 @@ def prepare(
     reporter: Reporter,
     deadline: Deadline,
     cleanup: str,
-) -> dict[int, Prepared]:
+) -> dict[int, WorkerFiles]:
     """Bootstrap and upload once per filesystem group, on its first node, in parallel;
     what each group's workers run, by group."""
     leaders: dict[int, int] = {}
@@ -283,7 +275,7 @@ def prepare(
             detail += f", on node {leader}'s filesystem ({probed[leader].name})"
         reporter.phase(rank, "bootstrapping", detail)
 
-    def one(group: int) -> tuple[int, Prepared]:
+    def one(group: int) -> tuple[int, WorkerFiles]:
         rank = leaders[group]
         shell = StepShell(login, job, probed[rank].name, module_prelude(modules) + cleanup + "\n")
 
@@ -292,7 +284,8 @@ def prepare(
 
         bootstrap(shell, plan, log)
         package = upload_package(shell, plan, log)
-        return group, Prepared(package, upload_includes(shell, plan, image, log))
+        included = upload_includes(shell, plan, image, log)
+        return group, WorkerFiles(plan.workdir, plan.env_dir, package, included)
 
     done = parallel(one, list(leaders), deadline, "bootstrapping the nodes")
     return dict(done)
@@ -312,8 +305,7 @@ class SlurmNode:
         job: str,
         probed: Probed,
         *,
-        plan: Plan,
-        prepared: Prepared,
+        files: WorkerFiles,
         modules: Sequence[str],
     ) -> None:
         self._login = login
@@ -321,27 +313,16 @@ class SlurmNode:
         self.name = probed.name
         self.address = probed.address
         self.accelerators = probed.accelerators
-        self._plan = plan
-        self._python_path = ":".join(
-            shell_path(p) for p in (prepared.package, prepared.included) if p
-        )
+        self._files = files
         self._prelude = module_prelude(modules)
         self._lock = threading.Lock()  # guards: _transports, _closed
         self._transports: list[SlurmTransport] = []
         self._closed = False
 
     def spawn_worker(self, rank: int, env: Mapping[str, str]) -> SlurmTransport:
-        assignments = " ".join(
-            [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
-            + [f"PYTHONPATH={self._python_path}"]
-        )
         marker = f"skyward-step-{secrets.token_hex(6)}"
-        script = (
-            f"{self._prelude}cd {shell_path(self._plan.workdir)} || exit 1\n"
-            f'echo "{marker} $SLURM_JOB_ID.$SLURM_STEP_ID" >&2\n'
-            f"exec env {assignments} {shell_path(self._plan.env_dir)}/bin/python "
-            f"-m skyward.worker --node {rank}\n"
-        )
+        announce = f'"{marker} $SLURM_JOB_ID.$SLURM_STEP_ID"'
+        script = self._prelude + self._files.command(rank, env, announce=announce, wait=False)
         command = srun(self._job, [self.name], f"skyward-worker-{rank}", script)
         with self._lock:
             if self._closed:

@@ -1,29 +1,30 @@
 """``SSH(hosts=[...])``: nodes are machines you already have, reached over SSH.
 
 The provider is its configuration and "hosts → targets"; reaching them, bootstrapping,
-uploading skyward and running workers is ``_hosts``, shared with the cloud providers. It
-creates nothing, so ``terminate`` only stops the workers and closes the connections: the
-hosts keep only Skyward's cache directory (``workdir``).
+uploading skyward and running workers is ``hosts``, shared with the cloud providers; the
+options of the link and the environment are ``shell.AccessOptions``, shared with
+``sky.Slurm``. It creates nothing, so ``terminate`` only stops the workers and closes the
+connections: the hosts keep only Skyward's cache directory (``workdir``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from skyward._extras import check
 from skyward._futures import Deadline
 from skyward._phases import Reporter
 from skyward.providers.base import Allocation, Inventory, Node, ProvisionRequest, refuse_spot
+from skyward.providers.shell import AccessOptions
 from skyward.providers.ssh.connection import Target
-from skyward.providers.ssh.hosts import Access, HostTarget, open_hosts
+from skyward.providers.ssh.hosts import HostTarget, open_hosts
 
 
-class SSH(BaseModel):
+class SSH(AccessOptions):
     """Run the pool's nodes on existing hosts over SSH.
 
     - ``hosts``: ``"[user@]host[:port]"``; node ``i`` is ``hosts[i]``, and a pool may use
@@ -43,21 +44,11 @@ class SSH(BaseModel):
       (unacknowledged data for this long ends the link, and the workers on it are lost).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
     # An autoscaling pool starts on the first hosts and takes the next ones as it grows.
     grows: ClassVar[bool] = True
 
     hosts: tuple[str, ...] = Field(min_length=1)
-    key: Path | None = None
-    known_hosts: Path | None = None
-    accept_new_hosts: bool = False
-    python: str | None = Field(default=None, min_length=1)
-    workdir: str = Field(default="~/.cache/skyward", min_length=1)
     peer_addresses: tuple[str, ...] | None = None
-    connect_timeout: float = Field(default=15.0, gt=0)
-    keepalive: float = Field(default=5.0, ge=1)
-    link_timeout: float = Field(default=20.0, ge=2)
 
     @field_validator("hosts")
     @classmethod
@@ -67,28 +58,6 @@ class SSH(BaseModel):
         if len(set(hosts)) != len(hosts):
             raise ValueError("a host is listed more than once")
         return hosts
-
-    @field_validator("key")
-    @classmethod
-    def _key(cls, key: Path | None) -> Path | None:
-        if key is None:
-            return None
-        path = _expand(key)
-        if not path.is_file():
-            raise ValueError(f"no private key file at {key}")
-        return path
-
-    @field_validator("known_hosts")
-    @classmethod
-    def _known_hosts(cls, known_hosts: Path | None) -> Path | None:
-        return None if known_hosts is None else _expand(known_hosts)
-
-    @field_validator("workdir")
-    @classmethod
-    def _workdir(cls, workdir: str) -> str:
-        if not (workdir.startswith("/") or workdir == "~" or workdir.startswith("~/")):
-            raise ValueError(f"workdir must be absolute or start with ~/, not {workdir!r}")
-        return workdir.rstrip("/") or "/"
 
     @model_validator(mode="after")
     def _peers(self) -> SSH:
@@ -102,19 +71,6 @@ class SSH(BaseModel):
     @property
     def kind(self) -> str:
         return "ssh"
-
-    @property
-    def access(self) -> Access:
-        return Access(
-            key_file=self.key,
-            known_hosts=self.known_hosts,
-            accept_new_hosts=self.accept_new_hosts,
-            python=self.python,
-            workdir=self.workdir,
-            connect_timeout=self.connect_timeout,
-            keepalive=self.keepalive,
-            link_timeout=self.link_timeout,
-        )
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched. The hosts are what
@@ -175,11 +131,3 @@ class SSHAllocation(Allocation):
         node = self.drop(rank)
         if node is not None:
             node.close()
-
-
-def _expand(path: Path) -> Path:
-    """``~`` and ``~user`` expanded; a user that does not exist is a ``ValueError``."""
-    try:
-        return path.expanduser()
-    except RuntimeError as exc:  # "~nobody-here/..."
-        raise ValueError(f"cannot expand {str(path)!r}: {exc}") from exc

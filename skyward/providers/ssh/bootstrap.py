@@ -43,6 +43,9 @@ from pathlib import Path
 
 from skyward._image import Image, local_wheel, requirement_name
 
+# volumes.py takes shell_path from here, with the bootstrap's other shell pieces.
+from skyward.providers.shell import shell_path as shell_path
+
 MARKER = "::skyward:: "
 
 
@@ -151,15 +154,6 @@ _NOT_IN_ENVIRONMENT = {
 # Bumped whenever the script's shape changes, so hosts do not trust environments that an
 # older script made.
 _SCRIPT_VERSION = 5
-
-
-def shell_path(path: str) -> str:
-    """``path`` for a POSIX shell: ``~/x`` becomes ``"$HOME"/x``, the rest quoted."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def render(plan: Plan) -> str:

@@ -28,7 +28,7 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from skyward._errors import BootstrapError, HostKeyError, ProvisionError
 from skyward._extras import require
@@ -39,7 +39,11 @@ from skyward._phases import Reporter
 # The module, not its names: volumes.py loads the bootstrap, and so this package, first.
 from skyward.providers import volumes
 from skyward.providers.base import ProvisionRequest
-from skyward.providers.ssh.bootstrap import ERROR, MARKER, Plan, render, shell_path
+
+# Access: the clouds import it from here, where reaching machines is.
+from skyward.providers.shell import Access as Access
+from skyward.providers.shell import Shell, WorkerFiles, shell_path
+from skyward.providers.ssh.bootstrap import ERROR, MARKER, Plan, render
 from skyward.providers.ssh.connection import Connection, HostKeyPolicy, Target, parse_public_key
 from skyward.providers.ssh.transport import SSHTransport
 
@@ -62,36 +66,6 @@ class HostTarget:
     host_key: str | None = None
 
 
-@dataclass(frozen=True)
-class Access:
-    """How to reach and prepare the machines; the same for every machine of a pool.
-
-    ``boot_timeout``: how long refused, reset or silent connections are retried, for a
-    machine that is still booting (0 for hosts that are up already). ``gpus``: how many GPUs
-    each machine must show once prepared (the machine type's count, ``machine_type`` naming
-    it in the error); None: whatever it has.
-    """
-
-    key_file: Path | None = None
-    known_hosts: Path | None = None
-    accept_new_hosts: bool = False
-    python: str | None = None
-    workdir: str = "~/.cache/skyward"
-    connect_timeout: float = 15.0
-    keepalive: float = 5.0
-    link_timeout: float = 20.0
-    boot_timeout: float = 0.0
-    gpus: int | None = None
-    machine_type: str = ""
-    # The machines run as an instance profile (EC2): volumes without keys use it.
-    instance_profile: bool = False
-
-    @property
-    def policy(self) -> HostKeyPolicy:
-        known = (self.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
-        return HostKeyPolicy(known_hosts=known, accept_new=self.accept_new_hosts)
-
-
 def open_hosts(
     targets: Sequence[HostTarget],
     access: Access,
@@ -108,13 +82,7 @@ def open_hosts(
     """
     require("paramiko", feature="reaching machines over SSH")
     ranks = list(range(len(targets))) if ranks is None else list(ranks)
-    plan = Plan(
-        image=request.image,
-        python_version="{}.{}".format(*sys.version_info[:2]),
-        python=access.python,
-        workdir=access.workdir,
-        runtime=runtime_requirements(),
-    )
+    plan = bootstrap_plan(request.image, access)
     made: list[HostNode] = []
     connections: list[Connection] = []
     cancelled = False
@@ -153,10 +121,8 @@ def open_hosts(
             connection,
             access,
             address=host.peer_address or host.target.host,
-            plan=plan,
-            package=package,
+            files=WorkerFiles(plan.workdir, plan.env_dir, package, included),
             accelerators=accelerators,
-            included=included,
             mounts=mounts,
         )
         with lock:
@@ -189,7 +155,10 @@ def connect(host: HostTarget, access: Access, deadline: Deadline) -> Connection:
         try:
             return Connection.open(
                 host.target,
-                policy=access.policy,
+                policy=HostKeyPolicy(
+                    known_hosts=(access.known_hosts or Path("~/.ssh/known_hosts")).expanduser(),
+                    accept_new=access.accept_new_hosts,
+                ),
                 key_file=access.key_file,
                 pinned_key=pinned,
                 expected_key=pinned is not None,
@@ -221,10 +190,8 @@ class HostNode:
         access: Access,
         *,
         address: str,
-        plan: Plan,
-        package: str,
+        files: WorkerFiles,
         accelerators: int,
-        included: str | None = None,
         mounts: volumes.Mounts | None = None,
     ) -> None:
         self._access = access
@@ -232,30 +199,18 @@ class HostNode:
         self.connection = connection
         self.address = address
         self.accelerators = accelerators
-        self._plan = plan
-        self._package = package
-        # The workers import skyward from the package, then the image's includes.
-        self._python_path = ":".join(shell_path(p) for p in (package, included) if p)
+        self._files = files
         self._lock = threading.Lock()  # guards: connection, _transports, _closed
         self._transports: list[SSHTransport] = []
         self._closed = False
 
     def spawn_worker(self, rank: int, env: Mapping[str, str]) -> SSHTransport:
-        assignments = " ".join(
-            [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())]
-            + [f"PYTHONPATH={self._python_path}"]
-        )
         # sshd makes the shell a session and process-group leader, so the PID it prints
         # names the group that kill() ends. The line carries a fresh nonce: a login shell
         # may print its own lines to stderr first. The shell waits for the worker rather
-        # than exec'ing it: paramiko ignores SSH's exit-signal, and the shell turns death
-        # by signal N into the exit status 128 + N, which paramiko does report.
+        # than exec'ing it: paramiko ignores SSH's exit-signal.
         marker = f"skyward-pid-{secrets.token_hex(6)}"
-        command = (
-            f"cd {shell_path(self._plan.workdir)} || exit 1; echo {marker} $$ >&2; "
-            f"env {assignments} {shell_path(self._plan.env_dir)}/bin/python "
-            f"-m skyward.worker --node {rank}; exit $?"
-        )
+        command = self._files.command(rank, env, announce=f"{marker} $$", wait=True)
         with self._lock:
             if self._closed:
                 raise ProvisionError(f"{self.connection.target}: the pool is closing")
@@ -332,33 +287,24 @@ class HostNode:
 # ----------------------------------------------------------------------------------------------
 # Make a reached host able to run workers: run the image's bootstrap script, put this very
 # skyward package there, count its GPUs. Each step is cached on the host by hash, so a second
-# pool with the same image and the same skyward costs two quick commands.
-
-
-class Shell(Protocol):
-    """What preparing a host needs of it: run a command, write a file. A ``Connection``;
-    for Slurm, a job step on a compute node (``providers.slurm.steps``)."""
-
-    @property
-    def target(self) -> object: ...  # named in messages
-
-    @property
-    def alive(self) -> bool: ...
-
-    def run(
-        self,
-        command: str,
-        *,
-        on_line: Callable[[str], None] | None = None,
-        stdin: bytes = b"",
-        timeout: float | None = None,
-    ) -> tuple[int, str]: ...
-
-    def upload(self, data: bytes, path: str, *, mode: int = 0o644) -> None: ...
+# pool with the same image and the same skyward costs two quick commands. The steps take any
+# ``shell.Shell``: an SSH connection, or a Slurm job step (``providers.slurm.steps``).
 
 
 _LOG_TAIL_LINES = 30
 _TIMED_OUT = 124  # coreutils' timeout: the command ran past its bound
+
+
+def bootstrap_plan(image: Image, access: Access) -> Plan:
+    """What the bootstrap makes on every machine of a pool: ``image``'s environment from
+    ``access.python`` in ``access.workdir``, for this client's Python."""
+    return Plan(
+        image=image,
+        python_version="{}.{}".format(*sys.version_info[:2]),
+        python=access.python,
+        workdir=access.workdir,
+        runtime=runtime_requirements(),
+    )
 
 
 def runtime_requirements() -> tuple[str, ...]:
