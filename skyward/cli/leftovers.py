@@ -56,9 +56,9 @@ class _Echo:
 
 
 @functools.cache
-def _scopes() -> list[tuple[str, Scope]]:
+def _scopes() -> tuple[tuple[str, Scope], ...]:
     """Each provider's scope by its type, in the registry's order (loaded on first use)."""
-    return [(entry.type, scope) for entry in PROVIDERS if (scope := entry.scope()) is not None]
+    return tuple((e.type, scope) for e in PROVIDERS if (scope := e.scope()) is not None)
 
 
 @dataclass

@@ -44,7 +44,7 @@ class Entry:
     def load(self) -> builtins.type:  # (``type`` is this class's field)
         """The provider's class (its module imported now)."""
         found = getattr(importlib.import_module(self.module), self.public)
-        if not isinstance(found, type):
+        if not isinstance(found, builtins.type):
             raise TypeError(f"{self.module}.{self.public} is not a class")
         return found
 
@@ -71,7 +71,7 @@ class Entry:
         return found
 
 
-_SSH = ("paramiko",)  # what reaches machines: every remote provider's extra installs it
+_SSH = ("paramiko",)  # what reaches machines over SSH: each cloud's extra installs it too
 
 # In this order: `skyward doctor`'s lines, `--cloud`'s choices, the types messages list.
 PROVIDERS: tuple[Entry, ...] = (
