@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> the private module that defines it
+# public name -> the private module that defines it (and the providers, by the registry's
+# table: providers/registry.py)
 _EXPORTS: dict[str, str] = {
-    "AWS": "skyward.providers.aws",
     "Allocation": "skyward.providers.base",
-    "Azure": "skyward.providers.azure",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward._compute",
     "CatalogEntry": "skyward.providers.cloud.catalog",
@@ -36,11 +35,9 @@ _EXPORTS: dict[str, str] = {
     "Compute": "skyward.pool",
     "ComputeFunction": "skyward._compute",
     "ComputePool": "skyward.pool",
-    "GCP": "skyward.providers.gcp",
     "HostKeyError": "skyward._errors",
     "Image": "skyward._image",
     "InstanceInfo": "skyward._info",
-    "Local": "skyward.providers.local",
     "LogConfig": "skyward.console.handlers",
     "MissingDependency": "skyward._errors",
     "NoSpecStarted": "skyward._errors",
@@ -58,12 +55,10 @@ _EXPORTS: dict[str, str] = {
     "ProvisionError": "skyward._errors",
     "ProvisionRequest": "skyward.providers.base",
     "RemoteError": "skyward._errors",
-    "SSH": "skyward.providers.ssh",
     "RemoteTraceback": "skyward._errors",
     "SerializationError": "skyward._errors",
     "SkywardError": "skyward._errors",
     "Spec": "skyward.pool.fallback",
-    "Slurm": "skyward.providers.slurm",
     "Stacks": "skyward.pool.stacks",
     "StartError": "skyward._errors",
     "Terminated": "skyward._errors",
@@ -92,7 +87,6 @@ _EXPORTS: dict[str, str] = {
 # Public modules, loaded on first use too.
 _MODULES = ("accelerators", "plugins")
 
-__all__ = sorted([*_EXPORTS, "__version__", *_MODULES])
 
 if TYPE_CHECKING:
     from skyward import accelerators, plugins
@@ -139,26 +133,34 @@ if TYPE_CHECKING:
     from skyward.pool.scheduler import PoolStatistics
     from skyward.pool.spec import PoolSpec, Worker
     from skyward.pool.stacks import Stacks
-    from skyward.providers.aws import AWS
-    from skyward.providers.azure import Azure
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.cloud.catalog import CatalogEntry, catalog
-    from skyward.providers.gcp import GCP
-    from skyward.providers.local import Local
-    from skyward.providers.slurm import Slurm
-    from skyward.providers.ssh import SSH
+    from skyward.providers.public import *  # noqa: F403 - each provider's class, by its name
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MODULES:
+    if name == "__all__":  # read the registry only when asked: a worker never is
+        from skyward.providers.registry import PROVIDERS
+
+        value: Any = sorted([*_EXPORTS, "__version__", *_MODULES, *(e.public for e in PROVIDERS)])
+    elif name in _MODULES:
         return importlib.import_module(f"skyward.{name}")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'skyward' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
+        value = _provider(name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
+def _provider(name: str) -> type:
+    from skyward.providers.registry import by_public
+
+    entry = None if name.startswith("_") else by_public(name)
+    if entry is None:
+        raise AttributeError(f"module 'skyward' has no attribute {name!r}")
+    return entry.load()
+
+
 def __dir__() -> list[str]:
-    return __all__
+    return list(__getattr__("__all__"))

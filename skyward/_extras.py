@@ -10,17 +10,11 @@ import importlib.util
 from types import ModuleType
 
 from skyward._errors import MissingDependency
+from skyward.providers.registry import extras_of_imports
 
-# module -> the extra that installs it
+# module -> the extra that installs it: the plugins' here, the providers' in their registry
 EXTRAS: dict[str, str] = {
-    "paramiko": "ssh",
-    "boto3": "aws",
-    "botocore": "aws",
-    "google.cloud.compute_v1": "gcp",
-    "azure.identity": "azure",
-    "azure.mgmt.compute": "azure",
-    "azure.mgmt.network": "azure",
-    "azure.mgmt.resource": "azure",
+    **extras_of_imports(),
     "jax": "jax",
     "keras": "keras",
 }

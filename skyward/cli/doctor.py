@@ -3,7 +3,9 @@
 Every check reads only the interpreter, installed distribution metadata, ``PATH``,
 environment variables and files under the home directory. Cloud credentials are reported by
 where they were found, never by value, and never verified against the cloud: that would need
-the network, and a slow or failing call is not what a first look should cost.
+the network, and a slow or failing call is not what a first look should cost. The providers'
+extras and credentials checks come from the registry (``providers/registry.py``), in its
+order; each check lives in its provider's package (``providers/credentials.py``).
 """
 
 from __future__ import annotations
@@ -12,48 +14,30 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Callable, Mapping
-from configparser import ConfigParser
+from collections.abc import Mapping
 from configparser import Error as ConfigError
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
 
 import click
 
 import skyward
+from skyward.providers.credentials import Check, CredentialsCheck, Status, read_text
+from skyward.providers.registry import PROVIDERS
 
-Status = Literal["ok", "missing", "error"]
 _SYMBOLS: dict[Status, tuple[str, str]] = {
     "ok": ("✔", "green"),
     "missing": ("·", "yellow"),  # fine for a local pool; needed for something else
     "error": ("✘", "red"),  # Skyward itself will not work
 }
 
-# extra -> the distributions it installs (pyproject.toml's optional-dependencies)
+# extra -> the distributions it installs (pyproject.toml's optional-dependencies): the
+# plugins' here, then each provider's from the registry
 EXTRAS: dict[str, tuple[str, ...]] = {
     "jax": ("jax",),
     "keras": ("keras", "jax"),
-    "ssh": ("paramiko",),
-    "aws": ("boto3", "paramiko"),
-    "gcp": ("google-cloud-compute", "paramiko"),
-    "azure": (
-        "azure-identity",
-        "azure-mgmt-compute",
-        "azure-mgmt-network",
-        "azure-mgmt-resource",
-        "paramiko",
-    ),
+    **{e.extra: e.distributions for e in PROVIDERS if e.extra},
 }
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    detail: str
-    fix: str = ""
 
 
 @click.command()
@@ -71,27 +55,20 @@ def doctor() -> None:
 
 
 def run_checks(env: Mapping[str, str], home: Path) -> list[Check]:
-    clouds = _clouds()
     checks: list[Check] = [check_python(), check_skyward()]
-    # An extra for a cloud this release has no provider for would send users to install an
-    # SDK that nothing imports.
-    checks += [check_extra(name) for name in EXTRAS if name in _PLAIN_EXTRAS or name in clouds]
+    checks += [check_extra(name) for name in EXTRAS]
     checks += [check_ssh_client(env), check_ssh_agent(env)]
     checks.append(_guarded("SSH keys", check_ssh_keys, env, home))
-    for extra, (name, cloud) in _CLOUD_CHECKS.items():
-        if extra in clouds:
-            checks.append(_guarded(f"{name} credentials", cloud, env, home))
+    for entry in PROVIDERS:
+        credentials = entry.credentials_check()
+        if credentials is not None:
+            checks.append(_guarded(f"{entry.public} credentials", credentials, env, home))
     return checks
-
-
-def _clouds() -> set[str]:
-    """The extras of the cloud providers this release exports."""
-    return {extra for extra, (name, _) in _CLOUD_CHECKS.items() if name in skyward.__all__}
 
 
 def _guarded(
     name: str,
-    check: Callable[[Mapping[str, str], Path], Check],
+    check: CredentialsCheck,
     env: Mapping[str, str],
     home: Path,
 ) -> Check:
@@ -197,89 +174,8 @@ def check_ssh_keys(env: Mapping[str, str], home: Path) -> Check:
 
 
 def _entries(path: Path) -> int:
-    return sum(1 for line in _read(path).splitlines() if line.strip() and not line.startswith("#"))
-
-
-def check_aws(env: Mapping[str, str], home: Path) -> Check:
-    fix = (
-        "run `aws configure` (or `aws sso login`), "
-        "or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-    )
-    profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
-    credentials = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials")
-    config = Path(env.get("AWS_CONFIG_FILE") or home / ".aws" / "config")
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-    config_section = "default" if profile == "default" else f"profile {profile}"
-    parsed_config = _ini(config)
-    if not region:
-        region = parsed_config.get(config_section, "region", fallback=None)
-    where = f"region {region}" if region else "no region set (AWS_DEFAULT_REGION)"
-    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-        return Check("AWS credentials", "ok", f"from environment variables; {where}")
-    if _ini(credentials).has_section(profile):
-        return Check("AWS credentials", "ok", f"profile {profile!r} in {credentials}; {where}")
-    section = parsed_config
-    keys = ("aws_access_key_id", "sso_session", "sso_start_url", "credential_process", "role_arn")
-    if section.has_section(config_section) and any(
-        section.has_option(config_section, k) for k in keys
-    ):
-        return Check("AWS credentials", "ok", f"profile {profile!r} in {config}; {where}")
-    return Check(
-        "AWS credentials",
-        "missing",
-        f"none found for profile {profile!r} (environment, {credentials}, {config})",
-        fix,
-    )
-
-
-def check_gcp(env: Mapping[str, str], home: Path) -> Check:
-    fix = "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS"
-    gcloud = Path(env.get("CLOUDSDK_CONFIG") or home / ".config" / "gcloud")
-    project = env.get("GOOGLE_CLOUD_PROJECT") or env.get("CLOUDSDK_CORE_PROJECT")
-    if not project:
-        active = _read(gcloud / "active_config").strip() or "default"
-        project = _ini(gcloud / "configurations" / f"config_{active}").get(
-            "core", "project", fallback=None
-        )
-    where = f"project {project}" if project else "no project set (GOOGLE_CLOUD_PROJECT)"
-    named = env.get("GOOGLE_APPLICATION_CREDENTIALS")
-    if named:
-        if Path(named).is_file():
-            detail = f"GOOGLE_APPLICATION_CREDENTIALS={named}; {where}"
-            return Check("GCP credentials", "ok", detail)
-        return Check(
-            "GCP credentials",
-            "missing",
-            f"GOOGLE_APPLICATION_CREDENTIALS names {named}, which does not exist",
-            fix,
-        )
-    adc = gcloud / "application_default_credentials.json"
-    if adc.is_file():
-        return Check("GCP credentials", "ok", f"application default credentials in {adc}; {where}")
-    return Check("GCP credentials", "missing", f"none found (environment, {adc})", fix)
-
-
-def check_azure(env: Mapping[str, str], home: Path) -> Check:
-    fix = "run `az login`, or set AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET"
-    subscription = env.get("AZURE_SUBSCRIPTION_ID")
-    where = f"subscription {subscription}" if subscription else "no AZURE_SUBSCRIPTION_ID set"
-    secret = ("AZURE_CLIENT_SECRET", "AZURE_CLIENT_CERTIFICATE_PATH", "AZURE_FEDERATED_TOKEN_FILE")
-    principal = env.get("AZURE_CLIENT_ID") and env.get("AZURE_TENANT_ID")
-    if principal and any(env.get(s) for s in secret):
-        return Check("Azure credentials", "ok", f"service principal from environment; {where}")
-    cli = Path(env.get("AZURE_CONFIG_DIR") or home / ".azure")
-    if (cli / "msal_token_cache.json").is_file() or (cli / "msal_token_cache.bin").is_file():
-        return Check("Azure credentials", "ok", f"Azure CLI login in {cli}; {where}")
-    return Check("Azure credentials", "missing", f"none found (environment, {cli})", fix)
-
-
-# cloud extra -> (the provider's public name, its credentials check)
-_CLOUD_CHECKS: dict[str, tuple[str, Callable[[Mapping[str, str], Path], Check]]] = {
-    "aws": ("AWS", check_aws),
-    "gcp": ("GCP", check_gcp),
-    "azure": ("Azure", check_azure),
-}
-_PLAIN_EXTRAS = ("jax", "keras", "ssh")
+    lines = read_text(path).splitlines()
+    return sum(1 for line in lines if line.strip() and not line.startswith("#"))
 
 
 def _version(distribution: str) -> str | None:
@@ -287,16 +183,3 @@ def _version(distribution: str) -> str | None:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def _ini(path: Path) -> ConfigParser:
-    parser = ConfigParser(interpolation=None)
-    parser.read_string(_read(path), source=str(path))
-    return parser

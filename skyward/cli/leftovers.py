@@ -2,21 +2,14 @@
 every pool puts on its resources, and its removal.
 
 They work without the client that made the pool: a pool whose client was killed (SIGKILL, a
-laptop that died) is found by its ``skyward-pool`` tag, whoever made it. Each provider that
-creates things offers an inventory (``Provider.inventory()``): AWS, in every region the
-account has enabled or in those named with ``--region``, and Azure, in the subscriptions named
-with ``--subscription`` (default: ``AZURE_SUBSCRIPTION_ID``). Credentials and endpoints come
-from the usual places (``AWS_PROFILE`` or ``--profile``, ``AWS_ENDPOINT_URL``; Azure's
-``DefaultAzureCredential``: the environment, a managed identity, ``az login``); GCP, in the
-projects named with ``--project`` (default: the application-default credentials'; the
-Compute calls go to ``SKYWARD_GCP_ENDPOINT`` when it is set); and the
-Slurm clusters named with ``--slurm LOGIN`` (``local`` for this machine's Slurm commands),
-where Skyward's jobs are this user's jobs named ``skyward-<pool>``. Given only ``--slurm``,
-AWS is not asked.
+laptop that died) is found by its ``skyward-pool`` tag, whoever made it. No provider is
+named here: each registry entry with a scope (``providers/registry.py``,
+``providers/scope.py``) adds its flags to both commands and says where to search, from its
+flags and the usual places for credentials and endpoints.
 
-Which clouds are asked: those named with ``--cloud``; else those whose options are given
-(``--region``/``--profile``: AWS, ``--project``: GCP, ``--subscription``/``--azure-base-url``:
-Azure); else, unless only ``--slurm`` is, every cloud. A cloud asked about that cannot be
+Which providers are asked: the clouds named with ``--cloud``; else the clouds whose flags are
+given; else, unless a cluster's flags alone are given, every cloud. A cluster (a scope that
+is not a cloud) is searched for what its flags name. A place asked about that cannot be
 searched (its extra is not installed, no credentials, no subscription or project, a region
 that did not answer) is named with what to install or set, and the command fails after
 saying what it did search: an empty list from a cloud nobody looked at is not an all-clear.
@@ -30,6 +23,7 @@ this machine (``skyward.console.logs``): their state and their log directory.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,15 +35,8 @@ from skyward._errors import SkywardError
 from skyward._phases import Choice
 from skyward.providers.base import Inventory, Leftover
 from skyward.providers.cloud.keys import LocalKey, local_keys, remove_local_key
-
-
-@dataclass(frozen=True)
-class _SlurmLogins:
-    """The clusters ``--slurm`` names, and how to reach their login hosts."""
-
-    logins: tuple[str, ...] = ()
-    key: Path | None = None
-    known_hosts: Path | None = None
+from skyward.providers.registry import PROVIDERS
+from skyward.providers.scope import Given, Places, Scope
 
 
 class _Echo:
@@ -68,7 +55,10 @@ class _Echo:
         pass
 
 
-CLOUDS = ("aws", "gcp", "azure")
+@functools.cache
+def _scopes() -> tuple[tuple[str, Scope], ...]:
+    """Each provider's scope by its type, in the registry's order (loaded on first use)."""
+    return tuple((e.type, scope) for e in PROVIDERS if (scope := e.scope()) is not None)
 
 
 @dataclass
@@ -76,163 +66,69 @@ class _Search:
     """What one ``ls`` / ``down`` looked through: the places asked, what each holds, and the
     places that could not be looked at, each with what to install or set."""
 
-    places: list[tuple[str, Inventory]] = field(default_factory=list)
+    places: list[tuple[Scope, str, Inventory]] = field(default_factory=list)
     collected: list[tuple[Inventory, list[Leftover]]] = field(default_factory=list)
-    checked: list[str] = field(default_factory=list)  # "aws: 17 regions (us-east-1, ...)"
-    unchecked: list[str] = field(default_factory=list)  # "gcp: not checked: ...; do this"
+    checked: list[str] = field(default_factory=list)  # "<type>: what it searched"
+    unchecked: list[str] = field(default_factory=list)  # "<type>: not checked: why; do this"
 
     def not_checked(self, line: str) -> None:
         self.unchecked.append(_for_the_command_line(line))
 
+    def add(self, scope: Scope, places: Places) -> None:
+        self.places += [(scope, where, inventory) for where, inventory in places.found]
+        for line in places.unchecked:
+            self.not_checked(line)
 
-def _clouds_to_ask(
-    clouds: Sequence[str],
-    slurm: _SlurmLogins,
-    regions: Sequence[str],
-    profile: str | None,
-    subscriptions: Sequence[str],
-    azure_base_url: str | None,
-    projects: Sequence[str],
-) -> list[str]:
-    """``--cloud`` when given; else the clouds whose options were given (``--region`` is
-    AWS's, ``--subscription`` Azure's, ``--project`` GCP's); else, unless only ``--slurm``
-    was, every cloud. Each one asked is either searched or named as not checked."""
+    @property
+    def answered(self) -> list[Inventory]:
+        """The inventories that listed their leftovers."""
+        return [inventory for inventory, _ in self.collected]
+
+
+def _clouds_to_ask(clouds: Sequence[str], options: Given) -> list[tuple[str, Scope]]:
+    """``--cloud`` when given; else the clouds whose flags were given; else, unless only a
+    cluster's were, every cloud. Each one asked is either searched or named as not checked."""
+    every = [(kind, scope) for kind, scope in _scopes() if scope.cloud]
     if clouds:
-        return list(dict.fromkeys(clouds))
-    named = [
-        cloud
-        for cloud, given in (
-            ("aws", bool(regions or profile)),
-            ("gcp", bool(projects)),
-            ("azure", bool(subscriptions or azure_base_url)),
-        )
-        if given
-    ]
-    if named or slurm.logins:
+        return [(kind, scope) for kind, scope in every if kind in clouds]
+    named = [(kind, scope) for kind, scope in every if scope.given(options)]
+    clusters = any(scope.given(options) for _, scope in _scopes() if not scope.cloud)
+    if named or clusters:
         return named
-    return list(CLOUDS)
+    return every
 
 
-def _inventories(
-    clouds: Sequence[str],
-    regions: Sequence[str],
-    profile: str | None,
-    subscriptions: Sequence[str] = (),
-    azure_base_url: str | None = None,
-    slurm: _SlurmLogins = _SlurmLogins(),
-    projects: Sequence[str] = (),
-) -> _Search:
-    """Every place to ask about; a cloud that cannot be asked is named, with why."""
-    from skyward.providers.azure.inventory import inventories as azure
-
-    search = _Search(places=_slurm_inventories(slurm))
-    if "aws" in clouds:
-        _aws_inventories(search, regions, profile)
-    if "gcp" in clouds:
-        _gcp_inventories(search, projects)
-    if "azure" in clouds:
-        on_azure, note = azure(subscriptions, azure_base_url)
-        if note:
-            search.not_checked(note)
-        search.places += on_azure
-    return search
-
-
-def _slurm_inventories(slurm: _SlurmLogins) -> list[tuple[str, Inventory]]:
-    from skyward.providers.slurm import Slurm
-
-    found: list[tuple[str, Inventory]] = []
-    for login in slurm.logins:
-        where = None if login == "local" else login
-        inventory = Slurm(login=where, key=slurm.key, known_hosts=slurm.known_hosts).inventory()
-        if inventory is not None:
-            found.append((f"slurm {login}", inventory))
-    return found
-
-
-def _aws_inventories(search: _Search, regions: Sequence[str], profile: str | None) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("boto3") is None:
-        search.not_checked("aws: not checked; install it with: pip install 'skyward[aws]'")
-        return
-    from skyward.providers.aws import AWS
-
-    asked: list[str | None] = list(regions) or [None]  # None: every enabled region
-    for region in asked:
-        inventory = AWS(region=region, profile=profile).inventory()
-        if inventory is not None:
-            search.places.append((f"aws {region or '(every enabled region)'}", inventory))
-
-
-def _gcp_inventories(search: _Search, projects: Sequence[str]) -> None:
-    """Each GCP project asked about, by default the credentials'
-    (``SKYWARD_GCP_ENDPOINT``: where the Compute calls go, a proxy or a test server)."""
-    import importlib.util
-    import os
-
-    if importlib.util.find_spec("google.cloud.compute_v1") is None:
-        search.not_checked("gcp: not checked; install it with: pip install 'skyward[gcp]'")
-        return
-    from skyward.providers.gcp import GCP
-    from skyward.providers.gcp.api import credentials_and_project
-
-    endpoint = os.environ.get("SKYWARD_GCP_ENDPOINT") or None
-    asked_for: list[str | None] = list(projects) or [None]
-    for asked in asked_for:
-        try:
-            credentials, project = credentials_and_project(asked, None)
-        except SkywardError as exc:
-            search.not_checked(f"gcp: not checked: {exc}")
-            continue
-        config = GCP(project=project, credentials=credentials, endpoint=endpoint)
-        inventory = config.inventory()
-        if inventory is not None:
-            search.places.append((f"gcp {project}", inventory))
-
-
-def _collect(
-    clouds: Sequence[str],
-    regions: Sequence[str],
-    profile: str | None,
-    pool: str | None,
-    subscriptions: Sequence[str] = (),
-    azure_base_url: str | None = None,
-    slurm: _SlurmLogins = _SlurmLogins(),
-    projects: Sequence[str] = (),
-) -> _Search:
-    search = _inventories(clouds, regions, profile, subscriptions, azure_base_url, slurm, projects)
-    for where, inventory in search.places:
+def _collect(asked: Sequence[tuple[str, Scope]], options: Given, pool: str | None) -> _Search:
+    """Every place to ask about, searched; a place that cannot be asked is named, with why.
+    The clusters named on the command line first, then the clouds asked."""
+    search = _Search()
+    for _, scope in _scopes():
+        if not scope.cloud:
+            search.add(scope, scope.places(options))
+    for _, scope in asked:
+        search.add(scope, scope.places(options))
+    for scope, where, inventory in search.places:
         try:
             leftovers = inventory.leftovers(pool=pool)
         except SkywardError as exc:
             search.not_checked(f"{where}: not checked: {exc}")
             continue
-        for problem in getattr(inventory, "problems", []):
+        searched = scope.searched(where, inventory)
+        for problem in searched.problems:
             search.not_checked(f"{where}: not searched: {problem}")
-        for note in getattr(inventory, "notes", []):
+        for note in searched.notes:
             click.echo(f"{where}: {note}", err=True)
-        searched = getattr(inventory, "searched", None)
-        if searched is not None and len(searched) > 1:
-            names = ", ".join(searched[:3]) + (", ..." if len(searched) > 3 else "")
-            search.checked.append(f"aws: {len(searched)} regions ({names})")
-        elif searched:
-            search.checked.append(f"aws: {searched[0]}")
-        elif searched is None:
-            search.checked.append(where)
+        if searched.checked:
+            search.checked.append(searched.checked)
         search.collected.append((inventory, leftovers))
     return search
 
 
 def _for_the_command_line(text: str) -> str:
-    """A provider's advice as this command takes it: its Python options become the flags
-    (``sky.AWS(region='us-east-1')`` -> ``--region us-east-1``)."""
-    import re
-
-    text = re.sub(r"sky\.AWS\(region='([^']*)'\)", r"--region \1", text)
-    text = re.sub(r"sky\.AWS\(profile=(?:'\.\.\.'|\.\.\.)\)", "--profile NAME", text)
-    text = re.sub(r"sky\.GCP\(project='([^']*)'\)", r"--project \1", text)
-    return text.replace("sky.GCP(credentials=...)", "GOOGLE_APPLICATION_CREDENTIALS")
+    """A provider's advice as this command takes it: its Python options become the flags."""
+    for _, scope in _scopes():
+        text = scope.advice(text)
+    return text
 
 
 def _finish(search: _Search, *, nothing: str) -> None:
@@ -255,55 +151,24 @@ def _finish(search: _Search, *, nothing: str) -> None:
 
 def _stale_keys(
     leftovers: Sequence[Leftover],
-    regions: Sequence[str],
     pool: str | None,
-    azure_endpoint: str | None = None,
-    clouds: Sequence[str] = CLOUDS,
+    asked: Sequence[tuple[str, Scope]],
+    options: Given,
+    answered: Sequence[Inventory],
 ) -> list[LocalKey]:
-    """Pool keys on this machine whose key pair the search did not find (in a region it
-    searched): their pool is gone, or going. On Azure the pool's resource group plays the
-    key pair's part; ``azure_endpoint`` is the endpoint searched (None: Azure was not)."""
-    import os
-
-    kinds = ("key pair", "resource group")
-    pairs = {(x.provider, x.region, x.id) for x in leftovers if x.kind in kinds}
-    # Only keys made through the endpoint searched here (another account's or a test
-    # server's keys are not judged by this search), and never one whose client still runs.
-    endpoints = {
-        "aws": os.environ.get("AWS_ENDPOINT_URL", ""),
-        "gcp": os.environ.get("SKYWARD_GCP_ENDPOINT", ""),
-    }
-    # A GCP pool has no key pair: its key is in use while resources named after it remain.
-    gcp = [x.id for x in leftovers if x.provider == "gcp"]
-
-    def searched(key: LocalKey) -> bool:
-        if key.provider not in clouds:
-            return False
-        if key.provider == "azure":
-            return azure_endpoint is not None and key.endpoint == azure_endpoint
-        if key.provider == "gcp":
-            return key.endpoint == endpoints["gcp"]
-        return (not regions or key.region in regions) and key.endpoint == endpoints["aws"]
-
+    """Pool keys on this machine whose pool the search did not find: gone, or going. Each
+    is judged by its provider's scope, if that provider was asked, and never one whose
+    client still runs."""
+    scopes = dict(asked)
     return [
         key
         for key in local_keys()
         if (pool is None or key.pool == pool)
-        and searched(key)
+        and (scope := scopes.get(key.provider)) is not None
+        and scope.judges(key, options, answered)
         and not key.client_alive
-        and (key.provider, key.region, key.key_pair) not in pairs
-        and not (key.provider == "gcp" and any(i.startswith(key.key_pair) for i in gcp))
+        and not scope.holds(key, leftovers)
     ]
-
-
-def _azure_searched(
-    collected: Sequence[tuple[Inventory, list[Leftover]]], base_url: str | None
-) -> str | None:
-    """The Azure endpoint this search looked through, or None if it looked at no Azure."""
-    from skyward.providers.azure.inventory import AzureInventory
-
-    searched = any(isinstance(inventory, AzureInventory) for inventory, _ in collected)
-    return (base_url or "") if searched else None
 
 
 def _key_rows(keys: Sequence[LocalKey]) -> list[Leftover]:
@@ -358,51 +223,6 @@ def _table(leftovers: Sequence[Leftover]) -> None:
         click.echo(f"about ${sum(known):.2f}/h while these run ({prices})")
 
 
-_regions = click.option(
-    "--region", "regions", multiple=True, help="A region to look in (repeatable)."
-)
-_profile = click.option("--profile", default=None, help="The AWS profile to use.")
-_subscriptions = click.option(
-    "--subscription",
-    "subscriptions",
-    multiple=True,
-    help="An Azure subscription to look in (repeatable; default: AZURE_SUBSCRIPTION_ID).",
-)
-_projects = click.option(
-    "--project", "projects", multiple=True, help="A GCP project to look in (repeatable)."
-)
-_slurm = click.option(
-    "--slurm",
-    "slurm_logins",
-    multiple=True,
-    metavar="LOGIN",
-    help="A Slurm cluster to look in: its login host ([user@]host[:port]), or 'local' for "
-    "this machine's Slurm commands (repeatable). Alone, AWS is not asked.",
-)
-_ssh_key = click.option(
-    "--ssh-key", type=click.Path(dir_okay=False, path_type=Path), help="Key for --slurm logins."
-)
-_known_hosts = click.option(
-    "--known-hosts",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="known_hosts file for --slurm logins (default ~/.ssh/known_hosts).",
-)
-_azure_base_url = click.option(
-    "--azure-base-url",
-    default=None,
-    help="The Azure Resource Manager endpoint, for a sovereign cloud (default: public Azure).",
-)
-
-
-_clouds = click.option(
-    "--cloud",
-    "clouds",
-    multiple=True,
-    type=click.Choice(CLOUDS),
-    help="A cloud to check (repeatable). Default: the clouds whose options are given "
-    "(--region: aws, --project: gcp, --subscription: azure), else every cloud; one that "
-    "cannot be checked makes the command fail.",
-)
 _RECENT = 5  # pools shown under `skyward ls`; `skyward logs --list` shows them all
 
 
@@ -439,39 +259,60 @@ def _started(meta: dict[str, object]) -> datetime | None:
     return datetime.fromtimestamp(float(started), UTC)
 
 
-@click.command("ls")
+class _ProviderCommand(click.Command):
+    """A command with the providers' options after its own: ``--cloud`` and each scope's
+    flags. They are read from the registry when the command first parses or shows its help,
+    not when ``skyward`` starts: that loads every provider's package (about a second)."""
+
+    _with_providers = False
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not self._with_providers:
+            self._with_providers = True
+            self.params += _provider_options()
+        return super().get_params(ctx)
+
+
+def _provider_options() -> list[click.Parameter]:
+    clouds = [(kind, scope) for kind, scope in _scopes() if scope.cloud]
+    selectors = ", ".join(f"{scope.flags[0].option}: {kind}" for kind, scope in clouds)
+    options: list[click.Parameter] = [
+        click.Option(
+            ["--cloud", "clouds"],
+            multiple=True,
+            type=click.Choice([kind for kind, _ in clouds]),
+            help=f"A cloud to check (repeatable). Default: the clouds whose options are given "
+            f"({selectors}), else every cloud; one that cannot be checked makes the command fail.",
+        )
+    ]
+    for _, scope in _scopes():
+        for flag in scope.flags:
+            path = click.Path(dir_okay=False, path_type=Path) if flag.path else None
+            options.append(
+                click.Option(
+                    [flag.option, flag.dest],
+                    multiple=flag.multiple,
+                    metavar=flag.metavar,
+                    type=path,
+                    help=flag.help,
+                )
+            )
+    return options
+
+
+@click.command("ls", cls=_ProviderCommand)
 @click.option("--pool", default=None, help="Only this pool's resources.")
-@_clouds
-@_regions
-@_profile
-@_subscriptions
-@_azure_base_url
-@_projects
-@_slurm
-@_ssh_key
-@_known_hosts
-def ls(
-    pool: str | None,
-    clouds: tuple[str, ...],
-    regions: tuple[str, ...],
-    profile: str | None,
-    subscriptions: tuple[str, ...],
-    azure_base_url: str | None,
-    projects: tuple[str, ...],
-    slurm_logins: tuple[str, ...],
-    ssh_key: Path | None,
-    known_hosts: Path | None,
-) -> None:
-    """List what Skyward created and is still there (instances, groups, keys, Slurm jobs), in
-    every enabled region unless --region is given, pool keys left on this machine, and the
-    pools that ran here recently. Fails when a cloud asked about could not be checked."""
-    slurm = _SlurmLogins(slurm_logins, ssh_key, known_hosts)
-    asked = _clouds_to_ask(clouds, slurm, regions, profile, subscriptions, azure_base_url, projects)
-    search = _collect(asked, regions, profile, pool, subscriptions, azure_base_url, slurm, projects)
+def ls(pool: str | None, clouds: tuple[str, ...], **flags: object) -> None:
+    """List what Skyward created and is still there (instances, groups, keys, jobs), where
+    the options below say (by default every cloud, in every enabled region), pool keys left
+    on this machine, and the pools that ran here recently. Fails when a cloud asked about
+    could not be checked."""
+    options = Given(flags)
+    asked = _clouds_to_ask(clouds, options)
+    search = _collect(asked, options, pool)
     everything = [x for _, found in search.collected for x in found]
-    azure = _azure_searched(search.collected, azure_base_url)
     if asked:
-        everything += _key_rows(_stale_keys(everything, regions, pool, azure, asked))
+        everything += _key_rows(_stale_keys(everything, pool, asked, options, search.answered))
     if everything:
         _table(everything)
     _recent_pools(pool)
@@ -486,53 +327,33 @@ def _nothing(pool: str | None, search: _Search) -> str:
     return f"Nothing left by Skyward{of}."
 
 
-@click.command("down")
+@click.command("down", cls=_ProviderCommand)
 @click.option("--pool", default=None, help="Remove this pool's resources.")
 @click.option("--all", "everything", is_flag=True, help="Remove every pool's resources.")
 @click.option("--yes", is_flag=True, help="Do not ask first.")
-@_clouds
-@_regions
-@_profile
-@_subscriptions
-@_azure_base_url
-@_projects
-@_slurm
-@_ssh_key
-@_known_hosts
 def down(
-    pool: str | None,
-    everything: bool,
-    yes: bool,
-    clouds: tuple[str, ...],
-    regions: tuple[str, ...],
-    profile: str | None,
-    subscriptions: tuple[str, ...],
-    azure_base_url: str | None,
-    projects: tuple[str, ...],
-    slurm_logins: tuple[str, ...],
-    ssh_key: Path | None,
-    known_hosts: Path | None,
+    pool: str | None, everything: bool, yes: bool, clouds: tuple[str, ...], **flags: object
 ) -> None:
-    """Remove what Skyward created: one pool's resources, or every pool's, in every enabled
-    region unless --region is given (and Slurm jobs with --slurm); then the pool keys on this
-    machine whose key pair is gone. Fails when a cloud asked about could not be checked
-    (after removing what the others hold)."""
+    """Remove what Skyward created: one pool's resources, or every pool's, wherever `ls`
+    looks with the same options; then the pool keys on this machine whose key pair is gone.
+    Fails when a cloud asked about could not be checked (after removing what the others
+    hold)."""
     if (pool is None) == (not everything):
         raise click.UsageError("give --pool NAME or --all (one of them)")
-    slurm = _SlurmLogins(slurm_logins, ssh_key, known_hosts)
-    asked = _clouds_to_ask(clouds, slurm, regions, profile, subscriptions, azure_base_url, projects)
-    search = _collect(asked, regions, profile, pool, subscriptions, azure_base_url, slurm, projects)
-    collected = search.collected
+    options = Given(flags)
+    asked = _clouds_to_ask(clouds, options)
+    search = _collect(asked, options, pool)
+    collected, answered = search.collected, search.answered
     total = [x for _, found in collected for x in found]
-    azure = _azure_searched(collected, azure_base_url)
     if not total:
-        stale = _stale_keys(total, regions, pool, azure, asked) if asked else []
+        stale = _stale_keys(total, pool, asked, options, answered) if asked else []
         for key in stale:
             remove_local_key(key)
             click.echo(f"Removed the stale pool key {key.directory}")
         _finish(search, nothing=_nothing(pool, search))
         return
-    _table(total + (_key_rows(_stale_keys(total, regions, pool, azure, asked)) if asked else []))
+    stale = _stale_keys(total, pool, asked, options, answered) if asked else []
+    _table(total + _key_rows(stale))
     if not yes:
         click.confirm(f"Delete these {len(total)} resource(s)?", abort=True)
     failed = []
@@ -547,7 +368,7 @@ def down(
             failed.append(str(exc))
     # The keys of pools whose key pair is now gone (deleted here, or gone before).
     remaining = [x for x in total if x not in deleted]
-    for key in _stale_keys(remaining, regions, pool, azure, asked) if asked else []:
+    for key in _stale_keys(remaining, pool, asked, options, answered) if asked else []:
         remove_local_key(key)
         click.echo(f"Removed the pool key {key.directory}")
     if failed:

@@ -10,7 +10,7 @@ Read in that order, the first file wins key by key (tables merge, so a project p
 name a provider the user's file defines)::
 
     [providers.lab]
-    type = "ssh"                  # local, ssh, aws, gcp, azure, slurm
+    type = "ssh"                  # a provider's type (providers/registry.py)
     hosts = ["gpu1", "gpu2"]
 
     [pools.training]
@@ -36,17 +36,9 @@ from typing import Any, NamedTuple
 
 import pydantic
 
-FILE_NAME = "skyward.toml"
+from skyward.providers import registry
 
-# A provider's ``type`` in the file -> its public class name in ``skyward``.
-PROVIDER_TYPES = {
-    "local": "Local",
-    "ssh": "SSH",
-    "aws": "AWS",
-    "gcp": "GCP",
-    "azure": "Azure",
-    "slurm": "Slurm",
-}
+FILE_NAME = "skyward.toml"
 
 
 def config_files(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> list[Path]:
@@ -121,7 +113,7 @@ def _provider(value: Any, config: Mapping[str, Any], where: str) -> Any:
     providers = config.get("providers", {})
     if isinstance(value, str) and isinstance(providers, dict) and value in providers:
         table, where = providers[value], f"[providers.{value}]"
-    elif isinstance(value, str) and value in PROVIDER_TYPES:
+    elif isinstance(value, str) and registry.by_type(value) is not None:
         table = {"type": value}
     elif isinstance(value, dict):
         table, where = value, f"{where} provider"
@@ -130,15 +122,17 @@ def _provider(value: Any, config: Mapping[str, Any], where: str) -> Any:
         raise ValueError(
             f"{where}: provider {value!r} is neither a [providers] entry "
             f"({', '.join(names) or 'none defined'}) nor a provider type "
-            f"({', '.join(PROVIDER_TYPES)})"
+            f"({', '.join(registry.types())})"
         )
     if not isinstance(table, dict):
         raise ValueError(f"{where}: must be a table with a type, not {table!r}")
     fields = dict(table)
     kind = fields.pop("type", None)
-    if kind not in PROVIDER_TYPES:
-        raise ValueError(f"{where}: type must be one of {', '.join(PROVIDER_TYPES)}, not {kind!r}")
-    return _build(PROVIDER_TYPES[kind], fields, where)
+    entry = registry.by_type(kind) if isinstance(kind, str) else None
+    if entry is None:
+        types = ", ".join(registry.types())
+        raise ValueError(f"{where}: type must be one of {types}, not {kind!r}")
+    return _build(entry.public, fields, where)
 
 
 def _build(public: str, fields: Mapping[str, Any], where: str) -> Any:

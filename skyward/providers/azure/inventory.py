@@ -10,7 +10,7 @@ takes everything in them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from skyward._errors import ProvisionError
@@ -115,33 +115,3 @@ class AzureInventory(CloudInventory[Api]):
                 self.leftover("vm", str(vm.name), vm_tags, region=where, state=state, hourly=hourly)
             )
         return found
-
-
-def inventories(
-    subscriptions: Sequence[str], base_url: str | None
-) -> tuple[list[tuple[str, AzureInventory]], str | None]:
-    """(where, inventory) for ``skyward ls`` / ``down``: each subscription named, else
-    ``AZURE_SUBSCRIPTION_ID``'s; and a line saying why none is looked at (the SDKs are not
-    installed, or no subscription is known), None when some are."""
-    import importlib.util
-    import os
-
-    asked = list(subscriptions) or [s for s in [os.environ.get("AZURE_SUBSCRIPTION_ID")] if s]
-    if importlib.util.find_spec("azure.mgmt.compute") is None:
-        return [], "azure: not checked; install it with: pip install 'skyward[azure]'"
-    if not asked:
-        return [], "azure: not checked; set AZURE_SUBSCRIPTION_ID or pass --subscription"
-    found = [
-        (
-            f"azure {subscription}",
-            AzureInventory(
-                subscription=subscription,
-                credential=None,
-                base_url=base_url,
-                connection_verify=None,
-                release_timeout=1200.0,
-            ),
-        )
-        for subscription in asked
-    ]
-    return found, None
