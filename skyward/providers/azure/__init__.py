@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from skyward._errors import ProvisionError
 from skyward._phases import Reporter
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import AzureAllocation
-from skyward.providers.azure.api import PUBLIC_CLOUD, Api, not_served
+from skyward.providers.azure.api import PUBLIC_CLOUD, Api
 from skyward.providers.azure.inventory import AzureInventory
 from skyward.providers.azure.watchdog import RELEASE_PATH, release_script
 from skyward.providers.base import Inventory, ProvisionRequest
@@ -42,8 +41,6 @@ from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import MAX_SECONDS, CloudOptions, Launch, prices
 from skyward.providers.ssh.connection import PoolKey
 from skyward.providers.volumes import refuse_keyless
-
-_log = logging.getLogger("skyward")
 
 # Microsoft's Ubuntu HPC image (NVIDIA driver, CUDA, NCCL, InfiniBand) for GPU sizes;
 # Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init at boot.
@@ -268,26 +265,10 @@ class Azure(CloudOptions):
     def _skus(self, api: Api, location: str) -> dict[str, dict[str, str]]:
         """The VM sizes Azure offers this subscription in ``location``: lower-cased name ->
         capabilities, plus ``restricted`` (why) when it may not be used there."""
-        try:
-            listed = api.call(
-                lambda: list(api.compute.resource_skus.list(filter=f"location eq '{location}'")),
-                f"listing the VM sizes of {location}",
-            )
-        except ProvisionError as exc:
-            if not not_served(exc):
-                raise
-            # An endpoint without the SKU list (an Azure Stack, a stand-in of ARM): the
-            # catalog's sizes are assumed, and a size the location lacks fails its create
-            # with SkuNotAvailable, which moves the pool on as a restriction would have.
-            _log.warning("%s; assuming the catalog's VM sizes in %s", exc, location)
-            return {
-                m.type.lower(): {
-                    "vCPUs": str(m.vcpus),
-                    "MemoryGB": str(m.ram_gb),
-                    "GPUs": str(m.count),
-                }
-                for m in catalog.machines("azure")
-            }
+        listed = api.call(
+            lambda: list(api.compute.resource_skus.list(filter=f"location eq '{location}'")),
+            f"listing the VM sizes of {location}",
+        )
         found: dict[str, dict[str, str]] = {}
         for sku in listed:
             if str(sku.resource_type).lower() != "virtualmachines":
@@ -364,13 +345,6 @@ class Azure(CloudOptions):
                     deadline=deadline,
                 )
                 reporter.status(f"network in {location}: SSH from {', '.join(cidrs)} only")
-                if self.self_delete and made.sites[location].identity_client_id is None:
-                    reporter.status(
-                        f"warning: {self.base_url or 'Azure'} made no managed identity for the "
-                        f"pool (see the log), so the idle watchdog can only power VMs off, "
-                        f"which Azure keeps billing: `skyward down` deletes what a vanished "
-                        f"client leaves"
-                    )
             sku = made.skus[location][offer.machine.type.lower()]
             made.spec = self._spec(offer, sku, made.sites[location], key, host_key, request)
             for rank in range(request.nodes):

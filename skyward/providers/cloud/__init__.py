@@ -13,7 +13,7 @@ each cloud's package holds only its SDK's calls and the mapping to them.
                    first (GCP, Azure); the cloud gives its calls on one machine
     inventory.py   CloudInventory: leftovers by tag, deleted by place and kind
     api.py         the shared half of every SDK boundary: one call translated, one wait
-                   loop, a refused filter, the refusal codes' table and its words
+                   loop, the refusal codes' table and its words
     boot.py        the #cloud-config user data: the host key the client made, the login key,
                    the idle watchdog; the frame of the script that deletes a machine
     capacity.py    offers (type, zone, market, price) in the strategy's order; the failover

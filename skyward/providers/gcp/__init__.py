@@ -37,7 +37,7 @@ from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import CloudOptions, Launch, prices
 from skyward.providers.gcp import resources as gce
 from skyward.providers.gcp.allocation import GCPAllocation
-from skyward.providers.gcp.api import Api, credentials_and_project, not_served
+from skyward.providers.gcp.api import Api, credentials_and_project
 from skyward.providers.gcp.inventory import GCPInventory
 from skyward.providers.volumes import refuse_keyless
 
@@ -124,11 +124,7 @@ class GCP(CloudOptions):
         return GCPAllocation(self._api(), request, names, **self.allocation_options)
 
     def inventory(self) -> Inventory | None:
-        try:
-            _, region = self.where()
-        except (ProvisionError, ValueError):
-            region = None  # the aggregated list needs none
-        return GCPInventory(self._api, release_timeout=self.release_timeout, region=region)
+        return GCPInventory(self._api, release_timeout=self.release_timeout)
 
     def _api(self) -> Api:
         credentials, project = credentials_and_project(self.project, self.credentials)
@@ -224,19 +220,10 @@ class GCP(CloudOptions):
             doing = f"reading the machine types of {zone}"
             where = {"project": api.project, "zone": zone}
             request = {**where, "filter": wanted}
-            listed = list(api.listed(api.machine_types.list, doing, request))
-            found[zone] = {t.name for t in listed}
+            found[zone] = {t.name for t in api.call(api.machine_types.list, doing, request=request)}
             if attached:
-                try:
-                    found[zone] |= {
-                        a.name for a in api.call(api.accelerator_types.list, doing, request=where)
-                    }
-                except ProvisionError as exc:
-                    if not not_served(exc):
-                        raise
-                    # No list of them here: the insert says whether the zone has the GPU
-                    # (a refusal there moves the pool on, as exhaustion does).
-                    found[zone] |= attached
+                listed = api.call(api.accelerator_types.list, doing, request=where)
+                found[zone] |= {a.name for a in listed}
 
         def refusal(machine: Machine, zone: str) -> str | None:
             kinds = [machine.type] + ([machine.attach] if machine.attach else [])

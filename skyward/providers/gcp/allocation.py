@@ -45,8 +45,7 @@ class GCPAllocation(InstanceAllocation[Api, gce.InstanceSpec]):
         left = gce.delete(self.api, instances=instances, firewalls=firewalls, deadline=deadline)
         if instances:  # a second sweep, by label: anything the names missed
             try:
-                zones = sorted({zone for zone, _ in instances})
-                labelled = gce.live(self.api, self.request.pool, lambda: zones)
+                labelled = gce.live(self.api, self.request.pool)
             except ProvisionError as exc:
                 left.append(f"the sweep by label ({exc})")
                 labelled = []
