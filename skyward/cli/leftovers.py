@@ -210,8 +210,6 @@ def _collect(
             continue
         for problem in getattr(inventory, "problems", []):
             search.not_checked(f"{where}: not searched: {problem}")
-        for note in getattr(inventory, "notes", []):
-            click.echo(f"{where}: {note}", err=True)
         searched = getattr(inventory, "searched", None)
         if searched is not None and len(searched) > 1:
             names = ", ".join(searched[:3]) + (", ..." if len(searched) > 3 else "")
