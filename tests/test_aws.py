@@ -163,8 +163,8 @@ def _stopped_after_launch(
 
 
 def test_instances_are_launched_as_one_tagged_all_or_nothing_request(moto: MotoServer) -> None:
-    # g6.12xlarge has EFA: without cluster_network=False it would get a placement group,
-    # which moto lacks (test_aws_capacity.py checks that shape through its proxy).
+    # g6.12xlarge has EFA: without cluster_network=False it would get a placement group and
+    # EFA interfaces (test_aws_capacity.py checks that shape).
     aws = provider(moto, disk_gb=120, cluster_network=False)
     seen, pool = _stopped_after_launch(moto, aws, accelerator="L4:4")
     instances = seen["instances"]
@@ -591,6 +591,12 @@ def test_ls_and_down_find_a_pool_in_another_region_and_its_stale_key_file(
         Description="x",
         TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}],
     )["GroupId"]
+    west.create_placement_group(
+        GroupName="skyward-west-pg",
+        Strategy="cluster",
+        TagSpecifications=[{"ResourceType": "placement-group", "Tags": tags}],
+    )
+    west.create_placement_group(GroupName="someone-elses", Strategy="cluster")
     # The key a client killed mid-start left, labelled as the provider labels it.
     from skyward.providers.ssh.connection import PoolKey
 
@@ -605,6 +611,8 @@ def test_ls_and_down_find_a_pool_in_another_region_and_its_stale_key_file(
     listed = _cli(moto, "ls", tmp=tmp_path)  # no --region: every enabled region
     assert listed.returncode == 0, listed.stderr
     assert group in listed.stdout and "us-west-2" in listed.stdout
+    assert listed.stdout.count("skyward-west-pg") == 1  # in its region only
+    assert "someone-elses" not in listed.stdout
     assert str(key.directory) in listed.stdout and "stale" in listed.stdout
     assert str(live.directory) not in listed.stdout  # its key pair is still there
     assert str(running.directory) not in listed.stdout
@@ -615,6 +623,8 @@ def test_ls_and_down_find_a_pool_in_another_region_and_its_stale_key_file(
     assert removed.returncode == 0, removed.stdout + removed.stderr
     tagged = [{"Name": "tag:skyward-pool", "Values": ["west"]}]
     assert west.describe_security_groups(Filters=tagged)["SecurityGroups"] == []
+    left = west.describe_placement_groups()["PlacementGroups"]
+    assert [g["GroupName"] for g in left] == ["someone-elses"]
     assert not key.directory.exists() and not live.directory.exists()
     assert running.directory.exists()
     assert "Nothing left" in _cli(moto, "ls", tmp=tmp_path).stdout

@@ -415,7 +415,8 @@ def test_a_multi_node_efa_pool_gets_a_cluster_group_and_efa_on_each_card(
     assert all(i["InterfaceType"] == "efa" for i in interfaces)
     assert [i["NetworkCardIndex"] for i in interfaces] == [str(c) for c in range(cards)]
     assert [i["DeviceIndex"] for i in interfaces] == ["0"] + ["1"] * (cards - 1)
-    ((group_name, (strategy, tags)),) = seen["placement"].items()
+    (((region, group_name), (strategy, tags)),) = seen["placement"].items()
+    assert region == "us-east-1"
     assert launch["Placement.GroupName"] == group_name
     assert strategy == "cluster" and tags["skyward-pool"] == made.pool
     assert launch["IamInstanceProfile.Name"] == "skyward-nodes"

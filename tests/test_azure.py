@@ -289,27 +289,6 @@ def test_without_self_delete_there_is_no_identity_and_the_watchdog_powers_off(
     assert RELEASE_PATH not in {f["path"] for f in document["write_files"]}
 
 
-@pytest.mark.parametrize("kind", ["Microsoft.ManagedIdentity", _ROLE])
-def test_an_endpoint_that_serves_no_identities_starts_the_pool_and_says_what_that_costs(
-    fake: AzureFake, kind: str
-) -> None:
-    fake.fail_requests(404, "NotFound", method="PUT", path=kind, times=None)
-    seen: dict[str, Any] = {}
-    checkpoint = Checkpoint("connecting", reached=lambda: _snapshot(fake, name, seen))
-    made = request(deadline=checkpoint)
-    name = made.pool
-    recorder = Recorder()
-    with pytest.raises(KeyboardInterrupt):  # the checkpoint: the VMs were made, unlike before
-        provider(fake).provision(made, recorder)
-    assert [vm["name"] for vm in seen["vms"]] == ["node-0", "node-1"]
-    assert all("identity" not in vm for vm in seen["vms"])
-    document = yaml.safe_load(seen["user_data"])
-    assert RELEASE_PATH not in {f["path"] for f in document["write_files"]}
-    warned = [s for s in recorder.statuses if "made no managed identity" in s]
-    assert warned and "can only power VMs off" in warned[0], recorder.statuses
-    assert fake.resource_groups() == []
-
-
 def test_custom_data_is_cloud_config_that_cloud_inits_schema_accepts(fake: AzureFake) -> None:
     seen, _ = _stopped_while_connecting(fake, provider(fake))
     text = seen["user_data"].decode()
@@ -611,20 +590,15 @@ def test_ls_and_down_find_a_pools_resource_group_by_tag(
     assert "Nothing left" in _skyward(fake, moto, tmp_path, "ls").stdout
 
 
-def test_an_endpoint_without_the_vm_list_or_filters_lists_the_pools_group_only(
-    fake: AzureFake,
-) -> None:
+def test_the_inventory_asks_arm_for_the_pools_groups_by_tag(fake: AzureFake) -> None:
     _orphan_and_another_group(fake)
-    fake.fail_requests(404, "NotFound", method="GET", path="/virtualMachines", times=None)
-    fake.group_filters = False  # and ignores the tag filter: the tags are read here too
     inventory = provider(fake).inventory()
     assert inventory is not None
     found = inventory.leftovers(pool="orphan")
     assert [(x.kind, x.id) for x in found] == [("resource group", "skyward-orphan-abc")]
     assert inventory.leftovers(pool="another") == []  # what `down --pool` would delete
-    fake.fail_requests(400, "InvalidFilterInQueryString", method="GET", path="/resourcegroups")
-    found = inventory.leftovers(pool="orphan")  # asked again without the filter it refused
-    assert [(x.kind, x.id) for x in found] == [("resource group", "skyward-orphan-abc")]
+    everything = inventory.leftovers()
+    assert [(x.kind, x.id) for x in everything] == [("resource group", "skyward-orphan-abc")]
 
 
 def test_custom_data_round_trips_as_base64(fake: AzureFake) -> None:

@@ -49,7 +49,7 @@ def s3fs() -> str:
 @pytest.fixture(scope="module")
 def s3(ssh_hosts: Hosts) -> Iterator[MotoServer]:
     """moto on the test bridge, where this process and the hosts' s3fs both reach it."""
-    server = MotoServer(host=ssh_hosts.bridge_address)
+    server = MotoServer(host=ssh_hosts.bridge_address, placement_groups=False)
     try:
         yield server
     finally:

@@ -116,8 +116,6 @@ def _collect(asked: Sequence[tuple[str, Scope]], options: Given, pool: str | Non
         searched = scope.searched(where, inventory)
         for problem in searched.problems:
             search.not_checked(f"{where}: not searched: {problem}")
-        for note in searched.notes:
-            click.echo(f"{where}: {note}", err=True)
         if searched.checked:
             search.checked.append(searched.checked)
         search.collected.append((inventory, leftovers))

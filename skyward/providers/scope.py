@@ -74,11 +74,10 @@ class Places:
 @dataclass(frozen=True)
 class Searched:
     """What one place's ``leftovers`` looked through: its ``Checked:`` entry (None: nothing
-    it could say it searched), the parts it could not search, and remarks for stderr."""
+    it could say it searched), and the parts it could not search."""
 
     checked: str | None
     problems: Sequence[str] = ()
-    notes: Sequence[str] = ()
 
 
 @runtime_checkable

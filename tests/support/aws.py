@@ -103,7 +103,8 @@ def request(
 
 
 def held(moto: MotoServer, pool: str) -> dict[str, list[str]]:
-    """What moto still holds for ``pool``: live instances, security groups, key pairs."""
+    """What moto still holds for ``pool``: live instances, security groups, key pairs,
+    placement groups (those of moto's front: a test's own proxy keeps its own)."""
     ec2 = moto.client("ec2")
     tag = [{"Name": "tag:skyward-pool", "Values": [pool]}]
     instances = [
@@ -115,7 +116,13 @@ def held(moto: MotoServer, pool: str) -> dict[str, list[str]]:
     ]
     groups = [g["GroupId"] for g in ec2.describe_security_groups(Filters=tag)["SecurityGroups"]]
     keys = [k["KeyName"] for k in ec2.describe_key_pairs(Filters=tag)["KeyPairs"]]
-    return {"instances": instances, "security groups": groups, "key pairs": keys}
+    placed = ec2.describe_placement_groups(Filters=tag)["PlacementGroups"]
+    return {
+        "instances": instances,
+        "security groups": groups,
+        "key pairs": keys,
+        "placement groups": [str(g["GroupName"]) for g in placed],
+    }
 
 
 def nothing(holdings: dict[str, list[str]]) -> bool:

@@ -566,8 +566,6 @@ class AzureFake:
         self._clear()
 
     def _clear(self) -> None:
-        # False: resource group lists ignore their $filter (a stand-in that does not read it).
-        self.group_filters = True
         self._resources: dict[str, _Record] = {}
         self._operations: dict[str, _Operation] = {}
         self._faults: list[_Fault] = []
@@ -1096,7 +1094,7 @@ class AzureFake:
         return Reply(202, None, {"Location": location + "?api-version=2022-09-01"})
 
     def _list_rgs(self, sub: str, path: str, query: dict[str, str]) -> Reply:
-        clauses = _parse_filter(query.get("$filter", "") if self.group_filters else "")
+        clauses = _parse_filter(query.get("$filter", ""))
         found = [
             copy.deepcopy(r.body)
             for r in self._resources.values()

@@ -12,7 +12,11 @@ points here, every call is logged, and a test can make EC2 refuse, withhold or d
                                              │                in flight: the thing exists)
                                              │ close(action)  drop the connection unanswered
                                              │ placement groups: answered here (moto has
-                                             │ none), Create/Describe/Delete, with tags
+                                             │ none), Create/Describe/Delete, with tags and
+                                             │ Describe's filters as EC2 evaluates them
+
+``MotoServer`` keeps one in front of moto for every test, for the placement groups; a test
+puts its own in front of that one to refuse, hold or drop calls.
 
 EC2's query API is a form-encoded POST whose ``Action`` names the call; its errors are
 ``<Response><Errors><Error><Code>..`` documents (capacity errors are server errors, 500).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import re
 import threading
 import urllib.parse
 from collections.abc import Callable
@@ -53,14 +58,16 @@ class Ec2Proxy:
 
     upstream: str
     log: list[tuple[str, Params]] = field(default_factory=list)
+    host: str = "127.0.0.1"  # where it listens (a test bridge's address: stand-ins reach it)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()  # guards: log, _refusals, _held, _closing
         self._refusals: list[Refusal] = []
         self._held: set[str] = set()
         self._closing: set[str] = set()
-        # moto implements no placement groups: name -> (strategy, tags), answered here.
-        self.placement_groups: dict[str, tuple[str, dict[str, str]]] = {}
+        # moto implements no placement groups: (region, name) -> (strategy, tags), answered
+        # here (a group lives in one region, as in EC2).
+        self.placement_groups: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}
         self.reached = threading.Event()  # a held call is being held
         self._release = threading.Event()
         target = urllib.parse.urlsplit(self.upstream)
@@ -79,9 +86,9 @@ class Ec2Proxy:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = http.server.ThreadingHTTPServer((self.host, 0), Handler)
         self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.url = f"http://{self.host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -130,6 +137,12 @@ class Ec2Proxy:
         with self._lock:
             return [params for name, params in self.log if name == action]
 
+    def forget(self) -> None:
+        """Forget the log and the placement groups (moto's reset does not reach them)."""
+        with self._lock:
+            self.log.clear()
+            self.placement_groups.clear()
+
     def close_proxy(self) -> None:
         self.release()
         self._server.shutdown()
@@ -158,7 +171,7 @@ class Ec2Proxy:
             handler.connection.close()
             return
         if refusal is None and action in _PLACEMENT:
-            status, text = self._placement(action, params)
+            status, text = self._placement(action, params, _region(handler))
             self._answer(handler, status, {"Content-Type": "text/xml"}, text.encode())
             return
         if refusal is not None:
@@ -173,8 +186,8 @@ class Ec2Proxy:
             self._release.wait(120)
         self._answer(handler, status, headers, answer)
 
-    def _placement(self, action: str, params: Params) -> tuple[int, str]:
-        """EC2's placement-group calls, answered from ``placement_groups``."""
+    def _placement(self, action: str, params: Params, region: str) -> tuple[int, str]:
+        """EC2's placement-group calls in ``region``, answered from ``placement_groups``."""
         namespace = 'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"'
         name = params.get("GroupName", "")
         with self._lock:
@@ -184,25 +197,33 @@ class Ec2Proxy:
                     for key in params
                     if key.startswith("TagSpecification.1.Tag.") and key.endswith(".Key")
                 }
-                self.placement_groups[name] = (params.get("Strategy", ""), tags)
-                body = f"<placementGroup>{_group_xml(name, *self.placement_groups[name])}"
+                if (region, name) in self.placement_groups:
+                    code, message = "InvalidPlacementGroup.Duplicate", f"{name} already exists"
+                    return 400, _ERROR.format(code=code, message=message, request="t")
+                self.placement_groups[region, name] = (params.get("Strategy", ""), tags)
+                body = f"<placementGroup>{_group_xml(name, *self.placement_groups[region, name])}"
                 return 200, (
                     f"<CreatePlacementGroupResponse {namespace}><requestId>t</requestId>"
                     f"{body}</placementGroup></CreatePlacementGroupResponse>"
                 )
             if action == "DeletePlacementGroup":
-                if self.placement_groups.pop(name, None) is None:
+                if self.placement_groups.pop((region, name), None) is None:
                     code = "InvalidPlacementGroup.Unknown"
                     return 400, _ERROR.format(code=code, message=name, request="t")
                 return 200, (
                     f"<DeletePlacementGroupResponse {namespace}><requestId>t</requestId>"
                     f"<return>true</return></DeletePlacementGroupResponse>"
                 )
-            wanted = _tag_filters(params)
+            wanted = _filters(params)
+            unknown = set(wanted) - {"group-name", "strategy", "state", "tag-key"}
+            unknown = {f for f in unknown if not f.startswith("tag:")}
+            if unknown:
+                code, message = "InvalidParameterValue", f"The filter '{min(unknown)}' is invalid"
+                return 400, _ERROR.format(code=code, message=message, request="t")
             items = "".join(
                 f"<item>{_group_xml(n, strategy, tags)}</item>"
-                for n, (strategy, tags) in self.placement_groups.items()
-                if all(tags.get(k) in values for k, values in wanted.items())
+                for (r, n), (strategy, tags) in self.placement_groups.items()
+                if r == region and _group_matches(wanted, n, strategy, tags)
             )
             return 200, (
                 f"<DescribePlacementGroupsResponse {namespace}><requestId>t</requestId>"
@@ -215,7 +236,8 @@ class Ec2Proxy:
     ) -> tuple[int, dict[str, str], bytes]:
         connection = http.client.HTTPConnection(self._host, self._port, timeout=60)
         try:
-            headers = {k: v for k, v in handler.headers.items() if k.lower() != "host"}
+            # Host as the client signed it: moto checks SigV4 signatures when IAM is enforced.
+            headers = dict(handler.headers.items())
             connection.request(handler.command, handler.path, body=body, headers=headers)
             response = connection.getresponse()
             answer = response.read()
@@ -282,11 +304,35 @@ def _group_xml(name: str, strategy: str, tags: dict[str, str]) -> str:
     )
 
 
-def _tag_filters(params: Params) -> dict[str, list[str]]:
-    """``Filter.N.Name=tag:K`` / ``Filter.N.Value.M=V`` as ``{K: [V, ...]}``."""
+def _region(handler: http.server.BaseHTTPRequestHandler) -> str:
+    """The region a call was signed for (SigV4: ``Credential=KEY/DATE/REGION/ec2/...``)."""
+    found = re.search(r"Credential=[^/]+/[^/]+/([^/]+)/", handler.headers.get("Authorization", ""))
+    return found.group(1) if found else "us-east-1"
+
+
+def _filters(params: Params) -> dict[str, list[str]]:
+    """``Filter.N.Name=NAME`` / ``Filter.N.Value.M=V`` as ``{NAME: [V, ...]}``."""
     found: dict[str, list[str]] = {}
     for key, value in params.items():
-        if key.startswith("Filter.") and key.endswith(".Name") and value.startswith("tag:"):
+        if key.startswith("Filter.") and key.endswith(".Name"):
             prefix = key[: -len("Name")]
-            found[value[4:]] = [v for k, v in params.items() if k.startswith(prefix + "Value.")]
+            found[value] = [v for k, v in params.items() if k.startswith(prefix + "Value.")]
     return found
+
+
+def _group_matches(
+    filters: dict[str, list[str]], name: str, strategy: str, tags: dict[str, str]
+) -> bool:
+    """DescribePlacementGroups' filters, as EC2 evaluates them: every filter holds, each
+    with any of its values (``tag:K`` a tag's value, ``tag-key`` a tag's key)."""
+    facts = {"group-name": [name], "strategy": [strategy], "state": ["available"]}
+    for filter_name, values in filters.items():
+        if filter_name.startswith("tag:"):
+            have = [tags[filter_name[4:]]] if filter_name[4:] in tags else []
+        elif filter_name == "tag-key":
+            have = list(tags)
+        else:
+            have = facts[filter_name]
+        if not set(have) & set(values):
+            return False
+    return True

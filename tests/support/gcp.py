@@ -93,9 +93,13 @@ class MachineType:
 
 @dataclass(frozen=True)
 class AcceleratorType:
+    """A GPU type (a zonal resource, as in GCE): offered where a machine type that has or
+    takes it is, and only in ``zones`` where given (GCE offers some GPUs in a few zones)."""
+
     name: str
     description: str
     maximum_cards_per_instance: int
+    zones: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -509,10 +513,6 @@ class GCPFake:
         self.default_wait_limit = wait_limit
         self.wait_limit = wait_limit  # how long operations.wait blocks at most (GCE: 2 minutes)
         self.address_plan: AddressPlan | None = None
-        # False: operations come without selfLink (GCE sends one; a stand-in may not).
-        self.operation_self_links = True
-        # False: instance lists ignore their filter (a stand-in that does not evaluate it).
-        self.instance_filters = True
         self._regions = {region: tuple(zones) for region, zones in regions.items()}
         self._zone_region = {z: r for r, zones in self._regions.items() for z in zones}
         self._machine_types = {m.name: m for m in machine_types}
@@ -595,8 +595,6 @@ class GCPFake:
             self.operation_delay = self.default_operation_delay
             self.wait_limit = self.default_wait_limit
             self.address_plan = None
-            self.operation_self_links = True
-            self.instance_filters = True
             self._changed.notify_all()
 
     # ── what tests control ──
@@ -788,8 +786,6 @@ class GCPFake:
         }
         if scope.startswith("zones/"):
             body["zone"] = _link(project, scope)
-        if not self.operation_self_links:
-            del body["selfLink"]
         operation = _Operation(
             project,
             scope,
@@ -1004,7 +1000,8 @@ class GCPFake:
                 zones |= offered
             if _ATTACHABLE.get(name) and machine_type.name.startswith(_ATTACHABLE[name]):
                 zones |= offered
-        return zones
+        only = self._accelerator_types[name].zones if name in self._accelerator_types else None
+        return zones if only is None else zones & only
 
     def _disks(self, project: str, zone: str, name: str, requested: list[Json]) -> list[Json]:
         if not any(disk.get("boot") for disk in requested):
@@ -1120,15 +1117,10 @@ class GCPFake:
     def _get_instance(self, call: _Call, project: str, zone: str, instance: str) -> Json:
         return copy.deepcopy(self._instance(project, zone, instance))
 
-    def _instance_query(self, call: _Call) -> Mapping[str, str]:
-        if self.instance_filters:
-            return call.query
-        return {k: v for k, v in call.query.items() if k != "filter"}
-
     def _list_instances(self, call: _Call, project: str, zone: str) -> Json:
         self._zone(zone)
         found = [i for (p, z, _), i in self._instances.items() if (p, z) == (project, zone)]
-        page, token = _page(found, self._instance_query(call))
+        page, token = _page(found, call.query)
         return _list_body(
             "compute#instanceList", f"projects/{project}/zones/{zone}/instances", page, token
         )
@@ -1136,7 +1128,7 @@ class GCPFake:
     def _aggregated_instances(self, call: _Call, project: str) -> Json:
         found = [i for (p, _, _), i in self._instances.items() if p == project]
         found.sort(key=lambda i: (i["zone"], i["name"]))
-        page, token = _page(found, self._instance_query(call), order=False)
+        page, token = _page(found, call.query, order=False)
         items: Json = {}
         for zone in sorted(self._zone_region):
             scope = f"zones/{zone}"

@@ -1,6 +1,17 @@
 """The moto server: a real HTTP endpoint speaking the EC2 and SSM APIs, started by the tests on
 loopback and stopped by PID.
 
+::
+
+    boto3 ──> url: Ec2Proxy (in the test process) ──> moto_server (loopback, its own process)
+              answers EC2's placement-group calls,    everything else
+              which moto does not implement
+
+moto raises NotImplementedError for Create/Describe/DeletePlacementGroups; EC2 has them, and
+the AWS provider calls them as EC2 documents (``skyward ls`` lists placement groups). The
+proxy in front answers them as EC2 does (tags, tag filters, InvalidPlacementGroup.Unknown).
+``placement_groups=False`` leaves moto bare (S3 only: the volumes' tests).
+
 The conftest's fake credentials (``AWS_ACCESS_KEY_ID=testing``, metadata lookups off) keep
 boto3 from looking for real ones. ``reset()`` wipes every resource between tests; moto's
 first EC2 call loads its data for a few seconds, which ``start`` pays once.
@@ -19,24 +30,32 @@ from typing import Any
 
 import boto3
 
+from support.ec2proxy import Ec2Proxy
+
 # What moto has that stands in for the public AMI parameters (it holds none under
 # /aws/service and refuses writes there): tests seed this path and point AWS() at it.
 AMI_PARAMETER = "/skyward-tests/ubuntu/ami-id"
 
 
 class MotoServer:
-    """``moto.server`` on ``host``:a free port; ``close()`` stops it by PID."""
+    """``moto.server`` (behind the placement groups' proxy) at ``url``, on ``host``;
+    ``close()`` stops it by PID."""
 
-    def __init__(self, host: str = "127.0.0.1", region: str = "us-east-1") -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", region: str = "us-east-1", *, placement_groups: bool = True
+    ) -> None:
         self.region = region
         self.log = Path(tempfile.mkstemp(prefix="moto-", suffix=".log")[1])
+        behind = "127.0.0.1" if placement_groups else host
         with socket.socket() as probe:
-            probe.bind((host, 0))
+            probe.bind((behind, 0))
             port = probe.getsockname()[1]
-        self.url = f"http://{host}:{port}"
+        self.upstream = f"http://{behind}:{port}"
+        self.front = Ec2Proxy(self.upstream, host=host) if placement_groups else None
+        self.url = self.front.url if self.front is not None else self.upstream
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
+                [sys.executable, "-m", "moto.server", "-H", behind, "-p", str(port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -55,7 +74,7 @@ class MotoServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"moto_server exited: {self.log.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"{self.url}/moto-api/", timeout=2):
+                with urllib.request.urlopen(f"{self.upstream}/moto-api/", timeout=2):
                     return
             except OSError:
                 if time.monotonic() > deadline:
@@ -66,9 +85,11 @@ class MotoServer:
         return boto3.client(service, endpoint_url=self.url, region_name=region or self.region)
 
     def reset(self) -> None:
-        request = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST")
+        request = urllib.request.Request(f"{self.upstream}/moto-api/reset", method="POST")
         with urllib.request.urlopen(request, timeout=30):
             pass
+        if self.front is not None:
+            self.front.forget()
 
     def seed_ami(self) -> str:
         """An Ubuntu AMI of moto's, published under ``AMI_PARAMETER``; its id."""
@@ -81,6 +102,8 @@ class MotoServer:
         return str(image)
 
     def close(self) -> None:
+        if self.front is not None:
+            self.front.close_proxy()
         if self.process.poll() is None:
             self.process.terminate()
             try:

@@ -122,8 +122,7 @@ class Api(Boundary):
     def vpc_ranges(self, vpc: str) -> list[str]:
         """The address ranges of ``vpc`` (who may reach SSH from inside it)."""
         described = self.call(self.ec2.describe_vpcs, "reading the VPC", VpcIds=[vpc])["Vpcs"][0]
-        ranges = [a["CidrBlock"] for a in described.get("CidrBlockAssociationSet", [])]
-        return ranges or [str(described["CidrBlock"])]
+        return [str(a["CidrBlock"]) for a in described["CidrBlockAssociationSet"]]
 
     def efa_cards(self, instance_types: list[str]) -> dict[str, int]:
         """Per type that supports EFA, its number of network cards (an EFA interface goes
@@ -137,9 +136,9 @@ class Api(Boundary):
                 return found
             raise
         for described in answer["InstanceTypes"]:
-            network = described.get("NetworkInfo", {})
-            if network.get("EfaSupported"):
-                found[str(described["InstanceType"])] = int(network.get("MaximumNetworkCards", 1))
+            network = described["NetworkInfo"]
+            if network["EfaSupported"]:
+                found[str(described["InstanceType"])] = int(network["MaximumNetworkCards"])
         return found
 
     def spot_prices(self, instance_types: list[str]) -> dict[tuple[str, str], float]:

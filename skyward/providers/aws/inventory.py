@@ -31,9 +31,8 @@ class AWSInventory(CloudInventory[Api]):
     """Leftovers in one region, or in every enabled one (``region=None``), reached with an
     ``AWS`` configuration's credentials and endpoint (handed over as values: the
     configuration's module builds this one). ``problems`` lists regions that could not be
-    searched, after ``leftovers``, and ``searched`` those that were; ``notes`` what was
-    searched but not fully (placement groups, which cost nothing, unlisted for want of a
-    permission). ``api``: the configured region's, else boto3's default."""
+    searched, after ``leftovers``, and ``searched`` those that were. ``api``: the configured
+    region's, else boto3's default."""
 
     provider = "aws"
     kinds = ("instance", "security group", "key pair", "placement group")
@@ -55,8 +54,6 @@ class AWSInventory(CloudInventory[Api]):
         self._apis: dict[str, Api] = {}
         self.problems: list[str] = []
         self.searched: list[str] = []
-        self.notes: list[str] = []
-        self._unlisted: list[tuple[str, str]] = []  # (region, why) placement groups unlisted
 
     @property
     def where(self) -> str:
@@ -90,7 +87,7 @@ class AWSInventory(CloudInventory[Api]):
 
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
         regions = self.regions()
-        self.problems, self.notes = [], []
+        self.problems = []
         if len(regions) > 1:  # the clients first, one at a time, from one session
             session = self._default_api_session()
             for region in regions:
@@ -105,8 +102,6 @@ class AWSInventory(CloudInventory[Api]):
             except SkywardError as exc:
                 return f"{region}: {exc}"
 
-        self._unlisted = []
-
         with ThreadPoolExecutor(max_workers=_PARALLEL) as workers:
             results = list(workers.map(search, regions))
         found: list[Leftover] = []
@@ -119,10 +114,6 @@ class AWSInventory(CloudInventory[Api]):
                 found += result
         if self.problems and len(self.problems) == len(regions):
             raise ProvisionError("; ".join(self.problems))
-        if self._unlisted:  # one line, not one per region
-            names = sorted(r for r, _ in self._unlisted)
-            where = ", ".join(names) if len(names) <= 3 else f"{len(names)} regions"
-            self.notes.append(f"placement groups not listed in {where}: {self._unlisted[0][1]}")
         return found
 
     def _leftovers_in(self, api: Api, pool: str | None) -> list[Leftover]:
@@ -145,7 +136,7 @@ class AWSInventory(CloudInventory[Api]):
         for instance in instances:
             kind, state = str(instance["InstanceType"]), instance["State"]["Name"]
             if instance.get("InstanceLifecycle") == "spot":
-                zone = str(instance.get("Placement", {}).get("AvailabilityZone", ""))
+                zone = str(instance["Placement"]["AvailabilityZone"])
                 price = spot.get((kind, zone))
             else:
                 price = catalog.price("aws", kind, api.region)
@@ -173,22 +164,16 @@ class AWSInventory(CloudInventory[Api]):
         )["KeyPairs"]
         for key in keys:
             found.append(self._leftover(api, "key pair", key["KeyName"], key.get("Tags", [])))
-        try:
-            placed = api.call(
-                api.ec2.describe_placement_groups,
-                f"listing placement groups in {api.region}",
-                Filters=[tag],
-            )["PlacementGroups"]
-        except ProvisionError as exc:  # the rest stands: said, not fatal
-            self._unlisted.append((api.region, str(exc)))
-            placed = []
+        placed = api.call(
+            api.ec2.describe_placement_groups,
+            f"listing placement groups in {api.region}",
+            Filters=[tag],
+        )["PlacementGroups"]
         for group in placed:
             found.append(
                 self._leftover(api, "placement group", group["GroupName"], group.get("Tags", []))
             )
-        # The filter again, here: what `skyward down` deletes does not rest on the endpoint
-        # evaluating it (as the GCP and Azure inventories do).
-        return [x for x in found if x.pool and (pool is None or x.pool == pool)]
+        return found
 
     def place(self, leftover: Leftover) -> str:
         return leftover.region  # each region has its own API

@@ -166,7 +166,7 @@ class AWSMachines:
             memory_gb=round(gpus[0]["MemoryInfo"]["SizeInMiB"] / 1024) if gpus else 0,
             vcpus=int(info["VCpuInfo"]["DefaultVCpus"]),
             ram_gb=info["MemoryInfo"]["SizeInMiB"] / 1024,
-            arch=str(info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])[0]),
+            arch=str(info["ProcessorInfo"]["SupportedArchitectures"][0]),
         )
 
     def _zones(self, machines: Sequence[Machine]) -> dict[str, list[str]]:
@@ -209,7 +209,7 @@ class AWSMachines:
         if not subnets:
             raise ProvisionError(f"{vpc} has no subnet; pass subnet_id=...")
         # Default subnets first (they give public addresses), then by zone name; one per zone.
-        subnets.sort(key=lambda s: (not s.get("DefaultForAz", False), s["AvailabilityZone"]))
+        subnets.sort(key=lambda s: (not s["DefaultForAz"], s["AvailabilityZone"]))
         by_zone: dict[str, str] = {}
         for subnet in subnets:
             by_zone.setdefault(str(subnet["AvailabilityZone"]), str(subnet["SubnetId"]))
@@ -332,16 +332,16 @@ class AWSMachines:
         if not found["Images"]:
             raise ProvisionError(f"AMI {image} does not exist in {api.region}")
         described = found["Images"][0]
-        built_for = described.get("Architecture")
-        if built_for and built_for != architecture:
+        built_for = described["Architecture"]
+        if built_for != architecture:
             raise ProvisionError(
                 f"AMI {image} is built for {built_for}, but {machine.type} runs {architecture}: "
                 f"give an {architecture} image (or leave ami and ami_parameter out for the default)"
             )
-        root = str(described.get("RootDeviceName") or "/dev/sda1")
+        root = str(described["RootDeviceName"])
         size = 0
-        for mapping in described.get("BlockDeviceMappings", []):
-            if mapping.get("DeviceName") == root:
+        for mapping in described["BlockDeviceMappings"]:
+            if mapping["DeviceName"] == root:
                 size = int(mapping.get("Ebs", {}).get("VolumeSize", 0))
         return image, root, size
 

@@ -58,7 +58,7 @@ class AWSScope(Scope):
             checked: str | None = f"aws: {len(regions)} regions ({names})"
         else:
             checked = f"aws: {regions[0]}" if regions else None
-        return Searched(checked, inventory.problems, inventory.notes)
+        return Searched(checked, inventory.problems)
 
     def advice(self, text: str) -> str:
         text = re.sub(r"sky\.AWS\(region='([^']*)'\)", r"--region \1", text)

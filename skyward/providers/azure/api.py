@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from skyward._errors import ProvisionError
 from skyward._extras import require
 from skyward._futures import Deadline
-from skyward.providers.cloud.api import NOT_SERVED, Boundary, Refusals, cause, poll
+from skyward.providers.cloud.api import Boundary, Refusals, cause, poll
 
 if TYPE_CHECKING:
     from azure.mgmt.compute import ComputeManagementClient
@@ -174,23 +174,6 @@ def failure_code(exc: BaseException | None) -> str:
     """The ARM error code behind an error (or its cause): ``"SkuNotAvailable"``, or ``""``."""
     code = cause(exc, lambda e: getattr(getattr(e, "error", None), "code", None) or None)
     return "" if code is None else str(code)
-
-
-# Codes ARM answers when the endpoint does not serve a kind of resource at all (as opposed to
-# refusing this caller, or a subscription that has not registered the provider yet).
-_NOT_SERVED = frozenset(
-    {"NotFound", "ResourceNotFound", "InvalidResourceType", "NoRegisteredProviderFound"}
-)
-
-
-def not_served(exc: BaseException | None) -> bool:
-    """Whether the endpoint answered that it has no such call or kind of resource: one of
-    those codes, or a 404, 405 or 501 without an ARM error body (an Azure Stack, a stand-in
-    of ARM); a missing resource group is not that."""
-    code = failure_code(exc)
-    if code:
-        return code in _NOT_SERVED
-    return bool(cause(exc, lambda e: getattr(e, "status_code", None) in NOT_SERVED or None))
 
 
 def _message(exc: BaseException) -> str:

@@ -13,14 +13,12 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
 from skyward.providers.azure import resources as arm
-from skyward.providers.azure.api import Api, failure_code, not_served
+from skyward.providers.azure.api import Api
 from skyward.providers.azure.machines import power_state
 from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog
-from skyward.providers.cloud.api import filtered
 from skyward.providers.cloud.inventory import CloudInventory
 
 # VM power states that hold (and bill) compute.
@@ -59,20 +57,10 @@ class AzureInventory(CloudInventory[Api]):
         if pool is not None:
             wanted += f" and tagValue eq '{pool.replace(chr(39), chr(39) * 2)}'"
         doing = f"listing resource groups in subscription {self.subscription}"
-        groups = filtered(  # ARM takes the filter; an endpoint that refuses it lists all
-            lambda by_tag: api.call(
-                lambda: list(api.resource.resource_groups.list(filter=wanted if by_tag else None)),
-                doing,
-            ),
-            lambda exc: failure_code(exc) == "InvalidFilterInQueryString",
-        )
+        groups = api.call(lambda: list(api.resource.resource_groups.list(filter=wanted)), doing)
         found: list[Leftover] = []
         for group in groups:
             tags = dict(group.tags or {})
-            # The filter again, here: what `skyward down` deletes must not rest on an
-            # endpoint evaluating it (one that ignores it would hand over every group).
-            if TAG_POOL not in tags or (pool is not None and tags[TAG_POOL] != pool):
-                continue
             state = str(getattr(group.properties, "provisioning_state", "") or "exists")
             found.append(
                 self.leftover(
@@ -93,15 +81,10 @@ class AzureInventory(CloudInventory[Api]):
 
     def _vms(self, group: str, tags: dict[str, str]) -> list[Leftover]:
         api = self.api
-        try:
-            listed = api.call(
-                lambda: list(api.compute.virtual_machines.list(group, expand="instanceView")),
-                f"listing the VMs of {group}",
-            )
-        except ProvisionError as exc:
-            if not not_served(exc):
-                raise
-            return []  # an endpoint without the list: the group (which holds them) is shown
+        listed = api.call(
+            lambda: list(api.compute.virtual_machines.list(group, expand="instanceView")),
+            f"listing the VMs of {group}",
+        )
         found = []
         for vm in listed:
             power = power_state(getattr(vm, "instance_view", None))

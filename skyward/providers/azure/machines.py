@@ -271,12 +271,6 @@ class AzureMachines:
             deadline=deadline,
         )
         reporter.status(f"network in {location}: SSH from {', '.join(self._cidrs)} only")
-        if options.self_delete and site.identity_client_id is None:
-            reporter.status(
-                f"warning: {options.base_url or 'Azure'} made no managed identity for the "
-                f"pool (see the log), so the idle watchdog can only power VMs off, which "
-                f"Azure keeps billing: `skyward down` deletes what a vanished client leaves"
-            )
         return site
 
     def _spec(self, offer: Offer, sku: Mapping[str, str], site: arm.Site) -> arm.VmSpec:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,10 +27,8 @@ from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward._futures import Deadline, parallel
-from skyward.providers.azure.api import Api, failure_code, not_served
+from skyward.providers.azure.api import Api, failure_code
 from skyward.providers.cloud.start import unique_name
-
-_log = logging.getLogger("skyward")
 
 # Built-in role "Virtual Machine Contributor": manage VMs, not log in to them. Its id is the
 # same in every tenant.
@@ -172,23 +169,15 @@ def make_site(
     site = Site(location=location, subnet_id=str(vnet.subnets[0].id), subnet_prefix=subnet)
     if not identity:
         return site
-    try:
-        made = api.wait(
-            api.resource.resources.begin_create_or_update_by_id,
-            f"creating the pool's managed identity in {location}",
-            deadline,
-            _group_id(api, group)
-            + f"/providers/Microsoft.ManagedIdentity/userAssignedIdentities/skyward-{location}",
-            {"location": location, "tags": dict(tags)},
-            api_version=IDENTITY_API,
-        )
-    except ProvisionError as exc:
-        if not not_served(exc):
-            raise
-        # An endpoint that does not serve managed identities (an Azure Stack, a stand-in
-        # of ARM): the pool still starts, and the caller says what its watchdog can do.
-        _log.warning("%s", exc)
-        return site
+    made = api.wait(
+        api.resource.resources.begin_create_or_update_by_id,
+        f"creating the pool's managed identity in {location}",
+        deadline,
+        _group_id(api, group)
+        + f"/providers/Microsoft.ManagedIdentity/userAssignedIdentities/skyward-{location}",
+        {"location": location, "tags": dict(tags)},
+        api_version=IDENTITY_API,
+    )
     principal = str(made.properties["principalId"])
     deadline.check("giving the pool's identity its role on the resource group")
     role = f"/subscriptions/{api.subscription}/providers/Microsoft.Authorization"
@@ -212,9 +201,6 @@ def make_site(
             api_version=ROLE_API,
         )
     except ProvisionError as exc:
-        if not_served(exc):
-            _log.warning("%s", exc)
-            return site  # no role: the identity could delete nothing, so none is used
         if failure_code(exc) != "AuthorizationFailed":
             raise
         raise ProvisionError(

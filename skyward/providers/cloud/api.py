@@ -1,5 +1,5 @@
 """What every cloud's SDK boundary does alike: one call translated, waits bounded by our own
-``Deadline``, a list whose filter an endpoint refuses, and the words of a refusal.
+``Deadline``, and the words of a refusal.
 
 ::
 
@@ -8,8 +8,6 @@
     poll(probe, doing, deadline)  probe() until it answers: GCP's operations, Azure's
                                   long-running operations, EC2's and every instance's
                                   "running yet?"; a closing pool or the deadline ends it
-    filtered(read, refused)       a list with the cloud's filter, read again without it where
-                                  the endpoint refuses the filter's syntax
     cause(exc, read)              a fact of an error or of one it was made from (a status)
     Refusals                      one cloud's table: its codes for no room (which the
                                   failover moves on from: ``Refusal``, for
@@ -36,9 +34,6 @@ T = TypeVar("T")
 # spot refused (no spot capacity, the spot price above the cap, the spot quota). Another
 # place may take it: ``capacity.failover`` makes the refusal a ``CapacityError``.
 Refusal = Literal["capacity", "unsupported", "spot"]
-# HTTP statuses of an endpoint that has no such call at all (an emulator, a private
-# endpoint, an Azure Stack), as opposed to refusing this caller: the fallbacks use them.
-NOT_SERVED = frozenset({404, 405, 501})
 
 
 class Boundary:
@@ -83,19 +78,6 @@ def poll(
         deadline.check(doing)
         deadline.sleep(pause)
         pause = min(pause * 1.5, most)
-
-
-def filtered(read: Callable[[bool], T], refused: Callable[[ProvisionError], bool]) -> T:
-    """``read(True)``, a list with the cloud's filter; ``read(False)`` where the endpoint
-    refuses the filter (``refused``: an emulator's subset of the real syntax). The filter
-    only saves traffic: every caller checks what it lists itself, so that what ``skyward
-    down`` deletes never rests on an endpoint evaluating it."""
-    try:
-        return read(True)
-    except ProvisionError as exc:
-        if not refused(exc):
-            raise
-    return read(False)
 
 
 def cause(exc: BaseException | None, read: Callable[[BaseException], T | None]) -> T | None:

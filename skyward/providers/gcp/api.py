@@ -26,7 +26,7 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward._extras import require
 from skyward._futures import Deadline
-from skyward.providers.cloud.api import NOT_SERVED, Boundary, Refusals, cause, filtered, poll
+from skyward.providers.cloud.api import Boundary, Refusals, cause, poll
 from skyward.providers.cloud.capacity import CapacityError
 
 SCOPE = "https://www.googleapis.com/auth/compute"
@@ -134,15 +134,6 @@ class Api(Boundary):
     def translate(self, exc: BaseException, doing: str, request: Any) -> ProvisionError:
         return translate(exc, doing, self.project)
 
-    def listed(self, operation: Callable[..., Any], doing: str, request: dict[str, Any]) -> Any:
-        """A list with a ``filter``, read again without it where the endpoint refuses the
-        filter's syntax (``cloud.api.filtered``)."""
-        unfiltered = {k: v for k, v in request.items() if k != "filter"}
-        return filtered(
-            lambda whole: self.call(operation, doing, request=request if whole else unfiltered),
-            lambda exc: "filter" in request and status_of(exc) == 400,
-        )
-
     def start(self, operation: Callable[..., Any], doing: str, /, **kwargs: Any) -> Any:
         """Ask for a change (insert, delete); its operation. Not retried: a timed-out insert
         may have happened (the caller deletes by name)."""
@@ -157,12 +148,9 @@ class Api(Boundary):
     def wait(self, operation: Any, doing: str, deadline: Deadline) -> None:
         """Poll ``operation`` on this endpoint until it is done; raise its error, translated."""
         found = re.search(r"/(?:zones/([^/]+)|global)/operations/([^/]+)$", operation.self_link)
-        if found is not None:
-            zone, name = found.groups()
-        else:  # an endpoint that leaves selfLink out: the operation's own name and zone
-            name, zone = operation.name, operation.zone.rsplit("/", 1)[-1] or None
-            if not name:
-                raise ProvisionError(f"{doing}: Compute Engine answered no operation")
+        if found is None:
+            raise ProvisionError(f"{doing}: Compute Engine answered no operation")
+        zone, name = found.groups()
         where = {"project": self.project, "operation": name}
         pending = [operation]
 
@@ -226,12 +214,6 @@ def status_of(exc: BaseException | None) -> int | None:
 
 def is_not_found(exc: BaseException | None) -> bool:
     return status_of(exc) == 404
-
-
-def not_served(exc: BaseException | None) -> bool:
-    """Whether the endpoint answered that it has no such call (404, 405, 501), as an
-    emulator or a private endpoint may for calls the public API has."""
-    return status_of(exc) in NOT_SERVED
 
 
 def is_invalid(exc: BaseException | None) -> bool:

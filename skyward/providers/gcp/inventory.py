@@ -7,7 +7,7 @@ their description. Instances go first, then the rules. The rest is ``CloudInvent
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from skyward._futures import Deadline
@@ -24,12 +24,6 @@ class GCPInventory(CloudInventory[Api]):
     provider = "gcp"
     kinds = ("instance", "firewall rule")
 
-    def __init__(
-        self, connect: Callable[[], Api], *, release_timeout: float, region: str | None = None
-    ) -> None:
-        super().__init__(connect, release_timeout=release_timeout)
-        self._region = region  # where to look where the endpoint has no aggregated list
-
     @property
     def where(self) -> str:
         return f"project {self.api.project}"
@@ -37,9 +31,7 @@ class GCPInventory(CloudInventory[Api]):
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
         api = self.api
         found = []
-        region = self._region
-        zones = None if region is None else lambda: gce.zones_of(api, region)
-        for zone, instance in gce.live(api, pool, zones):
+        for zone, instance in gce.live(api, pool):
             spot = instance.scheduling.provisioning_model == "SPOT"
             running = instance.status not in ("TERMINATED", "SUSPENDED")
             price = None if spot or not running else _price(instance, zone)
@@ -49,13 +41,13 @@ class GCPInventory(CloudInventory[Api]):
                     "instance", instance.name, tags, region=zone, state=state, hourly=price
                 )
             )
-        rules = api.listed(
+        rules = api.call(
             api.firewalls.list,
             "listing firewall rules",
-            {"project": api.project, "filter": 'name eq "skyward-.*"'},
+            request={"project": api.project, "filter": 'name eq "skyward-.*"'},
         )
         for rule in rules:
-            carried = gce.tags_of_rule(rule) if rule.name.startswith("skyward-") else None
+            carried = gce.tags_of_rule(rule)  # None: a rule named skyward-... that is not ours
             if carried is None or (pool is not None and carried.get(TAG_POOL) != pool):
                 continue
             found.append(self.leftover("firewall rule", rule.name, carried, region="global"))

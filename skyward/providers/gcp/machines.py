@@ -37,7 +37,7 @@ from skyward.providers.cloud.options import prices
 from skyward.providers.cloud.record import Record
 from skyward.providers.cloud.start import launch_each
 from skyward.providers.gcp import resources as gce
-from skyward.providers.gcp.api import Api, is_not_found, not_served
+from skyward.providers.gcp.api import Api, is_not_found
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
 # machines, Canonical's Ubuntu 24.04 for CPU ones. Both run cloud-init and the guest agent.
@@ -223,8 +223,7 @@ class GCPMachines:
         left = gce.delete(self.api, instances=instances, firewalls=firewalls, deadline=deadline)
         if instances:
             try:
-                zones = sorted({zone for zone, _ in instances})
-                labelled = gce.live(self.api, record.pool, lambda: zones)
+                labelled = gce.live(self.api, record.pool)
             except ProvisionError as exc:
                 left.append(f"the sweep by label ({exc})")
                 labelled = []
@@ -251,19 +250,10 @@ class GCPMachines:
             doing = f"reading the machine types of {zone}"
             where = {"project": api.project, "zone": zone}
             request = {**where, "filter": wanted}
-            listed = list(api.listed(api.machine_types.list, doing, request))
-            found[zone] = {t.name for t in listed}
+            found[zone] = {t.name for t in api.call(api.machine_types.list, doing, request=request)}
             if attached:
-                try:
-                    found[zone] |= {
-                        a.name for a in api.call(api.accelerator_types.list, doing, request=where)
-                    }
-                except ProvisionError as exc:
-                    if not not_served(exc):
-                        raise
-                    # No list of them here: the insert says whether the zone has the GPU
-                    # (a refusal there moves the pool on, as exhaustion does).
-                    found[zone] |= attached
+                listed = api.call(api.accelerator_types.list, doing, request=where)
+                found[zone] |= {a.name for a in listed}
 
         def refusal(machine: Machine, zone: str) -> str | None:
             kinds = [machine.type] + ([machine.attach] if machine.attach else [])

@@ -91,11 +91,7 @@ class GCP(CloudOptions):
         return GCPMachines(self, self._api(), request.pool)
 
     def inventory(self) -> Inventory | None:
-        try:
-            _, region = self.where()
-        except (ProvisionError, ValueError):
-            region = None  # the aggregated list needs none
-        return GCPInventory(self._api, release_timeout=self.release_timeout, region=region)
+        return GCPInventory(self._api, release_timeout=self.release_timeout)
 
     def _api(self) -> Api:
         credentials, project = credentials_and_project(self.project, self.credentials)

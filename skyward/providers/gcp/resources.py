@@ -31,7 +31,7 @@ from skyward._futures import Deadline
 from skyward.providers.base import TAG_POOL
 from skyward.providers.cloud.boot import release_script
 from skyward.providers.cloud.start import delete_each, unique_name
-from skyward.providers.gcp.api import Api, is_invalid, is_not_found, not_served
+from skyward.providers.gcp.api import Api, is_not_found
 
 GOOGLE_API = "https://compute.googleapis.com"
 _DESCRIPTION = "Skyward pool "
@@ -268,10 +268,10 @@ def ended(api: Api, zone: str, name: str) -> str:
                 "delete",
             )
         )
-        operations = api.listed(
+        operations = api.call(
             api.zone_operations.list,
             "reading operations",
-            {"project": api.project, "zone": zone, "filter": wanted},
+            request={"project": api.project, "zone": zone, "filter": wanted},
         )
     except ProvisionError:
         return "no reason given (the operations could not be read)"
@@ -285,75 +285,25 @@ def ended(api: Api, zone: str, name: str) -> str:
     return "no reason given"
 
 
-def live(
-    api: Api, pool: str | None, zones: Callable[[], Sequence[str]] | None = None
-) -> list[tuple[str, Any]]:
+def live(api: Api, pool: str | None) -> list[tuple[str, Any]]:
     """(zone, instance) for every instance labelled with ``pool`` (every pool's for None),
-    in every zone of the project; in ``zones()`` only where the endpoint serves no
-    aggregated list (an emulator, a private endpoint)."""
+    in every zone of the project: one aggregated list."""
     request = {"project": api.project, "filter": pool_filter(pool)}
-    try:
-        found = [
-            (scope.rsplit("/", 1)[-1], instance)
-            for scope, scoped in api.listed(
-                api.instances.aggregated_list, "listing instances", request
-            )
-            for instance in scoped.instances
-        ]
-    except ProvisionError as exc:
-        if zones is None or not not_served(exc):
-            raise
-        found = [
-            (zone, instance)
-            for zone in zones()
-            for instance in api.listed(
-                api.instances.list, f"listing instances in {zone}", request | {"zone": zone}
-            )
-        ]
-    # The filter again, here: what `skyward down` deletes must not rest on an endpoint
-    # evaluating it (an emulator that ignores it would hand over everyone's instances).
-    wanted = None if pool is None else label_value(pool)
     return [
-        (zone, instance)
-        for zone, instance in found
-        if TAG_POOL in instance.labels and (wanted is None or instance.labels[TAG_POOL] == wanted)
+        (scope.rsplit("/", 1)[-1], instance)
+        for scope, scoped in api.call(
+            api.instances.aggregated_list, "listing instances", request=request
+        )
+        for instance in scoped.instances
     ]
 
 
-# GCE names a region's zones with these letters (us-central1-a... -f; no region has others).
-_ZONE_LETTERS = "abcdef"
-
-
 def zones_of(api: Api, region: str) -> list[str]:
-    """The zones of ``region``, sorted: from ``regions.get``, or where the endpoint does not
-    serve it, the zones GCE's naming allows that answer an instance list."""
-    try:
-        described = api.call(
-            api.regions.get, f"reading region {region}", project=api.project, region=region
-        )
-        return sorted(z.rsplit("/", 1)[-1] for z in described.zones)
-    except ProvisionError as exc:
-        if not not_served(exc):
-            raise
-    found = []
-    for zone in (f"{region}-{letter}" for letter in _ZONE_LETTERS):
-        try:
-            api.call(
-                api.instances.list,
-                f"looking for zone {zone}",
-                request={"project": api.project, "zone": zone, "max_results": 1},
-            )
-        except ProvisionError as exc:
-            if not_served(exc) or is_invalid(exc):
-                continue  # no such zone
-            raise
-        found.append(zone)
-    if not found:
-        raise ProvisionError(
-            f"Compute Engine knows no zone of region {region}: check sky.GCP(region=...) or "
-            f"zone=..."
-        )
-    return found
+    """The zones of ``region``, sorted (``regions.get``)."""
+    described = api.call(
+        api.regions.get, f"reading region {region}", project=api.project, region=region
+    )
+    return sorted(z.rsplit("/", 1)[-1] for z in described.zones)
 
 
 def delete(
