@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
-from skyward._futures import Deadline
-from skyward._phases import Reporter
-from skyward._shield import shielded
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
+from skyward.client.shield import shielded
 from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
 
 if TYPE_CHECKING:

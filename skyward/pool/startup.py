@@ -29,10 +29,10 @@ import threading
 from collections.abc import Callable, Sequence
 
 from skyward._errors import VersionMismatch
-from skyward._futures import Deadline, parallel
 from skyward._image import Image
 from skyward._info import InstanceInfo
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline, parallel
+from skyward.client.phases import Reporter
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.pool.machines import Machines

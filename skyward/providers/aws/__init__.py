@@ -28,7 +28,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from skyward._errors import ProvisionError
-from skyward._phases import Reporter
+from skyward.client.phases import Reporter
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.allocation import AWSAllocation
 from skyward.providers.aws.api import REFUSALS, Api, check_credentials, error_code

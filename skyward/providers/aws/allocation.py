@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.api import Api
 from skyward.providers.base import ProvisionRequest

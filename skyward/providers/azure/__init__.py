@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from skyward._errors import ProvisionError
-from skyward._phases import Reporter
+from skyward.client.phases import Reporter
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import AzureAllocation
 from skyward.providers.azure.api import PUBLIC_CLOUD, Api, not_served

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.api import REFUSALS, Api, failure_code
 from skyward.providers.base import ProvisionRequest

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline, parallel
+from skyward.client.futures import Deadline, parallel
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.allocation import power_state
 from skyward.providers.azure.api import Api, failure_code, not_served

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline, parallel
+from skyward.client.futures import Deadline, parallel
 from skyward.providers.azure.api import Api, failure_code, not_served
 from skyward.providers.cloud.allocation import unique_name
 

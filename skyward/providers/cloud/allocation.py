@@ -36,9 +36,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from skyward._errors import HostKeyError, ProvisionError
-from skyward._futures import Deadline, settle
-from skyward._phases import Choice, Phase, Reporter
-from skyward._shield import finish
+from skyward.client.futures import Deadline, settle
+from skyward.client.phases import Choice, Phase, Reporter
+from skyward.client.shield import finish
 from skyward.providers.base import Allocation, Node, ProvisionRequest, Resource
 from skyward.providers.ssh.connection import PoolKey, Target
 from skyward.providers.ssh.hosts import Access, HostNode, HostTarget, open_hosts

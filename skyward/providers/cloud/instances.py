@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline, settle
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline, settle
+from skyward.client.phases import Reporter
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud.allocation import CloudAllocation, WatchedDeadline
 from skyward.providers.cloud.api import poll

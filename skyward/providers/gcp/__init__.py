@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.base import Inventory, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH

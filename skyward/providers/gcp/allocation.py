@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud.instances import InstanceAllocation
 from skyward.providers.gcp import resources as gce

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from skyward._extras import check
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.extras import check
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 from skyward.providers.slurm import api
 from skyward.providers.slurm.inventory import SlurmInventory
