@@ -25,7 +25,7 @@ Ctrl-C: what a caller's thread does here (registering a call and sending its fra
 and dispatching frames while it waits) runs inside ``hold_interrupts`` (the scheduler's, for
 a call's registration and frame; ``CallFuture.result``'s, while it reads), so a
 ``KeyboardInterrupt`` never splits a call's registration from its frame, nor a frame from
-its dispatch; it lands where the caller waits (see ``_interrupts``).
+its dispatch; it lands where the caller waits (see ``client.interrupts``).
 """
 
 from __future__ import annotations

@@ -372,7 +372,7 @@ class Machines:
         _log.info("%s", line)
 
     def _shielded(self, allocation: Allocation) -> None:
-        """``allocation.terminate()`` through ``_shield.shielded``, so that one Ctrl-C (often
+        """``allocation.terminate()`` through ``client.shield.shielded``, so that one Ctrl-C (often
         pressed again while a cloud takes a minute to delete things) does not stop it
         half-way: the first is noted and the wait goes on; a second leaves, and says what
         may be left."""
