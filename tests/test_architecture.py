@@ -217,11 +217,16 @@ def _loaded_on_a_worker(tmp_path: Path) -> dict[str, list[str]]:
     return loaded
 
 
-def test_a_worker_loads_nothing_of_the_clients_side_for_a_call(tmp_path: Path) -> None:
+def test_a_worker_loads_nothing_of_the_clients_side_nor_pydantic_for_a_call(
+    tmp_path: Path,
+) -> None:
     loaded = _loaded_on_a_worker(tmp_path)
     assert set(loaded) == {"plain", "muted"}
     for call, modules in loaded.items():
         assert "skyward.worker" in modules, call  # it did run on a worker
         client = [m for m in modules if _on_side(m, CLIENT_SIDE)]
         assert client == [], f"a {call} call loaded {client}"
+        # The user's code imports no pydantic, so neither does the worker: InstanceInfo
+        # is a dataclass, and a pool without plugins loads no Plugin.
+        assert [m for m in modules if _on_side(m, ("pydantic", "pydantic_core"))] == [], call
     assert "skyward.worker.output" in loaded["muted"]
