@@ -1,5 +1,5 @@
 """The shape of the package: packages by side of the wire, no import circles, SDKs at the
-edges.
+edges, and what a real worker process loads for a call.
 
 Every import counts, those inside functions too: a circle closed by a function-level import
 is still a circle a reader has to hold in their head, and a worker module that imports the

@@ -33,11 +33,11 @@ Ctrl-C (a waiter on the client's main thread): the waiter runs inside ``hold_int
 frame's dispatch are never split by a ``KeyboardInterrupt``; ``wait_for`` lets one through
 only where the waiter blocks holding nothing shared (polling the link, sleeping as a
 follower: inside ``interruptible``, which the client's channel sets to ``allow_interrupts``),
-so a waiter interrupted anywhere leaves the turns balanced: the reader or a
-follower takes over, and every other call's frame is dispatched. Without a hold (a
-program whose SIGINT handler is not Python's), an interrupt that lands inside a frame
-leaves the stream torn: ``torn`` is called (the channel kills the worker, whose calls then
-fail with ``WorkerLost``) and the interrupt goes on.
+so a waiter interrupted anywhere leaves the turns balanced: the reader or a follower takes
+over, and every other call's frame is dispatched. Without a hold (a program whose SIGINT
+handler is not Python's), an interrupt that lands inside a frame leaves the stream torn:
+``torn`` is called (the channel kills the worker, whose calls then fail with
+``WorkerLost``) and the interrupt goes on.
 
 ``PipeReader`` (below) is the buffered pipe reader both ends read through: it can say
 whether a read would wait, which a leader needs and ``io.BufferedReader`` cannot tell.
