@@ -45,7 +45,7 @@ from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
 
 import skyward as sky
-from skyward._phases import Phase, Reporter
+from skyward.client.phases import Phase, Reporter
 from skyward.providers.base import Allocation, ProvisionRequest
 
 _WHEELS = Path.home() / ".cache" / "skyward-tests" / "wheels"

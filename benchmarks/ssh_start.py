@@ -41,7 +41,7 @@ from support.pythons import PythonMirror, build_install_only
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
-from skyward._phases import Phase, Reporter
+from skyward.client.phases import Phase, Reporter
 from skyward.providers.base import Allocation, ProvisionRequest
 
 _WHEELS = Path.home() / ".cache" / "skyward-tests" / "wheels"

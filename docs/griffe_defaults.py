@@ -4,7 +4,7 @@
 Griffe's ``unpack_typeddict`` extension lists each key of the TypedDict as a keyword
 parameter, with ``...`` for its default: the defaults live in a pydantic model, not in the
 TypedDict. Skyward builds the runtime signature of such a callable from the two
-(``skyward/_options.py``); this reads the defaults back from it, so the reference shows the
+(``skyward/client/options.py``); this reads the defaults back from it, so the reference shows the
 one source's values.
 """
 

@@ -28,12 +28,12 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "Allocation": "skyward.providers.base",
     "BootstrapError": "skyward._errors",
-    "CallGroup": "skyward._compute",
+    "CallGroup": "skyward.client.compute",
     "CatalogEntry": "skyward.providers.cloud.catalog",
     "ChannelError": "skyward._errors",
     "CollectiveHang": "skyward._errors",
     "Compute": "skyward.pool",
-    "ComputeFunction": "skyward._compute",
+    "ComputeFunction": "skyward.client.compute",
     "ComputePool": "skyward.pool",
     "HostKeyError": "skyward._errors",
     "Image": "skyward._image",
@@ -41,9 +41,9 @@ _EXPORTS: dict[str, str] = {
     "LogConfig": "skyward.console.handlers",
     "MissingDependency": "skyward._errors",
     "NoSpecStarted": "skyward._errors",
-    "PendingCall": "skyward._compute",
-    "PendingCompute": "skyward._compute",
-    "PendingComputeGroup": "skyward._compute",
+    "PendingCall": "skyward.client.compute",
+    "PendingCompute": "skyward.client.compute",
+    "PendingComputeGroup": "skyward.client.compute",
     "PipIndex": "skyward._image",
     "Plugin": "skyward._plugin",
     "PluginError": "skyward._errors",
@@ -63,25 +63,25 @@ _EXPORTS: dict[str, str] = {
     "StartError": "skyward._errors",
     "Terminated": "skyward._errors",
     "VersionMismatch": "skyward._errors",
-    "Volume": "skyward._volume",
+    "Volume": "skyward.client.volume",
     "Worker": "skyward.pool.spec",
     "WorkerLost": "skyward._errors",
     "barrier": "skyward.collections.proxies",
     "catalog": "skyward.providers.cloud.catalog",
-    "compute": "skyward._compute",
+    "compute": "skyward.client.compute",
     "counter": "skyward.collections.proxies",
     "dict": "skyward.collections.proxies",
-    "function": "skyward._compute",
-    "gather": "skyward._compute",
+    "function": "skyward.client.compute",
+    "gather": "skyward.client.compute",
     "instance_info": "skyward._info",
-    "is_head": "skyward._output",
+    "is_head": "skyward.worker.output",
     "lock": "skyward.collections.proxies",
     "queue": "skyward.collections.proxies",
     "set": "skyward.collections.proxies",
-    "shard": "skyward._multihost",
-    "silent": "skyward._output",
-    "stderr": "skyward._output",
-    "stdout": "skyward._output",
+    "shard": "skyward.worker.multihost",
+    "silent": "skyward.worker.output",
+    "stderr": "skyward.worker.output",
+    "stdout": "skyward.worker.output",
 }
 
 # Public modules, loaded on first use too.
@@ -90,16 +90,6 @@ _MODULES = ("accelerators", "plugins")
 
 if TYPE_CHECKING:
     from skyward import accelerators, plugins
-    from skyward._compute import (
-        CallGroup,
-        ComputeFunction,
-        PendingCall,
-        PendingCompute,
-        PendingComputeGroup,
-        compute,
-        function,
-        gather,
-    )
     from skyward._errors import (
         BootstrapError,
         ChannelError,
@@ -122,10 +112,18 @@ if TYPE_CHECKING:
     )
     from skyward._image import Image, PipIndex
     from skyward._info import InstanceInfo, instance_info
-    from skyward._multihost import shard
-    from skyward._output import is_head, silent, stderr, stdout
     from skyward._plugin import Plugin
-    from skyward._volume import Volume
+    from skyward.client.compute import (
+        CallGroup,
+        ComputeFunction,
+        PendingCall,
+        PendingCompute,
+        PendingComputeGroup,
+        compute,
+        function,
+        gather,
+    )
+    from skyward.client.volume import Volume
     from skyward.collections.proxies import barrier, counter, dict, lock, queue, set
     from skyward.console.handlers import LogConfig
     from skyward.pool import Compute, ComputePool
@@ -136,6 +134,8 @@ if TYPE_CHECKING:
     from skyward.providers.base import Allocation, Provider, ProvisionRequest
     from skyward.providers.cloud.catalog import CatalogEntry, catalog
     from skyward.providers.public import *  # noqa: F403 - each provider's class, by its name
+    from skyward.worker.multihost import shard
+    from skyward.worker.output import is_head, silent, stderr, stdout
 
 
 def __getattr__(name: str) -> Any:

@@ -11,15 +11,15 @@ code that shards by rank runs unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import operator
 import re
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 # "A100", "A100:8", "A100-80GB:8": the pool's accelerator as the catalog writes it.
 _ACCELERATOR = re.compile(r"^(?P<name>.+?)(?:-(?P<memory>\d+)GB)?(?::(?P<count>\d+))?$")
@@ -160,7 +160,8 @@ def _has_interface(name: str) -> bool:
         return False
 
 
-class InstanceInfo(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class InstanceInfo:
     """A worker's identity in its pool. Frozen; identical on every worker but ``node``,
     ``worker``, ``devices``, ``accelerators`` and ``hostname``.
 
@@ -185,30 +186,89 @@ class InstanceInfo(BaseModel):
     - ``devices``: the node's GPUs this worker owns, as indices among the node's own (with
       several workers per node each sees only these: ``CUDA_VISIBLE_DEVICES`` is set to them
       before any plugin or call runs, so its first GPU is ``cuda:0``); empty on CPU nodes.
+
+    A frozen dataclass, not a pydantic model: every worker unpickles one at start, and
+    pydantic would cost each start most of its time (``docs/performance.md``). It is checked
+    when made, as a pydantic model would be: a wrong value raises pydantic's
+    ``ValidationError`` naming the field (pydantic is imported only then), and
+    ``model_copy`` / ``model_dump`` work as they did.
     """
 
-    # defer_build: a worker only unpickles these and never validates one, so it need not
-    # pay for building the validator when it imports the module (about a tenth of a second
-    # of every worker's start, with Image and Plugin); the client builds it on first use.
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
-
-    node: int = Field(ge=0)
-    total_nodes: int = Field(ge=1)
+    node: int
+    total_nodes: int
     head_addr: str
-    head_port: int = Field(ge=0, le=65535)
+    head_port: int
     peers: tuple[str, ...]
-    accelerators: int = Field(default=0, ge=0)
-    total_accelerators: int = Field(default=-1, ge=-1)  # -1: accelerators x total_nodes
+    accelerators: int = 0
+    total_accelerators: int = -1  # -1: accelerators x total_nodes
     accelerator: str | None = None
     pool: str | None = None
     job_id: str = ""
     provider: str = "local"
     hostname: str
-    worker: int = Field(default=0, ge=0)
-    workers_per_node: int = Field(default=1, ge=1)
+    worker: int = 0
+    workers_per_node: int = 1
     devices: tuple[int, ...] = ()
 
-    @computed_field  # type: ignore[prop-decorator]
+    def __post_init__(self) -> None:
+        set_field = object.__setattr__  # frozen: these are the values it is made with
+        errors: list[_Error] = []
+        for name, low, high in _INT_RANGES:
+            value = getattr(self, name)
+            try:
+                value = operator.index(value)  # an int, or an int-like (numpy's)
+            except TypeError:
+                errors.append(_Error("int_type", name, value))
+                continue
+            if isinstance(value, bool):
+                errors.append(_Error("int_type", name, value))
+            elif value < low:
+                errors.append(_Error("greater_than_equal", name, value, {"ge": low}))
+            elif high is not None and value > high:
+                errors.append(_Error("less_than_equal", name, value, {"le": high}))
+            else:
+                set_field(self, name, int(value))
+        for name in ("head_addr", "hostname", "job_id", "provider"):
+            if not isinstance(getattr(self, name), str):
+                errors.append(_Error("string_type", name, getattr(self, name)))
+        for name in ("accelerator", "pool"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                errors.append(_Error("string_type", name, value))
+        if isinstance(self.peers, str) or not all(isinstance(p, str) for p in self.peers):
+            errors.append(_Error("tuple_type", "peers", self.peers))
+        if isinstance(self.devices, str) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in self.devices
+        ):
+            errors.append(_Error("tuple_type", "devices", self.devices))
+        if errors:
+            raise _invalid(errors)
+        problem = self._layout_problem()
+        if problem is not None:
+            raise _invalid([_Error.value_error(*problem)])
+        if self.total_accelerators == -1:  # not given: every node like this one
+            set_field(self, "total_accelerators", self.accelerators * self.total_nodes)
+        # Readable in skyward 0.5's shapes too (see Peer, AcceleratorName).
+        set_field(self, "peers", tuple(Peer(str(a), rank) for rank, a in enumerate(self.peers)))
+        set_field(self, "devices", tuple(self.devices))
+        if self.accelerator is not None:
+            set_field(
+                self, "accelerator", AcceleratorName(str(self.accelerator), self.accelerators)
+            )
+
+    def _layout_problem(self) -> tuple[str, object] | None:
+        """What does not fit the pool's layout, once each field is right, and its value."""
+        if self.worker >= self.workers_per_node:
+            return (
+                f"worker {self.worker} is out of range for {self.workers_per_node} per node",
+                self.worker,
+            )
+        if self.node >= self.total_nodes:
+            return f"node {self.node} is out of range for {self.total_nodes} nodes", self.node
+        if len(self.peers) != self.total_nodes:
+            return f"peers has {len(self.peers)} entries for {self.total_nodes} nodes", self.peers
+        return None
+
     @property
     def is_head(self) -> bool:
         """The pool's first worker (node 0's first): one of them, whatever the layout."""
@@ -224,31 +284,64 @@ class InstanceInfo(BaseModel):
     def total_workers(self) -> int:
         return self.total_nodes * self.workers_per_node
 
-    @model_validator(mode="after")
-    def _consistent(self) -> InstanceInfo:
-        if self.total_accelerators == -1:  # not given: every node like this one
-            object.__setattr__(self, "total_accelerators", self.accelerators * self.total_nodes)
-        if self.worker >= self.workers_per_node:
-            raise ValueError(
-                f"worker {self.worker} is out of range for {self.workers_per_node} per node"
-            )
-        if self.node >= self.total_nodes:
-            raise ValueError(f"node {self.node} is out of range for {self.total_nodes} nodes")
-        if len(self.peers) != self.total_nodes:
-            raise ValueError(f"peers has {len(self.peers)} entries for {self.total_nodes} nodes")
-        # Readable in skyward 0.5's shapes too (see Peer, AcceleratorName).
-        peers = tuple(Peer(str(address), rank) for rank, address in enumerate(self.peers))
-        object.__setattr__(self, "peers", peers)
-        if self.accelerator is not None:
-            named = AcceleratorName(str(self.accelerator), self.accelerators)
-            object.__setattr__(self, "accelerator", named)
-        return self
-
     @property
     def network(self) -> Network:
         """This node's address, its interface and link speed (see ``Network``); looked up
         on the machine that reads it, so read it on the node."""
         return network_of(self.peers[self.node])
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None) -> InstanceInfo:
+        """A copy with ``update``'s fields changed, checked as a new one is."""
+        return dataclasses.replace(self, **(update or {}))
+
+    def model_dump(self) -> dict[str, Any]:
+        """The fields, and ``is_head``, as a dict."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**fields, "is_head": self.is_head}
+
+
+# name, lowest, highest (None: no bound) of each whole-number field
+_INT_RANGES: tuple[tuple[str, int, int | None], ...] = (
+    ("node", 0, None),
+    ("total_nodes", 1, None),
+    ("head_port", 0, 65535),
+    ("accelerators", 0, None),
+    ("total_accelerators", -1, None),
+    ("worker", 0, None),
+    ("workers_per_node", 1, None),
+)
+
+
+@dataclass(frozen=True)
+class _Error:
+    """One wrong value, as pydantic reports it: its error type, field, value and context."""
+
+    kind: str
+    field: str | None
+    value: object
+    context: dict[str, object] | None = None
+
+    @staticmethod
+    def value_error(message: str, value: object) -> _Error:
+        return _Error("value_error", None, value, {"error": ValueError(message)})
+
+
+def _invalid(errors: list[_Error]) -> ValueError:
+    """pydantic's ``ValidationError`` for ``errors`` (a ``ValueError``), pydantic imported
+    only now: a worker, which only unpickles infos, never loads it."""
+    from pydantic_core import InitErrorDetails, ValidationError
+
+    details: list[InitErrorDetails] = []
+    for error in errors:
+        detail: InitErrorDetails = {
+            "type": error.kind,
+            "loc": () if error.field is None else (error.field,),
+            "input": error.value,
+        }
+        if error.context is not None:
+            detail["ctx"] = error.context
+        details.append(detail)
+    return ValidationError.from_exception_data("InstanceInfo", details)
 
 
 _current: InstanceInfo | None = None

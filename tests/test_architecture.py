@@ -1,5 +1,5 @@
 """The shape of the package: packages by side of the wire, no import circles, SDKs at the
-edges.
+edges, and what a real worker process loads for a call.
 
 Every import counts, those inside functions too: a circle closed by a function-level import
 is still a circle a reader has to hold in their head, and a worker module that imports the
@@ -9,16 +9,29 @@ pool inside a function still loads the client's side on the node.
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "skyward"
 
-# The client's side of the wire: none of it may be loaded on a worker.
-CLIENT_SIDE = ("skyward.pool", "skyward.console", "skyward.providers", "skyward.cli")
+# The client's side of the wire: none of it may be loaded on a worker. ``skyward.client``
+# holds the client's leaves (futures, Ctrl-C's hold, the operators, ...).
+CLIENT_SIDE = (
+    "skyward.pool",
+    "skyward.console",
+    "skyward.providers",
+    "skyward.cli",
+    "skyward.client",
+)
 # The node's side (what it loads of skyward.link is checked with it).
 NODE_SIDE = ("skyward.worker",)
+# The leaves at the top that both sides load: they may reach neither side's packages.
+SHARED_LEAVES = ("skyward._errors", "skyward._info", "skyward._plugin", "skyward._image")
+# Modules at the top that users name by their path: the public surface, not a side.
+PUBLIC_MODULES = ("skyward.accelerators", "skyward.api")
 
 
 def _module_name(path: Path) -> str:
@@ -123,30 +136,30 @@ def test_the_worker_side_loads_nothing_of_the_clients_side() -> None:
             assert client == set(), f"{name} loads the client's {sorted(client)}"
 
 
+def test_the_shared_leaves_load_neither_sides_packages() -> None:
+    graph = _graph()
+    for name in SHARED_LEAVES:
+        sided = {m for m in _reachable(graph, name) if _on_side(m, CLIENT_SIDE + NODE_SIDE)}
+        assert sided == set(), f"{name}, which both sides load, loads {sorted(sided)}"
+
+
+def test_the_worker_side_never_imports_the_clients_leaves() -> None:
+    # Named one by one, so that moving one of them out of skyward.client (back to the top,
+    # say) is caught too, and not only an import of the package.
+    leaves = {_module_name(p) for p in (PACKAGE / "client").glob("*.py")} - {"skyward.client"}
+    assert {"skyward.client.futures", "skyward.client.interrupts"} <= leaves
+    graph = _graph()
+    for name in graph:
+        if _on_side(name, NODE_SIDE):
+            found = leaves & _reachable(graph, name)
+            assert found == set(), f"{name} loads the client's leaves {sorted(found)}"
+
+
 def test_modules_live_in_packages_by_side_of_the_wire() -> None:
-    # Only the public leaves every side shares stay at the top: the rest is in a package
-    # whose path says which process runs it.
-    top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    assert top <= {
-        "_compute",
-        "_current",  # the innermost open pool of each thread, for the operators' `>> sky`
-        "_errors",
-        "_extras",
-        "_futures",
-        "_image",
-        "_volume",
-        "_info",
-        "_interrupts",
-        "_multihost",
-        "_options",
-        "_output",
-        "_phases",
-        "_plugin",
-        "_shield",  # the shielded clean-up, used by the pool and the cloud providers
-        "_chunks",  # what a worker runs for a map's chunk, referenced by the client's map
-        "accelerators",  # public modules users name: sky.accelerators, skyward.api
-        "api",
-    }, sorted(top)
+    # Only the leaves both sides share, and the public modules users name by path, stay at
+    # the top: the rest is in a package whose path says which process runs it.
+    top = {f"skyward.{p.stem}" for p in PACKAGE.glob("*.py")} - {"skyward.__init__"}
+    assert top == {*SHARED_LEAVES, *PUBLIC_MODULES}, sorted(top)
 
 
 def test_providers_do_not_import_the_pool_or_the_display() -> None:
@@ -167,3 +180,53 @@ def test_importing_skyward_and_its_providers_imports_no_sdk() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# What a real worker process has loaded when it runs a call: a user's script (its functions
+# travel by value), one Local pool, the worker's sys.modules read from inside each call.
+_WORKER_PROBE = """
+import json, sys
+import skyward as sky
+
+@sky.compute
+def plain():
+    import sys
+    return sorted(sys.modules)
+
+@sky.compute
+@sky.stdout(only="head")
+def muted():
+    import sys
+    return sorted(sys.modules)
+
+with sky.ComputePool(nodes=1) as pool:
+    loaded = {"plain": plain() >> pool}
+with sky.ComputePool(nodes=1) as pool:  # a fresh worker: what the muted call alone loads
+    loaded["muted"] = muted() >> pool
+print(json.dumps(loaded))
+"""
+
+
+def _loaded_on_a_worker(tmp_path: Path) -> dict[str, list[str]]:
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent(_WORKER_PROBE))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
+    )
+    loaded: dict[str, list[str]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+def test_a_worker_loads_nothing_of_the_clients_side_nor_pydantic_for_a_call(
+    tmp_path: Path,
+) -> None:
+    loaded = _loaded_on_a_worker(tmp_path)
+    assert set(loaded) == {"plain", "muted"}
+    for call, modules in loaded.items():
+        assert "skyward.worker" in modules, call  # it did run on a worker
+        client = [m for m in modules if _on_side(m, CLIENT_SIDE)]
+        assert client == [], f"a {call} call loaded {client}"
+        # The user's code imports no pydantic, so neither does the worker: InstanceInfo
+        # is a dataclass, and a pool without plugins loads no Plugin.
+        assert [m for m in modules if _on_side(m, ("pydantic", "pydantic_core"))] == [], call
+    assert "skyward.worker.output" in loaded["muted"]

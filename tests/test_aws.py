@@ -279,8 +279,8 @@ def test_no_credentials_says_how_to_give_them(moto: MotoServer, tmp_path: Any) -
     script = (
         "import skyward as sky\n"
         "from skyward.providers.base import ProvisionRequest, identity_tags\n"
-        "from skyward._futures import Deadline\n"
-        "from skyward._phases import SilentReporter\n"
+        "from skyward.client.futures import Deadline\n"
+        "from skyward.client.phases import SilentReporter\n"
         f"aws = sky.AWS(endpoint_url={moto.url!r}, region='us-east-1', ssh_cidr='10.0.0.0/8')\n"
         "r = ProvisionRequest('p', 1, None, sky.Image(), identity_tags('p'), Deadline(60, 'x'))\n"
         "try:\n"
@@ -439,7 +439,7 @@ def _enforce(moto: MotoServer, count: str) -> None:
 _PROVISION_AS = """
 import os, sys
 import skyward as sky
-from skyward._phases import SilentReporter
+from skyward.client.phases import SilentReporter
 sys.path.insert(0, {tests!r})
 from support.aws import Checkpoint, provider, request
 from support.moto import MotoServer

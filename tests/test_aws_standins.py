@@ -25,7 +25,7 @@ from support.sshhosts import Hosts, PackageIndex
 from support.standin import StandInCloud
 
 import skyward as sky
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -23,7 +23,7 @@ from support.sandbox import Sandbox
 
 import skyward as sky
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.base import Allocation, ProvisionRequest, Resource
 from skyward.providers.cloud import boot, options
 from skyward.providers.cloud import start as cloud_start
@@ -436,7 +436,7 @@ def test_the_first_client_is_waited_for_its_own_bound_not_the_idle_one() -> None
 
 @pytest.mark.timeout(60)
 def test_a_silent_ssh_port_is_retried_within_boot_timeout_then_named() -> None:
-    from skyward._futures import Deadline
+    from skyward.client.futures import Deadline
     from skyward.providers.ssh.connection import Target
     from skyward.providers.ssh.hosts import Access, HostTarget, connect
 

@@ -18,7 +18,7 @@ from support.pools import ssh_provider
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
-from skyward._phases import Choice
+from skyward.client.phases import Choice
 from skyward.console import Console
 from skyward.console.progress import Board
 

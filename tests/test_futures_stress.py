@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 import skyward as sky
-from skyward._futures import CallFuture, deliver
+from skyward.client.futures import CallFuture, deliver
 from skyward.link.pickling import dumps_function
 
 FUTURES = [Future, CallFuture]

@@ -32,7 +32,7 @@ from support.reporter import Recorder
 
 import skyward as sky
 from skyward._errors import ProvisionError
-from skyward._phases import SilentReporter
+from skyward.client.phases import SilentReporter
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, WATCHDOG_PATH
 from skyward.providers.cloud.capacity import CapacityError, Offer

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
@@ -67,6 +68,27 @@ def test_worker_fields_describe_one_worker_per_node() -> None:
     assert (info.global_worker_index, info.total_workers) == (2, 4)
     assert info.total_accelerators == 32  # not given: every node like this one
     assert info.model_copy(update={"total_accelerators": 9}).total_accelerators == 9
+
+
+def test_a_wrong_instance_info_is_a_validation_error_naming_the_field() -> None:
+    fields: dict[str, Any] = {
+        "node": 1,
+        "total_nodes": 2,
+        "head_addr": "a",
+        "head_port": 1,
+        "peers": ["a", "b"],
+        "hostname": "h",
+    }
+    with pytest.raises(pydantic.ValidationError, match=r"head_port\n.*less than or equal"):
+        sky.InstanceInfo(**{**fields, "head_port": 70000})
+    with pytest.raises(pydantic.ValidationError, match=r"node\n.*valid integer"):
+        sky.InstanceInfo(**{**fields, "node": "one"})
+    with pytest.raises(pydantic.ValidationError, match="node 2 is out of range for 2 nodes"):
+        sky.InstanceInfo(**{**fields, "node": 2})
+    info = sky.InstanceInfo(**fields)
+    assert info.peers == ("a", "b")  # a list is taken as the tuple it stands for
+    moved = info.model_copy(update={"peers": ("a", "c")})  # checked and shaped like a new one
+    assert moved.peers[1]["private_ip"] == "c" and moved.peers[1].node == 1
 
 
 def test_outside_a_worker_the_job_is_local() -> None:

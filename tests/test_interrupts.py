@@ -110,7 +110,7 @@ def _sigint_now() -> None:
 
 
 def test_a_hold_delays_ctrl_c_to_its_end_and_lets_it_through_where_allowed() -> None:
-    from skyward._interrupts import allow_interrupts, hold_interrupts, holding
+    from skyward.client.interrupts import allow_interrupts, hold_interrupts, holding
 
     steps: list[str] = []
     with pytest.raises(KeyboardInterrupt):
@@ -135,7 +135,7 @@ def test_a_hold_delays_ctrl_c_to_its_end_and_lets_it_through_where_allowed() -> 
 
 
 def test_a_hold_calls_the_programs_own_handler_and_respects_an_ignored_sigint() -> None:
-    from skyward._interrupts import hold_interrupts
+    from skyward.client.interrupts import hold_interrupts
 
     seen: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
@@ -153,7 +153,7 @@ def test_a_hold_calls_the_programs_own_handler_and_respects_an_ignored_sigint() 
 
 
 def test_a_hold_leaving_on_a_keyboard_interrupt_does_not_raise_a_second() -> None:
-    from skyward._interrupts import hold_interrupts
+    from skyward.client.interrupts import hold_interrupts
 
     with pytest.raises(KeyboardInterrupt) as raised:
         with hold_interrupts:
@@ -164,7 +164,7 @@ def test_a_hold_leaving_on_a_keyboard_interrupt_does_not_raise_a_second() -> Non
 
 
 def test_a_hold_off_the_main_thread_changes_nothing() -> None:
-    from skyward._interrupts import hold_interrupts, holding
+    from skyward.client.interrupts import hold_interrupts, holding
 
     def elsewhere() -> None:
         with hold_interrupts:
@@ -300,7 +300,7 @@ def test_ctrl_c_inside_a_futures_lock_while_the_leader_settles_it() -> None:
     def when(frame: FrameType, event: str) -> bool:
         return (
             event == "call"
-            and _in(frame, "skyward/_futures.py", "_settle")
+            and _in(frame, "skyward/client/futures.py", "_settle")
             and _on_stack(frame, "link/channel.py", "_dispatch")
         )
 
@@ -319,7 +319,7 @@ def test_ctrl_c_while_waiting_for_a_submitted_future_leaves_it_to_settle() -> No
     # lands as the value is returned is raised (the program asked to stop), and the value
     # stays for the next wait.
     def when(frame: FrameType, event: str) -> bool:
-        return event == "return" and _in(frame, "skyward/_futures.py", "result")
+        return event == "return" and _in(frame, "skyward/client/futures.py", "result")
 
     with _bounded_pool() as pool:
         future = nap(2.0, 4) > pool

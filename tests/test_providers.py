@@ -303,7 +303,7 @@ def test_a_missing_sdk_is_an_install_hint_when_the_pool_is_built() -> None:
 
 
 def test_require_names_the_extra_for_every_optional_sdk() -> None:
-    from skyward._extras import EXTRAS, require
+    from skyward.client.extras import EXTRAS, require
 
     assert {EXTRAS[m] for m in ("paramiko", "boto3", "google.cloud.compute_v1", "jax")} == {
         "ssh",

@@ -27,7 +27,7 @@ READERS = [
     "skyward/pool/named.py",
     "skyward/cli/doctor.py",
     "skyward/cli/leftovers.py",
-    "skyward/_extras.py",
+    "skyward/client/extras.py",
 ]
 
 
@@ -175,7 +175,7 @@ def test_a_new_provider_is_one_package_and_one_registry_line(tmp_path: Path) -> 
         import skyward
         from click.testing import CliRunner
         from skyward._errors import MissingDependency
-        from skyward._extras import check
+        from skyward.client.extras import check
         from skyward.cli import main
         from skyward.cli.doctor import run_checks
         from skyward.pool.named import resolve

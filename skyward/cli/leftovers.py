@@ -32,7 +32,7 @@ from pathlib import Path
 import click
 
 from skyward._errors import SkywardError
-from skyward._phases import Choice
+from skyward.client.phases import Choice
 from skyward.providers.base import Inventory, Leftover
 from skyward.providers.cloud.keys import LocalKey, local_keys, remove_local_key
 from skyward.providers.registry import PROVIDERS

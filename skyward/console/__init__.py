@@ -37,7 +37,7 @@ from skyward.console.logs import PoolLog
 from skyward.console.progress import Board, JupyterProgress, PlainProgress, Progress, RichProgress
 
 if TYPE_CHECKING:
-    from skyward._phases import Choice, Phase
+    from skyward.client.phases import Choice, Phase
 
 ConsoleMode = Literal["auto", "rich", "plain", "off"]
 OutputMode = Literal["all", "head", "none"]

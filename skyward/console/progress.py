@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from skyward._phases import Choice
+    from skyward.client.phases import Choice
 
 _LAST_LINE_WIDTH = 80
 

@@ -25,7 +25,7 @@ Ctrl-C: what a caller's thread does here (registering a call and sending its fra
 and dispatching frames while it waits) runs inside ``hold_interrupts`` (the scheduler's, for
 a call's registration and frame; ``CallFuture.result``'s, while it reads), so a
 ``KeyboardInterrupt`` never splits a call's registration from its frame, nor a frame from
-its dispatch; it lands where the caller waits (see ``_interrupts``).
+its dispatch; it lands where the caller waits (see ``client.interrupts``).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from skyward._errors import (
     WorkerLost,
     describe_status,
 )
-from skyward._futures import Deadline, delivering, fail, resolve
-from skyward._interrupts import hold_interrupts
+from skyward.client.futures import Deadline, delivering, fail, resolve
+from skyward.client.interrupts import allow_interrupts, hold_interrupts
 from skyward.link import protocol as proto
 from skyward.link.protocol import Relay, RelayFailed
 from skyward.link.turns import CHECK, Turns
@@ -236,6 +236,8 @@ class Channel:
                 recheck=CHECK,  # a call can also end by a timeout or a close
                 unblock=transport.unblock,
                 read_ahead=transport.read_ahead,
+                interruptible=allow_interrupts,
+                delivering=delivering,
             )
         self._stderr_thread = threading.Thread(
             target=self._read_stderr, name=f"skyward-stderr-{self.rank}", daemon=True

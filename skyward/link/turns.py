@@ -32,15 +32,19 @@ Ctrl-C (a waiter on the client's main thread): the waiter runs inside ``hold_int
 (its caller's: ``CallFuture.result``), so its bookkeeping, its reading of a frame and the
 frame's dispatch are never split by a ``KeyboardInterrupt``; ``wait_for`` lets one through
 only where the waiter blocks holding nothing shared (polling the link, sleeping as a
-follower), so a waiter interrupted anywhere leaves the turns balanced: the reader or a
-follower takes over, and every other call's frame is dispatched. Without a hold (a
-program whose SIGINT handler is not Python's), an interrupt that lands inside a frame
-leaves the stream torn: ``torn`` is called (the channel kills the worker, whose calls then
-fail with ``WorkerLost``) and the interrupt goes on.
+follower: inside ``interruptible``, which the client's channel sets to ``allow_interrupts``),
+so a waiter interrupted anywhere leaves the turns balanced: the reader or a follower takes
+over, and every other call's frame is dispatched. Without a hold (a program whose SIGINT
+handler is not Python's), an interrupt that lands inside a frame leaves the stream torn:
+``torn`` is called (the channel kills the worker, whose calls then fail with
+``WorkerLost``) and the interrupt goes on.
 
 ``PipeReader`` (below) is the buffered pipe reader both ends read through: it can say
 whether a read would wait, which a leader needs and ``io.BufferedReader`` cannot tell.
-Standard library only (and skyward's stdlib-only leaves): the worker imports it first.
+Standard library only (and the protocol): the worker imports it first. What is the client's
+alone, Ctrl-C's hold (``client.interrupts``) and the flag that marks a thread delivering
+results (``client.futures.delivering``), the channel hands in (``interruptible``,
+``delivering``), so a worker loads neither.
 """
 
 from __future__ import annotations
@@ -52,10 +56,9 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
-from skyward._futures import delivering
-from skyward._interrupts import allow_interrupts
 from skyward.link import protocol as proto
 
 # How long the reader thread stays parked after a waiter read for itself.
@@ -79,6 +82,22 @@ def _ignore(why: str) -> None:
     pass
 
 
+class Flag(Protocol):
+    """A per-thread flag (a ``threading.local``): ``active`` on a thread while it dispatches
+    frames, so that a done-callback run there can tell (``client.futures.delivering``)."""
+
+    active: bool
+
+
+class _Dispatching(threading.local):
+    active = False
+
+
+# The worker's defaults: no Ctrl-C hold to lift around a wait, and nobody reads the flag.
+_NO_HOLD = contextlib.nullcontext()
+_UNWATCHED = _Dispatching()
+
+
 class Turns:
     """Turns at reading one link.
 
@@ -92,8 +111,10 @@ class Turns:
     cannot); ``unblock``: make a ``ready(None)`` blocked on another thread look again, for
     what a leader read ahead and left buffered (``PipeReader.unblock``); ``read_ahead``:
     whether a read would not wait, found without waiting, by a leader that holds
-    interrupts (``PipeReader.read_ahead``). Thread-safe; a
-    waiter on the main thread waits inside ``hold_interrupts`` (see the module docstring).
+    interrupts (``PipeReader.read_ahead``); ``interruptible``: what a waiter's blocking waits
+    run inside (the client's ``allow_interrupts``); ``delivering``: the flag a leader sets
+    while it dispatches a frame. Thread-safe; a waiter on the main thread waits inside
+    ``hold_interrupts`` (see the module docstring).
     """
 
     def __init__(
@@ -107,6 +128,8 @@ class Turns:
         recheck: float | None = None,
         unblock: Callable[[], None] = _nothing,
         read_ahead: Callable[[], bool] = _never,
+        interruptible: AbstractContextManager[object] = _NO_HOLD,
+        delivering: Flag = _UNWATCHED,
     ) -> None:
         self._ready = ready
         self._read = read
@@ -116,6 +139,8 @@ class Turns:
         self._recheck = recheck
         self._unblock = unblock
         self._read_ahead = read_ahead
+        self._interruptible = interruptible
+        self._delivering = delivering
         self._baton = threading.Lock()  # guards: reading a frame, and dispatching it
         self._lock = threading.Lock()  # guards: the fields below
         self._sleepers: list[Any] = []  # locks of threads asleep until the next _wake
@@ -232,7 +257,7 @@ class Turns:
             # A leader with a bound first reads what is there already (a reply that came
             # while it wrote its call): a poll saved, where the two ends share a core.
             if timeout is not None and not self._read_ahead():
-                with allow_interrupts:  # polling holds nothing shared
+                with self._interruptible:  # polling holds nothing shared
                     if not self._ready(timeout):
                         return False
             try:
@@ -248,6 +273,7 @@ class Turns:
                 self._end(EOFError("a frame was left half read"))
                 self._torn("the client was interrupted while reading its frame")
                 raise
+            delivering = self._delivering
             was = delivering.active
             delivering.active = True  # callbacks run here too: see CallFuture
             try:
@@ -289,7 +315,7 @@ class Turns:
 
     def _sleep(self, waiter: Any, timeout: float | None) -> None:
         try:
-            with allow_interrupts:
+            with self._interruptible:
                 waiter.acquire(True, -1 if timeout is None else max(timeout, 0.0))
         finally:
             with self._lock, contextlib.suppress(ValueError):

@@ -29,7 +29,7 @@ __all__ = [
 _MODULES = {
     "Plugin": "skyward._plugin",
     "jax": "skyward.plugins._jax",
-    "jax_gather": "skyward._multihost",
+    "jax_gather": "skyward.worker.multihost",
     "keras": "skyward.plugins._keras",
     "mps": "skyward.plugins._nvidia",
     "torch": "skyward.plugins._torch",
@@ -40,7 +40,6 @@ _MODULES = {
 }
 
 if TYPE_CHECKING:
-    from skyward._multihost import jax_gather
     from skyward._plugin import Plugin
     from skyward.plugins._huggingface import huggingface
     from skyward.plugins._jax import jax
@@ -48,6 +47,7 @@ if TYPE_CHECKING:
     from skyward.plugins._keras import keras
     from skyward.plugins._nvidia import cuml, mps
     from skyward.plugins._torch import torch
+    from skyward.worker.multihost import jax_gather
 
 
 def __getattr__(name: str) -> Any:

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skyward._image import Image
 from skyward._info import InstanceInfo
-from skyward._options import keyword_signature, leading, validated
 from skyward._plugin import Plugin
+from skyward.client.options import keyword_signature, leading, validated
 
 if TYPE_CHECKING:
     from skyward.pool.spec import PoolSpec

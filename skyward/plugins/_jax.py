@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
-from skyward._options import keyword_signature, leading, refuse_unknown
 from skyward._plugin import Plugin
+from skyward.client.options import keyword_signature, leading, refuse_unknown
 from skyward.plugins._jax_output import GlooFilter, quiet_when_stopped
 from skyward.worker import hooks
 

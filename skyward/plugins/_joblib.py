@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._image import Image
-from skyward._options import check_version, keyword_signature, pinned, validated
 from skyward._plugin import Plugin
+from skyward.client.options import check_version, keyword_signature, pinned, validated
 
 if TYPE_CHECKING:
     from skyward.pool import ComputePool

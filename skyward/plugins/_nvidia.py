@@ -40,8 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
-from skyward._options import check_version, keyword_signature, leading, pinned, validated
 from skyward._plugin import Plugin
+from skyward.client.options import check_version, keyword_signature, leading, pinned, validated
 from skyward.worker import hooks
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
-from skyward._options import keyword_signature, leading, refuse_unknown
 from skyward._plugin import Plugin
+from skyward.client.options import keyword_signature, leading, refuse_unknown
 
 if TYPE_CHECKING:
     from skyward.pool.spec import PoolSpec

@@ -61,12 +61,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 
-from skyward import _current
-from skyward._compute import CallGroup, CallTarget, PendingCall, pending_call
 from skyward._errors import PluginError, PoolClosed
-from skyward._futures import CallFuture, Deadline, Sleepers, fail, gather
-from skyward._interrupts import hold_interrupts
-from skyward._options import refuse_unknown
+from skyward.client import current
+from skyward.client.compute import CallGroup, CallTarget, PendingCall, pending_call
+from skyward.client.futures import CallFuture, Deadline, Sleepers, fail, gather
+from skyward.client.interrupts import hold_interrupts
+from skyward.client.options import refuse_unknown
 from skyward.collections.proxies import (
     BarrierProxy,
     CounterProxy,
@@ -347,7 +347,7 @@ class ComputePool(CallTarget):
                 self._hangs.start()
             if self._autoscaler is not None:
                 self._autoscaler.start()
-            _current.opened(self)  # `f(x) >> sky` in this thread means this pool now
+            current.opened(self)  # `f(x) >> sky` in this thread means this pool now
         for channel in lost:
             assert channel.lost is not None
             self._recovery.on_lost(channel, channel.lost)
@@ -490,7 +490,7 @@ class ComputePool(CallTarget):
         allocation's ``terminate`` always runs. The plugins' ``around_client`` contexts are
         exited first, while the workers still run.
         """
-        _current.closed(self)  # `>> sky` picks another pool from now on
+        current.closed(self)  # `>> sky` picks another pool from now on
         try:
             self._leave_client_hooks()
         finally:
@@ -611,7 +611,7 @@ class ComputePool(CallTarget):
         """Run ``fn(*args, **kwargs)`` on the least busy node and return its value.
         ``pool.run(f(x))`` (a pending call, alone) is ``f(x) >> pool``."""
         # One hold for the whole call (the books and the wait hold it too, nested): a
-        # Ctrl-C lands only where the caller waits. See skyward._interrupts.
+        # Ctrl-C lands only where the caller waits. See skyward.client.interrupts.
         with hold_interrupts:
             return self._submit([pending_call(fn, args, kwargs)], waited=True)[0].result()
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from skyward._errors import PoolClosed, ProvisionCancelled
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.link.channel import Channel
 from skyward.pool.machines import Machines
 from skyward.pool.scheduler import Pressure, Scheduler

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from skyward._errors import NoSpecStarted, PoolClosed, ProvisionCancelled, SkywardError
 from skyward._image import Image
-from skyward._phases import Reporter
+from skyward.client.phases import Reporter
 from skyward.pool.machines import Machines
 from skyward.pool.spec import FROM_05, PoolSpec, apply_transforms
 from skyward.providers.base import Provider

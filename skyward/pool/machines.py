@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
-from skyward._futures import Deadline
-from skyward._phases import Reporter
-from skyward._shield import shielded
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
+from skyward.client.shield import shielded
 from skyward.providers.base import Allocation, Node, Provider, ProvisionRequest
 
 if TYPE_CHECKING:
@@ -372,7 +372,7 @@ class Machines:
         _log.info("%s", line)
 
     def _shielded(self, allocation: Allocation) -> None:
-        """``allocation.terminate()`` through ``_shield.shielded``, so that one Ctrl-C (often
+        """``allocation.terminate()`` through ``client.shield.shielded``, so that one Ctrl-C (often
         pressed again while a cloud takes a minute to delete things) does not stop it
         half-way: the first is noted and the wait goes on; a second leaves, and says what
         may be left."""

@@ -5,7 +5,7 @@ chunks, lazily, with a bounded number of chunks in flight.
 
     items ──(read as room frees up)──> chunks of `size` items
         size 1: an ordinary call fn(x); larger: partial(run_chunk, fn) over the chunk
-        (skyward._chunks), the function pickled once for the whole map
+        (skyward.worker.chunks), the function pickled once for the whole map
     at most `window` chunks in flight ──> the pool's scheduler (least busy node; a map's
         calls may wait on a node behind another: ``prefetch``)
     a chunk finishes ──(done-callback, on the reader thread)──> the driver's queue
@@ -41,8 +41,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from skyward._chunks import run_chunk
-from skyward._compute import PendingCall, pending_call
+from skyward.client.compute import PendingCall, pending_call
+from skyward.worker.chunks import run_chunk
 
 if TYPE_CHECKING:
     from skyward.console.mapbar import MapBar

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from skyward._errors import ChannelError, CollectiveHang, WorkerLost
-from skyward._futures import Deadline, fail
+from skyward.client.futures import Deadline, fail
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.pool.machines import Layout

@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from skyward._errors import WorkerLost
-from skyward._futures import LOSS_GRACE, CallFuture, Sleepers, deliver, fail, notify_cancelled
-from skyward._interrupts import hold_interrupts
+from skyward.client.futures import LOSS_GRACE, CallFuture, Sleepers, deliver, fail, notify_cancelled
+from skyward.client.interrupts import hold_interrupts
 from skyward.console import Route
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
@@ -242,7 +242,7 @@ class Scheduler:
 
     def submit(self, tasks: Sequence[Task]) -> bool:
         """Queue ``tasks`` and start what can start; False (nothing queued) unless open.
-        A Ctrl-C waits until the books agree with what was sent (see ``skyward._interrupts``).
+        A Ctrl-C waits until the books agree with what was sent (see ``skyward.client.interrupts``).
         """
         with hold_interrupts:
             with self._lock:
@@ -286,7 +286,7 @@ class Scheduler:
 
     def wait_idle(self) -> bool:
         """Until nothing is queued, held or running (True), or ``hurry`` was called (False).
-        A Ctrl-C ends the wait (only the wait: see ``skyward._interrupts``)."""
+        A Ctrl-C ends the wait (only the wait: see ``skyward.client.interrupts``)."""
         with hold_interrupts:
             with self._lock:
                 self._watchers += 1

@@ -19,11 +19,11 @@ from typing import Any, Literal, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from skyward._errors import PluginError
-from skyward._futures import Deadline
 from skyward._image import Image
-from skyward._options import keyword_signature
 from skyward._plugin import Plugin
-from skyward._volume import Volume, check_volumes
+from skyward.client.futures import Deadline
+from skyward.client.options import keyword_signature
+from skyward.client.volume import Volume, check_volumes
 from skyward.console import ConsoleMode, OutputMode
 from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto

@@ -27,12 +27,13 @@ import secrets
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from skyward._errors import VersionMismatch
-from skyward._futures import Deadline, parallel
 from skyward._image import Image
 from skyward._info import InstanceInfo
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline, parallel
+from skyward.client.phases import Reporter
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.pool.machines import Machines
@@ -209,8 +210,8 @@ class Startup:
             if info.peers[info.node] != address:
                 peers = list(info.peers)
                 peers[info.node] = address
-                update = {"peers": tuple(peers), "head_addr": peers[0]}
-                info = self._infos[rank] = info.model_copy(update=update)
+                info = replace(info, peers=tuple(peers), head_addr=peers[0])
+                self._infos[rank] = info
             return info
 
     def _start_message(self, rank: int) -> proto.Start:

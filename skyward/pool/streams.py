@@ -34,10 +34,10 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any, Protocol
 
-from skyward._compute import PendingCall
 from skyward._errors import PoolClosed, RemoteError, SerializationError
-from skyward._futures import Sleepers
-from skyward._interrupts import hold_interrupts
+from skyward.client.compute import PendingCall
+from skyward.client.futures import Sleepers
+from skyward.client.interrupts import hold_interrupts
 from skyward.link import protocol as proto
 
 WINDOW = proto.STREAM_WINDOW
@@ -117,7 +117,7 @@ class Streams:
     def next(self) -> Any:
         """The next value. Ctrl-C (the consumer on the main thread) lands only in the wait
         for it; one that comes as a value is taken leaves the value for the next call (see
-        ``skyward._interrupts``)."""
+        ``skyward.client.interrupts``)."""
         parts: proto.Parts | None = None
         given = False
         try:

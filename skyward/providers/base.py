@@ -48,10 +48,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from skyward._errors import ProvisionCancelled, ProvisionError
-from skyward._futures import Deadline
 from skyward._image import Image
-from skyward._phases import Reporter
-from skyward._volume import Volume
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
+from skyward.client.volume import Volume
 
 if TYPE_CHECKING:
     from skyward.link.channel import Transport

@@ -38,8 +38,8 @@ from skyward.providers.base import Allocation, Inventory, Node, ProvisionRequest
 from skyward.providers.volumes import Mounts, mount_failed, mount_script, unmount_script
 
 if TYPE_CHECKING:
-    from skyward._futures import Deadline
-    from skyward._phases import Reporter
+    from skyward.client.futures import Deadline
+    from skyward.client.phases import Reporter
 
 # The directory that holds the skyward package, so workers import this very copy even when
 # the client runs it from a source checkout rather than an installed distribution.

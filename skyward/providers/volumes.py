@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from skyward._errors import BootstrapError
-from skyward._volume import Volume
+from skyward.client.volume import Volume
 from skyward.providers.ssh.bootstrap import ERROR, apt_install, shell_path
 
 # How the scripts say which volume failed: the client puts the line in the error's first line.

@@ -391,7 +391,6 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)  # the client decided not to start us (version mismatch, cancelled)
 
     from skyward import _info
-    from skyward._plugin import enter_around_app
 
     for path in message.sys_path:
         if path not in sys.path:
@@ -417,9 +416,12 @@ def main(argv: list[str] | None = None) -> None:
     with ExitStack() as stack:
         try:
             plugins = proto.loads(parts)
-            decorating.extend(p for p in plugins if p.decorate is not None)
-            with worker.interruptible():
-                enter_around_app(stack, plugins, message.info)
+            if plugins:  # without plugins, a worker loads no Plugin (and no pydantic)
+                from skyward._plugin import enter_around_app
+
+                decorating.extend(p for p in plugins if p.decorate is not None)
+                with worker.interruptible():
+                    enter_around_app(stack, plugins, message.info)
         except BaseException as exc:
             stdout.drain()
             link.send(proto.StartFailed(), proto.encode_error(exc))

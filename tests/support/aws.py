@@ -13,7 +13,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 
 import skyward as sky
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.base import ProvisionRequest, identity_tags
 from support.moto import AMI_PARAMETER, MotoServer
 from support.sshhosts import USER

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.base import Allocation, Inventory, Node, Provider, ProvisionRequest
 from skyward.providers.local import LocalNode
 from skyward.providers.ssh.connection import Target

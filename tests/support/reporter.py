@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from skyward._phases import Choice
+from skyward.client.phases import Choice
 
 
 class Recorder:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from skyward._errors import ProvisionError
-from skyward._extras import require
+from skyward.client.extras import require
 from skyward.providers.cloud.api import Boundary, Refusals
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from skyward._errors import ProvisionError, SkywardError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.api import Api
 from skyward.providers.base import TAG_POOL, Leftover

@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any, Literal, Protocol
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.api import REFUSALS, Api, error_code
 from skyward.providers.base import ProvisionRequest

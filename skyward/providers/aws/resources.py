@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.aws.api import Api, error_code
 from skyward.providers.cloud import api as cloud
 from skyward.providers.cloud.start import unique_name

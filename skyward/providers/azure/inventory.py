@@ -13,7 +13,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from skyward._futures import Deadline, parallel
+from skyward.client.futures import Deadline, parallel
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.api import Api
 from skyward.providers.azure.machines import power_state

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.azure import resources as arm
 from skyward.providers.azure.api import PUBLIC_CLOUD, REFUSALS, Api, failure_code
 from skyward.providers.azure.watchdog import RELEASE_PATH, release_script

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline, parallel
+from skyward.client.futures import Deadline, parallel
 from skyward.providers.azure.api import Api, failure_code
 from skyward.providers.cloud.start import unique_name
 

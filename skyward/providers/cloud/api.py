@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 
 T = TypeVar("T")
 # Why a place could not take the pool: no capacity now, the type not offered there, or

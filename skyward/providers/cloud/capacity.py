@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
-from skyward._phases import Choice, Reporter
+from skyward.client.futures import Deadline
+from skyward.client.phases import Choice, Reporter
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.api import Refusal
 from skyward.providers.cloud.catalog import Cloud, Machine

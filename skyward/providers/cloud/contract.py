@@ -46,8 +46,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud.boot import Boot
 from skyward.providers.cloud.capacity import Offer, Strategy

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, Generic, TypeVar
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.base import Leftover, tagged_leftover
 
 ApiT = TypeVar("ApiT")

@@ -25,8 +25,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import ProvisionError
-from skyward._extras import check as check_extra
-from skyward._phases import Reporter
+from skyward.client.extras import check as check_extra
+from skyward.client.phases import Reporter
 from skyward.providers.base import Allocation, ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.capacity import Strategy

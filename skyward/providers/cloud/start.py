@@ -39,9 +39,9 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from skyward._errors import HostKeyError, ProvisionError
-from skyward._futures import Deadline, settle
-from skyward._phases import Choice, Phase, Reporter
-from skyward._shield import finish
+from skyward.client.futures import Deadline, settle
+from skyward.client.phases import Choice, Phase, Reporter
+from skyward.client.shield import finish
 from skyward.providers.base import Allocation, Node, ProvisionRequest
 from skyward.providers.cloud import capacity
 from skyward.providers.cloud.api import poll
@@ -110,7 +110,7 @@ def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:
     recorded and re-raise.
 
     The clean-up runs on its own thread and is waited for through any number of Ctrl-Cs
-    (``_shield.finish``): a second Ctrl-C must not turn a failed start into a running GPU
+    (``client.shield.finish``): a second Ctrl-C must not turn a failed start into a running GPU
     bill. It is bounded by the allocation's own waits, not by the start's deadline, which
     may be what just passed.
     """

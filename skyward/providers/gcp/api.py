@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._extras import require
-from skyward._futures import Deadline
+from skyward.client.extras import require
+from skyward.client.futures import Deadline
 from skyward.providers.cloud.api import Boundary, Refusals, cause, poll
 from skyward.providers.cloud.capacity import CapacityError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.inventory import CloudInventory

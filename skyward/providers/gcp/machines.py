@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any, Literal, Protocol
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud import capacity, catalog
 from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, Boot

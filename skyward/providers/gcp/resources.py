@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.base import TAG_POOL
 from skyward.providers.cloud.boot import release_script
 from skyward.providers.cloud.start import delete_each, unique_name

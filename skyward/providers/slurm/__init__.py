@@ -25,9 +25,9 @@ from collections.abc import Mapping
 
 from pydantic import Field, field_validator
 
-from skyward._extras import check
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.extras import check
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
 from skyward.providers.shell import AccessOptions
 from skyward.providers.slurm import api

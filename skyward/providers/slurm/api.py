@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.slurm.login import Login
 
 JOB_PREFIX = "skyward-"  # every pool's job is named skyward-<pool>

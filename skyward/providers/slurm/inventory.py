@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from skyward._phases import Reporter
+from skyward.client.phases import Reporter
 from skyward.providers.base import Leftover
 from skyward.providers.slurm import api
 from skyward.providers.slurm.login import Login

@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.base import TAG_CREATED, TAG_OWNER, Allocation, Resource
 from skyward.providers.slurm import api
 from skyward.providers.slurm.login import Login

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline
+from skyward.client.futures import Deadline
 from skyward.providers.local import PipeTransport
 from skyward.providers.shell import Access, Runner
 from skyward.providers.ssh.transport import SSHTransport

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from skyward._errors import ProvisionError
-from skyward._futures import Deadline, parallel
 from skyward._image import Image
-from skyward._phases import Reporter
+from skyward.client.futures import Deadline, parallel
+from skyward.client.phases import Reporter
 from skyward.link import protocol as proto
 from skyward.link.channel import Transport
 from skyward.providers.shell import WorkerFiles, shell_path

@@ -15,9 +15,9 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
-from skyward._extras import check
-from skyward._futures import Deadline
-from skyward._phases import Reporter
+from skyward.client.extras import check
+from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.base import Allocation, Inventory, Node, ProvisionRequest, refuse_spot
 from skyward.providers.shell import AccessOptions
 from skyward.providers.ssh.connection import Target

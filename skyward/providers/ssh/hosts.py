@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from skyward._errors import BootstrapError, HostKeyError, ProvisionError
-from skyward._extras import require
-from skyward._futures import Deadline, parallel
 from skyward._image import Image
-from skyward._phases import Reporter
+from skyward.client.extras import require
+from skyward.client.futures import Deadline, parallel
+from skyward.client.phases import Reporter
 
 # The module, not its names: volumes.py loads the bootstrap, and so this package, first.
 from skyward.providers import volumes

@@ -1,10 +1,10 @@
 """Small pieces every layer uses to wait: settling futures, one future for many, running a
 function over items on threads, and a ``Deadline`` that can also be cancelled.
 
-A leaf module (it imports only ``_errors`` and ``_interrupts``), so the pool, the channel and
-providers share it without importing each other.
+A leaf of the client's side (it imports only ``_errors`` and ``client.interrupts``), so the
+pool, the channel and providers share it without importing each other.
 
-Settling and waiting are safe against Ctrl-C (``_interrupts``): what they change is changed
+Settling and waiting are safe against Ctrl-C (``client.interrupts``): what they change is changed
 whole, and the only place a ``KeyboardInterrupt`` can land is the wait itself.
 """
 
@@ -19,7 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol, TypeVar
 
 from skyward._errors import PoolClosed, ProvisionCancelled, WorkerLost
-from skyward._interrupts import allow_interrupts, hold_interrupts
+from skyward.client.interrupts import allow_interrupts, hold_interrupts
 
 T = TypeVar("T")
 U = TypeVar("U")

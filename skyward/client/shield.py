@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from skyward._interrupts import allow_interrupts, raise_at_end
+from skyward.client.interrupts import allow_interrupts, raise_at_end
 
 
 def shielded(

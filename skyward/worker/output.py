@@ -16,6 +16,9 @@ prints. ``sys.stdout`` and ``sys.stderr`` become a ``_Gate`` the first time a mu
 runs; a gate drops writes from muted threads and passes the rest through. Only Python-level
 writes are muted (``print``, ``sys.stdout.write``, logging to them); a C extension writing to
 file descriptor 1 or 2 itself is not.
+
+The node's side: a muted function's wrapper calls this module by reference on the worker, so
+it imports only the shared ``_info``, never the client's ``@sky.compute`` (``client.compute``).
 """
 
 from __future__ import annotations
@@ -25,14 +28,25 @@ import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
-from skyward._compute import ComputeFunction
 from skyward._info import InstanceInfo, instance_info
 
 F = TypeVar("F", bound=Callable[..., Any])
 Only = Literal["head"] | Callable[[InstanceInfo], bool]
 Stream = Literal["stdout", "stderr"]
+
+
+@runtime_checkable
+class _TakesDecorators(Protocol):
+    """A decorated function that takes further decorators inside itself: ``@sky.compute``'s
+    ``ComputeFunction``. Named by what it does, not imported: it lives on the client's side
+    (``client.compute``), which a worker running a muted function must not load."""
+
+    def decorate_inside(
+        self, decorator: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> object: ...
+
 
 _state = threading.local()  # per thread: how many calls muted "stdout" / "stderr"
 _install_lock = threading.Lock()  # guards: replacing sys.stdout / sys.stderr with a gate
@@ -77,8 +91,8 @@ def _muting(
     streams: tuple[Stream, ...], allowed: Callable[[InstanceInfo], bool]
 ) -> Callable[[F], F]:
     def decorate(fn: F) -> F:
-        if isinstance(fn, ComputeFunction):  # above @sky.compute: wrap the function inside it
-            return cast(F, ComputeFunction(decorate(fn.fn), timeout=fn.timeout))
+        if isinstance(fn, _TakesDecorators):  # above @sky.compute: wrap the function inside it
+            return cast(F, fn.decorate_inside(decorate))
         if inspect.isgeneratorfunction(fn):
             # Still a generator function, so a pool streams its values (see _stream).
             @functools.wraps(fn)

@@ -15,7 +15,7 @@ The operators only hand the call to the pool's public methods: ``>>`` is ``pool.
 ``@`` is ``pool.broadcast(call)``, ``>`` is ``pool.submit(call)``, and a group is
 ``pool.submit_all(calls)``; pickling and scheduling live there. On the module itself
 (``f(x) >> sky``, skyward 0.5's spelling) they go to the innermost pool this thread has
-open (``skyward._current``). ``f.local(x)`` runs ``f`` in this process, unchanged.
+open (``skyward.client.current``). ``f.local(x)`` runs ``f`` in this process, unchanged.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from skyward._current import innermost
 from skyward._errors import SerializationError
-from skyward._futures import gather as gather_futures
+from skyward.client.current import innermost
+from skyward.client.futures import gather as gather_futures
 from skyward.link import protocol as proto
 from skyward.link.pickling import dumps_function
 
@@ -114,6 +114,13 @@ class ComputeFunction(Generic[P, R]):
     def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run in this process, as a plain call."""
         return self.fn(*args, **kwargs)
+
+    def decorate_inside(
+        self, decorator: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> ComputeFunction[P, R]:
+        """The same compute function, options kept, around ``decorator(fn)``: how a decorator
+        written above ``@sky.compute`` (``@sky.stdout``) reaches the function inside."""
+        return ComputeFunction(decorator(self.fn), timeout=self.timeout)
 
     def __repr__(self) -> str:
         return f"<sky.compute {_name(self.fn)}>"
