@@ -178,7 +178,7 @@ def test_a_new_provider_is_one_package_and_one_registry_line(tmp_path: Path) -> 
         from skyward.client.extras import check
         from skyward.cli import main
         from skyward.cli.doctor import run_checks
-        from skyward.pool.named import resolve
+        from skyward.pool.named import read_pool
 
         def cli(*args):
             done = CliRunner().invoke(main, list(args))
@@ -189,7 +189,7 @@ def test_a_new_provider_is_one_package_and_one_registry_line(tmp_path: Path) -> 
             missing = ""
         except MissingDependency as exc:
             missing = str(exc)
-        found = resolve("p", {}, known=set(), files=[Path("skyward.toml")])
+        found = read_pool("p", {}, known=set(), files=[Path("skyward.toml")])
         doctor = run_checks({"NEW_TOKEN": "/the/token"}, Path.cwd())
         print(json.dumps({
             "public": "NewCloud" in skyward.__all__ and skyward.NewCloud.__name__,

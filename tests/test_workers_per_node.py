@@ -13,7 +13,7 @@ from support.pools import PoolFactory
 
 import skyward as sky
 from skyward._info import InstanceInfo
-from skyward.pool.machines import Layout, resolve
+from skyward.pool.machines import Layout, lay_out
 from skyward.worker.__main__ import _own_devices
 
 
@@ -130,12 +130,12 @@ class _Machine:
 
 
 def test_gpus_that_cannot_be_dealt_out_evenly_are_an_error_naming_the_node() -> None:
-    assert resolve("gpus", [_Machine(8), _Machine(8)]) == Layout(2, 8)  # type: ignore[list-item]
+    assert lay_out("gpus", [_Machine(8), _Machine(8)]) == Layout(2, 8)  # type: ignore[list-item]
     with pytest.raises(ValueError, match="node 1: 4"):
-        resolve("gpus", [_Machine(8), _Machine(4)])  # type: ignore[list-item]
+        lay_out("gpus", [_Machine(8), _Machine(4)])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="cannot share node 0's 8 GPUs"):
-        resolve(3, [_Machine(8)])  # type: ignore[list-item]
-    assert resolve(2, [_Machine(0)]) == Layout(1, 2)  # CPU nodes: any number
+        lay_out(3, [_Machine(8)])  # type: ignore[list-item]
+    assert lay_out(2, [_Machine(0)]) == Layout(1, 2)  # CPU nodes: any number
 
 
 def _info(**fields: Any) -> InstanceInfo:

@@ -350,7 +350,7 @@ def collectives_address(info: InstanceInfo) -> str:
     """
     spans_hosts = len(set(info.peers)) > 1
     own = info.peers[info.node]
-    for address in _resolve(own):
+    for address in _addresses_of(own):
         if spans_hosts and ipaddress.ip_address(address).is_loopback:
             continue
         if _can_listen_on(address):
@@ -367,7 +367,7 @@ def collectives_address(info: InstanceInfo) -> str:
     return own  # gloo reports what it cannot do with it, at the first collective
 
 
-def _resolve(host: str) -> list[str]:
+def _addresses_of(host: str) -> list[str]:
     try:
         found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except OSError:

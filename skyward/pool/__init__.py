@@ -96,7 +96,7 @@ from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
 from skyward.pool.spec import FROM_05, PoolOptions, pickle_plugins, pool_signature
 from skyward.pool.stacks import Stacks, collect
 from skyward.pool.startup import Startup
-from skyward.pool.streams import ResultStream, Streams, is_streaming, prepare
+from skyward.pool.streams import ResultStream, Streams, is_streaming, outgoing
 from skyward.pool.streams import route as route_stream
 from skyward.providers.base import Provider
 
@@ -228,7 +228,7 @@ class ComputePool(CallTarget):
         the user's configuration directory's), not started; ``options`` override its values.
         A wrong value is a ``ValueError`` naming the file, the table and the field."""
         known = set(cls.__signature__.parameters) - {"provider"}
-        found = named.resolve(name, options, known=known)
+        found = named.read_pool(name, options, known=known)
         try:
             return cls(found.provider, **found.options)
         except (TypeError, ValueError) as exc:
@@ -779,7 +779,7 @@ class ComputePool(CallTarget):
         default = self.spec.default_compute_timeout
         for call in calls:
             future: Future[Any] = CallFuture()
-            sent, state = prepare(call, future)  # a generator, or iterator arguments
+            sent, state = outgoing(call, future)  # a generator, or iterator arguments
             tasks.append(
                 Task(
                     _pickle(sent, function, timeout=default),

@@ -88,10 +88,10 @@ class Layout:
         if gpus % per == 0:
             size = gpus // per
             return tuple(range(local * size, (local + 1) * size))
-        return (local // (per // gpus),)  # resolve() made sure per % gpus == 0
+        return (local // (per // gpus),)  # lay_out() made sure per % gpus == 0
 
 
-def resolve(workers_per_node: int | Literal["gpus"], nodes: Sequence[Node]) -> Layout:
+def lay_out(workers_per_node: int | Literal["gpus"], nodes: Sequence[Node]) -> Layout:
     """The layout of a pool on these machines; ``ValueError`` when its GPUs cannot be dealt
     out evenly (checked once the machines exist: only then is each node's GPU count known)."""
     counts = [node.accelerators for node in nodes]
@@ -191,7 +191,7 @@ class Machines:
             raise ProvisionError(
                 f"provider {kind} returned {len(allocation.nodes)} nodes, not {nodes}"
             )
-        layout = resolve(workers_per_node, allocation.nodes)
+        layout = lay_out(workers_per_node, allocation.nodes)
         with self._lock:
             self._layout = layout
         return allocation

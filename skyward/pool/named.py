@@ -23,7 +23,7 @@ name a provider the user's file defines)::
 Every other key of a pool is a ``ComputePool`` option; each value is validated as the
 keyword would be, and a wrong one is a ``ValueError`` naming the file, the table and the
 field, before anything is created. ``ComputePool.Named`` builds the pool from what
-``resolve`` finds here, and says where a value the pool refuses came from (``wrong``).
+``read_pool`` finds here, and says where a value the pool refuses came from (``wrong``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Found(NamedTuple):
     options: dict[str, Any]
 
 
-def resolve(
+def read_pool(
     name: str,
     overrides: Mapping[str, Any],
     *,

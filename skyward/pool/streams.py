@@ -317,7 +317,9 @@ def _streams(call: PendingCall[Any], generator: bool, streamed: frozenset[str]) 
     )
 
 
-def prepare(call: PendingCall[Any], future: Future[Any]) -> tuple[PendingCall[Any], Streams | None]:
+def outgoing(
+    call: PendingCall[Any], future: Future[Any]
+) -> tuple[PendingCall[Any], Streams | None]:
     """The call as it is sent (iterator arguments replaced by placeholders) and its streaming
     state, or ``(call, None)`` for an ordinary call."""
     generator, streamed = shape = _shape(call.fn)

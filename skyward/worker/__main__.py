@@ -8,7 +8,7 @@
                         (who reads when: skyward.link.turns)             │
     private dup of fd 1 <─────────────── send lock <───────────────────┘
           ^                                  ^
-          │                                  └── stdout forwarder: fd 1 is a pipe it drains
+          │                                  └── stdout forwarder: fd 1 is a pipe it forwards
           └─ the protocol stream               into Log frames (through plugins' filters),
                                                so print() and C-level writes never
                                                corrupt the protocol
@@ -225,7 +225,7 @@ class _Worker:
             call.cancel()
 
     def _execute(self, main: bool = False) -> None:
-        lock, drain = self._lock, self.stdout.drain
+        lock, flush = self._lock, self.stdout.flush
         while (item := self._next(main)) is not None:
             message, parts = item
             call = None
@@ -242,7 +242,7 @@ class _Worker:
                     if relayed or self.processes is not None:
                         ok, payload = self._run(message, parts, call)
                     else:
-                        ok, payload = run_call(message, parts, call, drain)  # the usual call
+                        ok, payload = run_call(message, parts, call, flush)  # the usual call
                 finally:
                     with lock:
                         self._main_busy = False
@@ -256,7 +256,7 @@ class _Worker:
                 # Interrupted by a cancelling shutdown: the client fails this call with
                 # PoolClosed itself; a KeyboardInterrupt sent back would read as Ctrl-C there.
                 continue
-            drain()
+            flush()
             try:
                 self.link.send_result(message.call_id, ok, payload)
             except OSError:
@@ -274,7 +274,7 @@ class _Worker:
                 return False, proto.encode_error(exc)
         if self.processes is not None and call is None:
             return self.processes.run(message, parts)
-        return run_call(message, parts, call, self.stdout.drain)
+        return run_call(message, parts, call, self.stdout.flush)
 
 
 class _Interruptible:
@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
                 with worker.interruptible():
                     enter_around_app(stack, plugins, message.info)
         except BaseException as exc:
-            stdout.drain()
+            stdout.flush()
             link.send(proto.StartFailed(), proto.encode_error(exc))
             stack.close()
             _exit(stdout, 1)
@@ -462,7 +462,7 @@ def _flush_forever(every: float = 0.2) -> None:
 
 
 def _exit(stdout: StdoutForwarder, code: int) -> None:
-    stdout.drain()
+    stdout.flush()
     with contextlib.suppress(Exception):
         sys.stderr.flush()
     if _orphaned.is_set():

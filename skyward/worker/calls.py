@@ -61,7 +61,7 @@ class CallIO:
         self._send(proto.Yield(self.call_id), parts)
         return True
 
-    def stream(self, values: Iterator[Any], drain: Callable[[], None]) -> None:
+    def stream(self, values: Iterator[Any], flush: Callable[[], None]) -> None:
         """Send every value of ``values`` (a generator) as the client takes them; close it
         when the client cancels. Its exceptions propagate, to end the call with them."""
         try:
@@ -73,7 +73,7 @@ class CallIO:
                         f"a value it yielded ({type(value).__name__}) cannot be pickled: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
-                drain()  # what it printed before the yield arrives before the value
+                flush()  # what it printed before the yield arrives before the value
                 if not self.send_value(parts):
                     return
         finally:
@@ -213,7 +213,7 @@ decorating: list[Any] = []
 
 
 def run_call(
-    message: proto.Call, parts: proto.Parts, io: CallIO | None, drain: Callable[[], None]
+    message: proto.Call, parts: proto.Parts, io: CallIO | None, flush: Callable[[], None]
 ) -> tuple[bool, proto.Parts]:
     """Run one call; its result frame's ``ok`` and payload. A streaming call (``io``) gets
     its streamed arguments in place of the placeholders, and a generator's values go out as
@@ -242,7 +242,7 @@ def run_call(
     try:
         value = fn(*args, **kwargs)
         if io is not None and message.window:
-            io.stream(value, drain)
+            io.stream(value, flush)
             value = None
     except BaseException as exc:
         return False, proto.encode_error(exc)

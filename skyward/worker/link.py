@@ -54,9 +54,9 @@ class WorkerLink:
 
 
 class StdoutForwarder:
-    """Moves what fd 1 receives into ``Log`` frames, and can drain it on demand.
+    """Moves what fd 1 receives into ``Log`` frames, and can flush it on demand.
 
-    ``drain`` runs before every result is sent, so a call's output reaches the client
+    ``flush`` runs before every result is sent, so a call's output reaches the client
     before its return value does.
     """
 
@@ -71,7 +71,7 @@ class StdoutForwarder:
         pending.register(read_fd, select.POLLIN)
         self._poll = pending.poll  # bound once: asked before every result
         self._lock = threading.Lock()  # guards: reading the pipe and sending what was read
-        self._fflush: Any = None  # libc's fflush, found by the first drain
+        self._fflush: Any = None  # libc's fflush, found by the first flush
         threading.Thread(target=self._run, name="skyward-stdout", daemon=True).start()
 
     def _run(self) -> None:
@@ -98,7 +98,7 @@ class StdoutForwarder:
             except OSError:
                 return False  # the client is gone; the output has nowhere to go
 
-    def drain(self) -> None:
+    def flush(self) -> None:
         try:
             sys.stdout.flush()
         except Exception:  # a stream the user replaced or closed

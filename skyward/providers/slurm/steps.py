@@ -235,7 +235,7 @@ def open_nodes(
 ) -> list[SlurmNode]:
     """The running job's ``nodes`` (name, ``NodeAddr``), probed and prepared, by rank."""
     probed, cleanup = probe(login, job, nodes, plan.workdir)
-    files = prepare(
+    files = bootstrap_groups(
         login,
         job,
         probed,
@@ -251,7 +251,7 @@ def open_nodes(
     ]
 
 
-def prepare(
+def bootstrap_groups(
     login: Login,
     job: str,
     probed: Sequence[Probed],
