@@ -120,7 +120,8 @@ class Machine:
     count: int  # accelerators per machine (0 for CPU)
     memory_gb: int  # per accelerator, as the vendor names it (0 for CPU)
     vcpus: int
-    hourly_list: float | None = None  # this row's own price, for types prices.json cannot key
+    # this row's own price, reference region only: for rows prices.json cannot key by type
+    hourly_list: float | None = None
     attach: str | None = None
     ram_gb: float = 0.0
     arch: str = "x86_64"
@@ -169,7 +170,8 @@ class _Tables:
     region_examples: dict[Cloud, str]
 
 
-# A row's keys and their JSON types (``None`` where the key may be null or left out).
+# A machines.json row's keys and the JSON types each may hold; those in _OPTIONAL may be
+# left out (the field's default).
 _ROW: dict[str, tuple[type, ...]] = {
     "type": (str,),
     "accelerator": (str, type(None)),
