@@ -1,4 +1,5 @@
-"""Rewrite one cloud's part of ``skyward/providers/cloud/prices.py``; the other's is kept.
+"""Rewrite one cloud's price table, ``skyward/providers/<cloud>/prices.json``: its
+``on_demand`` prices and its ``as_of`` date (the rest of the file, its ``source`` note, is kept).
 
 AWS: asks the AWS Price List Query API (``pricing:GetProducts``, any AWS credentials with
 that permission; the API answers in us-east-1) for the on-demand Linux, shared-tenancy price
@@ -7,8 +8,8 @@ of every AWS machine type in ``skyward.providers.cloud.catalog``, in every regio
 GCP: reads a ``pricing.yml`` made from Google's Cloud Billing Catalog API (the one the
 open-source google-cloud-pricing-cost-calculator project publishes, or one made with its
 tools: ``compute.instance.<type>.cost.<region>.hour``) for every GCP machine type of the
-catalog with built-in GPUs or none (N1 machines are priced by their attached GPUs, in the
-catalog itself).
+catalog with built-in GPUs or none (N1 machines are priced by their attached GPUs, in their
+rows of ``gcp/machines.json``).
 
 Both need the network (and AWS credentials), so they cannot run in the offline test
 environment: run by hand, look at the diff, commit it.
@@ -24,14 +25,16 @@ import argparse
 import datetime
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-\d$")
-TABLE = ROOT / "skyward" / "providers" / "cloud" / "prices.py"
+
+
+def table_path(cloud: str) -> Path:
+    return ROOT / "skyward" / "providers" / cloud / "prices.json"
 
 
 def on_demand_prices(instance_type: str, client: Any) -> dict[str, float]:
@@ -78,19 +81,11 @@ def gcp_prices(path: Path, types: list[str]) -> dict[str, dict[str, float]]:
     return table
 
 
-def render(tables: dict[str, dict[str, dict[str, float]]], as_of: dict[str, str]) -> str:
-    current = TABLE.read_text()
-    head = current[: current.index("\nAS_OF = ") + 1]
-    lines = [head + f"AS_OF = {as_of!r}", "", "# cloud -> machine type -> region -> USD per hour"]
-    lines.append("ON_DEMAND: dict[str, dict[str, dict[str, float]]] = {")
-    for cloud, table in tables.items():
-        lines.append(f'    "{cloud}": {{')
-        for name in sorted(table):
-            body = ", ".join(f'"{r}": {table[name][r]!r}' for r in sorted(table[name]))
-            lines.append(f'        "{name}": {{{body}}},')
-        lines.append("    },")
-    lines += ["}", ""]
-    return "\n".join(lines)
+def render(current: dict[str, Any], table: dict[str, dict[str, float]], as_of: str) -> str:
+    """The file with ``table`` and ``as_of`` in it, as it is committed: types and regions
+    sorted, one region per line, so a refresh's diff is the prices that moved."""
+    ordered = {name: dict(sorted(table[name].items())) for name in sorted(table)}
+    return json.dumps({**current, "as_of": as_of, "on_demand": ordered}, indent=2) + "\n"
 
 
 def main() -> int:
@@ -102,9 +97,10 @@ def main() -> int:
     options = parser.parse_args()
 
     sys.path.insert(0, str(ROOT))
-    from skyward.providers.cloud import catalog, prices
+    from skyward.providers.cloud import catalog
 
-    tables, as_of = dict(prices.ON_DEMAND), dict(prices.AS_OF)
+    path = table_path(options.cloud)
+    current = json.loads(path.read_text())
     if options.cloud == "gcp":
         if options.source is None:
             parser.error("--cloud gcp needs --from pricing.yml")
@@ -120,25 +116,13 @@ def main() -> int:
         missing = [name for name, found in table.items() if not found]
     if missing:
         print(f"no price found for {', '.join(missing)}", file=sys.stderr)
-    tables[options.cloud] = table
-    as_of[options.cloud] = datetime.date.today().isoformat()
-    text = render(tables, as_of)
+    text = render(current, table, datetime.date.today().isoformat())
     if options.check:
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as scratch:
-            fresh = Path(scratch) / "prices.py"
-            fresh.write_text(text)
-            subprocess.run([sys.executable, "-m", "ruff", "format", str(fresh)], check=False)
-            text = fresh.read_text()
-        old = TABLE.read_text()
-        same = old[old.index("ON_DEMAND") :] == text[text.index("ON_DEMAND") :]
+        same = json.loads(text)["on_demand"] == current["on_demand"]
         print("up to date" if same else "out of date")
         return 0 if same else 1
-    TABLE.write_text(text)
-    # The committed table is ruff-formatted; format it the same way so the diff is the prices.
-    subprocess.run([sys.executable, "-m", "ruff", "format", str(TABLE)], check=False)
-    print(f"wrote {TABLE} ({len(table)} types)")
+    path.write_text(text)
+    print(f"wrote {path} ({len(table)} types)")
     return 0
 
 

@@ -3,10 +3,13 @@ what it has instead."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from skyward.providers.cloud import catalog
-from skyward.providers.cloud.prices import ON_DEMAND
 
 
 @pytest.mark.parametrize(
@@ -103,7 +106,7 @@ def test_prices_are_per_region_and_unknown_where_the_table_has_none() -> None:
 def test_every_gcp_machine_with_built_in_gpus_or_none_has_prices_in_several_regions() -> None:
     for machine in catalog.machines("gcp"):
         if machine.attach is None and machine.type != "a3-ultragpu-8g":
-            table = ON_DEMAND["gcp"][machine.type]
+            table = catalog.ON_DEMAND["gcp"][machine.type]
             assert len(table) >= 9, machine.type
 
 
@@ -119,7 +122,7 @@ def test_gcp_n1_machines_are_priced_by_their_gpus_not_by_their_shared_type() -> 
 
 
 def test_every_aws_machine_has_a_price_in_the_reference_region() -> None:
-    assert all(m.hourly for m in catalog.machines("aws")), "prices.py lacks a type"
+    assert all(m.hourly for m in catalog.machines("aws")), "aws/prices.json lacks a type"
 
 
 def test_each_machine_type_is_listed_once_per_accelerator() -> None:
@@ -170,3 +173,22 @@ def test_an_instance_type_smaller_than_the_request_is_refused() -> None:
     with pytest.raises(ValueError, match="less than memory_gb=256"):
         catalog.refuse_contradiction(small, vcpus=None, memory_gb=256, given="instance_type")
     catalog.refuse_contradiction(small, vcpus=4, memory_gb=16, given="instance_type")
+
+
+def test_the_catalog_reads_each_clouds_data_files_and_imports_no_clouds_code() -> None:
+    script = (
+        "import sys\n"
+        "from skyward.providers.cloud import catalog\n"
+        "catalog.catalog(); catalog.choose('aws', 'A100'); catalog.price('gcp', 'g2-standard-4')\n"
+        "loaded = [m for m in sys.modules if m.split('.')[:3][-1] in catalog.CLOUDS\n"
+        "          or m.split('.')[0] in ('boto3', 'google', 'azure')]\n"
+        "print(loaded)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert ran.stdout.strip() == "[]", ran.stdout
+    providers = Path(catalog.__file__).parent.parent
+    with_data = {p.parent.name for p in providers.glob("*/machines.json")}
+    assert with_data == set(catalog.CLOUDS)
+    assert all((providers / cloud / "prices.json").is_file() for cloud in catalog.CLOUDS)

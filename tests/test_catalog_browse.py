@@ -95,13 +95,34 @@ def test_the_command_prints_a_table_with_prices_and_json_on_request() -> None:
     assert bad.returncode != 0 and "unknown accelerator 'B300'" in bad.stderr
 
 
-def test_spot_prices_come_from_the_cloud_when_asked(
-    moto: MotoServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
-    priced = sky.catalog("L4", cloud="aws", region="us-east-1", spot=True)
+def test_spot_prices_are_the_lowest_of_the_zones_asked_once_per_region_through_the_lookup() -> None:
+    asked: list[tuple[str, list[str]]] = []
+
+    def quotes(region: str, types: list[str]) -> dict[tuple[str, str], float]:
+        asked.append((region, types))
+        return {("g6.xlarge", f"{region}a"): 0.31, ("g6.xlarge", f"{region}b"): 0.29}
+
+    priced = sky.catalog("L4", region="us-east-1", spot=True, spot_prices={"aws": quotes})
+    g6 = next(e for e in priced if e.type == "g6.xlarge")
+    assert g6.spot == 0.29
+    assert all(e.spot is None for e in priced if e.type != "g6.xlarge")  # no quote: unknown
+    assert asked == [("us-east-1", sorted(e.type for e in priced))]
+    everywhere = sky.catalog("T4", spot=True, spot_prices={"aws": quotes})
+    assert {e.cloud for e in everywhere if e.cloud != "aws"} == {"gcp", "azure"}
+    assert all(e.spot is None for e in everywhere if e.cloud != "aws")  # no lookup: unknown
+    assert all(e.spot is None for e in sky.catalog("L4", cloud="aws"))  # not asked: no call
+    assert len(asked) == 2
+    with pytest.raises(ValueError, match="spot=True needs spot_prices"):
+        sky.catalog("L4", spot=True)
+
+
+def test_the_cli_asks_aws_for_its_spot_prices(moto: MotoServer) -> None:
+    listed = _skyward(
+        "catalog", "L4", "--cloud", "aws", "--region", "us-east-1", "--spot", "--json",
+        env={"AWS_ENDPOINT_URL": moto.url},
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
     quoted = moto.client("ec2").describe_spot_price_history(InstanceTypes=["g6.xlarge"])
     prices = [float(p["SpotPrice"]) for p in quoted["SpotPriceHistory"]]
-    g6 = next(e for e in priced if e.type == "g6.xlarge")
-    assert prices and g6.spot == min(prices)
-    assert all(e.spot is None for e in sky.catalog("L4", cloud="aws"))  # not asked: no call
+    g6 = next(e for e in json.loads(listed.stdout) if e["type"] == "g6.xlarge")
+    assert prices and g6["spot"] == min(prices)

@@ -20,6 +20,5 @@ the contract's calls (``<cloud>/options.py``, ``api.py``, ``machines.py``).
     inventory.py   CloudInventory: leftovers by tag, deleted by place and kind
     capacity.py    offers (type, zone, market, price) in the strategy's order; the failover
     catalog.py     accelerators -> machine types per cloud, with their facts and prices
-    prices.py      the dated on-demand price table, per cloud, type and region
     keys.py        pool keys left on this machine (``skyward ls`` / ``down``)
 """

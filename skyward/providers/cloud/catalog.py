@@ -1,4 +1,4 @@
-"""Which machine each cloud gives for a request: the catalog AWS, GCP and Azure share.
+"""Which machine each cloud gives for a request: the catalog the clouds share.
 
 ::
 
@@ -13,31 +13,53 @@
 ``choose(cloud, name, vcpus=, memory_gb=)`` picks the machine, or raises ``ValueError``
 listing what that cloud has; ``matching`` lists every machine that satisfies a request,
 cheapest first (for ``allocation="cheapest"``), and ``alternatives`` the ones a capacity
-failover may move to (same accelerator and count, at least as large). Facts come from each
-cloud's public instance-type pages (and agree with EC2's ``describe_instance_types``, which
-a test checks); prices are the on-demand list prices in ``prices.py`` (dated), per region:
-``price(cloud, type, region)``, ``None`` where the table does not know one.
+failover may move to (same accelerator and count, at least as large).
+
+The rows and prices are data in each cloud's folder, read once, on first use, and shipped
+with the package (``pyproject.toml``'s package-data)::
+
+    providers/<cloud>/machines.json   how the cloud is spelled to users and names its
+                                      regions, its reference region (where prices are read
+                                      when none is given), and its machine types in order:
+                                      per accelerator, the default for a bare name first
+                                      (``choose`` takes the first that fits), then larger
+                                      sizes a request for more, "cheapest" or a failover
+                                      may take
+    providers/<cloud>/prices.json     the dated on-demand list prices, per type and region
+                                      (USD per hour; ``scripts/refresh_prices.py``), and
+                                      whether a region missing for a type means the cloud
+                                      does not sell it there
+
+``price(cloud, type, region)`` reads them, ``None`` where they do not know one. Facts come
+from each cloud's public instance-type pages (and agree with EC2's
+``describe_instance_types``, which a test checks). Current spot prices are the cloud's to
+tell: ``catalog(spot=True)`` asks through the lookups its caller passes, and this module
+imports no cloud's code.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from importlib import resources
+from typing import TYPE_CHECKING, Literal, get_args
 
-from skyward.providers.cloud.prices import ON_DEMAND
-
+# The clouds with a catalog, in the order listings show them; each has its data files in
+# ``providers/<cloud>/``.
 Cloud = Literal["aws", "gcp", "azure"]
+CLOUDS: tuple[Cloud, ...] = get_args(Cloud)
 
-# Where a cloud's prices are read when no region is given (the cheapest, usually).
-REFERENCE_REGION: dict[str, str] = {"aws": "us-east-1", "gcp": "us-central1", "azure": "eastus"}
+# A cloud's current spot prices, asked of the cloud (a network call): a region and machine
+# types -> USD per hour per (type, zone). The caller passes one per cloud that has them.
+SpotPrices = Callable[[str, list[str]], Mapping[tuple[str, str], float]]
 
 _NAME = re.compile(r"^(?P<name>[A-Za-z0-9]+?)(?:-(?P<memory>\d+)GB)?(?::(?P<count>\d+))?$", re.I)
 # Names outside the catalog (sky.accelerators.Custom): what a Slurm gres or an SSH host's
 # label can be.
 _FREE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
-# How the clouds are spelled to users.
-PROVIDERS: dict[str, str] = {"aws": "sky.AWS", "gcp": "sky.GCP", "azure": "sky.Azure"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +120,8 @@ class Machine:
     count: int  # accelerators per machine (0 for CPU)
     memory_gb: int  # per accelerator, as the vendor names it (0 for CPU)
     vcpus: int
-    hourly_list: float | None = None  # for clouds whose prices are not in prices.py
+    # this row's own price, reference region only: for rows prices.json cannot key by type
+    hourly_list: float | None = None
     attach: str | None = None
     ram_gb: float = 0.0
     arch: str = "x86_64"
@@ -127,175 +150,159 @@ class Machine:
         return memory_gb is None or (self.ram_gb > 0 and self.ram_gb >= memory_gb)
 
 
-def _m(
-    cloud: Cloud,
-    type: str,
-    accelerator: str | None,
-    count: int,
-    memory_gb: int,
-    vcpus: int,
-    hourly: float | None = None,
-    attach: str | None = None,
-    *,
-    ram: float = 0.0,
-) -> Machine:
-    return Machine(cloud, type, accelerator, count, memory_gb, vcpus, hourly, attach, ram)
+# ── the data files ───────────────────────────────────────────────────────────────────────
 
 
-def _m7i(size: str, vcpus: int) -> Machine:
-    return _m("aws", f"m7i.{size}", None, 0, 0, vcpus, ram=vcpus * 4)
+@dataclass(frozen=True)
+class _Tables:
+    """Every cloud's data files, as read: the module-level names below are these fields."""
+
+    machines: tuple[Machine, ...]
+    names: tuple[str, ...]
+    providers: dict[Cloud, str]
+    reference_region: dict[Cloud, str]
+    as_of: dict[Cloud, str]
+    # cloud -> machine type -> region -> USD per hour
+    on_demand: dict[Cloud, dict[str, dict[str, float]]]
+    # clouds whose price list names every region that sells a type
+    regions_complete: frozenset[Cloud]
+    region_patterns: dict[Cloud, re.Pattern[str]]
+    region_examples: dict[Cloud, str]
 
 
-def _n2(vcpus: str) -> Machine:
-    return _m("gcp", f"n2-standard-{vcpus}", None, 0, 0, int(vcpus), ram=4 * int(vcpus))
+# A machines.json row's keys and the JSON types each may hold; those in _OPTIONAL may be
+# left out (the field's default).
+_ROW: dict[str, tuple[type, ...]] = {
+    "type": (str,),
+    "accelerator": (str, type(None)),
+    "count": (int,),
+    "memory_gb": (int,),
+    "vcpus": (int,),
+    "ram_gb": (int, float),
+    "hourly_list": (int, float, type(None)),
+    "attach": (str, type(None)),
+    "arch": (str,),
+}
+_OPTIONAL = {"hourly_list", "attach", "arch"}
 
 
-def _n1(vcpus: str, gpu: str, count: int, memory: int, gpu_hourly: float) -> Machine:
-    """An N1 machine with ``count`` attached GPUs (3.75 GB of RAM and $0.0475/h per vCPU)."""
-    n, attach = int(vcpus), f"nvidia-tesla-{gpu.lower()}"
-    hourly = round(n * 0.0474998 + count * gpu_hourly, 6)
-    return _m("gcp", f"n1-standard-{vcpus}", gpu, count, memory, n, hourly, attach, ram=3.75 * n)
+def _read(cloud: Cloud, name: str) -> dict[str, object] | None:
+    """``providers/<cloud>/<name>`` as a JSON object; ``None`` when the cloud has no such file
+    (read through the package, so an installed wheel reads its own copy, and the cloud's
+    package itself is not imported)."""
+    file = resources.files("skyward.providers") / cloud / name
+    if not file.is_file():
+        return None
+    loaded: object = json.loads(file.read_text(encoding="utf-8"))
+    if not isinstance(loaded, dict):
+        raise ValueError(f"providers/{cloud}/{name} is not a JSON object")
+    return loaded
 
 
-# Per cloud, per accelerator: the default machine for a bare name first (``choose`` with
-# no vcpus/memory_gb takes the first that fits the name), then larger sizes of the same
-# family, which a request for more vCPUs or memory, "cheapest", or a capacity failover
-# may take. RAM is GiB as EC2 reports it.
-MACHINES: tuple[Machine, ...] = (
-    # ── AWS (EC2; general purpose m7i for CPU pools, accelerated computing for GPUs) ───
-    _m7i("xlarge", 4),
-    _m7i("large", 2),
-    _m7i("2xlarge", 8),
-    _m7i("4xlarge", 16),
-    _m7i("8xlarge", 32),
-    _m7i("12xlarge", 48),
-    _m7i("16xlarge", 64),
-    _m7i("24xlarge", 96),
-    _m7i("48xlarge", 192),
-    _m("aws", "p4d.24xlarge", "A100", 8, 40, 96, ram=1152),
-    _m("aws", "p4de.24xlarge", "A100", 8, 80, 96, ram=1152),
-    _m("aws", "p5.4xlarge", "H100", 1, 80, 16, ram=256),
-    _m("aws", "p5.48xlarge", "H100", 8, 80, 192, ram=2048),
-    _m("aws", "p5en.48xlarge", "H200", 8, 141, 192, ram=2048),
-    _m("aws", "g6.xlarge", "L4", 1, 24, 4, ram=16),
-    _m("aws", "g6.2xlarge", "L4", 1, 24, 8, ram=32),
-    _m("aws", "g6.4xlarge", "L4", 1, 24, 16, ram=64),
-    _m("aws", "g6.8xlarge", "L4", 1, 24, 32, ram=128),
-    _m("aws", "g6.16xlarge", "L4", 1, 24, 64, ram=256),
-    _m("aws", "g6.12xlarge", "L4", 4, 24, 48, ram=192),
-    _m("aws", "g6.24xlarge", "L4", 4, 24, 96, ram=384),
-    _m("aws", "g6.48xlarge", "L4", 8, 24, 192, ram=768),
-    _m("aws", "g4dn.xlarge", "T4", 1, 16, 4, ram=16),
-    _m("aws", "g4dn.2xlarge", "T4", 1, 16, 8, ram=32),
-    _m("aws", "g4dn.4xlarge", "T4", 1, 16, 16, ram=64),
-    _m("aws", "g4dn.8xlarge", "T4", 1, 16, 32, ram=128),
-    _m("aws", "g4dn.16xlarge", "T4", 1, 16, 64, ram=256),
-    _m("aws", "g4dn.12xlarge", "T4", 4, 16, 48, ram=192),
-    _m("aws", "g4dn.metal", "T4", 8, 16, 96, ram=384),
-    _m("aws", "g5.xlarge", "A10G", 1, 24, 4, ram=16),
-    _m("aws", "g5.2xlarge", "A10G", 1, 24, 8, ram=32),
-    _m("aws", "g5.4xlarge", "A10G", 1, 24, 16, ram=64),
-    _m("aws", "g5.8xlarge", "A10G", 1, 24, 32, ram=128),
-    _m("aws", "g5.16xlarge", "A10G", 1, 24, 64, ram=256),
-    _m("aws", "g5.12xlarge", "A10G", 4, 24, 48, ram=192),
-    _m("aws", "g5.24xlarge", "A10G", 4, 24, 96, ram=384),
-    _m("aws", "g5.48xlarge", "A10G", 8, 24, 192, ram=768),
-    _m("aws", "g6e.xlarge", "L40S", 1, 48, 4, ram=32),
-    _m("aws", "g6e.2xlarge", "L40S", 1, 48, 8, ram=64),
-    _m("aws", "g6e.4xlarge", "L40S", 1, 48, 16, ram=128),
-    _m("aws", "g6e.8xlarge", "L40S", 1, 48, 32, ram=256),
-    _m("aws", "g6e.16xlarge", "L40S", 1, 48, 64, ram=512),
-    _m("aws", "g6e.12xlarge", "L40S", 4, 48, 48, ram=384),
-    _m("aws", "g6e.24xlarge", "L40S", 4, 48, 96, ram=768),
-    _m("aws", "g6e.48xlarge", "L40S", 8, 48, 192, ram=1536),
-    _m("aws", "p3.2xlarge", "V100", 1, 16, 8, ram=61),
-    _m("aws", "p3.8xlarge", "V100", 4, 16, 32, ram=244),
-    _m("aws", "p3.16xlarge", "V100", 8, 16, 64, ram=488),
-    _m("aws", "p3dn.24xlarge", "V100", 8, 32, 96, ram=768),
-    # ── GCP (Compute Engine; N2 for CPU pools, N1 with attached GPUs) ────────────────
-    # Prices: the table in prices.py, per region. N1 rows are priced here, in us-central1
-    # (the reference region; elsewhere unknown), from cloud.google.com/compute/gpus-pricing,
-    # late 2025: the machine's price and the attached GPUs'.
-    _n2("4"),
-    _n2("2"),
-    _n2("8"),
-    _n2("16"),
-    _n2("32"),
-    _n2("48"),
-    _n2("64"),
-    _n2("96"),
-    _n2("128"),
-    _m("gcp", "a2-highgpu-1g", "A100", 1, 40, 12, ram=85),
-    _m("gcp", "a2-highgpu-2g", "A100", 2, 40, 24, ram=170),
-    _m("gcp", "a2-highgpu-4g", "A100", 4, 40, 48, ram=340),
-    _m("gcp", "a2-highgpu-8g", "A100", 8, 40, 96, ram=680),
-    _m("gcp", "a2-megagpu-16g", "A100", 16, 40, 96, ram=1360),
-    _m("gcp", "a2-ultragpu-1g", "A100", 1, 80, 12, ram=170),
-    _m("gcp", "a2-ultragpu-2g", "A100", 2, 80, 24, ram=340),
-    _m("gcp", "a2-ultragpu-4g", "A100", 4, 80, 48, ram=680),
-    _m("gcp", "a2-ultragpu-8g", "A100", 8, 80, 96, ram=1360),
-    # A3 High with 1, 2 or 4 GPUs is sold as Spot (or flex-start) only: a bare "H100" is
-    # the 8-GPU machine, which on-demand pools can get.
-    _m("gcp", "a3-highgpu-8g", "H100", 8, 80, 208, ram=1872),
-    _m("gcp", "a3-highgpu-1g", "H100", 1, 80, 26, ram=234),
-    _m("gcp", "a3-highgpu-2g", "H100", 2, 80, 52, ram=468),
-    _m("gcp", "a3-highgpu-4g", "H100", 4, 80, 104, ram=936),
-    _m("gcp", "a3-megagpu-8g", "H100", 8, 80, 208, ram=1872),
-    _m("gcp", "a3-ultragpu-8g", "H200", 8, 141, 224, ram=2952),
-    _m("gcp", "g2-standard-4", "L4", 1, 24, 4, ram=16),
-    _m("gcp", "g2-standard-8", "L4", 1, 24, 8, ram=32),
-    _m("gcp", "g2-standard-12", "L4", 1, 24, 12, ram=48),
-    _m("gcp", "g2-standard-16", "L4", 1, 24, 16, ram=64),
-    _m("gcp", "g2-standard-32", "L4", 1, 24, 32, ram=128),
-    _m("gcp", "g2-standard-24", "L4", 2, 24, 24, ram=96),
-    _m("gcp", "g2-standard-48", "L4", 4, 24, 48, ram=192),
-    _m("gcp", "g2-standard-96", "L4", 8, 24, 96, ram=384),
-    _n1("4", "T4", 1, 16, 0.35),
-    _n1("8", "T4", 2, 16, 0.35),
-    _n1("16", "T4", 4, 16, 0.35),
-    _n1("8", "V100", 1, 16, 2.48),
-    _n1("16", "V100", 2, 16, 2.48),
-    _n1("32", "V100", 4, 16, 2.48),
-    _n1("64", "V100", 8, 16, 2.48),
-    _n1("4", "P100", 1, 16, 1.46),
-    _n1("8", "P100", 2, 16, 1.46),
-    _n1("16", "P100", 4, 16, 1.46),
-    # ── Azure (N-series VM sizes; NCv3 V100 sizes were retired in 2025; eastus prices) ─
-    _m("azure", "Standard_D4s_v5", None, 0, 0, 4, 0.192, ram=16),
-    _m("azure", "Standard_D8s_v5", None, 0, 0, 8, 0.384, ram=32),
-    _m("azure", "Standard_D16s_v5", None, 0, 0, 16, 0.768, ram=64),
-    _m("azure", "Standard_D32s_v5", None, 0, 0, 32, 1.536, ram=128),
-    _m("azure", "Standard_D64s_v5", None, 0, 0, 64, 3.072, ram=256),
-    _m("azure", "Standard_D96s_v5", None, 0, 0, 96, 4.608, ram=384),
-    _m("azure", "Standard_NC24ads_A100_v4", "A100", 1, 80, 24, 3.673, ram=220),
-    _m("azure", "Standard_NC48ads_A100_v4", "A100", 2, 80, 48, 7.346, ram=440),
-    _m("azure", "Standard_NC96ads_A100_v4", "A100", 4, 80, 96, 14.692, ram=880),
-    _m("azure", "Standard_ND96asr_v4", "A100", 8, 40, 96, 27.197, ram=900),
-    _m("azure", "Standard_ND96amsr_A100_v4", "A100", 8, 80, 96, 32.77, ram=1900),
-    _m("azure", "Standard_NC40ads_H100_v5", "H100", 1, 94, 40, 6.98, ram=320),
-    _m("azure", "Standard_NC80adis_H100_v5", "H100", 2, 94, 80, 13.96, ram=640),
-    _m("azure", "Standard_ND96isr_H100_v5", "H100", 8, 80, 96, 98.32, ram=1900),
-    _m("azure", "Standard_ND96isr_H200_v5", "H200", 8, 141, 96, ram=1850),
-    _m("azure", "Standard_NC4as_T4_v3", "T4", 1, 16, 4, 0.526, ram=28),
-    _m("azure", "Standard_NC8as_T4_v3", "T4", 1, 16, 8, 0.752, ram=56),
-    _m("azure", "Standard_NC16as_T4_v3", "T4", 1, 16, 16, 1.204, ram=110),
-    _m("azure", "Standard_NC64as_T4_v3", "T4", 4, 16, 64, 4.352, ram=440),
-)
+def _text(data: Mapping[str, object], key: str, where: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {key!r} must be a string, not {value!r}")
+    return value
 
-# Every accelerator name any cloud has, canonical spelling.
-NAMES: tuple[str, ...] = tuple(
-    dict.fromkeys(m.accelerator for m in MACHINES if m.accelerator is not None)
-)
+
+def _machine(cloud: Cloud, row: object) -> Machine:
+    where = f"providers/{cloud}/machines.json"
+    if not isinstance(row, dict) or not set(_ROW) - _OPTIONAL <= row.keys() <= set(_ROW):
+        raise ValueError(f"{where}: a row has {', '.join(_ROW)} (the last 3 optional): {row}")
+    for key, value in row.items():
+        if not isinstance(value, _ROW[key]) or isinstance(value, bool):
+            raise ValueError(f"{where}: {key} has the wrong type in {row}")
+    return Machine(cloud, **row)
+
+
+def _prices(cloud: Cloud, table: object) -> dict[str, dict[str, float]]:
+    """``on_demand`` of a cloud's prices.json: machine type -> region -> USD per hour."""
+    if not isinstance(table, dict) or not all(
+        isinstance(regions, dict) and all(isinstance(usd, int | float) for usd in regions.values())
+        for regions in table.values()
+    ):
+        raise ValueError(f"providers/{cloud}/prices.json: 'on_demand' is type -> region -> USD")
+    return table
+
+
+@functools.cache
+def _tables() -> _Tables:
+    """Read every cloud's files, once (importing the catalog reads nothing)."""
+    rows: list[Machine] = []
+    providers: dict[Cloud, str] = {}
+    reference: dict[Cloud, str] = {}
+    patterns: dict[Cloud, re.Pattern[str]] = {}
+    examples: dict[Cloud, str] = {}
+    on_demand: dict[Cloud, dict[str, dict[str, float]]] = {}
+    as_of: dict[Cloud, str] = {}
+    complete: set[Cloud] = set()
+    for cloud in CLOUDS:
+        where = f"providers/{cloud}/machines.json"
+        machines = _read(cloud, "machines.json")
+        if machines is None:
+            raise ValueError(f"{where} is missing: every cloud of the catalog has one")
+        listed = machines.get("machines")
+        if not isinstance(listed, list):
+            raise ValueError(f"{where}: 'machines' must be a list of rows")
+        rows += [_machine(cloud, row) for row in listed]
+        providers[cloud] = _text(machines, "provider", where)
+        reference[cloud] = _text(machines, "reference_region", where)
+        patterns[cloud] = re.compile(_text(machines, "region_pattern", where))
+        examples[cloud] = _text(machines, "region_example", where)
+        prices = _read(cloud, "prices.json") or {"on_demand": {}}
+        on_demand[cloud] = _prices(cloud, prices.get("on_demand"))
+        if prices.get("as_of") is not None:
+            as_of[cloud] = _text(prices, "as_of", f"providers/{cloud}/prices.json")
+        if prices.get("regions_complete") is True:
+            complete.add(cloud)
+    return _Tables(
+        machines=tuple(rows),
+        names=tuple(dict.fromkeys(m.accelerator for m in rows if m.accelerator is not None)),
+        providers=providers,
+        reference_region=reference,
+        as_of=as_of,
+        on_demand=on_demand,
+        regions_complete=frozenset(complete),
+        region_patterns=patterns,
+        region_examples=examples,
+    )
+
+
+if TYPE_CHECKING:
+    # Read on first use (``__getattr__``), as if they were constants.
+    MACHINES: tuple[Machine, ...]  # every cloud's rows, in CLOUDS' order
+    NAMES: tuple[str, ...]  # every accelerator name any cloud has, canonical spelling
+    PROVIDERS: dict[Cloud, str]  # how the clouds are spelled to users ("sky.AWS")
+    REFERENCE_REGION: dict[Cloud, str]  # where prices are read when no region is given
+    AS_OF: dict[Cloud, str]  # the date of each cloud's price table, where it has one
+    ON_DEMAND: dict[Cloud, dict[str, dict[str, float]]]  # cloud -> type -> region -> USD/h
+
+_LAZY = {
+    "MACHINES": "machines",
+    "NAMES": "names",
+    "PROVIDERS": "providers",
+    "REFERENCE_REGION": "reference_region",
+    "AS_OF": "as_of",
+    "ON_DEMAND": "on_demand",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(_tables(), _LAZY[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parse(text: str) -> Accelerator:
     """``"a100-80gb:8"`` -> ``Accelerator("A100", 8, 80)``; ``ValueError`` for a name no
     cloud has, listing those that exist."""
     match = _NAME.match(text.strip())
-    canonical = {n.upper(): n for n in NAMES}
+    names = _tables().names
+    canonical = {n.upper(): n for n in names}
     if match is None or match["name"].upper() not in canonical:
         raise ValueError(
-            f"unknown accelerator {text!r}; the clouds' catalog knows {', '.join(NAMES)} "
+            f"unknown accelerator {text!r}; the clouds' catalog knows {', '.join(names)} "
             f"(optionally with memory and count, for example 'A100-80GB:8'), or None for CPU "
             f"machines. A name outside it (sky.accelerators.Custom) suits sky.SSH and "
             f"sky.Slurm, which take the machines' own names"
@@ -308,7 +315,7 @@ def parse(text: str) -> Accelerator:
 
 
 def machines(cloud: Cloud) -> list[Machine]:
-    return [m for m in MACHINES if m.cloud == cloud]
+    return [m for m in _tables().machines if m.cloud == cloud]
 
 
 def find(cloud: Cloud, machine_type: str) -> Machine | None:
@@ -319,10 +326,11 @@ def find(cloud: Cloud, machine_type: str) -> Machine | None:
 def price(cloud: Cloud, machine_type: str, region: str | None = None) -> float | None:
     """The on-demand list price per hour of ``machine_type`` in ``region`` (default: the
     cloud's reference region), when the table has it."""
-    table = ON_DEMAND.get(cloud, {}).get(machine_type)
+    tables = _tables()
+    table = tables.on_demand[cloud].get(machine_type)
     if table is not None:
-        return table.get(region or REFERENCE_REGION[cloud])
-    if region is None or region == REFERENCE_REGION[cloud]:
+        return table.get(region or tables.reference_region[cloud])
+    if region is None or region == tables.reference_region[cloud]:
         machine = find(cloud, machine_type)
         return machine.hourly_list if machine is not None else None
     return None
@@ -367,7 +375,7 @@ def offered_by(wanted: Accelerator) -> dict[Cloud, list[Machine]]:
     """Per cloud, the machines that have ``wanted`` (in its count and memory when pinned);
     clouds with none are left out."""
     found: dict[Cloud, list[Machine]] = {}
-    for machine in MACHINES:
+    for machine in _tables().machines:
         if fits(machine, wanted):
             found.setdefault(machine.cloud, []).append(machine)
     return found
@@ -386,7 +394,7 @@ def who_offers(wanted: Accelerator | str, *, besides: str | None = None) -> str:
     for cloud, found in offers.items():
         types = list(dict.fromkeys(m.type for m in found))
         more = f" and {len(types) - 3} more" if len(types) > 3 else ""
-        parts.append(f"{PROVIDERS[cloud]} ({', '.join(types[:3])}{more})")
+        parts.append(f"{_tables().providers[cloud]} ({', '.join(types[:3])}{more})")
     return f"{wanted} is offered by {'; '.join(parts)}."
 
 
@@ -395,7 +403,7 @@ def machine_price(machine: Machine, region: str | None = None) -> float | None:
     and differ by their GPUs, so their price is the catalog row's (reference region only)."""
     if machine.attach is None:
         return price(machine.cloud, machine.type, region)
-    if region is None or region == REFERENCE_REGION[machine.cloud]:
+    if region is None or region == _tables().reference_region[machine.cloud]:
         return machine.hourly_list
     return None
 
@@ -504,8 +512,6 @@ def refuse_contradiction(
 
 # ── browsing: sky.catalog() and `skyward catalog` ────────────────────────────────────────
 
-CLOUDS: tuple[Cloud, ...] = ("aws", "gcp", "azure")
-
 
 @dataclass(frozen=True)
 class CatalogEntry:
@@ -533,15 +539,14 @@ class CatalogEntry:
 
 
 def cloud_of_region(region: str) -> Cloud | None:
-    """Which cloud names a region this way: AWS ``us-west-2`` (one its price list knows, or
-    its shape), GCP ``europe-west4``, Azure ``westeurope``; None when none does."""
-    aws = {r for table in ON_DEMAND.get("aws", {}).values() for r in table}
-    if region in aws or re.fullmatch(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d", region):
-        return "aws"
-    if re.fullmatch(r"[a-z]+-[a-z]+\d+", region):
-        return "gcp"
-    if re.fullmatch(r"[a-z]+\d*", region):
-        return "azure"
+    """Which cloud names a region this way (``us-west-2``, ``europe-west4``, ``westeurope``):
+    the first whose price list knows it or whose region names have its shape (each cloud's
+    ``region_pattern``); None when none does."""
+    tables = _tables()
+    for cloud in CLOUDS:
+        known = any(region in regions for regions in tables.on_demand[cloud].values())
+        if known or tables.region_patterns[cloud].fullmatch(region):
+            return cloud
     return None
 
 
@@ -551,25 +556,34 @@ def catalog(
     cloud: str | None = None,
     region: str | None = None,
     spot: bool = False,
+    spot_prices: Mapping[str, SpotPrices] | None = None,
 ) -> list[CatalogEntry]:
     """What each cloud offers for ``accelerator``, with GPUs, memory and price per hour.
 
     ``accelerator``: a name as a pool takes it (``"A100"``, ``"A100-80GB:8"``), ``"cpu"``
-    for machines without one, or None for everything. ``cloud``: ``"aws"``, ``"gcp"`` or
-    ``"azure"`` (default: every cloud, or the one ``region`` belongs to). ``region``: whose
-    prices to show (default: each cloud's reference region, where its prices are lowest);
-    on AWS, types its price list says the region does not sell are left out. ``spot``: ask
-    the cloud for its current spot prices (AWS only, with the ``aws`` extra and credentials;
-    a network call). Cheapest first within each accelerator. Reads no network otherwise.
-    ``ValueError`` for an unknown accelerator, cloud or region."""
+    for machines without one, or None for everything. ``cloud``: one of ``CLOUDS``
+    (default: every cloud, or the one ``region`` belongs to). ``region``: whose prices to
+    show (default: each cloud's reference region, where its prices are lowest); where a
+    cloud's price list names every region that sells a type (AWS's), types it says the
+    region does not sell are left out. ``spot``: ask each cloud in ``spot_prices`` (cloud ->
+    its lookup, which its caller passes: a network call, with that cloud's extra and
+    credentials) for its current spot prices, the lowest of the region's zones; the other
+    clouds' rows keep ``spot=None``. Cheapest first within each accelerator. Reads no network
+    otherwise. ``ValueError`` for an unknown accelerator, cloud or region."""
+    if spot and spot_prices is None:
+        raise ValueError(
+            "spot=True needs spot_prices: per cloud, how to ask it for its current spot "
+            "prices (`skyward catalog --spot` passes AWS's)"
+        )
+    tables = _tables()
     clouds = _clouds_for(cloud, region)
     entries: list[CatalogEntry] = []
     for each in clouds:
-        where = region or REFERENCE_REGION[each]
+        where = region or tables.reference_region[each]
         for machine in _browse(each, accelerator):
-            table = ON_DEMAND.get(each, {}).get(machine.type)
-            if each == "aws" and table is not None and where not in table:
-                continue  # not sold there, per AWS's price list (GCP's lists fewer regions)
+            table = tables.on_demand[each].get(machine.type)
+            if each in tables.regions_complete and table is not None and where not in table:
+                continue  # not sold there, per the cloud's price list
             entries.append(
                 CatalogEntry(
                     cloud=each,
@@ -583,9 +597,9 @@ def catalog(
                     on_demand=machine_price(machine, where),
                 )
             )
-    if spot:
-        entries = _with_spot(entries)
-    order = {name: i for i, name in enumerate((None, *NAMES))}
+    if spot and spot_prices:
+        entries = _with_spot(entries, spot_prices)
+    order = {name: i for i, name in enumerate((None, *tables.names))}
     return sorted(
         entries,
         key=lambda e: (
@@ -608,9 +622,13 @@ def _clouds_for(cloud: str | None, region: str | None) -> list[Cloud]:
         return list(CLOUDS)
     owner = cloud_of_region(region)
     if owner is None:
+        tables = _tables()
+        examples = ", ".join(
+            f"{tables.providers[c].removeprefix('sky.')}: {tables.region_examples[c]!r}"
+            for c in CLOUDS
+        )
         raise ValueError(
-            f"{region!r} is no region of {', '.join(CLOUDS)} (AWS: 'us-west-2', GCP: "
-            f"'europe-west4', Azure: 'westeurope'); name the cloud too"
+            f"{region!r} is no region of {', '.join(CLOUDS)} ({examples}); name the cloud too"
         )
     return [owner]
 
@@ -626,20 +644,16 @@ def _browse(cloud: Cloud, accelerator: str | None) -> list[Machine]:
     return [m for m in machines(cloud) if fits(m, wanted)]
 
 
-def _with_spot(entries: list[CatalogEntry]) -> list[CatalogEntry]:
-    """AWS rows with EC2's current spot price (the lowest of the region's zones)."""
-    from dataclasses import replace
-
-    from skyward.providers.aws.api import Api
-
-    regions = sorted({e.region for e in entries if e.cloud == "aws"})
-    lowest: dict[tuple[str, str], float] = {}
-    for region in regions:
-        api = Api.connect(region=region, profile=None, endpoint_url=None)
-        types = sorted({e.type for e in entries if e.cloud == "aws" and e.region == region})
-        for (kind, _zone), price in api.spot_prices(types).items():
-            key = (region, kind)
-            lowest[key] = min(price, lowest.get(key, price))
-    return [
-        replace(e, spot=lowest.get((e.region, e.type))) if e.cloud == "aws" else e for e in entries
-    ]
+def _with_spot(
+    entries: list[CatalogEntry], spot_prices: Mapping[str, SpotPrices]
+) -> list[CatalogEntry]:
+    """The rows of each cloud in ``spot_prices`` with its current spot price (the lowest of
+    the region's zones), asked once per region."""
+    lowest: dict[tuple[str, str, str], float] = {}
+    for cloud, ask in spot_prices.items():
+        for region in sorted({e.region for e in entries if e.cloud == cloud}):
+            types = sorted({e.type for e in entries if e.cloud == cloud and e.region == region})
+            for (kind, _zone), price in ask(region, types).items():
+                key = (cloud, region, kind)
+                lowest[key] = min(price, lowest.get(key, price))
+    return [replace(e, spot=lowest.get((e.cloud, e.region, e.type))) for e in entries]
