@@ -112,8 +112,16 @@ def test_spot_prices_are_the_lowest_of_the_zones_asked_once_per_region_through_t
     assert all(e.spot is None for e in everywhere if e.cloud != "aws")  # no lookup: unknown
     assert all(e.spot is None for e in sky.catalog("L4", cloud="aws"))  # not asked: no call
     assert len(asked) == 2
-    with pytest.raises(ValueError, match="spot=True needs spot_prices"):
-        sky.catalog("L4", spot=True)
+
+
+def test_spot_prices_come_from_each_clouds_registry_entry_by_default(
+    moto: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
+    priced = sky.catalog("L4", cloud="aws", region="us-east-1", spot=True)
+    quoted = moto.client("ec2").describe_spot_price_history(InstanceTypes=["g6.xlarge"])
+    lowest = min(float(q["SpotPrice"]) for q in quoted["SpotPriceHistory"])
+    assert next(e for e in priced if e.type == "g6.xlarge").spot == lowest
 
 
 def test_the_cli_asks_aws_for_its_spot_prices(moto: MotoServer) -> None:

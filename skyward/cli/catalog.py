@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import click
 
@@ -43,11 +43,8 @@ def catalog(
     from skyward._errors import SkywardError
     from skyward.providers.cloud.catalog import catalog as listing
 
-    spot_prices = {"aws": _aws_spot_prices}  # until the provider registry carries each cloud's
     try:
-        entries = listing(
-            accelerator, cloud=cloud, region=region, spot=spot, spot_prices=spot_prices
-        )
+        entries = listing(accelerator, cloud=cloud, region=region, spot=spot)
     except (ValueError, SkywardError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -67,13 +64,6 @@ def catalog(
         f"On-demand list prices ({dated}), USD per hour per machine; '-': unknown.",
         err=True,
     )
-
-
-def _aws_spot_prices(region: str, types: list[str]) -> Mapping[tuple[str, str], float]:
-    """EC2's current spot prices in ``region``, per (type, zone)."""
-    from skyward.providers.aws.api import Api
-
-    return Api.connect(region=region, profile=None, endpoint_url=None).spot_prices(types)
 
 
 def _row(entry: CatalogEntry, spot: bool) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,8 @@ class Entry:
     """One provider: ``type`` in ``skyward.toml`` and on the command line, the class
     ``skyward.<public>`` defined in ``module``, the extra that installs what it imports
     (``distributions`` for ``skyward doctor``, ``imports`` the modules they provide), and
-    where its credentials check and its ``ls``/``down`` scope are (``"module:name"``)."""
+    where its credentials check, its ``ls``/``down`` scope and its current spot prices
+    (``catalog.SpotPrices``) are (``"module:name"``)."""
 
     type: str
     public: str
@@ -40,6 +42,7 @@ class Entry:
     imports: tuple[str, ...] = ()
     credentials: str | None = None
     leftovers: str | None = None
+    spot_prices: str | None = None
 
     def load(self) -> builtins.type:  # (``type`` is this class's field)
         """The provider's class (its module imported now)."""
@@ -71,6 +74,23 @@ class Entry:
         return found
 
 
+# A cloud's current spot prices: (region, machine types) -> USD per hour, per (type, zone).
+SpotPrices = Callable[[str, list[str]], Mapping[tuple[str, str], float]]
+
+
+def spot_lookups() -> dict[str, SpotPrices]:
+    """Each provider that can say its current spot prices, by ``type``: how to ask it
+    (a network call, with its extra and credentials; loaded now)."""
+    found: dict[str, SpotPrices] = {}
+    for entry in PROVIDERS:
+        if entry.spot_prices is not None:
+            lookup = _named(entry.spot_prices)
+            if not callable(lookup):
+                raise TypeError(f"{entry.spot_prices} is not callable")
+            found[entry.type] = lookup
+    return found
+
+
 _SSH = ("paramiko",)  # what reaches machines over SSH: each cloud's extra installs it too
 
 # In this order: `skyward doctor`'s lines, `--cloud`'s choices, the types messages list.
@@ -93,6 +113,7 @@ PROVIDERS: tuple[Entry, ...] = (
         imports=("boto3", "botocore"),
         credentials="skyward.providers.aws.credentials:check",
         leftovers="skyward.providers.aws.scope:SCOPE",
+        spot_prices="skyward.providers.aws.api:spot_prices_in",
     ),
     Entry(
         type="gcp",

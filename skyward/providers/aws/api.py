@@ -382,3 +382,9 @@ def _zone(request: dict[str, Any], message: str) -> str:
         return str(placement)
     found = re.search(r"\b([a-z]{2}-[a-z]+-\d[a-z])\b", message)
     return found.group(1) if found else ""
+
+
+def spot_prices_in(region: str, types: list[str]) -> dict[tuple[str, str], float]:
+    """EC2's current spot prices in ``region``, per (type, zone): the catalog's lookup
+    (``skyward catalog --spot``), with boto3's usual credentials and endpoint."""
+    return Api.connect(region=region, profile=None, endpoint_url=None).spot_prices(types)

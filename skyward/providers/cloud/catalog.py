@@ -42,19 +42,18 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import TYPE_CHECKING, Literal, get_args
+
+from skyward.providers.registry import SpotPrices, spot_lookups
 
 # The clouds with a catalog, in the order listings show them; each has its data files in
 # ``providers/<cloud>/``.
 Cloud = Literal["aws", "gcp", "azure"]
 CLOUDS: tuple[Cloud, ...] = get_args(Cloud)
 
-# A cloud's current spot prices, asked of the cloud (a network call): a region and machine
-# types -> USD per hour per (type, zone). The caller passes one per cloud that has them.
-SpotPrices = Callable[[str, list[str]], Mapping[tuple[str, str], float]]
 
 _NAME = re.compile(r"^(?P<name>[A-Za-z0-9]+?)(?:-(?P<memory>\d+)GB)?(?::(?P<count>\d+))?$", re.I)
 # Names outside the catalog (sky.accelerators.Custom): what a Slurm gres or an SSH host's
@@ -566,15 +565,13 @@ def catalog(
     show (default: each cloud's reference region, where its prices are lowest); where a
     cloud's price list names every region that sells a type (AWS's), types it says the
     region does not sell are left out. ``spot``: ask each cloud in ``spot_prices`` (cloud ->
-    its lookup, which its caller passes: a network call, with that cloud's extra and
-    credentials) for its current spot prices, the lowest of the region's zones; the other
-    clouds' rows keep ``spot=None``. Cheapest first within each accelerator. Reads no network
-    otherwise. ``ValueError`` for an unknown accelerator, cloud or region."""
+    its lookup; by default the registry's, ``registry.spot_lookups``: a network call, with
+    that cloud's extra and credentials) for its current spot prices, the lowest of the
+    region's zones; the other clouds' rows keep ``spot=None``. Cheapest first within each
+    accelerator. Reads no network otherwise. ``ValueError`` for an unknown accelerator,
+    cloud or region."""
     if spot and spot_prices is None:
-        raise ValueError(
-            "spot=True needs spot_prices: per cloud, how to ask it for its current spot "
-            "prices (`skyward catalog --spot` passes AWS's)"
-        )
+        spot_prices = spot_lookups()
     tables = _tables()
     clouds = _clouds_for(cloud, region)
     entries: list[CatalogEntry] = []
