@@ -11,6 +11,7 @@ what exists. The start calls a cloud's ``Machines`` in this order::
     ─────────────────────────────────────     ──────────────────────────────────────────────
     options.check(request)                    refuse bad input; nothing touched
     options.machines(request)                 this pool's Machines, its API connected
+    key_label(first offer)                    what the pool's key is labelled with
     offers(want)                              (machine, place, market, price) to try, and
                                               the region to announce
     prepare(want, offers, boot, record)       network, rules, key pair, image: each thing
@@ -21,8 +22,9 @@ what exists. The start calls a cloud's ``Machines`` in this order::
     describe(place, ids) until all run        state, where SSH is reached, why one ended
     ...the pool runs; a node is lost:
         describe(place, [id])                 why (added to the ``WorkerLost``)
-        launch(offer, [name], ...)           its replacement, made alike
-    delete(record)                            everything recorded, then a sweep by tag
+        discard(place, [id], no wait)         the lost machine let go
+        launch(offer, [name], ...)            its replacement, made alike
+    delete(record, deadline)                  everything recorded, then a sweep by tag
 
 What a call may rely on, and must keep:
 
