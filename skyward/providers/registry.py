@@ -43,6 +43,9 @@ class Entry:
     credentials: str | None = None
     leftovers: str | None = None
     spot_prices: str | None = None
+    # Its machine types and prices are in the catalog: its folder has ``machines.json``
+    # and ``prices.json`` (``cloud/catalog.py``).
+    catalog: bool = False
 
     def load(self) -> builtins.type:  # (``type`` is this class's field)
         """The provider's class (its module imported now)."""
@@ -76,6 +79,11 @@ class Entry:
 
 # A cloud's current spot prices: (region, machine types) -> USD per hour, per (type, zone).
 SpotPrices = Callable[[str, list[str]], Mapping[tuple[str, str], float]]
+
+
+def catalog_clouds() -> tuple[str, ...]:
+    """The providers whose machine types the catalog lists, in the registry's order."""
+    return tuple(e.type for e in PROVIDERS if e.catalog)
 
 
 def spot_lookups() -> dict[str, SpotPrices]:
@@ -113,6 +121,7 @@ PROVIDERS: tuple[Entry, ...] = (
         imports=("boto3", "botocore"),
         credentials="skyward.providers.aws.credentials:check",
         leftovers="skyward.providers.aws.scope:SCOPE",
+        catalog=True,
         spot_prices="skyward.providers.aws.api:spot_prices_in",
     ),
     Entry(
@@ -124,6 +133,7 @@ PROVIDERS: tuple[Entry, ...] = (
         imports=("google.cloud.compute_v1", "google.auth"),
         credentials="skyward.providers.gcp.credentials:check",
         leftovers="skyward.providers.gcp.scope:SCOPE",
+        catalog=True,
     ),
     Entry(
         type="azure",
@@ -145,6 +155,7 @@ PROVIDERS: tuple[Entry, ...] = (
         ),
         credentials="skyward.providers.azure.credentials:check",
         leftovers="skyward.providers.azure.scope:SCOPE",
+        catalog=True,
     ),
     Entry(
         type="slurm",

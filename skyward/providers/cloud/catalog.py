@@ -45,14 +45,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
-from skyward.providers.registry import SpotPrices, spot_lookups
+from skyward.providers.registry import SpotPrices, catalog_clouds, spot_lookups
 
 # The clouds with a catalog, in the order listings show them; each has its data files in
 # ``providers/<cloud>/``.
-Cloud = Literal["aws", "gcp", "azure"]
-CLOUDS: tuple[Cloud, ...] = get_args(Cloud)
+Cloud = str  # a provider's ``type`` in the registry ("aws")
+CLOUDS: tuple[Cloud, ...] = catalog_clouds()
 
 
 _NAME = re.compile(r"^(?P<name>[A-Za-z0-9]+?)(?:-(?P<memory>\d+)GB)?(?::(?P<count>\d+))?$", re.I)
