@@ -21,12 +21,13 @@ before it is asked for), so a failure or a Ctrl-C at any point releases what was
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Literal, Protocol
 
 from skyward._errors import ProvisionError
 from skyward.client.futures import Deadline
+from skyward.client.phases import Reporter
 from skyward.providers.aws import resources as ec2
 from skyward.providers.aws.api import REFUSALS, Api, error_code
 from skyward.providers.base import ProvisionRequest
@@ -87,7 +88,9 @@ class Settings(Protocol):
         ...
 
     def described(self, request: ProvisionRequest, **facts: Any) -> list[Machine]: ...
-    def ssh_cidrs(self, private_ranges: Any) -> list[str]: ...
+    def ssh_cidrs(
+        self, private_ranges: Sequence[str] | Callable[[], Sequence[str]]
+    ) -> list[str]: ...
 
 
 class AWSMachines:
@@ -299,7 +302,7 @@ class AWSMachines:
             lambda exc: REFUSALS.refusal(error_code(exc.__cause__), spot=spec.spot),
         )
 
-    def _efa_cards(self, offers: Sequence[Offer], nodes: int, reporter: Any) -> dict[str, int]:
+    def _efa_cards(self, offers: Sequence[Offer], nodes: int, reporter: Reporter) -> dict[str, int]:
         """Per type of the offers that gets EFA (and a cluster placement group), its
         network cards: multi-node pools only, and only when asked."""
         if nodes < 2 or not self.options.cluster_network:
