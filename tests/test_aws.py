@@ -25,8 +25,7 @@ from support.reporter import Recorder
 
 import skyward as sky
 from skyward._errors import MissingDependency, ProvisionError
-from skyward.providers.aws.api import translate
-from skyward.providers.aws.resources import describe_reason
+from skyward.providers.aws.api import describe_reason, translate
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.boot import WATCHDOG_PATH
 from skyward.providers.cloud.start import CloudPool

@@ -36,7 +36,7 @@ from support.sandbox import Sandbox
 
 import skyward as sky
 from skyward._errors import ProvisionError
-from skyward.providers.azure import resources as arm
+from skyward.providers.azure import api as arm
 from skyward.providers.azure.api import translate
 from skyward.providers.azure.watchdog import RELEASE_PATH
 from skyward.providers.cloud import catalog

@@ -508,7 +508,7 @@ def test_loss_reason_says_a_spot_vm_was_preempted_and_a_machine_powered_off(
     # Made again by hand (the provision above cleaned up): two spot VMs of the pool.
     options = provider(gce, spot=True)
     machines = options.machines(request(pool=pool))
-    from skyward.providers.gcp import resources as gce_resources
+    from skyward.providers.gcp import api as gce_resources
 
     machines._template = gce_resources.InstanceSpec(
         machine_type="n2-standard-4",

@@ -33,7 +33,7 @@ from typing import Any, cast
 from google.auth.credentials import AnonymousCredentials
 
 import skyward as sky
-from skyward.providers.gcp.resources import label_value
+from skyward.providers.gcp.api import label_value
 from support.gcp import ApiError, GCPFake
 from support.moto import MotoServer
 from support.sshhosts import USER, Hosts, ensure_user

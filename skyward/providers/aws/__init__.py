@@ -4,13 +4,14 @@ A cloud of three modules around the start every cloud shares (``cloud/start.py``
 
     options.py     sky.AWS: region, instance type, image, network, spot, EFA, the instance
                    profile; checked when the pool is built
-    api.py         boto3's clients, EC2's errors in our words, spot prices, EFA cards
+    api.py         boto3's clients, EC2's errors in our words, spot prices, EFA cards; the
+                   pool's resources: key pair, security group, run_instances, deletion
     machines.py    the contract's calls: offers (zones with a subnet offering each type),
                    prepare (image, key pair, security group), launch (one run_instances),
                    describe, delete (with a sweep by tag)
 
-plus ``resources.py`` (EC2 calls for each resource) and ``inventory.py`` (``skyward ls`` /
-``down``, every enabled region). boto3 is imported only when a pool uses AWS.
+plus ``inventory.py``, ``scope.py`` and ``credentials.py`` (``skyward ls`` / ``down`` in
+every enabled region, ``skyward doctor``). boto3 is imported only when a pool uses AWS.
 """
 
 from skyward.providers.aws.options import AWS

@@ -17,7 +17,7 @@ from typing import Any
 
 from skyward._errors import ProvisionError, SkywardError
 from skyward.client.futures import Deadline
-from skyward.providers.aws import resources as ec2
+from skyward.providers.aws import api as ec2
 from skyward.providers.aws.api import Api
 from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog

@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol
 from skyward._errors import ProvisionError
 from skyward.client.futures import Deadline
 from skyward.client.phases import Reporter
-from skyward.providers.aws import resources as ec2
+from skyward.providers.aws import api as ec2
 from skyward.providers.aws.api import REFUSALS, Api, error_code
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud import capacity, catalog

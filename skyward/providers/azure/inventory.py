@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from skyward.client.futures import Deadline, parallel
-from skyward.providers.azure import resources as arm
+from skyward.providers.azure import api as arm
 from skyward.providers.azure.api import Api
 from skyward.providers.azure.machines import power_state
 from skyward.providers.base import TAG_POOL, Leftover

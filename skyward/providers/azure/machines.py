@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 from skyward._errors import ProvisionError
 from skyward.client.futures import Deadline
 from skyward.client.phases import Reporter
-from skyward.providers.azure import resources as arm
+from skyward.providers.azure import api as arm
 from skyward.providers.azure.api import PUBLIC_CLOUD, REFUSALS, Api, failure_code
 from skyward.providers.azure.watchdog import RELEASE_PATH, release_script
 from skyward.providers.base import ProvisionRequest

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from skyward._errors import ProvisionError
-from skyward.providers.azure import resources as arm
+from skyward.providers.azure import api as arm
 from skyward.providers.azure.api import Api
 from skyward.providers.azure.inventory import AzureInventory
 from skyward.providers.azure.machines import AzureMachines, list_price

@@ -23,7 +23,7 @@ Where a machine powered off from inside is still billed (GCP keeps its disk, Azu
 compute), the watchdog also runs ``release_script``: the machine deletes itself through the
 cloud's API with a token from the metadata server. This module writes that script's frame
 (token, the API calls asked in turn, what is said); each cloud gives its metadata server,
-how the machine finds its own name, and the calls (``gcp/resources.py``,
+how the machine finds its own name, and the calls (``gcp/api.py``,
 ``azure/watchdog.py``).
 """
 

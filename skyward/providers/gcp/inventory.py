@@ -14,7 +14,7 @@ from skyward.client.futures import Deadline
 from skyward.providers.base import TAG_POOL, Leftover
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.inventory import CloudInventory
-from skyward.providers.gcp import resources as gce
+from skyward.providers.gcp import api as gce
 from skyward.providers.gcp.api import Api
 
 

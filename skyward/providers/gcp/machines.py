@@ -36,7 +36,7 @@ from skyward.providers.cloud.contract import Described, Offers, Reach, State, Wa
 from skyward.providers.cloud.options import prices
 from skyward.providers.cloud.record import Record
 from skyward.providers.cloud.start import launch_each
-from skyward.providers.gcp import resources as gce
+from skyward.providers.gcp import api as gce
 from skyward.providers.gcp.api import Api, is_not_found
 
 # Public image families: NVIDIA's driver and CUDA 12 on the Deep Learning VM for GPU
