@@ -9,6 +9,9 @@
                                                                  client's stdout / stderr,
                                                                  above a live rich table,
                                                                  or in the cell of the call
+    ticker thread, while a line waits for its newline ──> the line, once it is due (a bar's
+                                                          state, "epoch 1: "), on a
+                                                          terminal, a pipe or a file alike
 
 ``console=`` picks the progress display: ``"auto"`` (Jupyter in a kernel, ``"rich"`` on a
 terminal, ``"plain"`` otherwise), ``"rich"``, ``"plain"`` or ``"off"``. ``output=`` picks
