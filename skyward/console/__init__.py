@@ -9,6 +9,9 @@
                                                                  client's stdout / stderr,
                                                                  above a live rich table,
                                                                  or in the cell of the call
+    ticker thread, while a line waits for its newline ──> the line, once it is due (a bar's
+                                                          state, "epoch 1: "), on a
+                                                          terminal, a pipe or a file alike
 
 ``console=`` picks the progress display: ``"auto"`` (Jupyter in a kernel, ``"rich"`` on a
 terminal, ``"plain"`` otherwise), ``"rich"``, ``"plain"`` or ``"off"``. ``output=`` picks
@@ -45,6 +48,9 @@ Route = dict[str, Any]  # a Jupyter cell's message header
 
 logger = logging.getLogger("skyward")
 
+# How often waiting lines are looked at: a line shows at most this long after it is due.
+_TICK = 0.2
+
 # Node labels in a terminal: one colour per node, cycling.
 _COLOURS = (36, 33, 35, 32, 34, 31)
 
@@ -72,6 +78,9 @@ class Console:
         # its result is the one asking, or handed the link over through a lock).
         self._unfinished: set[int] = set()
         self._routes: dict[int, Route] = {}
+        # Shows a waiting line when its time comes though nothing more arrives (a bar's
+        # first state, "epoch 1: " before a long step); runs only while a line waits.
+        self._ticker: threading.Thread | None = None
         self._board: Board | None = None
         self._progress: Progress | None = None
 
@@ -171,6 +180,25 @@ class Console:
             self._write(node, stream, buffer.feed(data, time.monotonic()))
             if buffer.has_text:
                 self._unfinished.add(node)
+                if self._ticker is None:
+                    self._ticker = threading.Thread(
+                        target=self._tick, name="skyward-output-tick", daemon=True
+                    )
+                    self._ticker.start()
+
+    def _tick(self) -> None:
+        """Show what waiting lines are due, a few times a second, until none waits."""
+        while True:
+            time.sleep(_TICK)
+            with self._lock:
+                now, waiting = time.monotonic(), False
+                for (node, stream), buffer in sorted(self._partial.items()):
+                    if buffer.has_text:
+                        self._write(node, stream, buffer.due(now))
+                        waiting = waiting or buffer.has_text
+                if not waiting:
+                    self._ticker = None
+                    return
 
     def closed(self) -> None:
         """The pool is closed: its log says so, and its files are closed."""
@@ -230,13 +258,23 @@ class Console:
 
 
 class LineBuffer:
-    """One stream's text not yet shown, cut into lines in linear time with bounded memory.
+    """One stream's line not yet shown, cut into lines in linear time with bounded memory.
 
-    A line longer than ``MAX_LINE`` bytes is shown in pieces. A line rewritten with ``\r``
-    (tqdm, keras) keeps only its latest state, shown at most every ``REDRAW`` seconds while
-    it changes, and in full when its newline comes or its call returns. Text that has waited
-    ``HOLD`` seconds for its newline (dots printed one by one, a prompt) is shown as it is,
-    as a terminal would show it, and what follows starts a new line.
+    A line is shown at the latest a bounded time after its first byte, whether more text
+    follows or not (``due``, asked by the console's ticker while a line waits), on a
+    terminal or not:
+
+    - A line rewritten with ``\r`` (tqdm, keras) keeps only its latest state. Each new state
+      is shown at once, then at most every ``REDRAW`` seconds while it changes; its final
+      state when its newline comes or its call returns, unless that state was just shown.
+    - Text that has waited ``HOLD`` seconds since its first byte for its newline (dots
+      printed one by one, a prompt) is shown as it is, as a terminal would show it, and
+      what follows starts a new line.
+    - A line longer than ``MAX_LINE`` bytes is shown in pieces.
+
+    Every byte is looked at a bounded number of times (what waits is at most ``MAX_LINE``
+    bytes, joined once per ``MAX_LINE`` bytes received), so output without newlines costs
+    what the same output with newlines does. Not thread-safe: the console's lock guards it.
     """
 
     MAX_LINE = 1 << 16
@@ -244,53 +282,93 @@ class LineBuffer:
     HOLD = 1.0
 
     def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._shown = 0.0  # when the latest state of a \r-rewritten line was shown
-        self._since: float | None = None  # when the text now waiting for its newline began
+        self._chunks: list[bytes] = []  # the line's text since its last \r
+        self._size = 0  # bytes in _chunks
+        self._state = b""  # the line's latest whole state before its last \r
+        self._rewritten = False  # a \r came: later states replace what is shown
+        self._since: float | None = None  # when the line's first byte came (None: no line)
+        self._shown = b""  # the state of this rewritten line shown last
+        self._shown_at = 0.0  # and when
 
     def feed(self, data: bytes, now: float) -> list[bytes]:
+        """The lines ``data`` completes, and what of the line it leaves is due now."""
         lines: list[bytes] = []
         if b"\n" in data:
             head, _, data = data.rpartition(b"\n")
-            self._chunks.append(head)
-            whole = b"".join(self._chunks).split(b"\n")
-            self._chunks, self._size, self._since = [], 0, None
-            lines = [_latest(line) for line in whole]
+            first, *whole = head.split(b"\n")
+            lines += self._finish(first)
+            lines += [_latest(line) for line in whole]
+        if data:
+            lines += self._add(data, now)
+        return lines + self.due(now)
+
+    def due(self, now: float) -> list[bytes]:
+        """What of the waiting line is to be shown by ``now``, though nothing new came."""
+        if self._since is None:
+            return []
+        if not self._rewritten:
+            if now - self._since < self.HOLD:
+                return []
+            return self.take()  # shown as it is; what follows starts a line of its own
+        if now - self._shown_at < self.REDRAW:
+            return []  # before joining: a bar redrawn in many small writes stays linear
+        state = self._current()
+        self._shown_at = now  # looked at: the next look is REDRAW away, changed or not
+        if not state or state == self._shown:
+            return []
+        self._shown = state
+        return [state]
+
+    @property
+    def has_text(self) -> bool:
+        """A line has begun and not ended (its latest state may have been shown)."""
+        return self._since is not None
+
+    def take(self) -> list[bytes]:
+        """What is left, as a line of its own (empty if nothing is, or if it is the state of
+        a rewritten line already shown)."""
+        return [] if self._since is None else self._finish(b"")
+
+    def _finish(self, tail: bytes) -> list[bytes]:
+        """The line ends with ``tail``: its final state, unless just shown."""
+        line = _latest(b"".join(self._chunks) + tail) if self._chunks or tail else b""
+        rewritten = self._rewritten or b"\r" in tail
+        if not line and rewritten:
+            line = self._state
+        shown = rewritten and line == self._shown
+        self._chunks, self._size, self._state, self._rewritten = [], 0, b"", False
+        self._since, self._shown, self._shown_at = None, b"", 0.0
+        if shown or (rewritten and not line):
+            return []
+        return [line]
+
+    def _add(self, data: bytes, now: float) -> list[bytes]:
+        """Text without a newline: the line goes on (or begins)."""
+        if self._since is None:
+            self._since = now
         if b"\r" in data:
             # Earlier states of a rewritten line are dropped: only the latest matters.
             done, _, data = data.rpartition(b"\r")
             state = _latest(b"".join(self._chunks) + done)
-            self._chunks, self._size, self._since = [], 0, None
-            if state and now - self._shown >= self.REDRAW:
-                lines.append(state)
-                self._shown = now
+            if state:
+                self._state = state
+            self._chunks, self._size, self._rewritten = [], 0, True
         if data:
-            if self._since is None:
-                self._since = now
             self._chunks.append(data)
             self._size += len(data)
-            if now - self._since >= self.HOLD:
-                lines.append(_latest(b"".join(self._chunks)))
-                self._chunks, self._size, self._since = [], 0, None
-                return lines
-            if self._size > self.MAX_LINE:
-                whole_line = b"".join(self._chunks)
-                cut = len(whole_line) - len(whole_line) % self.MAX_LINE
-                lines += [whole_line[i : i + self.MAX_LINE] for i in range(0, cut, self.MAX_LINE)]
-                rest = whole_line[cut:]
-                self._chunks, self._size = ([rest], len(rest)) if rest else ([], 0)
-        return lines
+        if self._size <= self.MAX_LINE:
+            return []
+        line = b"".join(self._chunks)
+        cut = len(line) - len(line) % self.MAX_LINE
+        rest = line[cut:]
+        self._chunks, self._size = ([rest], len(rest)) if rest else ([], 0)
+        return [line[i : i + self.MAX_LINE] for i in range(0, cut, self.MAX_LINE)]
 
-    @property
-    def has_text(self) -> bool:
-        return bool(self._chunks)
-
-    def take(self) -> list[bytes]:
-        """What is left, as a line of its own (empty if nothing is)."""
-        rest = _latest(b"".join(self._chunks))
-        self._chunks, self._size, self._since = [], 0, None
-        return [rest] if rest else []
+    def _current(self) -> bytes:
+        """The state a terminal would show of the line now."""
+        if self._chunks:
+            return b"".join(self._chunks)
+        return self._state
 
 
 def _latest(line: bytes) -> bytes:
