@@ -19,22 +19,27 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from support.pools import PoolFactory
 
 import skyward as sky
-from support.pools import PoolFactory
 
 CYCLES = 20
 
 
-def _open_descriptors() -> dict[int, str]:
-    """This process's open descriptors, each with what it is (``pipe:[...]``, a path)."""
+def _open_descriptors(logs: Path | None = None) -> dict[int, str]:
+    """This process's open descriptors, each with what it is (``pipe:[...]``, a path),
+    except a running pool's log files (under ``logs``): it opens a node's log at the node's
+    first output, and keeps it until the pool closes, by design."""
     found = {}
     for name in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
             found[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-    return found
+    if logs is None:
+        return found
+    return {fd: target for fd, target in found.items() if not target.startswith(f"{logs}/")}
 
 
 @contextlib.contextmanager
@@ -48,11 +53,11 @@ def _collector_off() -> Iterator[None]:
             gc.enable()
 
 
-def _assert_back_to(before: dict[int, str], what: str) -> None:
+def _assert_back_to(before: dict[int, str], what: str, logs: Path | None) -> None:
     # Threads that close the last descriptors (a channel's reader, a killed worker's
     # reaper) may still be finishing their last step when the pool's call returns.
     deadline = time.monotonic() + 10.0
-    while len(after := _open_descriptors()) > len(before) and time.monotonic() < deadline:
+    while len(after := _open_descriptors(logs)) > len(before) and time.monotonic() < deadline:
         time.sleep(0.05)
     leaked = {fd: target for fd, target in after.items() if before.get(fd) != target}
     assert len(after) <= len(before), (
@@ -61,23 +66,31 @@ def _assert_back_to(before: dict[int, str], what: str) -> None:
     )
 
 
-def _cycles(cycle: Callable[[], None], what: str) -> None:
+def _cycles(
+    cycle: Callable[[], None],
+    what: str,
+    *,
+    cycles: int = CYCLES,
+    pool: sky.ComputePool | None = None,
+) -> None:
+    """Run ``cycle`` once, then ``cycles`` times, and fail if the last ones left descriptors
+    open; ``pool``: the running pool they happen in, whose log files are not counted."""
+    logs = None if pool is None else pool.log_dir
     cycle()  # warm-up: what the first pool opens once and keeps (see the module docstring)
     with _collector_off():
-        before = _open_descriptors()
-        for _ in range(CYCLES):
+        before = _open_descriptors(logs)
+        for _ in range(cycles):
             cycle()
-        _assert_back_to(before, what)
-
-
-@contextlib.contextmanager
-def _refuses(_info: sky.InstanceInfo) -> Iterator[None]:
-    raise RuntimeError("the license server is down")
-    yield
+        _assert_back_to(before, what, logs)
 
 
 @pytest.mark.timeout(300)
 def test_failed_starts_leave_no_descriptor_open(make_pool: PoolFactory) -> None:
+    @contextlib.contextmanager  # here, not at module level: SSH workers cannot import tests
+    def _refuses(_info: sky.InstanceInfo) -> Iterator[None]:
+        raise RuntimeError("the license server is down")
+        yield
+
     def failed_start() -> None:
         plugin = sky.Plugin(name="refuses", around_app=_refuses)
         with pytest.raises(sky.StartError, match="license server"):
@@ -103,5 +116,43 @@ def _replace_a_worker(pool: sky.ComputePool) -> None:
 @pytest.mark.timeout(300)
 def test_replaced_workers_leave_no_descriptor_open(make_pool: PoolFactory) -> None:
     with make_pool(nodes=2) as pool:
-        _cycles(lambda: _replace_a_worker(pool), f"{CYCLES} replaced workers")
+        _cycles(lambda: _replace_a_worker(pool), f"{CYCLES} replaced workers", pool=pool)
         assert pool.statistics().workers_replaced == CYCLES + 1
+
+
+def _restart_the_gang(pool: sky.ComputePool) -> None:
+    """Kill node 1's worker and wait until every node has a new one (a gang restart)."""
+    old = pool.broadcast(os.getpid)
+    before = pool.statistics().workers_replaced
+    os.kill(old[1], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(sky.WorkerLost):
+            stats = pool.statistics()
+            restarted = stats.workers_replaced == before + len(old)
+            if (
+                restarted
+                and stats.ready_nodes == len(old)
+                and not set(pool.broadcast(os.getpid)) & set(old)
+            ):
+                return
+        time.sleep(0.05)
+    raise AssertionError("the gang was not restarted within 120 s")
+
+
+@pytest.mark.timeout(300)
+def test_gang_restarts_leave_no_descriptor_open(make_pool: PoolFactory) -> None:
+    # A gang plugin restarts every worker when one is lost; ten restarts of three nodes are
+    # thirty workers dropped, as a jax pool drops them (the jax plugin is a gang plugin).
+    tied = sky.Plugin(name="tied", gang=True)
+    with make_pool(nodes=3, plugins=[tied]) as pool:
+        _cycles(lambda: _restart_the_gang(pool), "10 gang restarts", cycles=10, pool=pool)
+
+
+@pytest.mark.timeout(300)
+def test_gang_restarts_of_a_jax_pool_leave_no_descriptor_open() -> None:
+    # Issue 41's measurement: ten gang restarts of a 3-node jax pool took 25 descriptors
+    # to 43. Local only: the generic gang test above covers SSH.
+    plugin = sky.plugins.jax(cpu_devices=1)
+    with sky.ComputePool(nodes=3, plugins=[plugin], quiet=True) as pool:
+        _cycles(lambda: _restart_the_gang(pool), "10 gang restarts", cycles=10, pool=pool)
