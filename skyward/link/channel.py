@@ -142,8 +142,8 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None:
-        """Close every descriptor the transport opened on the client. Called once, by the
-        channel's reader thread once the stream has ended and nothing reads or polls it."""
+        """Close every descriptor the transport opened on the client. Called once, after
+        the stream has ended, when nothing reads or polls it any more (``Turns.close``)."""
         ...
 
 
