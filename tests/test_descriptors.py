@@ -17,6 +17,7 @@ import contextlib
 import gc
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,8 @@ import pytest
 from support.pools import PoolFactory
 
 import skyward as sky
+from skyward.link import protocol as proto
+from skyward.link.turns import PipeReader, Turns
 
 CYCLES = 20
 
@@ -156,3 +159,42 @@ def test_gang_restarts_of_a_jax_pool_leave_no_descriptor_open() -> None:
     plugin = sky.plugins.jax(cpu_devices=1)
     with sky.ComputePool(nodes=3, plugins=[plugin], quiet=True) as pool:
         _cycles(lambda: _restart_the_gang(pool), "10 gang restarts", cycles=10, pool=pool)
+
+
+def test_the_pipe_is_closed_only_once_a_leader_dispatching_its_last_frame_is_out() -> None:
+    # A caller that leads (reads its own result) may still be dispatching the last frame
+    # when the stream ends and the channel closes the pipe: the close waits for it, without
+    # holding up the channel's reader thread, so nobody polls a descriptor closed under it.
+    r, w = os.pipe()
+    pipe = PipeReader(r)
+    leaving = threading.Event()
+    dispatching = threading.Event()
+
+    def dispatch(message: object, parts: object) -> None:
+        dispatching.set()
+        leaving.wait(10)  # a done-callback that waits on something else
+
+    turns = Turns(
+        ready=pipe.ready,
+        read=lambda: pipe.read_frame(),
+        dispatch=dispatch,
+        recheck=0.1,
+    )
+    proto.write_parts(w, proto.frame(proto.Log(b"the last frame")))
+    leader = threading.Thread(target=turns.wait_for, args=(leaving.is_set, None), daemon=True)
+    leader.start()
+    assert dispatching.wait(10)
+    closed = threading.Event()
+
+    def release() -> None:
+        pipe.close()
+        os.close(r)
+        closed.set()
+
+    turns.close(release, timeout=0.2)  # returns: the leader still holds the baton
+    assert not closed.is_set()
+    leaving.set()
+    assert closed.wait(10), "the pipe was never closed once the leader left"
+    leader.join(10)
+    assert turns.ended()
+    os.close(w)
