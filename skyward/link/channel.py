@@ -141,7 +141,10 @@ class Transport(Protocol):
         (a dropped SSH connection), else None."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Close every descriptor the transport opened on the client. Called once, after
+        the stream has ended, when nothing reads or polls it any more (``Turns.close``)."""
+        ...
 
 
 def _settle(done: Done, error: BaseException | None, value: Any) -> None:
@@ -569,7 +572,13 @@ class Channel:
         self._control.put(self.lost)
         self._outbox.put(None)
         self._sender_thread.join(_EXIT_STATUS_TIMEOUT)
-        self._transport.close()
+        # Closed now, not when a reference cycle is collected: a pool that fails to start or
+        # replaces its workers again and again would run out of descriptors first. A caller
+        # may still be polling the pipe (a leader): the turns wait until none can.
+        if self._turns is None:
+            self._transport.close()
+        else:
+            self._turns.close(self._transport.close, _EXIT_STATUS_TIMEOUT)
         if self._on_lost is not None and not closing:
             self._on_lost(self, self.lost)
 

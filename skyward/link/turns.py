@@ -301,6 +301,28 @@ class Turns:
         """Whether the stream has ended (nothing more will be read)."""
         return self._ended
 
+    def close(self, release: Callable[[], None], timeout: float) -> None:
+        """End the stream and call ``release`` (close the descriptors ``ready`` polls) once
+        no waiter can poll them any more: a leader polls only with the baton, and none takes
+        it to read once the stream has ended. For the reader thread, after ``run_reader``
+        returned. A leader's poll is bounded by ``recheck``; one that keeps the baton past
+        ``timeout`` (a done-callback of the last frame that waits on something else) does
+        not hold up the caller: a thread of its own releases once the leader is out."""
+        self._end(None)
+        if not self._baton.acquire(True, timeout):
+            threading.Thread(
+                target=self._release_later, args=(release,), name="skyward-close", daemon=True
+            ).start()
+            return
+        try:
+            release()
+        finally:
+            self._baton.release()
+
+    def _release_later(self, release: Callable[[], None]) -> None:
+        with self._baton:
+            release()
+
     # ── sleeping ─────────────────────────────────────────────────────────────────────────
     # Each sleeper waits on a lock of its own, which _wake releases. Not a Condition: a
     # Ctrl-C that lands inside Condition.wait can leave its lock released under a `with`
@@ -363,12 +385,22 @@ class PipeReader:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        # Closed once nothing can poll them any more (a thread still polling a closed
-        # descriptor, its number reused, would read someone else's bytes).
-        weakref.finalize(self, _close_both, self._wake_r, self._wake_w)
+        # Closed by ``close``, once nothing can poll them any more (a thread still polling a
+        # closed descriptor, its number reused, would read someone else's bytes); if nobody
+        # closes this reader, when it is collected.
+        self._closer = weakref.finalize(self, _close_both, self._wake_r, self._wake_w)
+        # guards: writing to _wake_w, against close (unblock is called without the baton)
+        self._wake_lock = threading.Lock()
 
     def fileno(self) -> int:
         return self._fd
+
+    def close(self) -> None:
+        """Close the wake-up pipe (``fd`` stays the caller's). Idempotent. Only once no
+        thread can be in ``ready`` or ``unblock`` any more (``Turns.close``): a descriptor
+        closed under a poll may be reused by the time the poll reads it."""
+        with self._wake_lock:
+            self._closer()
 
     def ready(self, timeout: float | None = 0.0) -> bool:
         """Whether a read would return without waiting (buffered bytes, data in the pipe, or
@@ -397,8 +429,11 @@ class PipeReader:
     def unblock(self) -> None:
         """Make a ``ready`` waiting on another thread return if bytes are buffered."""
         if self._end > self._start:
-            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
-                os.write(self._wake_w, b"\0")
+            with self._wake_lock:
+                if not self._closer.alive:
+                    return  # closed: nobody polls any more
+                with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+                    os.write(self._wake_w, b"\0")
 
     def read_ahead(self) -> bool:
         """Whether a read would not wait, found by reading what the pipe holds now into the

@@ -323,6 +323,10 @@ class PipeTransport:
         _kill_group(self.process)
 
     def close(self) -> None:
+        """Close the pipes to the worker and the reader's wake-up pipe. Once nothing polls
+        the protocol pipe (``Transport.close``). The stderr pipe is its reader's to close,
+        at its end (``read_stderr``)."""
+        self._pipe.close()
         twin, self._stdin_now = self._stdin_now, -1
         if twin >= 0:
             with contextlib.suppress(OSError):
