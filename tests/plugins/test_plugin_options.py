@@ -8,11 +8,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from pathlib import Path
 from typing import Any, get_type_hints
 
 import pydantic
 import pytest
+from support import ROOT
 
 import skyward as sky
 
@@ -27,7 +27,7 @@ PLUGINS: dict[str, tuple[str, str, str, str | None]] = {
     "cuml": ("_nvidia", "CumlOptions", "_CumlOptions", "cuda"),
     "mps": ("_nvidia", "MpsOptions", "_MpsOptions", None),
 }
-PAGE = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+PAGE = (ROOT / "docs" / "plugins.md").read_text()
 
 
 def _parts(name: str) -> tuple[Any, type, type[pydantic.BaseModel], str | None]:

@@ -23,6 +23,7 @@ import psutil
 import pydantic
 import pytest
 from click.testing import CliRunner
+from support import ROOT
 from support.processes import worker_processes
 from support.slurm import GPU_PARTITION, SlurmCluster, slurm_cluster_fixture
 from support.sshhosts import PackageIndex
@@ -36,8 +37,7 @@ from skyward.providers.slurm.job import holder_script
 slurm_cluster = slurm_cluster_fixture(nodes=2)
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
-_TESTS = str(Path(__file__).resolve().parent)
-_ROOT = str(Path(__file__).resolve().parent.parent)
+_ROOT = str(ROOT)
 
 
 @pytest.fixture(scope="module")

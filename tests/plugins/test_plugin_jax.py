@@ -19,6 +19,7 @@ from typing import get_type_hints
 import numpy as np
 import pydantic
 import pytest
+from support import ROOT
 from support.markers import per_node, wait_for_markers
 from support.pools import broadcast_in_background, ssh_provider
 from support.processes import our_namespaces, shared_pool, worker_processes
@@ -206,7 +207,7 @@ def test_a_misspelled_jax_option_is_a_type_error_naming_it() -> None:
 def test_every_jax_option_is_documented_with_its_default() -> None:
     doc = sky.plugins.jax.__doc__ or ""
     assert {name for name in _JAX_OPTIONS if f"``{name}``" not in doc} == set()
-    page = (Path(__file__).resolve().parents[1] / "docs" / "plugins.md").read_text()
+    page = (ROOT / "docs" / "plugins.md").read_text()
     section = page.split("## `sky.plugins.jax(...)`", 1)[1].split("\n\n**", 1)[0]
     rows = {
         m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| ([^|]*) \|", section, re.M)
@@ -370,7 +371,7 @@ def test_a_worker_that_cannot_join_fails_the_start_with_the_reason() -> None:
 
 # ── sky.shard(even=True) and a global mesh ───────────────────────────────────────────────
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = ROOT / "docs"
 
 
 def _info(node: int, nodes: int) -> sky.InstanceInfo:

@@ -11,11 +11,11 @@ import os
 import re
 import types
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 import pydantic
 import pytest
+from support import ROOT
 from support.pools import ssh_provider
 from support.sshhosts import Hosts
 
@@ -74,7 +74,7 @@ def test_a_node_range_starts_the_minimum_and_says_it_autoscales(
 ) -> None:
     with sky.ComputePool(nodes=(1, 3), console="plain") as pool:
         assert pool.spec.nodes == 3 and pool.spec.min_nodes == 1
-        assert pool.current_nodes() == 1  # tests/test_autoscale.py: how it grows
+        assert pool.current_nodes() == 1  # tests/pool/test_autoscale.py: how it grows
         assert pool.broadcast(lambda: sky.instance_info().total_nodes) == [1]
     assert "starting 1 node(s), growing to 3 while calls wait" in capsys.readouterr().err
 
@@ -99,7 +99,7 @@ _WIDER: dict[str, set[object]] = {
     "logging": {bool},  # skyward 0.5's logging=True / False
 }
 _OPTIONS = get_type_hints(PoolOptions)
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = ROOT
 
 
 def _members(annotation: object) -> set[object]:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import TESTS
 from support.aws import held, nothing, standin_provider
 from support.hostimage import FAKE_SUDO, HostImage, fake_apt_get
 from support.moto import MotoServer
@@ -285,7 +286,7 @@ def test_a_313_client_starts_a_pool_on_the_same_hosts(
         f"~/.cache/skyward-{uuid.uuid4().hex[:8]}",
         image,
     ]
-    tests = Path(__file__).parent
+    tests = TESTS
     result = subprocess.run(
         [python, "-c", _CHILD, json.dumps(settings)],
         capture_output=True,

@@ -15,11 +15,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+from support import ROOT
+
 import skyward as sky
 from skyward.providers.registry import PROVIDERS
 from skyward.providers.scope import Scope
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # The files that must learn the providers from the registry alone.
 READERS = [

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ROOT
 from support.aws import Checkpoint, held, nothing, pool_key_of, request
 from support.aws import standin_provider as aws
 from support.ec2proxy import Ec2Proxy, in_subnet
@@ -27,7 +28,7 @@ from support.standin import StandInCloud
 import skyward as sky
 from skyward.client.futures import Deadline
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def _toy() -> Any:

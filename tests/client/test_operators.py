@@ -207,7 +207,7 @@ def test_a_group_with_no_pool_on_the_right_says_what_the_right_side_must_be() ->
     with pytest.raises(TypeError, match=r"must be a sky\.ComputePool.*got None"):
         (square(1) & square(2)) >> None  # type: ignore[operator]
     # On a thread of its own: this module's shared pool is open on the main thread, and the
-    # module on the right means this thread's innermost open pool (tests/test_calls_api.py).
+    # module on the right means this thread's innermost open pool (tests/client/test_calls_api.py).
     raised: list[BaseException] = []
 
     def send_to_module() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ROOT, TESTS
 from support.aws import Checkpoint, request
 from support.azure_pools import groups_of, only_group, signed_in_env, skyward_cli
 from support.azure_pools import standin_provider as azure
@@ -27,7 +28,7 @@ from support.sshhosts import PackageIndex
 
 import skyward as sky
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def _toy() -> Any:
@@ -154,9 +155,7 @@ with sky.ComputePool(provider=azure, nodes=2, image=sky.Image(index_url={index!r
 
 def _client(cloud: AzureStandIns, index: str, pool: str, log: Path, **options: Any) -> Any:
     settings = azure(cloud, **options).model_dump(exclude_defaults=True, exclude={"credential"})
-    script = _CLIENT.format(
-        tests=str(Path(__file__).parent), settings=settings, index=index, pool=pool
-    )
+    script = _CLIENT.format(tests=str(TESTS), settings=settings, index=index, pool=pool)
     with open(log, "wb") as out:
         return subprocess.Popen(
             [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT

@@ -22,7 +22,6 @@ from skyward.client.phases import Choice
 from skyward.console import Console
 from skyward.console.progress import Board
 
-ROOT = Path(__file__).resolve().parents[1]
 STAMP = r"\d\d:\d\d:\d\d skyward: "
 
 

@@ -18,10 +18,10 @@ import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
+from support import ROOT
 from support.processes import worker_processes
 from support.sshhosts import Hosts, PackageIndex
 
-ROOT = Path(__file__).resolve().parents[1]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

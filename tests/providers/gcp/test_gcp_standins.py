@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ROOT
 from support.gcpcloud import PROJECT, ZONE, GCPStandIns, TokenServer, held, nothing
 from support.gcpcloud import standin_provider as gcp
 from support.moto import MotoServer
@@ -25,7 +26,7 @@ from support.sshhosts import PackageIndex
 
 import skyward as sky
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def _toy() -> Any:

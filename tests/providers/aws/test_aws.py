@@ -19,6 +19,7 @@ import pytest
 import yaml
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
+from support import ROOT, TESTS
 from support.aws import Checkpoint, held, key_file_of, nothing, provider, request
 from support.moto import MotoServer
 from support.reporter import Recorder
@@ -396,7 +397,7 @@ def test_a_start_stopped_at_any_step_leaves_nothing(
 
 
 def _docs_policy() -> dict[str, Any]:
-    page = (Path(__file__).resolve().parent.parent / "docs" / "providers.md").read_text()
+    page = (ROOT / "docs" / "providers.md").read_text()
     section = page[page.index("### Minimal IAM policy") :]
     block = section[section.index("```json\n") + len("```json\n") :]
     return dict(json.loads(block[: block.index("```")]))
@@ -458,7 +459,7 @@ except sky.ProvisionError as e:
 
 
 def _provision_as(moto: MotoServer, credentials: dict[str, str], pool: str) -> str:
-    script = _PROVISION_AS.format(tests=str(Path(__file__).parent), url=moto.url, pool=pool)
+    script = _PROVISION_AS.format(tests=str(TESTS), url=moto.url, pool=pool)
     done = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
