@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
 
 import skyward as sky
 from skyward.providers.cloud import catalog

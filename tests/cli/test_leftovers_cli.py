@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
 
 import skyward as sky
 from skyward.cli.leftovers import _for_the_command_line

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from support.aws import held, nothing, provider
-from support.ec2proxy import Ec2Proxy
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import held, nothing, provider
+from support.clouds.aws.proxy import Ec2Proxy
 from support.sshhosts import USER, Hosts
 
 import skyward as sky

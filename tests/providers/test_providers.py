@@ -5,10 +5,11 @@ bounds mean what the docs say, and a missing SDK is an install hint before anyth
 The registry holds the providers these tests can build here: ``local``, ``ssh`` (this run's
 SSH test hosts), ``hosts`` (a provider made in ``support/providers.py`` that "creates"
 machines by handing out those hosts through the shared SSH-host layer, as a cloud does) and
-``aws`` (the moto server, with stand-in VMs for its instances: ``support/standin.py``) and
-``azure`` (the fake ARM server, with stand-ins for its VMs: ``support/azure_standin.py``),
+``aws`` (the moto server, with stand-in VMs for its instances:
+``support/clouds/aws/standins.py``) and
+``azure`` (the fake ARM server, with stand-ins for its VMs: ``support/clouds/azure/standins.py``),
 ``gcp`` (the Compute Engine fake, with stand-ins booting from its instances' metadata:
-``support/gcpcloud.py``).
+``support/clouds/gcp/standins.py``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from support.aws import standin_provider
-from support.azure_pools import standin_provider as azure_standin_provider
-from support.gcpcloud import standin_provider as gcp_standin_provider
+from support.clouds.aws.pools import standin_provider
+from support.clouds.azure.pools import standin_provider as azure_standin_provider
+from support.clouds.gcp.standins import standin_provider as gcp_standin_provider
 from support.pools import ssh_provider, start_in_thread
 from support.processes import worker_processes
 from support.providers import Preemptible, Slow, TestHosts

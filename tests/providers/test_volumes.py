@@ -22,8 +22,8 @@ from typing import Any
 import psutil
 import pytest
 from pydantic import ValidationError
+from support.clouds.aws.fake import MotoServer
 from support.hostimage import FAKE_SUDO, HostImage, fake_apt_get
-from support.moto import MotoServer
 from support.pools import ssh_provider
 from support.processes import our_namespaces
 from support.sshhosts import USER, Hosts, PackageIndex
@@ -329,7 +329,7 @@ def test_slurm_refuses_volumes_with_the_reason() -> None:
 def test_aws_refuses_a_volume_without_keys_when_the_nodes_have_no_instance_profile(
     moto: MotoServer,
 ) -> None:
-    from support.aws import provider
+    from support.clouds.aws.pools import provider
 
     volume = sky.Volume(bucket="s3://my-bucket", mount="/data")
     with pytest.raises(ValueError, match="iam_instance_profile"):

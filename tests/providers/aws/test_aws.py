@@ -20,8 +20,8 @@ import yaml
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 from support import ROOT, TESTS
-from support.aws import Checkpoint, held, key_file_of, nothing, provider, request
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import Checkpoint, held, key_file_of, nothing, provider, request
 from support.reporter import Recorder
 
 import skyward as sky
@@ -442,8 +442,8 @@ import os, sys
 import skyward as sky
 from skyward.client.phases import SilentReporter
 sys.path.insert(0, {tests!r})
-from support.aws import Checkpoint, provider, request
-from support.moto import MotoServer
+from support.clouds.aws.pools import Checkpoint, provider, request
+from support.clouds.aws.fake import MotoServer
 
 class Server(MotoServer):
     def __init__(self): self.url, self.region = {url!r}, "us-east-1"

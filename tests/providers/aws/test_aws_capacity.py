@@ -1,6 +1,6 @@
 """Asking EC2 for machines the way a real account answers: no capacity in a zone, spot refused,
 a price limit, a typo in a region or a type, an answer lost in flight. moto never refuses
-anything, so a proxy of the tests' own (``support.ec2proxy``) stands between the provider
+anything, so a proxy of the tests' own (``support.clouds.aws.proxy``) stands between the provider
 and moto and answers some calls with EC2's own errors; nothing is patched inside boto3."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.aws import Checkpoint, held, nothing, provider, request
-from support.ec2proxy import CREATES, Ec2Proxy, in_subnet, of_type, spot
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import Checkpoint, held, nothing, provider, request
+from support.clouds.aws.proxy import CREATES, Ec2Proxy, in_subnet, of_type, spot
 from support.reporter import Recorder
 
 import skyward as sky

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 from support import ROOT
-from support.aws import Checkpoint, held, nothing, pool_key_of, request
-from support.aws import standin_provider as aws
-from support.ec2proxy import Ec2Proxy, in_subnet
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import Checkpoint, held, nothing, pool_key_of, request
+from support.clouds.aws.pools import standin_provider as aws
+from support.clouds.aws.proxy import Ec2Proxy, in_subnet
+from support.clouds.aws.standins import StandInCloud
 from support.markers import wait_for_markers
-from support.moto import MotoServer
 from support.pools import broadcast_in_background
 from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex
-from support.standin import StandInCloud
 
 import skyward as sky
 from skyward.client.futures import Deadline

@@ -3,20 +3,20 @@ Graviton), GPU types whose GPUs the default driver cannot run get no default ima
 GPU node that shows fewer GPUs than its type has fails the pool, naming what it saw.
 
 moto answers ``describe_instance_types`` (architectures, GPUs) as EC2 does; stand-in VMs
-(``support/standin.py``) play the machines, with a fake ``nvidia-smi`` laid over their
+(``support/clouds/aws/standins.py``) play the machines, with a fake ``nvidia-smi`` laid over their
 ``/usr/bin`` (``support/hostimage.py``) standing in for the driver.
 """
 
 from __future__ import annotations
 
 import pytest
-from support.aws import held, nothing, provider, request
-from support.aws import standin_provider as aws
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import held, nothing, provider, request
+from support.clouds.aws.pools import standin_provider as aws
+from support.clouds.aws.standins import StandInCloud
 from support.hostimage import HostImage, fake_nvidia_smi
-from support.moto import MotoServer
 from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex
-from support.standin import StandInCloud
 
 import skyward as sky
 from skyward.providers.aws.machines import CPU_AMI_PARAMETERS, GPU_AMI_PARAMETERS

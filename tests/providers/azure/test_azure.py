@@ -20,9 +20,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 from support import cloudinit
-from support.aws import Checkpoint, key_file_of, request
-from support.azure import SUBSCRIPTION, AzureFake, VmSku, sdk_clients
-from support.azure_pools import (
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import Checkpoint, key_file_of, request
+from support.clouds.azure.fake import SUBSCRIPTION, AzureFake, VmSku, sdk_clients
+from support.clouds.azure.pools import (
     LOCATION,
     groups_of,
     only_group,
@@ -30,7 +31,6 @@ from support.azure_pools import (
     signed_in_env,
     skyward_cli,
 )
-from support.moto import MotoServer
 from support.reporter import Recorder
 from support.sandbox import Sandbox
 

@@ -21,7 +21,7 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
 )
 from azure.mgmt.compute import models as compute
-from support.azure import AddressQueue, AzureClients, AzureFake, sdk_clients
+from support.clouds.azure.fake import AddressQueue, AzureClients, AzureFake, sdk_clients
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 from support import ROOT, TESTS
-from support.aws import Checkpoint, request
-from support.azure_pools import groups_of, only_group, signed_in_env, skyward_cli
-from support.azure_pools import standin_provider as azure
-from support.azure_standin import AzureStandIns
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import Checkpoint, request
+from support.clouds.azure.pools import groups_of, only_group, signed_in_env, skyward_cli
+from support.clouds.azure.pools import standin_provider as azure
+from support.clouds.azure.standins import AzureStandIns
 from support.markers import wait_for_markers
-from support.moto import MotoServer
 from support.pools import broadcast_in_background
 from support.reporter import Recorder
 from support.sshhosts import PackageIndex
@@ -143,7 +143,7 @@ _CLIENT = """
 import sys, time
 sys.path.insert(0, {tests!r})
 import skyward as sky
-from support.azure import FakeCredential
+from support.clouds.azure.fake import FakeCredential
 settings = {settings!r}
 azure = sky.Azure(credential=FakeCredential(), **settings)
 with sky.ComputePool(provider=azure, nodes=2, image=sky.Image(index_url={index!r}),

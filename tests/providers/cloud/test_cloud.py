@@ -470,7 +470,7 @@ def test_a_silent_ssh_port_is_retried_within_boot_timeout_then_named() -> None:
 
 
 def test_the_pool_reports_its_approximate_cost_at_close() -> None:
-    from support.aws import request
+    from support.clouds.aws.pools import request
     from support.reporter import Recorder
 
     from skyward.pool.machines import Machines

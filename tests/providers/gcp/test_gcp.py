@@ -16,8 +16,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 from support import cloudinit
-from support.aws import Checkpoint, key_file_of, request
-from support.gcp import (
+from support.clouds.aws.pools import Checkpoint, key_file_of, request
+from support.clouds.gcp.fake import (
     ACCELERATOR_TYPES,
     BACKEND_ERROR,
     QUOTA_EXCEEDED,
@@ -27,7 +27,7 @@ from support.gcp import (
     Fault,
     GCPFake,
 )
-from support.gcpcloud import PROJECT, ZONE, held, metadata_of, nothing, provider
+from support.clouds.gcp.standins import PROJECT, ZONE, held, metadata_of, nothing, provider
 from support.reporter import Recorder
 
 import skyward as sky

@@ -14,7 +14,7 @@ import pytest
 from google.api_core import exceptions
 from google.api_core.retry import Retry, if_exception_type
 from google.cloud import compute_v1
-from support.gcp import (
+from support.clouds.gcp.fake import (
     BACKEND_ERROR,
     QUOTA_EXCEEDED,
     RESOURCE_POOL_EXHAUSTED,

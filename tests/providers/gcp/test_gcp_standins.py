@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from support import ROOT
-from support.gcpcloud import PROJECT, ZONE, GCPStandIns, TokenServer, held, nothing
-from support.gcpcloud import standin_provider as gcp
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
+from support.clouds.gcp.standins import PROJECT, ZONE, GCPStandIns, TokenServer, held, nothing
+from support.clouds.gcp.standins import standin_provider as gcp
 from support.pools import broadcast_in_background
 from support.sshhosts import PackageIndex
 

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 from support import ROOT
 from support.processes import worker_processes
-from support.slurm import GPU_PARTITION, SlurmCluster, slurm_cluster_fixture
+from support.slurm import GPU_PARTITION, SlurmCluster
 from support.sshhosts import PackageIndex
 
 import skyward as sky
@@ -34,22 +33,7 @@ from skyward.providers.base import ProvisionRequest, identity_tags
 from skyward.providers.slurm import gres_for
 from skyward.providers.slurm.job import holder_script
 
-slurm_cluster = slurm_cluster_fixture(nodes=2)
-
-_WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 _ROOT = str(ROOT)
-
-
-@pytest.fixture(scope="module")
-def index(slurm_cluster: SlurmCluster) -> Iterator[PackageIndex]:
-    """What the compute nodes install from: the worker's needs, uv, jax."""
-    served = PackageIndex(slurm_cluster.root / "index", slurm_cluster.bridge_address)
-    try:
-        names = ("cloudpickle", "pydantic", "jax", "jaxlib", "packaging")
-        served.download([*(f"{n}=={metadata.version(n)}" for n in names), "uv"], _WHEEL_CACHE)
-        yield served
-    finally:
-        served.close()
 
 
 def slurm(cluster: SlurmCluster, **options: Any) -> sky.Slurm:
@@ -59,12 +43,12 @@ def slurm(cluster: SlurmCluster, **options: Any) -> sky.Slurm:
 
 
 def pool(
-    cluster: SlurmCluster, index: PackageIndex, *, slurm_options: Any = None, **options: Any
+    cluster: SlurmCluster, slurm_index: PackageIndex, *, slurm_options: Any = None, **options: Any
 ) -> sky.ComputePool:
     image = options.pop("image", None) or sky.Image()
     return sky.ComputePool(
         provider=slurm(cluster, **(slurm_options or {})),
-        image=image.model_copy(update={"index_url": index.url}),
+        image=image.model_copy(update={"index_url": slurm_index.url}),
         **{"nodes": 2, "quiet": True, **options},
     )
 
@@ -232,9 +216,9 @@ def _toy() -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 def test_jax_multicontroller_toy_across_two_slurm_nodes_through_a_remote_login(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
-    with pool(slurm_cluster, index, plugins=[sky.plugins.jax(cpu_devices=4)]) as jax_pool:
+    with pool(slurm_cluster, slurm_index, plugins=[sky.plugins.jax(cpu_devices=4)]) as jax_pool:
         results = jax_pool.broadcast(_toy)
         job = job_of(slurm_cluster, jax_pool.name)
     assert [r["result"] for r in results] == [-0.12398731708526611] * 2
@@ -255,14 +239,14 @@ def _peers() -> tuple[str, ...]:
 
 @pytest.mark.timeout(120)
 def test_nodes_slurm_knows_by_name_are_peers_at_the_address_the_other_nodes_resolve(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
     nodes = slurm_cluster.nodes
     for node in nodes:
         slurm_cluster.run("scontrol", "update", f"NodeName={node.name}",
                           f"NodeAddr={node.name}", user="root")  # fmt: skip
     try:
-        with pool(slurm_cluster, index) as named:
+        with pool(slurm_cluster, slurm_index) as named:
             seen = named.broadcast(_peers)
     finally:
         for node in nodes:
@@ -282,10 +266,10 @@ def _gpus() -> tuple[str, int, str]:
 
 @pytest.mark.timeout(120)
 def test_an_accelerator_reaches_slurm_as_gres_and_the_workers_see_their_gpus(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
     with pool(
-        slurm_cluster, index, accelerator="A100:1", slurm_options={"partition": GPU_PARTITION}
+        slurm_cluster, slurm_index, accelerator="A100:1", slurm_options={"partition": GPU_PARTITION}
     ) as gpu_pool:
         seen = gpu_pool.broadcast(_gpus)
         job = job_of(slurm_cluster, gpu_pool.name)
@@ -301,10 +285,10 @@ def test_an_accelerator_reaches_slurm_as_gres_and_the_workers_see_their_gpus(
 
 @pytest.mark.timeout(120)
 def test_a_pool_behind_another_job_shows_why_it_waits_then_starts(
-    slurm_cluster: SlurmCluster, index: PackageIndex, caplog: pytest.LogCaptureFixture
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="skyward")
-    waiting = pool(slurm_cluster, index)
+    waiting = pool(slurm_cluster, slurm_index)
     with blocker(slurm_cluster):
         errors: list[BaseException] = []
         starter = threading.Thread(target=lambda: _start(waiting, errors))
@@ -329,9 +313,9 @@ def test_a_pool_behind_another_job_shows_why_it_waits_then_starts(
 
 @pytest.mark.timeout(120)
 def test_close_from_another_thread_while_pending_cancels_the_job(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
-    waiting = pool(slurm_cluster, index)
+    waiting = pool(slurm_cluster, slurm_index)
     with blocker(slurm_cluster):
         errors: list[BaseException] = []
         starter = threading.Thread(target=lambda: _start(waiting, errors))
@@ -361,11 +345,11 @@ def _start(pool_: sky.ComputePool, errors: list[BaseException]) -> None:
 
 @pytest.mark.timeout(60)
 def test_an_unknown_partition_fails_fast_with_slurms_reason_and_the_partitions(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
     started = time.monotonic()
     with pytest.raises(sky.ProvisionError) as caught:
-        with pool(slurm_cluster, index, slurm_options={"partition": "nope"}):
+        with pool(slurm_cluster, slurm_index, slurm_options={"partition": "nope"}):
             pass
     assert time.monotonic() - started < 10
     message = str(caught.value)
@@ -376,11 +360,14 @@ def test_an_unknown_partition_fails_fast_with_slurms_reason_and_the_partitions(
 
 @pytest.mark.timeout(60)
 def test_a_gres_the_partition_lacks_is_refused_by_sbatch_and_named(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
     with pytest.raises(sky.ProvisionError) as caught:
         with pool(
-            slurm_cluster, index, accelerator="H100:1", slurm_options={"partition": GPU_PARTITION}
+            slurm_cluster,
+            slurm_index,
+            accelerator="H100:1",
+            slurm_options={"partition": GPU_PARTITION},
         ):
             pass
     message = str(caught.value)
@@ -391,7 +378,7 @@ def test_a_gres_the_partition_lacks_is_refused_by_sbatch_and_named(
 
 @pytest.mark.timeout(60)
 def test_a_time_limit_above_the_partitions_fails_at_once_with_its_max_time(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
     slurm_cluster.run("scontrol", "update", f"PartitionName={GPU_PARTITION}", "MaxTime=10",
                       user="root")  # fmt: skip
@@ -400,7 +387,7 @@ def test_a_time_limit_above_the_partitions_fails_at_once_with_its_max_time(
         with pytest.raises(sky.ProvisionError) as caught:
             with pool(
                 slurm_cluster,
-                index,
+                slurm_index,
                 slurm_options={"partition": GPU_PARTITION, "time_limit": "1:00:00"},
             ):
                 pass
@@ -425,9 +412,9 @@ def _sleep_on_node_1() -> str:
 
 @pytest.mark.timeout(120)
 def test_a_cancelled_step_is_worker_lost_naming_the_node_and_slurms_reason(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
-    with pool(slurm_cluster, index) as lossy:
+    with pool(slurm_cluster, slurm_index) as lossy:
         job = job_of(slurm_cluster, lossy.name)
         caught: list[BaseException] = []
         call = threading.Thread(target=lambda: _broadcast(lossy, caught))
@@ -464,9 +451,9 @@ def _worker_step(cluster: SlurmCluster, job: str, rank: int) -> str:
 
 @pytest.mark.timeout(120)
 def test_a_node_taken_down_is_worker_lost_with_the_jobs_node_failure(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
-    with pool(slurm_cluster, index) as lossy:
+    with pool(slurm_cluster, slurm_index) as lossy:
         job = job_of(slurm_cluster, lossy.name)
         caught: list[BaseException] = []
         call = threading.Thread(target=lambda: _broadcast(lossy, caught))
@@ -491,9 +478,9 @@ def test_a_node_taken_down_is_worker_lost_with_the_jobs_node_failure(
 
 @pytest.mark.timeout(120)
 def test_a_login_link_that_drops_loses_the_workers_and_teardown_reaches_the_login_again(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
-    dropped = pool(slurm_cluster, index, slurm_options={"keepalive": 1, "link_timeout": 3})
+    dropped = pool(slurm_cluster, slurm_index, slurm_options={"keepalive": 1, "link_timeout": 3})
     with dropped:
         job = job_of(slurm_cluster, dropped.name)
         slurm_cluster.link_down("login")
@@ -528,23 +515,23 @@ def _fails_around_app(info: sky.InstanceInfo) -> Iterator[None]:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("path", ["normal", "exception", "bootstrap fails", "plugin fails"])
 def test_no_job_and_no_worker_is_left_on_any_path(
-    slurm_cluster: SlurmCluster, index: PackageIndex, path: str
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex, path: str
 ) -> None:
     if path == "normal":
-        with pool(slurm_cluster, index) as used:
+        with pool(slurm_cluster, slurm_index) as used:
             assert used.broadcast(os.getpid)
     elif path == "exception":
-        with pytest.raises(KeyError), pool(slurm_cluster, index):
+        with pytest.raises(KeyError), pool(slurm_cluster, slurm_index):
             raise KeyError("the user's own error")
     elif path == "bootstrap fails":
         image = sky.Image(setup=["echo doomed; exit 3"])
         with pytest.raises(sky.BootstrapError, match="exit 3"):
-            with pool(slurm_cluster, index, image=image):
+            with pool(slurm_cluster, slurm_index, image=image):
                 pass
     else:
         plugin = sky.Plugin(name="failing", around_app=_fails_around_app)
         with pytest.raises(sky.StartError, match="fails on purpose"):
-            with pool(slurm_cluster, index, plugins=[plugin]):
+            with pool(slurm_cluster, slurm_index, plugins=[plugin]):
                 pass
     assert_nothing_left(slurm_cluster)
 
@@ -554,18 +541,18 @@ import sys, time
 import skyward as sky
 slurm = sky.Slurm(login={login!r}, key={key!r}, known_hosts={known!r}, idle_timeout={idle})
 pool = sky.ComputePool(provider=slurm, nodes=2, name={name!r}, console="off",
-                       image=sky.Image(index_url={index!r}))
+                       image=sky.Image(index_url={slurm_index!r}))
 with pool:
     print("ready", flush=True)
     time.sleep(600)
 """
 
 
-def _client(cluster: SlurmCluster, index: PackageIndex, name: str, idle: float = 300) -> Any:
+def _client(cluster: SlurmCluster, slurm_index: PackageIndex, name: str, idle: float = 300) -> Any:
     login = cluster.login
     script = _CLIENT.format(
         login=login.target, key=str(login.key), known=str(login.known_hosts), idle=idle,
-        name=name, index=index.url,
+        name=name, slurm_index=slurm_index.url,
     )  # fmt: skip
     return subprocess.Popen(
         [sys.executable, "-c", script],
@@ -578,11 +565,11 @@ def _client(cluster: SlurmCluster, index: PackageIndex, name: str, idle: float =
 
 @pytest.mark.timeout(120)
 def test_ctrl_c_while_the_job_is_pending_cancels_it(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
     name = f"pending-{os.getpid()}"
     with blocker(slurm_cluster):
-        client = _client(slurm_cluster, index, name)
+        client = _client(slurm_cluster, slurm_index, name)
         try:
             deadline = time.monotonic() + 30
             while not job_of(slurm_cluster, name):
@@ -601,11 +588,11 @@ def test_ctrl_c_while_the_job_is_pending_cancels_it(
 
 @pytest.mark.timeout(120)
 def test_a_sigkilled_clients_job_ends_itself_within_idle_timeout(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
     name = f"killed-{os.getpid()}"
     idle = 3.0
-    client = _client(slurm_cluster, index, name, idle=idle)
+    client = _client(slurm_cluster, slurm_index, name, idle=idle)
     try:
         assert client.stdout is not None and client.stdout.readline() == "ready\n"
         job = job_of(slurm_cluster, name)
@@ -662,7 +649,7 @@ def test_ls_lists_skywards_jobs_and_down_cancels_them(slurm_cluster: SlurmCluste
 _ON_LOGIN = """
 import os, sys
 import skyward as sky
-image = sky.Image(pip=["packaging"], index_url={index!r})
+image = sky.Image(pip=["packaging"], index_url={slurm_index!r})
 slurm = sky.Slurm(modules=["skyward-test"])
 with sky.ComputePool(provider=slurm, nodes=2, image=image, console="off") as pool:
     print(pool.broadcast(lambda: (
@@ -683,11 +670,11 @@ echo "$(hostname) $SLURM_STEP_ID" >> "$HOME/modules-loaded"
 
 @pytest.mark.timeout(120)
 def test_a_client_on_the_login_node_runs_slurms_commands_itself_and_loads_modules(
-    slurm_cluster: SlurmCluster, index: PackageIndex
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex
 ) -> None:
     # The client runs on the login host as the cluster's user, with an interpreter a pool
     # bootstraps on the shared home (with packaging, it has what a client needs).
-    with pool(slurm_cluster, index, image=sky.Image(pip=["packaging"])) as remote:
+    with pool(slurm_cluster, slurm_index, image=sky.Image(pip=["packaging"])) as remote:
         [python] = set(remote.broadcast(lambda: sys.executable))
     modules = slurm_cluster.home / "modules"
     (modules / "init").mkdir(parents=True, exist_ok=True)
@@ -696,7 +683,7 @@ def test_a_client_on_the_login_node_runs_slurms_commands_itself_and_loads_module
     (modules / "modulefiles" / "skyward-test").write_text(_MODULE_FILE)
     done = slurm_cluster.run(
         "env", f"PYTHONPATH={_ROOT}", "MODULESHOME=/home/skytest/modules", python, "-c",
-        _ON_LOGIN.format(index=index.url), timeout=90, check=False,
+        _ON_LOGIN.format(slurm_index=slurm_index.url), timeout=90, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[(0, 'node0', 'loaded'), (1, 'node1', 'loaded')]"
@@ -718,18 +705,18 @@ def test_no_worker_outlives_the_module(slurm_cluster: SlurmCluster) -> None:
 @pytest.mark.timeout(120)
 def test_start_timeline_of_a_two_node_pool_on_an_idle_queue(
     slurm_cluster: SlurmCluster,
-    index: PackageIndex,
+    slurm_index: PackageIndex,
     caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Measures (prints) where the time goes from ComputePool(...) to ready, environment
     already bootstrapped; asserts only that it starts."""
-    with pool(slurm_cluster, index):
+    with pool(slurm_cluster, slurm_index):
         pass  # the image's environment is there from now on
     caplog.set_level(logging.INFO, logger="skyward")
     caplog.clear()
     begin = time.time()
-    with pool(slurm_cluster, index) as timed:
+    with pool(slurm_cluster, slurm_index) as timed:
         ready = time.time()
         assert len(timed.broadcast(os.getpid)) == 2
     marks = [

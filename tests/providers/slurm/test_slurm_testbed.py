@@ -16,9 +16,7 @@ from pathlib import Path
 import paramiko
 import psutil
 import pytest
-from support.slurm import CPU_PARTITION, GPU_PARTITION, SlurmCluster, slurm_cluster_fixture
-
-slurm_cluster = slurm_cluster_fixture(nodes=2)
+from support.slurm import CPU_PARTITION, GPU_PARTITION, SlurmCluster
 
 
 @pytest.fixture

@@ -36,15 +36,15 @@ from typing import Any
 
 import pytest
 from support import TESTS
-from support.aws import held, nothing, standin_provider
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import held, nothing, standin_provider
+from support.clouds.aws.standins import StandInCloud
 from support.hostimage import FAKE_SUDO, HostImage, fake_apt_get
-from support.moto import MotoServer
 from support.pools import ssh_provider
 from support.processes import our_namespaces
 from support.pythons import PythonMirror, build_install_only, pyenv_python, venv_uv
 from support.reporter import Recorder
 from support.sshhosts import USER, Hosts, PackageIndex
-from support.standin import StandInCloud
 
 import skyward as sky
 from skyward.pool.spec import PoolSpec

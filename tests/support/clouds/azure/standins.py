@@ -6,7 +6,7 @@ the machines, booting from the VM's ``customData`` as cloud-init would.
     AzureFake (on the test bridge)   AzureStandIns (a thread in the test process, watching it)
     ──────────────────────────────   ─────────────────────────────────────────────────────────
     NIC private address from          a running VM at one of our addresses ─> boot it: a
-      ``addresses`` (.200 and up)       namespace host at that address (``standin.py``'s
+      ``addresses`` (.200 and up)       namespace host at that address (``clouds/aws/standins.py``'s
     VM running                          machine side), the VM's SSH key and cloud-init's host
                                         key, files, sshd, runcmd (the idle watchdog); and,
                                         in its namespace only, an instance metadata service
@@ -34,10 +34,10 @@ from typing import Any
 
 import yaml
 
-from support.azure import TOKEN, AzureFake
+from support.clouds.aws.standins import StandIn, StandInCloud
+from support.clouds.azure.fake import TOKEN, AzureFake
 from support.sandbox import Sandbox
 from support.sshhosts import ensure_user
-from support.standin import StandIn, StandInCloud
 
 IMDS_ADDRESS = "169.254.169.254"
 FIRST_HOST = 200  # stand-ins take .200 and up on the bridge, clear of the other hosts

@@ -6,7 +6,7 @@ for a pool, and stand-in VMs for the fake's instances.
     GCPFake on the test bridge        GCPStandIns (a thread in the test process, reading the fake)
     ──────────────────────────        ─────────────────────────────────────────────────────────
     instances get addresses from      a RUNNING instance at one of them, not yet booted ─> boot
-      the plan: 10.123.N.200, ...       a stand-in (``standin.py``'s machine side) from its
+      the plan: 10.123.N.200, ...       a stand-in (the AWS stand-in's machine side) from its
                                         ``user-data`` metadata, with the keys of ``ssh-keys``
                                         for the login user, as GCE's guest agent gives them
     Metadata server on the bridge     metadata.google.internal in each stand-in's /etc/hosts:
@@ -34,10 +34,10 @@ from google.auth.credentials import AnonymousCredentials
 
 import skyward as sky
 from skyward.providers.gcp.resources import label_value
-from support.gcp import ApiError, GCPFake
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.standins import StandIn, StandInCloud
+from support.clouds.gcp.fake import ApiError, GCPFake
 from support.sshhosts import USER, Hosts, ensure_user
-from support.standin import StandIn, StandInCloud
 
 PROJECT = "skyward-tests"
 ZONE = "us-central1-a"

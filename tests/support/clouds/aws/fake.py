@@ -30,7 +30,7 @@ from typing import Any
 
 import boto3
 
-from support.ec2proxy import Ec2Proxy
+from support.clouds.aws.proxy import Ec2Proxy
 
 # What moto has that stands in for the public AMI parameters (it holds none under
 # /aws/service and refuses writes there): tests seed this path and point AWS() at it.

@@ -15,9 +15,9 @@ from cryptography.hazmat.primitives import serialization
 import skyward as sky
 from skyward.client.futures import Deadline
 from skyward.providers.base import ProvisionRequest, identity_tags
-from support.moto import AMI_PARAMETER, MotoServer
+from support.clouds.aws.fake import AMI_PARAMETER, MotoServer
+from support.clouds.aws.standins import StandInCloud
 from support.sshhosts import USER
-from support.standin import StandInCloud
 
 LIVE = ["pending", "running", "shutting-down", "stopping", "stopped"]
 

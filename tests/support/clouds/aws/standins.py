@@ -40,8 +40,8 @@ from typing import Any
 
 import yaml
 
+from support.clouds.aws.fake import MotoServer
 from support.hostimage import HostImage
-from support.moto import MotoServer
 from support.processes import our_namespaces
 from support.sandbox import Sandbox, guard_again
 from support.sshhosts import USER, Hosts, ensure_user

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import skyward as sky
-from support.azure import SUBSCRIPTION, TOKEN, AzureFake, FakeCredential
-from support.azure_standin import AzureStandIns
+from support.clouds.azure.fake import SUBSCRIPTION, TOKEN, AzureFake, FakeCredential
+from support.clouds.azure.standins import AzureStandIns
 from support.sshhosts import USER
 
 LOCATION = "eastus"
