@@ -9,7 +9,9 @@ machines by handing out those hosts through the shared SSH-host layer, as a clou
 ``support/clouds/aws/standins.py``) and
 ``azure`` (the fake ARM server, with stand-ins for its VMs: ``support/clouds/azure/standins.py``),
 ``gcp`` (the Compute Engine fake, with stand-ins booting from its instances' metadata:
-``support/clouds/gcp/standins.py``).
+``support/clouds/gcp/standins.py``) and ``slurm`` (the Slurm testbed, ``support/slurm.py``:
+a real slurmctld and slurmds in network namespaces, reached through its login host over SSH,
+as ``providers/slurm/test_slurm.py`` reaches it).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from support.pools import ssh_provider, start_in_thread
 from support.processes import worker_processes
 from support.providers import Preemptible, Slow, TestHosts
 from support.reporter import Recorder
+from support.slurm import SlurmCluster
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
@@ -42,6 +45,12 @@ Build = Callable[[], Any]
 def _registry(request: pytest.FixtureRequest, kind: str) -> tuple[Any, sky.Image]:
     if kind == "local":
         return sky.Local(), sky.Image()
+    if kind == "slurm":
+        cluster: SlurmCluster = request.getfixturevalue("slurm_cluster")
+        served: PackageIndex = request.getfixturevalue("slurm_index")
+        login = cluster.login
+        made = sky.Slurm(login=login.target, key=login.key, known_hosts=login.known_hosts)
+        return made, sky.Image(index_url=served.url)
     hosts: Hosts = request.getfixturevalue("ssh_hosts")
     index: PackageIndex = request.getfixturevalue("package_index")
     image = sky.Image(index_url=index.url)
@@ -56,7 +65,7 @@ def _registry(request: pytest.FixtureRequest, kind: str) -> tuple[Any, sky.Image
     return TestHosts(hosts), image
 
 
-@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp"])
+@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp", "slurm"])
 def provider(request: pytest.FixtureRequest) -> tuple[Any, sky.Image]:
     return _registry(request, request.param)
 
@@ -101,7 +110,7 @@ def test_a_pool_on_every_provider_runs_calls_and_reports_each_phase(
 def test_remote_providers_report_connecting_and_bootstrapping_per_node(
     request: pytest.FixtureRequest,
 ) -> None:
-    for kind in ("ssh", "hosts", "aws", "azure", "gcp"):
+    for kind in ("ssh", "hosts", "aws", "azure", "gcp", "slurm"):
         made, image = _registry(request, kind)
         recorder = Recorder()
         made.provision(_request(made, image), recorder).terminate()
