@@ -39,10 +39,10 @@ os.environ.update(
     AWS_EC2_METADATA_DISABLED="true",
 )
 
-from support.aws import held, nothing, standin_provider
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import held, nothing, standin_provider
+from support.clouds.aws.standins import StandInCloud
 from support.sshhosts import Hosts, PackageIndex
-from support.standin import StandInCloud
 
 import skyward as sky
 from skyward.client.phases import Phase, Reporter

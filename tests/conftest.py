@@ -14,22 +14,15 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 import pytest
 from support import netguard
-from support.gcp import GCPFake
-from support.gcpcloud import GCPStandIns, MetadataServer
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.standins import StandInCloud
 from support.pools import PoolFactory, pool_factory
 from support.processes import describe, our_namespaces, worker_processes
 from support.sshhosts import Hosts, PackageIndex
-from support.standin import StandInCloud
-
-if TYPE_CHECKING:
-    from support.azure import AzureFake
-    from support.azure_standin import AzureStandIns
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -191,7 +184,8 @@ def moto_server() -> Iterator[MotoServer]:
 
 @pytest.fixture
 def moto(moto_server: MotoServer) -> MotoServer:
-    """The moto server, empty but for an AMI published under ``support.moto.AMI_PARAMETER``."""
+    """The moto server, empty but for an AMI published under
+    ``support.clouds.aws.fake.AMI_PARAMETER``."""
     moto_server.reset()
     moto_server.seed_ami()
     return moto_server
@@ -201,82 +195,6 @@ def moto(moto_server: MotoServer) -> MotoServer:
 def standin_cloud(moto: MotoServer, ssh_hosts: Hosts) -> Iterator[StandInCloud]:
     """moto with stand-in VMs for the instances it runs in ``standin_cloud.subnet``."""
     cloud = StandInCloud(moto, ssh_hosts)
-    try:
-        yield cloud
-    finally:
-        cloud.close()
-    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
-
-
-# ── the fake Azure Resource Manager, and stand-in VMs for its VMs ──────────────────────
-
-
-@pytest.fixture(scope="session")
-def azure_bridge_fake(ssh_hosts: Hosts) -> Iterator[AzureFake]:
-    """The fake ARM server listening on the test bridge, where stand-in VMs reach it too
-    (their watchdog calls it to delete their VM)."""
-    from support.azure import AzureFake
-
-    with AzureFake(host=ssh_hosts.bridge_address) as fake:
-        yield fake
-
-
-@pytest.fixture
-def azure_standins(azure_bridge_fake: AzureFake, ssh_hosts: Hosts) -> Iterator[AzureStandIns]:
-    """The fake ARM server, emptied, with stand-in VMs for the VMs it runs."""
-    from support.azure_standin import AzureStandIns
-
-    azure_bridge_fake.reset()
-    azure_bridge_fake.operation_polls, azure_bridge_fake.operation_seconds = 1, 1.0
-    cloud = AzureStandIns(moto=None, hosts=ssh_hosts, fake=azure_bridge_fake)
-    try:
-        yield cloud
-    finally:
-        cloud.close()
-    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
-    assert not azure_bridge_fake.errors, azure_bridge_fake.errors[0]
-
-
-# ── the Compute Engine fake ─────────────────────────────────────────────────────────────
-
-
-@pytest.fixture(scope="session")
-def gce_server() -> Iterator[GCPFake]:
-    with GCPFake() as fake, pytest.MonkeyPatch.context() as patch:
-        for name, value in fake.environ().items():  # no metadata server for google.auth
-            patch.setenv(name, value)
-        yield fake
-
-
-@pytest.fixture
-def gce(gce_server: GCPFake) -> GCPFake:
-    """The Compute Engine fake on loopback, empty, operations done at once."""
-    gce_server.reset()
-    return gce_server
-
-
-@pytest.fixture(scope="session")
-def gce_bridge(ssh_hosts: Hosts) -> Iterator[tuple[GCPFake, MetadataServer]]:
-    """A Compute Engine fake and a metadata server on the test bridge, where stand-ins can
-    call them (the watchdog's hook deletes its own instance)."""
-    with GCPFake(host=ssh_hosts.bridge_address) as fake, pytest.MonkeyPatch.context() as patch:
-        for name, value in fake.environ().items():
-            patch.setenv(name, value)
-        metadata = MetadataServer(fake, ssh_hosts.bridge_address)
-        try:
-            yield fake, metadata
-        finally:
-            metadata.close()
-
-
-@pytest.fixture
-def gcp_standins(
-    gce_bridge: tuple[GCPFake, MetadataServer], ssh_hosts: Hosts
-) -> Iterator[GCPStandIns]:
-    """The bridge's Compute Engine fake with stand-in VMs for the instances it runs."""
-    fake, metadata = gce_bridge
-    fake.reset()
-    cloud = GCPStandIns.start(fake, ssh_hosts, metadata=metadata)
     try:
         yield cloud
     finally:

@@ -6,7 +6,7 @@ type checkers, a pydantic model holds their defaults and limits, and the signatu
 take ``Unpack[...]`` of their ``TypedDict`` and hand the model only what the caller gave
 (``validated``), so a default lives in the model and nowhere else. Tests check each
 ``TypedDict`` against its model (names, types) and against the docs
-(``tests/test_pool_options.py``, ``tests/test_plugin_options.py``).
+(``tests/pool/test_pool_options.py``, ``tests/plugins/test_plugin_options.py``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ anything starts: the plugins checked and pickled, their transforms applied, and 
 Everything here runs in ``ComputePool.__init__``, so a wrong value is an error before any
 machine is touched. Each option is spelled here once: ``PoolOptions`` names what a caller may
 give and its type, ``PoolSpec`` holds the default and the limits, and ``ComputePool`` passes
-on only what the caller gave (``tests/test_pool_options.py`` keeps the two, and the docs, in
+on only what the caller gave (``tests/pool/test_pool_options.py`` keeps the two, and the docs, in
 step).
 """
 

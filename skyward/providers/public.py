@@ -3,7 +3,7 @@
 At run time ``skyward`` finds its providers in ``providers/registry.py``; a type checker
 cannot read that table, so ``skyward/__init__`` star-imports this module inside
 ``if TYPE_CHECKING:`` and nothing imports it at run time (it would load every provider).
-One line per registry entry: ``tests/test_registry.py`` checks that the two agree.
+One line per registry entry: ``tests/providers/test_registry.py`` checks that the two agree.
 """
 
 from skyward.providers.aws import AWS as AWS

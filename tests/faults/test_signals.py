@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.aws import held, nothing, pool_key_of
-from support.aws import standin_provider as aws
-from support.ec2proxy import Ec2Proxy
-from support.moto import MotoServer
+from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.pools import held, nothing, pool_key_of
+from support.clouds.aws.pools import standin_provider as aws
+from support.clouds.aws.proxy import Ec2Proxy
+from support.clouds.aws.standins import StandInCloud
 from support.sshhosts import Hosts, PackageIndex
-from support.standin import StandInCloud
 
 import skyward as sky
 from skyward.pool import signals

@@ -16,7 +16,7 @@ Even a real ``poweroff -f`` here only signals PID 1: ``reboot(2)`` from a PID na
 other than the first one ends that namespace (Linux >= 3.4), never the machine. The trap
 records it as ``signal-INT`` / ``signal-HUP``.
 
-Cloud stand-ins (``standin.py``) run as sandboxes; so does the watchdog's own test.
+Cloud stand-ins (``clouds/aws/standins.py``) run as sandboxes; so does the watchdog's own test.
 """
 
 from __future__ import annotations

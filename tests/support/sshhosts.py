@@ -117,7 +117,8 @@ class Hosts:
     _made: list[tuple[str, ...]] = field(default_factory=list)
     _made_lock: threading.Lock = field(default_factory=threading.Lock)  # guards: _made
     _left: list[str] | None = None  # what close() could not remove, seen while still locked
-    # Indexes for the stand-ins that join this bridge (standin.py): never one name twice.
+    # Indexes for the stand-ins that join this bridge (clouds/*/standins.py): never one name
+    # twice.
     _joined: Iterator[int] = field(default_factory=itertools.count)
 
     @property

@@ -1,0 +1,1 @@
+"""Azure: the fake ARM server (``fake``), stand-ins (``standins``), pool helpers (``pools``)."""
