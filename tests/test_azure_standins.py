@@ -19,6 +19,7 @@ from support.aws import Checkpoint, request
 from support.azure_pools import groups_of, only_group, signed_in_env, skyward_cli
 from support.azure_pools import standin_provider as azure
 from support.azure_standin import AzureStandIns
+from support.dispositions import as_from_a_terminal
 from support.markers import wait_for_markers
 from support.moto import MotoServer
 from support.pools import broadcast_in_background
@@ -157,9 +158,12 @@ def _client(cloud: AzureStandIns, index: str, pool: str, log: Path, **options: A
     script = _CLIENT.format(
         tests=str(Path(__file__).parent), settings=settings, index=index, pool=pool
     )
-    with open(log, "wb") as out:
+    with open(log, "wb") as out:  # signalled as from a terminal, however this run started
         return subprocess.Popen(
-            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-c", script],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=as_from_a_terminal,
         )
 
 
