@@ -1,18 +1,21 @@
-"""The suite's own harness: one leaked pool fails one test, and a run started in the
-background (``cmd &``, ``nohup``) passes the signal tests as a run from a terminal does.
+"""The suite's own harness: one leaked pool fails one test, a run started in the background
+(``cmd &``, ``nohup``) passes the signal tests as a run from a terminal does, and the test
+bridge stays reachable as stand-in machines join and leave it.
 
-Each test runs pytest in a child process over a few test files and reads its report."""
+The first two run pytest in a child process over a few test files and read its report."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.sshhosts import Hosts
 
 _TESTS = Path(__file__).resolve().parent
 
@@ -93,3 +96,41 @@ def test_a_run_started_with_sigint_and_sighup_ignored_passes_the_signal_tests() 
     report = run.stdout + run.stderr
     assert run.returncode == 0, report[-6000:]
     assert re.search(r"\b10 passed\b", report), report[-6000:]
+
+
+def _reaches(netns: str, address: str, port: int) -> bool:
+    """Whether a TCP connection from namespace ``netns`` to ``address:port`` opens in 10 s."""
+    code = f"import socket; socket.create_connection(({address!r}, {port}), timeout=10)"
+    done = subprocess.run(
+        ["ip", "netns", "exec", netns, "/usr/bin/python3", "-c", code],
+        capture_output=True,
+        timeout=60,
+    )
+    return done.returncode == 0
+
+
+def test_the_bridge_stays_reachable_when_a_port_with_the_lowest_mac_joins_and_leaves(
+    ssh_hosts: Hosts,
+) -> None:
+    # A stand-in VM's port with a lower MAC than the rest, as a random one can be. A bridge
+    # whose address followed its ports' would take it, then another when the port left: the
+    # hosts' ARP entries for the bridge address would name a MAC nobody has (for ~30 s).
+    bridge = Path(f"/sys/class/net/{ssh_hosts.bridge}/address")
+    host = ssh_hosts.hosts[0]
+    with socket.create_server((ssh_hosts.bridge_address, 0)) as server:
+        port = server.getsockname()[1]
+        assert _reaches(host.netns, ssh_hosts.bridge_address, port)  # its ARP entry made
+        before = bridge.read_text()
+        veth = f"skv{ssh_hosts.tag}t{ssh_hosts.join_index()}"
+        undo = ("ip", "link", "del", veth)
+        ssh_hosts.make(
+            ("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"), undo
+        )
+        try:
+            subprocess.run(["ip", "link", "set", veth, "address", "02:00:00:00:00:01"], check=True)
+            subprocess.run(["ip", "link", "set", veth, "master", ssh_hosts.bridge], check=True)
+            assert bridge.read_text() == before
+        finally:
+            ssh_hosts.remove(undo)
+        assert bridge.read_text() == before
+        assert _reaches(host.netns, ssh_hosts.bridge_address, port)
