@@ -2,8 +2,9 @@
 
 The guard refuses any connection or name lookup that is not loopback or routed to a bridge
 this run made (``support/netguard.py``), so a mistake fails fast instead of leaving the
-machine. The leak check runs after every test: a test that leaves a ``skyward.worker``
-process alive fails, by name.
+machine. The leak check runs after every test (``support/leaks.py``): a test that leaves a
+``skyward.worker`` process alive fails, by name, and the pool it left open is closed there,
+so that the tests after it do not fail for it.
 """
 
 from __future__ import annotations
@@ -11,17 +12,16 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from support import netguard
+from support import dispositions, netguard
 from support.clouds.aws.fake import MotoServer
 from support.clouds.aws.standins import StandInCloud
+from support.leaks import no_leaked_workers as no_leaked_workers  # autouse, every test
 from support.pools import PoolFactory, pool_factory
-from support.processes import describe, our_namespaces, worker_processes
+from support.processes import our_namespaces
 from support.sshhosts import Hosts, PackageIndex
 
 
@@ -64,21 +64,9 @@ os.environ.setdefault("SKYWARD_LOG_DIR", tempfile.mkdtemp(prefix="skyward-test-l
 
 # Loopback, and addresses only while they route to a bridge this run made (support/netguard).
 netguard.install()
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_workers(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    deadline = time.monotonic() + 5.0
-    while (leaked := worker_processes()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    found = [describe(p) for p in leaked]  # as they were, before they are killed below
-    for process in leaked:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    assert not leaked, f"{request.node.name} left worker processes alive: {found}"
+# Ctrl-C raises KeyboardInterrupt here even when the run was started with `cmd &` or nohup,
+# which start it ignored (support/dispositions.py); tests interrupt the main thread.
+dispositions.restore_sigint()
 
 
 # ── SSH hosts in network namespaces, and the package index they install from ─────────────

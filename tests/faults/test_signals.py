@@ -21,6 +21,7 @@ from support.clouds.aws.pools import held, nothing, pool_key_of
 from support.clouds.aws.pools import standin_provider as aws
 from support.clouds.aws.proxy import Ec2Proxy
 from support.clouds.aws.standins import StandInCloud
+from support.dispositions import as_from_a_terminal, handled_by_default
 from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
@@ -40,10 +41,17 @@ SIGNALS = [signal.SIGTERM, signal.SIGHUP]
 
 
 def _client(settings: dict[str, Any], index: str, pool: str, log: Path) -> Any:
+    """The client, signalled as a program run from a terminal is, whatever this run's own
+    dispositions (support/dispositions.py); its pool key goes beside ``log``, not into the
+    machine's temporary directory, should it be killed before it can delete it."""
     script = _CLIENT.format(settings=settings, index=index, pool=pool)
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-c", script],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": str(log.parent)},
+            preexec_fn=as_from_a_terminal,
         )
 
 
@@ -84,7 +92,7 @@ def test_a_signal_while_the_group_is_being_created_leaves_nothing(
         client = _client(settings, "http://127.0.0.1:9/simple/", "sig-group", log)
         try:
             _wait_for(proxy.reached.is_set, 120, "the group's create call", log)
-            key_file = pool_key_of(moto, "sig-group")
+            key_file = pool_key_of(moto, "sig-group", tmp_path)
             assert key_file is not None and len(held(moto, "sig-group")["key pairs"]) == 1
             client.send_signal(signum)
             _ended_by(client, signum, log)
@@ -109,7 +117,7 @@ def test_a_signal_while_the_machines_boot_leaves_nothing(
         try:
             _wait_for(lambda: "connecting" in log.read_text(), 120, "connecting", log)
             assert len(held(moto, "sig-boot")["instances"]) == 2
-            key_file = pool_key_of(moto, "sig-boot")
+            key_file = pool_key_of(moto, "sig-boot", tmp_path)
             assert key_file is not None
             client.send_signal(signum)
             _ended_by(client, signum, log)
@@ -130,7 +138,7 @@ def test_a_signal_while_a_job_runs_closes_the_pool_and_leaves_nothing(
     client = _client(settings, package_index.url, "sig-job", log)
     try:
         _wait_for(lambda: "READY" in log.read_text(), 300, "the pool ready", log)
-        key_file = pool_key_of(standin_cloud.moto, "sig-job")
+        key_file = pool_key_of(standin_cloud.moto, "sig-job", tmp_path)
         assert key_file is not None
         time.sleep(1)  # the broadcast is under way
         client.send_signal(signum)
@@ -151,10 +159,11 @@ def test_a_signal_while_a_job_runs_closes_the_pool_and_leaves_nothing(
 
 
 def test_handlers_are_installed_while_a_pool_is_open_and_restored_after() -> None:
-    before = {s: signal.getsignal(s) for s in signals.SIGNALS}
-    with sky.ComputePool(quiet=True):
-        assert all(signal.getsignal(s) is signals._handle for s in signals.SIGNALS)
-    assert {s: signal.getsignal(s) for s in signals.SIGNALS} == before
+    with handled_by_default(*signals.SIGNALS):  # as from a terminal, not under nohup
+        before = {s: signal.getsignal(s) for s in signals.SIGNALS}
+        with sky.ComputePool(quiet=True):
+            assert all(signal.getsignal(s) is signals._handle for s in signals.SIGNALS)
+        assert {s: signal.getsignal(s) for s in signals.SIGNALS} == before
 
 
 def test_an_ignored_signal_stays_ignored_and_a_users_handler_is_called() -> None:
@@ -178,7 +187,7 @@ def test_an_ignored_signal_stays_ignored_and_a_users_handler_is_called() -> None
 
 
 def test_sigterm_in_a_local_pool_raises_terminated_and_closes_it() -> None:
-    with pytest.raises(sky.Terminated) as caught:
+    with handled_by_default(signal.SIGTERM), pytest.raises(sky.Terminated) as caught:
         with sky.ComputePool(quiet=True) as pool:
             os.kill(os.getpid(), signal.SIGTERM)
             pool.run(time.sleep, 30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,7 +15,8 @@ import psutil
 import skyward as sky
 from support.sshhosts import USER
 
-# Workers of pools that a module-scoped fixture keeps open across tests on purpose.
+# Pools that a module-scoped fixture keeps open across tests on purpose, and their workers.
+_shared_pools: weakref.WeakSet[sky.ComputePool] = weakref.WeakSet()
 _shared_pool_workers: set[int] = set()
 
 
@@ -25,6 +27,7 @@ def shared_pool(
     """A pool for a module-scoped fixture: its workers are not leaks until it closes."""
     make = make or (lambda **o: sky.ComputePool(**{"quiet": True, **o}))
     with make(**options) as pool:
+        _shared_pools.add(pool)
         pids = set(pool.broadcast(os.getpid))
         pids |= {_launcher(pid) for pid in pids} - {None}  # type: ignore[arg-type]
         _shared_pool_workers.update(pids)
@@ -32,7 +35,13 @@ def shared_pool(
             yield pool
         finally:
             _shared_pool_workers.difference_update(pids)
+            _shared_pools.discard(pool)
     assert not worker_processes(), "a shared pool left workers behind"
+
+
+def is_shared(pool: sky.ComputePool) -> bool:
+    """Whether a module-scoped fixture keeps ``pool`` open across tests on purpose."""
+    return pool in _shared_pools
 
 
 # Network namespaces (by inode) of this session's SSH hosts: the test user's processes in

@@ -70,7 +70,7 @@ from typing import Any, Literal
 import pytest
 
 from support import netguard
-from support.sshhosts import USER, ensure_user
+from support.sshhosts import USER, bridge_mac, ensure_user
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "openssh-server")
 CPU_PARTITION = "cpu"  # the default partition
@@ -499,7 +499,9 @@ class SlurmCluster:
 
     def _network_up(self) -> None:
         self._links.append(self.bridge)  # before it is made, so that close() removes it
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        # Its own MAC: one that followed its ports' would change as a port came or went.
+        mac = bridge_mac(int(self.subnet.rsplit(".", 1)[1]))
+        _run("ip", "link", "add", self.bridge, "address", mac, "type", "bridge")
         _run("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         netguard.our_bridges.add(self.bridge)

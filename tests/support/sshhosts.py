@@ -22,6 +22,12 @@ the bridge address, filled from the root namespace.
 
 Everything is stopped by PID; ``close()`` removes exactly what this set of hosts made (each
 namespace, veth and the bridge is noted as it is made), and a stop treats zombies as gone.
+
+The bridge has a MAC address of its own (``bridge_mac``): without one, Linux gives a bridge
+the lowest of its ports' addresses and changes it when that port leaves or a lower one joins
+(a stand-in VM removed or booted). Every namespace's ARP entry for the bridge address then
+names a MAC nobody has, and what it sends there (the fake clouds' APIs, their metadata
+server, the package index) is lost for about 30 s, until the entry is resolved again.
 """
 
 from __future__ import annotations
@@ -196,7 +202,8 @@ class Hosts:
 
     def _bridge_up(self) -> None:
         bridge = self.bridge
-        self.make(("ip", "link", "add", bridge, "type", "bridge"), ("ip", "link", "del", bridge))
+        create = ("ip", "link", "add", bridge, "address", bridge_mac(self.tag), "type", "bridge")
+        self.make(create, ("ip", "link", "del", bridge))
         _run("ip", "addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         netguard.our_bridges.add(self.bridge)
@@ -325,6 +332,13 @@ class Hosts:
         if self.root.exists():
             found.append(str(self.root))
         return found
+
+
+def bridge_mac(tag: int) -> str:
+    """The MAC address of the bridge of subnet 10.123.``tag``: fixed (the kernel then never
+    changes it as ports come and go; see the module's docstring), locally administered, and
+    one per tag, as the subnet is."""
+    return f"02:53:4b:7b:00:{tag:02x}"
 
 
 def _claim_tag() -> tuple[int, int]:

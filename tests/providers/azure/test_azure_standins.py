@@ -21,6 +21,7 @@ from support.clouds.aws.pools import Checkpoint, request
 from support.clouds.azure.pools import groups_of, only_group, signed_in_env, skyward_cli
 from support.clouds.azure.pools import standin_provider as azure
 from support.clouds.azure.standins import AzureStandIns
+from support.dispositions import as_from_a_terminal
 from support.markers import wait_for_markers
 from support.pools import broadcast_in_background
 from support.reporter import Recorder
@@ -156,9 +157,12 @@ with sky.ComputePool(provider=azure, nodes=2, image=sky.Image(index_url={index!r
 def _client(cloud: AzureStandIns, index: str, pool: str, log: Path, **options: Any) -> Any:
     settings = azure(cloud, **options).model_dump(exclude_defaults=True, exclude={"credential"})
     script = _CLIENT.format(tests=str(TESTS), settings=settings, index=index, pool=pool)
-    with open(log, "wb") as out:
+    with open(log, "wb") as out:  # signalled as from a terminal, however this run started
         return subprocess.Popen(
-            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-c", script],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=as_from_a_terminal,
         )
 
 

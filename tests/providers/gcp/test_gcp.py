@@ -9,6 +9,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -28,6 +29,7 @@ from support.clouds.gcp.fake import (
     GCPFake,
 )
 from support.clouds.gcp.standins import PROJECT, ZONE, held, metadata_of, nothing, provider
+from support.dispositions import as_from_a_terminal
 from support.reporter import Recorder
 
 import skyward as sky
@@ -454,10 +456,10 @@ def test_a_start_stopped_at_any_step_leaves_nothing(
     assert nothing(held(gce, made.pool))
 
 
-def _key_file_of_pool(gce: GCPFake) -> Any:
+def _key_file_of_pool(gce: GCPFake, root: Path | None = None) -> Any:
     for instance in gce.instances(PROJECT):
         entry = metadata_of(instance, "ssh-keys").split(":", 1)[1]
-        return key_file_of(" ".join(entry.split()[:2]))
+        return key_file_of(" ".join(entry.split()[:2]), root)
     return None
 
 
@@ -612,8 +614,14 @@ def test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing(
     gce.address_plan = plan
     script = _CLIENT.format(project=PROJECT, zone=ZONE, url=gce.url, pool=pool)
     log = tmp_path / "client.log"
-    with open(log, "wb") as out:
-        client = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=out)
+    with open(log, "wb") as out:  # signalled as from a terminal, however this run started
+        client = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # its key, should it be killed
+            preexec_fn=as_from_a_terminal,
+        )
     try:
         end = time.monotonic() + 60
         while not (
@@ -624,7 +632,7 @@ def test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing(
             assert client.poll() is None, log.read_text()
             assert time.monotonic() < end, log.read_text()
             time.sleep(0.05)
-        key = _key_file_of_pool(gce)
+        key = _key_file_of_pool(gce, tmp_path)
         assert key is not None and key.exists(), (gce.instances(PROJECT), log.read_text())
         gce.operation_delay = 0.0  # what the teardown asks for is done at once
         client.send_signal(getattr(signals, signal_name))

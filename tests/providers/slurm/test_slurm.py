@@ -23,6 +23,7 @@ import pydantic
 import pytest
 from click.testing import CliRunner
 from support import ROOT
+from support.dispositions import as_from_a_terminal
 from support.processes import worker_processes
 from support.slurm import GPU_PARTITION, SlurmCluster
 from support.sshhosts import PackageIndex
@@ -560,6 +561,7 @@ def _client(cluster: SlurmCluster, slurm_index: PackageIndex, name: str, idle: f
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": _ROOT},
+        preexec_fn=as_from_a_terminal,  # Ctrl-C reaches it, however this run was started
     )
 
 
@@ -581,8 +583,11 @@ def test_ctrl_c_while_the_job_is_pending_cancels_it(
         finally:
             client.kill()
             client.wait()
+            left = [x for x in queue(slurm_cluster) if name in x]
+            # Whatever happened, the job does not stay pending for the tests after this one.
+            slurm_cluster.run("scancel", "--name", f"skyward-{name}", check=False)
         assert "KeyboardInterrupt" in err
-        assert [x for x in queue(slurm_cluster) if name in x] == []
+        assert left == []
     assert_nothing_left(slurm_cluster)
 
 

@@ -1,0 +1,136 @@
+"""The suite's own harness: one leaked pool fails one test, a run started in the background
+(``cmd &``, ``nohup``) passes the signal tests as a run from a terminal does, and the test
+bridge stays reachable as stand-in machines join and leave it.
+
+The first two run pytest in a child process over a few test files and read its report."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.sshhosts import Hosts
+
+_TESTS = Path(__file__).resolve().parent
+
+_LEAKY = """
+import time
+import skyward as sky
+
+leaked = []
+
+
+def test_that_leaks_a_pool():
+    leaked.append(sky.ComputePool(name="leaky", quiet=True).start())  # never closed
+
+
+def test_after_the_leak():
+    # The leaked pool is closed by now; a check that only killed its worker would have had
+    # the pool replace it, and found the replacement after this test and every later one.
+    pool = leaked[0]
+    while pool.statistics().state != "closed" and pool.statistics().workers_replaced == 0:
+        time.sleep(0.05)
+    assert pool.statistics().state == "closed"
+
+
+def test_with_a_pool_of_its_own():
+    with sky.ComputePool(quiet=True) as pool:
+        assert pool.run(sum, [1, 2]) == 3
+"""
+
+
+def _pytest(
+    *args: str, cwd: Path, ignoring: tuple[int, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """pytest over ``args`` in a child process that starts with ``ignoring`` ignored."""
+
+    def launched() -> None:
+        for signum in ignoring:
+            signal.signal(signum, signal.SIG_IGN)
+
+    path = os.pathsep.join(p for p in (str(_TESTS), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=400,
+        preexec_fn=launched,
+    )
+
+
+@pytest.mark.timeout(240)
+def test_a_leaked_pool_fails_the_test_that_leaked_it_and_no_other(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntimeout = 120\n")
+    (tmp_path / "test_leaky.py").write_text(_LEAKY)
+    run = _pytest("-p", "support.leaks", "-rE", "test_leaky.py", cwd=tmp_path)
+    report = run.stdout + run.stderr
+    assert re.search(r"\b3 passed, 1 error\b", report), report
+    assert "ERROR test_leaky.py::test_that_leaks_a_pool" in report, report
+    assert "'leaky' (running, started during test_leaky.py::test_that_leaks_a_pool)" in report
+
+
+@pytest.mark.timeout(420)
+def test_a_run_started_with_sigint_and_sighup_ignored_passes_the_signal_tests() -> None:
+    # What `nohup python -m pytest ... &` gives the run: SIGINT and SIGHUP ignored, inherited
+    # by every process it starts. Tests that interrupt this process, signal a pool's own
+    # handlers, or signal a client they started must not depend on it.
+    chosen = [
+        "test_interrupts.py::test_a_hold_delays_ctrl_c_to_its_end_and_lets_it_through_where_allowed",
+        "test_interrupts.py::test_ctrl_c_while_waiting_for_a_submitted_future_leaves_it_to_settle",
+        "test_turns.py::test_ctrl_c_while_a_caller_waits_leaves_the_pool_working",
+        "faults/test_signals.py::test_handlers_are_installed_while_a_pool_is_open_and_restored_after",
+        "faults/test_signals.py::test_an_ignored_signal_stays_ignored_and_a_users_handler_is_called",
+        "faults/test_signals.py::test_sigterm_in_a_local_pool_raises_terminated_and_closes_it",
+        "test_gcp.py::test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing",
+    ]
+    ignored = (signal.SIGINT, signal.SIGHUP)
+    run = _pytest("-p", "no:xdist", *chosen, cwd=_TESTS, ignoring=ignored)
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report[-6000:]
+    assert re.search(r"\b10 passed\b", report), report[-6000:]
+
+
+def _reaches(netns: str, address: str, port: int) -> bool:
+    """Whether a TCP connection from namespace ``netns`` to ``address:port`` opens in 10 s."""
+    code = f"import socket; socket.create_connection(({address!r}, {port}), timeout=10)"
+    done = subprocess.run(
+        ["ip", "netns", "exec", netns, "/usr/bin/python3", "-c", code],
+        capture_output=True,
+        timeout=60,
+    )
+    return done.returncode == 0
+
+
+def test_the_bridge_stays_reachable_when_a_port_with_the_lowest_mac_joins_and_leaves(
+    ssh_hosts: Hosts,
+) -> None:
+    # A stand-in VM's port with a lower MAC than the rest, as a random one can be. A bridge
+    # whose address followed its ports' would take it, then another when the port left: the
+    # hosts' ARP entries for the bridge address would name a MAC nobody has (for ~30 s).
+    bridge = Path(f"/sys/class/net/{ssh_hosts.bridge}/address")
+    host = ssh_hosts.hosts[0]
+    with socket.create_server((ssh_hosts.bridge_address, 0)) as server:
+        port = server.getsockname()[1]
+        assert _reaches(host.netns, ssh_hosts.bridge_address, port)  # its ARP entry made
+        before = bridge.read_text()
+        veth = f"skv{ssh_hosts.tag}t{ssh_hosts.join_index()}"
+        undo = ("ip", "link", "del", veth)
+        ssh_hosts.make(
+            ("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"), undo
+        )
+        try:
+            subprocess.run(["ip", "link", "set", veth, "address", "02:00:00:00:00:01"], check=True)
+            subprocess.run(["ip", "link", "set", veth, "master", ssh_hosts.bridge], check=True)
+            assert bridge.read_text() == before
+        finally:
+            ssh_hosts.remove(undo)
+        assert bridge.read_text() == before
+        assert _reaches(host.netns, ssh_hosts.bridge_address, port)
