@@ -16,7 +16,6 @@ instances.
     create_placement    a cluster placement group, for multi-node pools on EFA types
     launch              one run_instances for every node: all or nothing, tagged, IMDSv2,
                         shutdown = terminate, root volume deleted with the instance
-    wait_running        bounded by the pool's deadline; a node that dies on the way fails it
     delete              instances first (and wait), then security groups (retried while in
                         use), placement groups, key pairs; returns what is still there
 
@@ -35,8 +34,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from skyward._errors import ProvisionError
 from skyward.client.extras import require
-from skyward.client.futures import Deadline
-from skyward.providers.cloud import api as cloud
 from skyward.providers.cloud.api import Boundary, Refusals
 from skyward.providers.cloud.start import unique_name
 
@@ -601,38 +598,6 @@ def launch(api: Api, spec: LaunchSpec, count: int) -> list[str]:
         **options,
     )
     return [str(i["InstanceId"]) for i in answer["Instances"]]
-
-
-def wait_running(
-    api: Api, ids: Sequence[str], deadline: Deadline, *, public: bool, poll: float = POLL
-) -> list[dict[str, Any]]:
-    """Each instance once it runs and has its address (public or private), in ``ids``'
-    order. One that ends on the way (spot capacity withdrawn) fails the wait, with why."""
-    doing = f"waiting for {len(ids)} instance(s) to run"
-
-    def probe() -> list[dict[str, Any]] | None:
-        try:
-            answer = api.call(api.ec2.describe_instances, doing, InstanceIds=list(ids))
-        except ProvisionError as exc:
-            if error_code(exc.__cause__) != "InvalidInstanceID.NotFound":
-                raise
-            answer = {"Reservations": []}  # just launched, not visible yet
-        found = {i["InstanceId"]: i for r in answer["Reservations"] for i in r["Instances"]}
-        for instance in found.values():
-            state = instance["State"]["Name"]
-            if state in ("shutting-down", "terminated", "stopping", "stopped"):
-                raise ProvisionError(
-                    f"{doing}: instance {instance['InstanceId']} is {state}: "
-                    f"{describe_reason(instance)}"
-                )
-        ready = [found.get(i) for i in ids]
-        address = "PublicIpAddress" if public else "PrivateIpAddress"
-        if all(i is not None and i["State"]["Name"] == "running" and i.get(address) for i in ready):
-            return [i for i in ready if i is not None]
-        return None
-
-    deadline.check(doing)
-    return cloud.poll(probe, doing, deadline, pause=poll, most=poll)
 
 
 def describe_reason(instance: Mapping[str, Any]) -> str:
