@@ -83,13 +83,13 @@ def test_a_run_started_with_sigint_and_sighup_ignored_passes_the_signal_tests() 
     # by every process it starts. Tests that interrupt this process, signal a pool's own
     # handlers, or signal a client they started must not depend on it.
     chosen = [
-        "test_interrupts.py::test_a_hold_delays_ctrl_c_to_its_end_and_lets_it_through_where_allowed",
-        "test_interrupts.py::test_ctrl_c_while_waiting_for_a_submitted_future_leaves_it_to_settle",
-        "test_turns.py::test_ctrl_c_while_a_caller_waits_leaves_the_pool_working",
+        "client/test_interrupts.py::test_a_hold_delays_ctrl_c_to_its_end_and_lets_it_through_where_allowed",
+        "client/test_interrupts.py::test_ctrl_c_while_waiting_for_a_submitted_future_leaves_it_to_settle",
+        "link/test_turns.py::test_ctrl_c_while_a_caller_waits_leaves_the_pool_working",
         "faults/test_signals.py::test_handlers_are_installed_while_a_pool_is_open_and_restored_after",
         "faults/test_signals.py::test_an_ignored_signal_stays_ignored_and_a_users_handler_is_called",
         "faults/test_signals.py::test_sigterm_in_a_local_pool_raises_terminated_and_closes_it",
-        "test_gcp.py::test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing",
+        "providers/gcp/test_gcp.py::test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing",
     ]
     ignored = (signal.SIGINT, signal.SIGHUP)
     run = _pytest("-p", "no:xdist", *chosen, cwd=_TESTS, ignoring=ignored)

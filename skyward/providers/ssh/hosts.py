@@ -419,7 +419,10 @@ def package_archive() -> tuple[str, bytes]:
             buffer = io.BytesIO()
             with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
                 for path in sorted(root.rglob("*")):
-                    if path.suffix in (".py", ".typed") and "__pycache__" not in path.parts:
+                    if (
+                        path.suffix in (".py", ".typed", ".json")
+                        and "__pycache__" not in path.parts
+                    ):
                         name = f"skyward/{path.relative_to(root).as_posix()}"
                         # A fixed timestamp: the same sources give the same hash.
                         archive.writestr(

@@ -7,7 +7,9 @@ without its ``Subsystem sftp`` line."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import zipfile
 from collections.abc import Iterator
 
 import pytest
@@ -78,3 +80,16 @@ def test_a_failed_upload_without_sftp_says_why(connection: Connection) -> None:
     message = str(caught.value)
     assert "could not upload no/such/directory/file.zip" in message
     assert "no SFTP subsystem" in message and "Directory nonexistent" in message
+
+
+def test_the_uploaded_package_carries_the_catalogs_data() -> None:
+    # A worker that names an accelerator reads the catalog, whose rows and prices are data
+    # files in each cloud's folder: a package of sources alone fails there.
+    from skyward.providers.cloud.catalog import CLOUDS
+    from skyward.providers.ssh.hosts import package_archive
+
+    _, data = package_archive()
+    names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
+    for cloud in CLOUDS:
+        assert f"skyward/providers/{cloud}/machines.json" in names
+        assert f"skyward/providers/{cloud}/prices.json" in names
