@@ -92,10 +92,6 @@ class Record:
         with self._lock:
             return [r.id for r in self._resources if r.kind == kind]
 
-    def all_resources(self) -> list[Resource]:
-        with self._lock:
-            return list(self._resources)
-
     def asked(self) -> list[tuple[str, str]]:
         """(place, name) of every machine ever asked for, replacements included."""
         with self._lock:

@@ -204,9 +204,11 @@ class CloudPool(Allocation):
         names = self.record.ask(offer.zone, ranks, self.cloud.prefix)
         try:
             ids = self.cloud.launch(offer, names, self.record, deadline)
+            # Recorded before the create counts as answered: a release waiting for creates
+            # on the wire must find the ids a cloud gave (EC2's), not only the names asked.
+            self.record.made(offer.zone, ids)
         finally:
             self.record.answered()
-        self.record.made(offer.zone, ids)
         for rank, id in zip(ranks, ids, strict=True):
             self.record.place(rank, offer.zone, id)
         return ids
