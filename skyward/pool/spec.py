@@ -389,6 +389,7 @@ class PoolSpec(BaseModel):
             allocation=self.allocation,
             max_hourly_cost=self.max_hourly_cost,
             volumes=self.volumes,
+            gang=tuple(p.name for p in self.plugins if p.gang) if self.nodes > 1 else (),
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),

@@ -108,6 +108,22 @@ class ProvisionRequest:
     # the node is closed (``providers/volumes.py``). A provider that cannot refuses them in
     # check().
     volumes: tuple[Volume, ...] = ()
+    # The plugins that tie the nodes into one runtime whose processes connect to each other
+    # (jax, torch), when there are several nodes: a provider whose machines cannot reach
+    # each other refuses them in check() (``refuse_gang``).
+    gang: tuple[str, ...] = ()
+
+
+def refuse_gang(request: ProvisionRequest, why: str) -> None:
+    """``ValueError`` for a gang plugin across several machines that cannot reach each
+    other (``why`` says so, in the provider's words); one node is always fine."""
+    if request.gang:
+        raise ValueError(
+            f"plugin {', '.join(request.gang)} connects every node to the others, but {why}. "
+            f"Use one machine with more accelerators (nodes=1, workers_per_node='gpus'), or a "
+            f"provider whose machines share a network; calls without such a plugin (>>, map, "
+            f"@) work across nodes here"
+        )
 
 
 def refuse_spot(request: ProvisionRequest, why: str) -> None:
