@@ -359,6 +359,14 @@ def _without_response(exc: BaseException, doing: str, region: str) -> ProvisionE
         return ProvisionError(
             f"{doing}: no AWS region; pass sky.AWS(region='us-east-1') or set AWS_DEFAULT_REGION"
         )
+    if name == "ResponseParserError":
+        # An answer that is not EC2's XML: a proxy's or a broken endpoint's page. Its body
+        # is not the user's to read; its title or first line says what it was.
+        return ProvisionError(
+            f"{doing}: the endpoint did not answer as EC2 does ({_gist(str(exc))}); check "
+            f"sky.AWS(endpoint_url=...) or AWS_ENDPOINT_URL, a proxy (HTTPS_PROXY), and try "
+            f"again"
+        )
     if name == "ParamValidationError":
         return ProvisionError(
             f"{doing}: botocore refused the request before sending it ({exc}); this is a "
@@ -374,6 +382,14 @@ def _without_response(exc: BaseException, doing: str, region: str) -> ProvisionE
                 "and try again",
             )
     return ProvisionError(f"{doing}: {name}: {exc}")
+
+
+def _gist(text: str) -> str:
+    """A page's ``<title>``, else its first line: what an unexpected answer was."""
+    title = re.search(r"<title>([^<]*)</title>", text, re.IGNORECASE)
+    if title:
+        return title.group(1).strip()
+    return text.strip().splitlines()[0][:160] if text.strip() else "an empty answer"
 
 
 def iam_action(exc: BaseException) -> str:
