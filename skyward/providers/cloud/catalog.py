@@ -41,13 +41,17 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from skyward._errors import ProvisionError, SkywardError
 from skyward.providers.registry import SpotPrices, catalog_clouds, spot_lookups
+
+_log = logging.getLogger("skyward")
 
 # The clouds with a catalog, in the order listings show them; each has its data files in
 # ``providers/<cloud>/``.
@@ -645,12 +649,26 @@ def _with_spot(
     entries: list[CatalogEntry], spot_prices: Mapping[str, SpotPrices]
 ) -> list[CatalogEntry]:
     """The rows of each cloud in ``spot_prices`` with its current spot price (the lowest of
-    the region's zones), asked once per region."""
+    the region's zones), asked once per region. A cloud that could not be asked keeps
+    ``spot=None`` on its rows; when none could, ``ProvisionError`` naming each one and why
+    (spot prices were asked for, and there are none to show)."""
     lowest: dict[tuple[str, str, str], float] = {}
+    missing: list[str] = []
+    asked = 0
     for cloud, ask in spot_prices.items():
         for region in sorted({e.region for e in entries if e.cloud == cloud}):
             types = sorted({e.type for e in entries if e.cloud == cloud and e.region == region})
-            for (kind, _zone), price in ask(region, types).items():
+            asked += 1
+            try:
+                answer = ask(region, types)
+            except SkywardError as exc:
+                missing.append(f"{cloud} {region}: {exc}")
+                continue
+            for (kind, _zone), price in answer.items():
                 key = (cloud, region, kind)
                 lowest[key] = min(price, lowest.get(key, price))
+    if asked and len(missing) == asked:
+        raise ProvisionError(f"no spot prices could be had: {'; '.join(missing)}")
+    for line in missing:
+        _log.warning("spot prices missing for %s", line)
     return [replace(e, spot=lowest.get((e.cloud, e.region, e.type))) for e in entries]
