@@ -317,6 +317,12 @@ def parse(text: str) -> Accelerator:
     return Accelerator(canonical[match["name"].upper()], count, memory)
 
 
+def regions(cloud: Cloud) -> list[str]:
+    """Every region the cloud's price table names, sorted: the places a "did you mean" can
+    point at without asking the cloud."""
+    return sorted({r for prices in _tables().on_demand[cloud].values() for r in prices})
+
+
 def machines(cloud: Cloud) -> list[Machine]:
     return [m for m in _tables().machines if m.cloud == cloud]
 
