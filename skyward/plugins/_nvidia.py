@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
-from skyward._info import InstanceInfo
+from skyward._info import InstanceInfo, worker_label
 from skyward._plugin import Plugin
 from skyward.client.options import check_version, keyword_signature, leading, pinned, validated
 from skyward.worker import hooks
@@ -337,9 +337,7 @@ def daemon_pid(pipe: str) -> int | None:
 
 
 def _who(info: InstanceInfo) -> str:
-    if info.workers_per_node == 1:
-        return f"node {info.node}"
-    return f"worker {info.global_worker_index} (node {info.node})"
+    return worker_label(info.node, info.worker, info.workers_per_node)
 
 
 def _control(args: list[str], env: dict[str, str], info: InstanceInfo, stdin: str = "") -> None:
