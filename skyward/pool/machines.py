@@ -158,9 +158,12 @@ class Machines:
             except SkywardError:
                 raise
             except TimeoutError as exc:
+                # The provider's notes (which machines SSH never answered, and what to
+                # check) are the heart of the message: said in it, not only on its cause.
+                notes = "".join(f" {note}" for note in getattr(exc, "__notes__", []))
                 raise ProvisionError(
                     f"{kind}: the machines were not ready within {request.deadline.what}: "
-                    f"{exc}. Raise provision_timeout if they need longer."
+                    f"{exc}.{notes} Raise provision_timeout if they need longer."
                 ) from exc
             except Exception as exc:
                 raise ProvisionError(
