@@ -323,6 +323,22 @@ def regions(cloud: Cloud) -> list[str]:
     return sorted({r for prices in _tables().on_demand[cloud].values() for r in prices})
 
 
+def selling(accelerator: str) -> dict[Cloud, list[str]]:
+    """Per cloud, the regions whose prices list a machine with ``accelerator``, sorted:
+    where it is sold, as far as the price tables say."""
+    tables = _tables()
+    found: dict[Cloud, list[str]] = {}
+    for cloud in CLOUDS:
+        places = {
+            region
+            for machine in _browse(cloud, accelerator)
+            for region in tables.on_demand[cloud].get(machine.type, {})
+        }
+        if places:
+            found[cloud] = sorted(places)
+    return found
+
+
 def machines(cloud: Cloud) -> list[Machine]:
     return [m for m in _tables().machines if m.cloud == cloud]
 
