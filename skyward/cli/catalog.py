@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import click
 
+from skyward.cli.columns import aligned
 from skyward.providers.cloud.catalog import CLOUDS, CatalogEntry
 
 _HEADER = ("CLOUD", "TYPE", "ACCELERATOR", "GPUS", "GPU MEM", "VCPUS", "MEMORY", "REGION")
@@ -74,7 +75,7 @@ def catalog(
 
 
 def _sold_where(accelerator: str | None) -> str:
-    """"; L4 is sold in aws us-east-1, ...": where to look instead, from the price tables."""
+    """ "; L4 is sold in aws us-east-1, ...": where to look instead, from the price tables."""
     from skyward.providers.cloud.catalog import selling
 
     if accelerator is None or accelerator.strip().lower() == "cpu":
@@ -115,10 +116,8 @@ def _header(spot: bool) -> tuple[str, ...]:
 
 
 def _plain(entries: Sequence[CatalogEntry], spot: bool) -> None:
-    rows = [_header(spot), *(_row(e, spot) for e in entries)]
-    widths = [max(len(c) for c in column) for column in zip(*rows, strict=True)]
-    for row in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for line in aligned([_header(spot), *(_row(e, spot) for e in entries)]):
+        click.echo(line)
 
 
 def _rich(entries: Sequence[CatalogEntry], spot: bool) -> None:

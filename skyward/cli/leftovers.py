@@ -32,6 +32,7 @@ from pathlib import Path
 import click
 
 from skyward._errors import SkywardError
+from skyward.cli.columns import aligned
 from skyward.client.phases import Choice
 from skyward.providers.base import Inventory, Leftover
 from skyward.providers.cloud.keys import LocalKey, local_keys, remove_local_key
@@ -233,9 +234,8 @@ def _table(leftovers: Sequence[Leftover]) -> None:
         )
         for x in sorted(leftovers, key=lambda x: (x.region, x.pool, x.kind, x.id))
     ]
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
-    for row in (header, *rows):
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for line in aligned([header, *rows]):
+        click.echo(line)
     known = [x.hourly_cost for x in leftovers if x.hourly_cost]
     if known:
         prices = "list prices; spot at its current price"
@@ -264,9 +264,8 @@ def _recent_pools(pool: str | None) -> None:
         )
         for meta in pools[:_RECENT]
     ]
-    widths = [max(len(c) for c in column) for column in zip(*rows, strict=True)]
-    for row in rows:
-        click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for line in aligned(rows, indent="  "):
+        click.echo(line)
     if len(pools) > _RECENT:
         click.echo(f"  ... and {len(pools) - _RECENT} more: skyward logs --list")
 
