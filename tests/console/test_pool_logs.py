@@ -87,7 +87,10 @@ def test_skyward_logs_reads_a_finished_pool_by_name_and_node(log_root: Path) -> 
     columns = [line.index(str(log_root)) for line in lines[1:]]
     assert len(columns) == 2 and len(set(columns)) == 1, listing.stdout  # aligned
     missing = cli("no-such-pool")
-    assert missing.returncode != 0 and "recent pools: readable" in missing.stderr
+    assert (
+        missing.returncode != 0
+        and "recent pools: a-much-longer-pool-name, readable" in missing.stderr
+    )
     absent = cli("readable", "--node", "7")
     assert absent.returncode != 0 and "has no output from node 7" in absent.stderr
 
