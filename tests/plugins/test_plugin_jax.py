@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import get_type_hints
@@ -559,6 +560,33 @@ def test_stopping_ranks_mid_collective_says_so_in_one_line_instead_of_jaxs_fatal
     assert line.startswith("[node 0] skyward:") and "verbose=True" in line
     for log in Path(os.path.expanduser(LOG_DIR)).glob(f"{pool.name}-node*.log"):
         log.unlink()  # what jax logged while it stopped, when it did
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_stopped_while_its_plugins_start_does_not_say_a_call_was_cut(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # JAX is up on every node, then a later plugin is still starting when the pool is
+    # closed (a Ctrl-C in the start): no call ran, so none is said to be cut short.
+    started = tmp_path / "started"
+
+    @contextlib.contextmanager
+    def slow_to_start(info: sky.InstanceInfo) -> Iterator[None]:
+        Path(f"{started}-{info.node}").touch()
+        time.sleep(60)
+        yield
+
+    plugins = [sky.plugins.jax(cpu_devices=1), sky.Plugin(name="slow", around_app=slow_to_start)]
+    pool = sky.ComputePool(nodes=2, plugins=plugins, quiet=True)
+    starting = ThreadPoolExecutor(1).submit(pool.start)
+    wait_for_markers(*per_node(started, 2))
+    pool.close(wait=False)
+    with pytest.raises(sky.SkywardError):
+        starting.result(timeout=60)
+    out, err = capfd.readouterr()
+    assert "in the middle of a call" not in out + err, err
+    for log in Path(os.path.expanduser(LOG_DIR)).glob(f"{pool.name}-node*.log"):
+        log.unlink()
 
 
 # ── across hosts set up as workstations are ──────────────────────────────────────────────
