@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -309,6 +310,9 @@ def _leave(base: str, env: dict[str, str], info: InstanceInfo, members: int) -> 
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(base, "started"))
             fcntl.flock(members, fcntl.LOCK_UN)
+        # The daemon quit: its run's directory (pipes, its log, the lock) goes with it, or
+        # every pool would leave one on the node. A quit that failed keeps it, log included.
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _running(base: str, pipe: str) -> bool:
