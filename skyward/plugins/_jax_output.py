@@ -99,8 +99,9 @@ def quiet_when_stopped(info: InstanceInfo) -> Iterator[None]:
     pool stopped them. The same happens to a rank that had finished when the pool restarts
     a gang whose other ranks hung (its shutdown barrier fails). So from the moment the pool
     asks a worker to stop, fd 2 is a file (``stop_log_path``, under ``log_dir()``, with the
-    newest ``KEEP_LOGS`` kept) and node 0 says so in one line when it was stopped mid-call. An empty file is removed when the worker leaves; a rank that jax
-    aborts leaves its file behind, for whoever wants the details.
+    newest ``KEEP_LOGS`` kept) and node 0 says so in one line when it was stopped mid-call.
+    An empty file is removed when the worker leaves; a rank that jax aborts leaves its file
+    behind, for whoever wants the details.
     """
     path = stop_log_path(info)
     diverted = False
