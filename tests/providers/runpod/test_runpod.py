@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +26,6 @@ from skyward.providers.runpod.machines import BOOT_ENV, CUDA_IMAGE, START, TAGS_
 
 pytestmark = pytest.mark.timeout(120)
 STOP = "waiting for"  # the step after every pod is rented
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunPodFake]:
-    with RunPodFake() as fake:
-        yield fake
-
-
-@pytest.fixture
-def fake(server: RunPodFake) -> RunPodFake:
-    server.reset()
-    return server
 
 
 def provider(fake: RunPodFake, **options: Any) -> sky.RunPod:
