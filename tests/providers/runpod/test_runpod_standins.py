@@ -6,9 +6,15 @@ port 22 (a forwarder on the test bridge, never 22)."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
+from support.clouds.runpod.fake import KEY, RunPodFake
 from support.clouds.runpod.standins import RunPodStandIns, standin_provider
 from support.pools import broadcast_in_background
 from support.sshhosts import PackageIndex
@@ -85,3 +91,73 @@ def test_an_interrupted_spot_pod_is_named_in_worker_lost_and_replaced(
     assert len(rents) == 3 and rents[2]["input"]["name"].endswith("-n1-r1")
     assert all(r["input"]["bidPerGpu"] == 0.2 for r in rents)
     assert fake.live() == []
+
+
+# ── a client killed: the watchdog ends its containers; skyward ls / down the pods ────────
+
+_CLIENT = """
+import time
+import skyward as sky
+runpod = sky.RunPod(**{settings!r})
+with sky.ComputePool(provider=runpod, accelerator="RTX_4090", nodes=2,
+                     image=sky.Image(index_url={index!r}), name="orphan", console="plain") as pool:
+    print("READY", flush=True)
+    pool.broadcast(time.sleep, 3600)  # a long job, its client attached
+"""
+
+
+def _skyward(fake: RunPodFake, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RUNPOD_API_KEY": KEY, "SKYWARD_RUNPOD_ENDPOINT": fake.url}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "skyward"), *args, "--cloud", "runpod"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_clients_containers_end_themselves_and_down_terminates_their_pods(
+    runpod_standins: RunPodStandIns, package_index: PackageIndex, tmp_path: Path
+) -> None:
+    fake = runpod_standins.fake
+    settings = standin_provider(runpod_standins, idle_timeout=3, boot_timeout=120).model_dump(
+        exclude_defaults=True
+    )
+    script = _CLIENT.format(settings=settings, index=package_index.url)
+    log = tmp_path / "client.log"
+    with open(log, "wb") as out:
+        client = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=out)
+    try:
+        end = time.monotonic() + 240
+        while "READY" not in log.read_text():
+            assert client.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.1)
+        time.sleep(8)  # well past idle_timeout, its client attached: nothing stops
+        assert client.poll() is None, log.read_text()
+        assert all(not s.ended for s in runpod_standins.standins.values())
+    finally:
+        client.kill()
+        client.wait(30)
+    for stale in Path(tempfile.gettempdir()).glob("skyward-key-*/about.json"):
+        if '"pool": "orphan"' in stale.read_text():
+            shutil.rmtree(stale.parent)  # a killed client cannot delete its pool key
+    runpod_standins.wait_for(
+        lambda: all(s.ended == "signal-TERM" for s in runpod_standins.standins.values()),
+        90,
+        "the watchdog ended each container's main process",
+    )
+    pods = fake.live()
+    # RunPod keeps a stopped pod (and bills its volume): EXITED until it is terminated.
+    assert [p["desiredStatus"] for p in pods] == ["EXITED", "EXITED"]
+    assert all(p["volumeInGb"] == 0 for p in pods)
+    listed = _skyward(fake, "ls", "--pool", "orphan")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line for line in listed.stdout.splitlines() if line.startswith("runpod ")]
+    assert len(rows) == 2 and all("exited" in row for row in rows), listed.stdout
+    removed = _skyward(fake, "down", "--pool", "orphan", "--yes")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert fake.live() == []
+    assert "Nothing left" in _skyward(fake, "ls").stdout
