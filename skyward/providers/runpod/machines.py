@@ -119,6 +119,7 @@ class RunPodMachines:
         self.base = unique_name(request.pool, unsafe=r"[^A-Za-z0-9-]", length=30)
         self.prefix = f"{self.base}-n"
         self._input: dict[str, Any] = {}  # the pods' input, made by prepare
+        self._gpus = 1  # per pod, read by offers
 
     @property
     def scope(self) -> tuple[str, str]:
@@ -130,6 +131,9 @@ class RunPodMachines:
     def offers(self, want: Want) -> Offers:
         options, request = self.options, want.request
         name, count, memory = gpus(request.accelerator)
+        self._gpus = count
+        # The start counts a node's GPUs with nvidia-smi: AMD's are left uncounted.
+        counted = 0 if name == "MI300X" else count
         lowest: dict[str, Any] = {"gpuCount": count}
         if options.cloud_type != "all":
             lowest["secureCloud"] = options.cloud_type == "secure"
@@ -149,7 +153,8 @@ class RunPodMachines:
                     continue
                 if prices.get(key) is None or not prices.get("stockStatus"):
                     continue  # none in stock there now
-                machine = Machine("runpod", id, name, count, int(kind.get("memoryInGb") or 0), 0)
+                memory_gb = int(kind.get("memoryInGb") or 0)
+                machine = Machine("runpod", id, name, counted, memory_gb, 0)
                 here.append(Offer(machine, where, market, float(prices[key]) * count))
             found += sorted(here, key=lambda o: o.hourly or 0.0)
         if want.strategy == "cheapest":
@@ -169,7 +174,7 @@ class RunPodMachines:
         script = base64.b64encode(boot.start_script().encode()).decode()
         self._input = {
             "cloudType": options.cloud_type.upper(),
-            "gpuCount": offers[0].machine.count,
+            "gpuCount": self._gpus,
             "imageName": options.image or (ROCM_IMAGE if amd else CUDA_IMAGE),
             "containerDiskInGb": options.container_disk_gb,
             "volumeInGb": options.volume_gb,
@@ -198,7 +203,7 @@ class RunPodMachines:
         spot = offer.market == "spot"
         spec = {**self._input, "gpuTypeId": offer.machine.type}
         if spot:  # the bid: the minimum RunPod asked for when the offers were read
-            spec["bidPerGpu"] = round((offer.hourly or 0.0) / offer.machine.count, 4)
+            spec["bidPerGpu"] = round((offer.hourly or 0.0) / self._gpus, 4)
         made: dict[str, str] = {}
 
         def rent(name: str) -> None:

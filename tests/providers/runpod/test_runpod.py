@@ -22,7 +22,13 @@ from skyward._errors import ProvisionError
 from skyward.providers.cloud.boot import END_CONTAINER_PATH, WATCHDOG_PATH
 from skyward.providers.cloud.capacity import CapacityError
 from skyward.providers.registry import by_type
-from skyward.providers.runpod.machines import BOOT_ENV, CUDA_IMAGE, START, TAGS_ENV
+from skyward.providers.runpod.machines import (
+    BOOT_ENV,
+    CUDA_IMAGE,
+    ROCM_IMAGE,
+    START,
+    TAGS_ENV,
+)
 
 pytestmark = pytest.mark.timeout(120)
 STOP = "waiting for"  # the step after every pod is rented
@@ -135,6 +141,13 @@ def test_spot_bids_the_current_minimum_and_a_named_image_is_used(fake: RunPodFak
     assert asked["gpuTypeId"] == "NVIDIA A100 80GB PCIe"  # the cheaper A100 first
     assert asked["bidPerGpu"] == 0.82 and asked["imageName"] == "ghcr.io/me/train:1"
     assert seen[0]["interruptible"] is True
+
+
+def test_an_amd_pool_gets_the_rocm_image_and_its_gpu_count(fake: RunPodFake) -> None:
+    rent(fake, "MI300X:8", nodes=1)
+    (asked,) = [v["input"] for v in fake.requests("podFindAndDeployOnDemand")]
+    assert asked["gpuTypeId"] == "AMD Instinct MI300X OAM" and asked["gpuCount"] == 8
+    assert asked["imageName"] == ROCM_IMAGE
 
 
 def test_an_offer_gone_when_rented_moves_to_the_next_and_leaves_nothing_there(
