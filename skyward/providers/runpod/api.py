@@ -92,10 +92,7 @@ class Api:
 
     def rest(self, method: str, path: str, doing: str, *, tries: int = 3) -> Any:
         """``method`` on ``{rest}{path}``: its JSON (``None`` for 404: not there)."""
-        try:
-            return self._ask(method, self.rest_url + path, doing, None, tries=tries)
-        except _NotFound:
-            return None
+        return self._ask(method, self.rest_url + path, doing, None, tries=tries)
 
     def _ask(self, method: str, url: str, doing: str, body: object, *, tries: int) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -113,8 +110,8 @@ class Api:
                         f"{doing}: RunPod refused the API key (HTTP {exc.code}: {said}). Check "
                         f"{ENV} or sky.RunPod(api_key=...); keys are at {CONSOLE}"
                     ) from None
-                if exc.code == 404:
-                    raise _NotFound(said) from None
+                if exc.code == 404 and body is None:  # REST: no such pod
+                    return None
                 if exc.code not in _AGAIN or attempt + 1 == tries:
                     raise refusal(doing, f"HTTP {exc.code}: {said}") from None
             except OSError as exc:  # refused, reset, timed out
@@ -126,20 +123,14 @@ class Api:
         raise AssertionError("unreachable")
 
 
-class _NotFound(ProvisionError):
-    pass
-
-
 def _said(exc: urllib.error.HTTPError) -> str:
     """What an HTTP error's body says: REST's ``{"error": ...}``, GraphQL's ``errors``."""
     text = exc.read().decode("utf-8", "replace")
     try:
         body = json.loads(text)
-    except ValueError:
-        return text.strip()[:200] or exc.reason
-    if isinstance(body, dict) and body.get("errors"):
-        return str(body["errors"][0].get("message"))
-    return str(body.get("error", body)) if isinstance(body, dict) else text[:200]
+        return str(body.get("error") or body["errors"][0]["message"])
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return text.strip()[:200] or str(exc.reason)
 
 
 def refusal(doing: str, message: str) -> ProvisionError:
@@ -172,10 +163,7 @@ _RENT = """mutation Rent($input: PodRentInterruptableInput!) {
 
 def whoami(api: Api) -> str:
     """The account's id: the key works (``ProvisionError`` when it does not)."""
-    found = api.graphql(_MYSELF, {}, "checking the RunPod API key").get("myself")
-    if not found:
-        raise ProvisionError(f"RunPod did not recognise the API key; check {ENV} ({CONSOLE})")
-    return str(found["id"])
+    return str(api.graphql(_MYSELF, {}, "checking the RunPod API key")["myself"]["id"])
 
 
 def gpu_types(api: Api, lowest: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -189,10 +177,7 @@ def deploy(api: Api, spec: Mapping[str, Any], *, spot: bool, doing: str) -> str:
     """Rent one pod (``spec``: the mutation's input; spot: with its ``bidPerGpu``): its id."""
     field = "podRentInterruptable" if spot else "podFindAndDeployOnDemand"
     data = api.graphql(_RENT if spot else _DEPLOY, {"input": dict(spec)}, doing)
-    pod = data.get(field)
-    if not pod or not pod.get("id"):
-        raise CapacityError(f"{doing}: RunPod rented nothing (no pod in its answer)")
-    return str(pod["id"])
+    return str(data[field]["id"])
 
 
 def pod(api: Api, id: str, *, quick: bool = False) -> dict[str, Any] | None:

@@ -68,7 +68,9 @@ START = (
     'sh /tmp/skyward-boot.sh || exit 1; trap "exit 0" TERM; '
     "while :; do sleep 3600 & wait $!; done'"
 )
-_ACCELERATOR = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_]*?)(?:-(?P<gb>\d+)GB)?(?::(?P<n>\d+))?$")
+_ACCELERATOR = re.compile(
+    r"^(?P<name>[A-Za-z][A-Za-z0-9_]*?)(?:-(?P<gb>\d+)GB)?(?::(?P<n>[1-9]\d*))?$"
+)
 
 
 def gpus(accelerator: str | None) -> tuple[str, int, int | None]:
@@ -81,10 +83,8 @@ def gpus(accelerator: str | None) -> tuple[str, int, int | None]:
             f"sky.RunPod rents GPU pods: accelerator is one of {', '.join(GPU_IDS)} "
             f"(optionally with a count, 'RTX_4090:2'), not {accelerator!r}"
         )
-    count = int(found["n"] or 1)
-    if count < 1:
-        raise ValueError(f"{accelerator!r}: the count after ':' must be at least 1")
-    return known[found["name"].upper()], count, int(found["gb"]) if found["gb"] else None
+    memory = int(found["gb"]) if found["gb"] else None
+    return known[found["name"].upper()], int(found["n"] or 1), memory
 
 
 class Settings(Protocol):
@@ -144,18 +144,14 @@ class RunPodMachines:
         where = options.data_center or f"RunPod's {options.cloud_type} cloud"
         found: list[Offer] = []
         for market in capacity.markets(want.strategy):
+            key = "uninterruptablePrice" if market == "on-demand" else "minimumBidPrice"
             here = []
-            for id in GPU_IDS[name]:
-                kind = types.get(id)
-                prices = (kind or {}).get("lowestPrice") or {}
-                key = "uninterruptablePrice" if market == "on-demand" else "minimumBidPrice"
-                if kind is None or (memory and kind.get("memoryInGb") != memory):
-                    continue
-                if prices.get(key) is None or not prices.get("stockStatus"):
-                    continue  # none in stock there now
-                memory_gb = int(kind.get("memoryInGb") or 0)
-                machine = Machine("runpod", id, name, counted, memory_gb, 0)
-                here.append(Offer(machine, where, market, float(prices[key]) * count))
+            for kind in (types[id] for id in GPU_IDS[name] if id in types):
+                price, gb = (kind.get("lowestPrice") or {}).get(key), kind.get("memoryInGb")
+                stocked = (kind.get("lowestPrice") or {}).get("stockStatus")
+                if price is not None and stocked and (memory is None or gb == memory):
+                    machine = Machine("runpod", kind["id"], name, counted, int(gb or 0), 0)
+                    here.append(Offer(machine, where, market, float(price) * count))
             found += sorted(here, key=lambda o: o.hourly or 0.0)
         if want.strategy == "cheapest":
             found.sort(key=lambda o: o.hourly or 0.0)
