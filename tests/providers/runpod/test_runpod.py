@@ -8,6 +8,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +21,7 @@ import pytest
 from pydantic import ValidationError
 from support.clouds.aws.pools import Checkpoint, request
 from support.clouds.runpod.fake import KEY, NO_FUNDS, RunPodFake
+from support.dispositions import as_from_a_terminal
 from support.reporter import Recorder
 
 import skyward as sky
@@ -323,3 +330,55 @@ def test_the_inventory_lists_skywards_pods_and_down_terminates_them(
     assert inventory.leftovers(pool="another") == []
     inventory.delete(list(found.values()), Recorder())
     assert fake.live() == []
+
+
+# ── a client ended by a signal (a job scheduler's cancel, a closed terminal) ──────────────
+
+_CLIENT = """
+import skyward as sky
+runpod = sky.RunPod(api_key={key!r}, endpoint_url={url!r}, release_timeout=30, boot_timeout=120)
+with sky.ComputePool(provider=runpod, accelerator="RTX_4090", nodes=2, name={pool!r},
+                     console="plain") as pool:
+    print("READY", flush=True)
+"""
+
+
+@pytest.mark.parametrize("stage", ["renting", "connecting"])
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
+def test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing(
+    fake: RunPodFake, tmp_path: Path, stage: str, signal_name: str
+) -> None:
+    answer = threading.Event()
+    if stage == "renting":  # the rents are made, their answers held until the signal
+        fake.on_rent = lambda pod: answer.wait(30)
+    # Nothing listens there: SSH is refused and retried, as while a pod boots.
+    fake.address_plan = lambda pod: ("127.0.0.1", 9)
+    pool = f"signalled-{stage[:3]}-{signal_name.lower()}"
+    script = _CLIENT.format(key=KEY, url=fake.url, pool=pool)
+    log = tmp_path / "client.log"
+    with open(log, "wb") as out:  # signalled as from a terminal, however this run started
+        client = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+            preexec_fn=as_from_a_terminal,
+        )
+    try:
+        end = time.monotonic() + 60
+        while not (
+            len(fake.live()) == 2 if stage == "renting" else "connecting" in log.read_text()
+        ):
+            assert client.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.05)
+        client.send_signal(getattr(signal, signal_name))
+        answer.set()
+        status = client.wait(60)
+    finally:
+        answer.set()
+        client.kill()
+        client.wait(30)
+    assert status == -getattr(signal, signal_name), log.read_text()
+    assert fake.live() == [], log.read_text()
+    assert not list(tmp_path.glob("skyward-key-*/id_ed25519"))  # the pool key went too
