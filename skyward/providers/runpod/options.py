@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, field_validator
 
 from skyward.providers.base import Inventory, ProvisionRequest, refuse_gang
 from skyward.providers.cloud.catalog import Cloud
@@ -26,7 +26,8 @@ class RunPod(CloudOptions):
       a test server. Default: RunPod's own.
     - ``cloud_type``: ``"secure"`` (RunPod's data centers), ``"community"`` (hosts of
       vetted third parties, cheaper) or ``"all"``. ``data_center``: one data center
-      (``"EU-RO-1"``); default: any.
+      (``"EU-RO-1"``); default: any. ``data_center_ids=("EU-RO-1",)`` and
+      ``container_image=`` are the public skyward project's spellings of these two.
     - ``image``: the container image; by default RunPod's PyTorch image (Ubuntu 22.04, CUDA
       12.4 userland, openssh-server; ROCm for MI300X). Any image with ``sh`` and ``base64``
       works; one without sshd gets it from apt at boot.
@@ -46,12 +47,30 @@ class RunPod(CloudOptions):
     api_key: str | None = Field(default=None, repr=False)
     endpoint_url: str | None = Field(default=None, pattern=r"^https?://")
     cloud_type: Literal["secure", "community", "all"] = "secure"
-    data_center: str | None = Field(default=None, pattern=r"^[A-Z]{2}-[A-Z]{2,4}-\d+$")
-    image: str | None = Field(default=None, min_length=1)
+    data_center: str | None = Field(
+        default=None,
+        pattern=r"^[A-Z]{2}-[A-Z]{2,4}-\d+$",
+        validation_alias=AliasChoices("data_center", "data_center_ids"),
+    )
+    image: str | None = Field(
+        default=None, min_length=1, validation_alias=AliasChoices("image", "container_image")
+    )
     container_disk_gb: int = Field(default=50, ge=5, le=4000)
     volume_gb: int = Field(default=0, ge=0, le=4000)
     network_volume: str | None = Field(default=None, pattern=r"^[a-z0-9]+$")
     username: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]*$")
+
+    @field_validator("data_center", mode="before")
+    @classmethod
+    def _one_data_center(cls, value: object) -> object:
+        """The public project's ``data_center_ids=("EU-RO-1",)`` or ``"global"``: one place."""
+        if value == "global":
+            return None
+        if isinstance(value, tuple | list):
+            if len(value) != 1:
+                raise ValueError("give one data center (data_center='EU-RO-1'), or none: any")
+            return value[0]
+        return value
 
     def check(self, request: ProvisionRequest) -> None:
         """When the pool is built: paramiko, the accelerator, no gang across pods, and the

@@ -85,7 +85,7 @@ def test_the_key_is_read_from_the_environment_or_runpods_config_file(
     monkeypatch.setenv("RUNPOD_API_KEY", KEY)
     sky.ComputePool(provider=sky.RunPod(endpoint_url=fake.url), accelerator="RTX_4090")
     monkeypatch.delenv("RUNPOD_API_KEY")
-    check = by_type("runpod").credentials_check()  # type: ignore[union-attr]
+    check = by_type("runpod").credentials_check()
     assert check is not None and check({}, tmp_path).status == "missing"
     (tmp_path / ".runpod").mkdir()
     (tmp_path / ".runpod" / "config.toml").write_text(f'[default]\napi_key = "{KEY}"\n')
@@ -98,7 +98,7 @@ def test_bad_settings_and_requests_are_refused_before_anything_is_rented(
     fake: RunPodFake,
 ) -> None:
     with pytest.raises(ValidationError, match="cloud_type"):
-        sky.RunPod(cloud_type="cheap")  # type: ignore[arg-type]
+        sky.RunPod(cloud_type="cheap")
     with pytest.raises(ValidationError, match="data_center"):
         sky.RunPod(data_center="romania")
     with pytest.raises(ValueError, match=r"sky\.RunPod rents GPU pods"):
@@ -111,6 +111,22 @@ def test_bad_settings_and_requests_are_refused_before_anything_is_rented(
         )
     sky.ComputePool(provider=provider(fake), accelerator="H100", plugins=[sky.plugins.jax()])
     assert fake.requests("podFindAndDeployOnDemand") == []
+
+
+def test_the_public_projects_snippets_construct_or_say_what_is_wrong(fake: RunPodFake) -> None:
+    assert sky.RunPod(cloud_type="secure", container_disk_gb=100).container_disk_gb == 100
+    assert sky.RunPod(data_center_ids=("EU-RO-1",)).data_center == "EU-RO-1"
+    assert sky.RunPod(data_center_ids="global").data_center is None
+    image = "nvidia/cuda:12.8.2-runtime-ubuntu24.04"
+    assert sky.RunPod(container_image=image).image == image
+    with pytest.raises(ValidationError, match="give one data center"):
+        sky.RunPod(data_center_ids=("EU-RO-1", "US-TX-3"))
+    with pytest.raises(ValidationError, match="registry_auth"):
+        sky.RunPod(registry_auth="docker hub")
+    pool = sky.ComputePool(
+        provider=provider(fake), accelerator=sky.accelerators.RTX_4090(), nodes=2
+    )
+    assert pool.spec.accelerator == "RTX_4090"
 
 
 # ── what is rented, and how ───────────────────────────────────────────────────────────────
