@@ -25,11 +25,12 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from skyward._errors import ProvisionError
+from skyward.client.futures import settle
 from skyward.providers.cloud.capacity import CapacityError
 
 GRAPHQL = "https://api.runpod.io/graphql"
@@ -190,6 +191,9 @@ def pods(api: Api) -> list[dict[str, Any]]:
     return list(api.rest("GET", "/pods", "listing RunPod pods") or [])
 
 
-def terminate(api: Api, id: str) -> None:
-    """Terminate the pod and its disks; one already gone counts as done."""
-    api.rest("DELETE", f"/pods/{id}", f"terminating pod {id}")
+def terminate(api: Api, ids: Sequence[str]) -> list[str]:
+    """Terminate the pods and their disks, all at once (one already gone counts as done):
+    those that could not be, as ``"pod ID (why)"``."""
+    ended = settle(lambda id: api.rest("DELETE", f"/pods/{id}", f"terminating pod {id}"), ids)
+    failed = [(id, f.exception()) for id, f in zip(ids, ended, strict=True)]
+    return [f"pod {id} ({exc})" for id, exc in failed if exc is not None]

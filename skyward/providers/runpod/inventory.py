@@ -50,10 +50,4 @@ class RunPodInventory(CloudInventory[Api]):
         return found
 
     def remove(self, by_kind: Mapping[str, list[Leftover]], deadline: Deadline) -> list[str]:
-        left = []
-        for pod in by_kind["pod"]:
-            try:
-                runpod.terminate(self.api, pod.id)
-            except Exception as exc:
-                left.append(f"pod {pod.id} ({exc})")
-        return left
+        return runpod.terminate(self.api, [pod.id for pod in by_kind["pod"]])
