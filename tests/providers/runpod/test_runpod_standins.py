@@ -6,10 +6,8 @@ port 22 (a forwarder on the test bridge, never 22)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -106,8 +104,9 @@ with sky.ComputePool(provider=runpod, accelerator="RTX_4090", nodes=2,
 """
 
 
-def _skyward(fake: RunPodFake, *args: str) -> subprocess.CompletedProcess[str]:
+def _skyward(fake: RunPodFake, keys: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RUNPOD_API_KEY": KEY, "SKYWARD_RUNPOD_ENDPOINT": fake.url}
+    env["TMPDIR"] = str(keys)  # where the client left its pool key
     return subprocess.run(
         [str(Path(sys.executable).parent / "skyward"), *args, "--cloud", "runpod"],
         capture_output=True,
@@ -128,7 +127,8 @@ def test_a_killed_clients_containers_end_themselves_and_down_terminates_their_po
     script = _CLIENT.format(settings=settings, index=package_index.url)
     log = tmp_path / "client.log"
     with open(log, "wb") as out:
-        client = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=out)
+        env = {**os.environ, "TMPDIR": str(tmp_path)}  # its pool key, which it cannot delete
+        client = subprocess.Popen([sys.executable, "-c", script], stdout=out, stderr=out, env=env)
     try:
         end = time.monotonic() + 240
         while "READY" not in log.read_text():
@@ -141,9 +141,7 @@ def test_a_killed_clients_containers_end_themselves_and_down_terminates_their_po
     finally:
         client.kill()
         client.wait(30)
-    for stale in Path(tempfile.gettempdir()).glob("skyward-key-*/about.json"):
-        if '"pool": "orphan"' in stale.read_text():
-            shutil.rmtree(stale.parent)  # a killed client cannot delete its pool key
+    (key,) = tmp_path.glob("skyward-key-*")
     runpod_standins.wait_for(
         lambda: all(s.ended == "signal-TERM" for s in runpod_standins.standins.values()),
         90,
@@ -153,11 +151,12 @@ def test_a_killed_clients_containers_end_themselves_and_down_terminates_their_po
     # RunPod keeps a stopped pod (and bills its volume): EXITED until it is terminated.
     assert [p["desiredStatus"] for p in pods] == ["EXITED", "EXITED"]
     assert all(p["volumeInGb"] == 0 for p in pods)
-    listed = _skyward(fake, "ls", "--pool", "orphan")
+    listed = _skyward(fake, tmp_path, "ls", "--pool", "orphan")
     assert listed.returncode == 0, listed.stderr
     rows = [line for line in listed.stdout.splitlines() if line.startswith("runpod ")]
     assert len(rows) == 2 and all("exited" in row for row in rows), listed.stdout
-    removed = _skyward(fake, "down", "--pool", "orphan", "--yes")
+    removed = _skyward(fake, tmp_path, "down", "--pool", "orphan", "--yes")
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert fake.live() == []
-    assert "Nothing left" in _skyward(fake, "ls").stdout
+    assert not key.exists()  # the killed client's pool key, stale once its pods are gone
+    assert "Nothing left" in _skyward(fake, tmp_path, "ls").stdout
