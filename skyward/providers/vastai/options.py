@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import AliasChoices, Field, field_validator
 
 from skyward.providers.base import Inventory, ProvisionRequest, refuse_gang
-from skyward.providers.cloud.catalog import Cloud
+from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import CloudOptions
 from skyward.providers.vastai import api as vast
 from skyward.providers.vastai.inventory import VastInventory
@@ -33,7 +33,7 @@ class VastAI(CloudOptions):
     """
 
     cloud: ClassVar[Cloud] = "vastai"
-    machine_option: ClassVar[str] = "image"
+    machine_option: ClassVar[str] = "image"  # (read by machines_for, which has no catalog here)
     ssh_rule: ClassVar[str] = "the host's port mapping"
     needs: ClassVar[tuple[str, ...]] = ()  # plain HTTP: paramiko alone
 
@@ -71,6 +71,9 @@ class VastAI(CloudOptions):
         """NVIDIA's CUDA image of that Ubuntu, CUDA and flavour (``"runtime"``/``"devel"``),
         for ``image=``: ``nvcr.io/nvidia/cuda:12.9.1-runtime-ubuntu24.04`` by default."""
         return ubuntu(version, cuda, cuda_dist)
+
+    def machines_for(self, request: ProvisionRequest, region: str | None = None) -> list[Machine]:
+        return []  # no catalog: Vast's offers are live (``machines.py``)
 
     def hint(self) -> str:
         return (
