@@ -273,7 +273,7 @@ class _ProviderCommand(click.Command):
 
 def _provider_options() -> list[click.Parameter]:
     clouds = [(kind, scope) for kind, scope in _scopes() if scope.cloud]
-    selectors = ", ".join(f"{scope.flags[0].option}: {kind}" for kind, scope in clouds)
+    selectors = ", ".join(f"{s.flags[0].option}: {kind}" for kind, s in clouds if s.flags)
     options: list[click.Parameter] = [
         click.Option(
             ["--cloud", "clouds"],
