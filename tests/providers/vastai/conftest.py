@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from support.clouds.vastai.fake import VastFake
+from support.hostimage import HostImage, fake_nvidia_smi
 from support.sshhosts import Hosts
 
 if TYPE_CHECKING:
@@ -41,7 +42,9 @@ def vast_standins(vast_bridge: VastFake, ssh_hosts: Hosts) -> Iterator[VastStand
     from support.clouds.vastai.standins import VastStandIns
 
     vast_bridge.reset()
-    cloud = VastStandIns(vast_bridge, ssh_hosts)
+    # A Vast container sees its host's GPU through the NVIDIA runtime: nvidia-smi lists it.
+    gpu = fake_nvidia_smi(1, "NVIDIA GeForce RTX 4090")
+    cloud = VastStandIns(vast_bridge, ssh_hosts, HostImage(tools={"nvidia-smi": gpu}))
     try:
         yield cloud
     finally:
