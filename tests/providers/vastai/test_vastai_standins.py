@@ -5,11 +5,15 @@ pool reaches them through a published port that is not 22, on an address they sh
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from support.clouds.vastai.standins import VastStandIns, provider
 from support.pools import broadcast_in_background
+from support.reporter import Recorder
 from support.sshhosts import PackageIndex
 
 import skyward as sky
@@ -87,46 +91,57 @@ def test_an_outbid_interruptible_instance_is_worker_lost_saying_so_and_replaced(
     assert fake.live() == []
 
 
+_CLIENT = """
+import time
+import skyward as sky
+vast = sky.VastAI(**{settings!r})
+with sky.ComputePool(provider=vast, nodes=2, image=sky.Image(index_url={index!r}),
+                     name="vast-orphan", console="plain") as pool:
+    print("READY", flush=True)
+    pool.broadcast(time.sleep, 3600)  # a long job, its client attached
+"""
+
+
 @pytest.mark.timeout(300)
-def test_a_vanished_clients_containers_end_themselves_and_down_destroys_them(
-    vast_standins: VastStandIns, package_index: PackageIndex
+def test_a_killed_clients_containers_end_themselves_and_down_destroys_them(
+    vast_standins: VastStandIns, package_index: PackageIndex, tmp_path: Path
 ) -> None:
     fake = vast_standins.fake
-    pool = sky.ComputePool(
-        provider=provider(fake, idle_timeout=3),
-        nodes=2,
-        image=sky.Image(index_url=package_index.url),
-        name="vast-orphan",
-        quiet=True,
-    )
-    pool.start()
-    try:
-        assert len(pool.broadcast(lambda: 1)) == 2
-        ids = [str(i["id"]) for i in fake.live()]
-        for standin in vast_standins.standins.values():  # the client vanishes: its links cut
-            forwarder = vast_standins.forwarders.get(standin.instance)
-            assert forwarder is not None
-            forwarder.close()
-        vast_standins.wait_for(
-            lambda: all(vast_standins.standins[id].ended for id in ids),
-            90,
-            "the watchdog ended each container's main process",
+    settings = provider(fake, idle_timeout=3, boot_timeout=120).model_dump(exclude_defaults=True)
+    script = _CLIENT.format(settings=settings, index=package_index.url)
+    log = tmp_path / "client.log"
+    with open(log, "wb") as out:
+        client = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # its pool key, once it is killed
         )
-        assert {i["actual_status"] for i in fake.live()} == {"exited"}  # kept: disk billed
-        inventory = provider(fake).inventory()
-        assert inventory is not None
-        found = inventory.leftovers(pool="vast-orphan")
-        assert sorted(x.id for x in found) == sorted(ids)
-        assert {x.state for x in found} == {"exited"}
-        inventory.delete(found, _Quiet())
-        assert fake.live() == []
-        for id in ids:
-            said = (vast_standins.standins[id].directory / "var-log" / "skyward-watchdog.log")
-            assert "running /usr/local/sbin/skyward-end-container" in said.read_text()
+    try:
+        end = time.monotonic() + 240
+        while "READY" not in log.read_text():
+            assert client.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.1)
+        time.sleep(6)  # well past idle_timeout, its client attached: nothing ends
+        assert all(not s.ended for s in vast_standins.standins.values()), vast_standins.events
     finally:
-        pool.close()
-
-
-class _Quiet:
-    def status(self, line: str) -> None:
-        pass
+        client.kill()
+        client.wait(30)
+    ids = sorted(str(i["id"]) for i in fake.live())
+    assert len(ids) == 2
+    vast_standins.wait_for(
+        lambda: all(vast_standins.standins[id].ended for id in ids),
+        90,
+        "the watchdog ended each container's main process",
+    )
+    assert {i["actual_status"] for i in fake.live()} == {"exited"}  # kept: its disk billed
+    for id in ids:
+        said = vast_standins.standins[id].directory / "var-log" / "skyward-watchdog.log"
+        assert "running /usr/local/sbin/skyward-end-container" in said.read_text()
+    inventory = provider(fake).inventory()
+    assert inventory is not None
+    found = inventory.leftovers(pool="vast-orphan")
+    assert sorted(x.id for x in found) == ids and {x.state for x in found} == {"exited"}
+    inventory.delete(found, Recorder())
+    assert fake.live() == []

@@ -95,6 +95,10 @@ class Forwarder:
             threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
 
     def close(self) -> None:
+        try:  # wakes the accept() in flight, which a close alone leaves listening
+            self.server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.server.close()
         with self._lock:
             for connection in self._open:
@@ -226,7 +230,9 @@ class VastStandIns(StandInCloud):
         image = self.image.prepare(directory / "image")
         if image:
             lines += [image, guard_again(directory / "shim")]
-        lines.append(f"exec {shlex.join(config['command'])} > {q(str(directory / 'main.log'))} 2>&1")
+        lines.append(
+            f"exec {shlex.join(config['command'])} > {q(str(directory / 'main.log'))} 2>&1"
+        )
         return "\n".join(lines) + "\n"
 
     def _remove(self, standin: StandIn) -> None:
