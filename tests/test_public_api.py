@@ -50,6 +50,7 @@ EXPECTED = [
     "Stacks",
     "StartError",
     "Terminated",
+    "VastAI",
     "VersionMismatch",
     "Volume",
     "Worker",
