@@ -328,3 +328,58 @@ def test_discard_without_waiting_returns_at_once(vast: VastFake) -> None:
 
     assert destroy(api, [id], Deadline(0.0, "no wait")) == []
     assert vast.live() == []
+
+
+_CLIENT = """
+import skyward as sky
+vast = sky.VastAI(api_key={key!r}, endpoint_url={url!r}, release_timeout=30, boot_timeout=120)
+with sky.ComputePool(provider=vast, nodes=2, name={pool!r}, console="plain") as pool:
+    print("READY", flush=True)
+"""
+
+
+@pytest.mark.parametrize("stage", ["renting", "connecting"])
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing(
+    vast: VastFake, tmp_path: Path, stage: str, signal_name: str
+) -> None:
+    import os
+    import signal as signals
+    import subprocess
+    import sys
+    import time
+
+    from support.dispositions import as_from_a_terminal
+
+    pool = f"signalled-{stage[:3]}-{signal_name.lower()}"
+    if stage == "renting":
+        vast.rent_delay = 3.0  # the signal comes while a rent's answer is on the wire
+    # Nothing listens where port 22 is published: SSH is refused and retried, as while a
+    # container boots.
+    vast.placement = lambda instance: (f"127.0.0.{10 + instance['id'] % 200}", 9)
+    script = _CLIENT.format(key=KEY, url=vast.url, pool=pool)
+    log = tmp_path / "client.log"
+    with open(log, "wb") as out:  # signalled as from a terminal, however this run started
+        client = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "TMPDIR": str(tmp_path)},  # its key, should it be killed
+            preexec_fn=as_from_a_terminal,
+        )
+    try:
+        end = time.monotonic() + 60
+        while not (rents(vast) if stage == "renting" else "connecting" in log.read_text()):
+            assert client.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.05)
+        keys = list(tmp_path.glob("skyward-key-*/id_ed25519"))
+        assert len(keys) == 1, log.read_text()
+        client.send_signal(getattr(signals, signal_name))
+        status = client.wait(60)
+    finally:
+        client.kill()
+        client.wait(30)
+    assert status != 0, log.read_text()
+    assert vast.live() == [], log.read_text()
+    assert not keys[0].exists()

@@ -21,8 +21,9 @@ instance list: ``actual_status`` null ("created") -> "loading" -> "running" (the
 ``no_offers`` (an empty market), ``take(ask)`` (rented by someone else), ``credit = 0``
 (every rent refused: insufficient credit), ``interrupt(id)`` (an interruptible instance
 outbid: stopped), ``exit(id)`` (its main process ended), ``fail(method, path, status,
-error, msg)`` (the next matching call refused). ``placement(instance)`` decides where an
-instance's port 22 is mapped (the stand-ins' forwarders), else an invented address.
+error, msg)`` (the next matching call refused), ``rent_delay`` (a rent answered late).
+``placement(instance)`` decides where an instance's port 22 is mapped (the stand-ins'
+forwarders), else an invented address.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class VastFake:
     asks: list[dict[str, Any]] = field(default_factory=list)
     credit: float = 25.0
     no_offers: bool = False
+    rent_delay: float = 0.0  # seconds a rent takes to be answered (carried out first)
     placement: Callable[[dict[str, Any]], tuple[str, int] | None] | None = None
 
     def __post_init__(self) -> None:
@@ -121,6 +123,8 @@ class VastFake:
                 body = json.loads(raw) if raw else None
                 auth = self.headers.get("Authorization", "")
                 status, answer = fake.answer(self.command, self.path, body, auth)
+                if self.command == "PUT" and fake.rent_delay:
+                    time.sleep(fake.rent_delay)  # an answer still on the wire
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -161,6 +165,7 @@ class VastFake:
             self.failures.clear()
             self._reads.clear()
             self.credit, self.no_offers, self.placement = 25.0, False, None
+            self.rent_delay = 0.0
 
     # ── fault hooks ────────────────────────────────────────────────────────────────────
 
