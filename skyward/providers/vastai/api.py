@@ -72,10 +72,10 @@ def api_key(given: str | None) -> str:
         return given
     found = find_key(os.environ, Path.home())
     if found is None:
-        places = ", ".join(str(p) for p in key_files(os.environ, Path.home()))
+        saved = key_files(os.environ, Path.home())[0]
         raise ProvisionError(
             f"no Vast.ai API key: set VAST_API_KEY, run `vastai set api-key KEY` (it writes "
-            f"{places.split(', ')[0]}), or pass sky.VastAI(api_key=...); make one at {KEYS_PAGE}"
+            f"{saved}), or pass sky.VastAI(api_key=...); make one at {KEYS_PAGE}"
         )
     return found[0]
 

@@ -131,7 +131,7 @@ class VastMachines:
 
     def offers(self, want: Want) -> Offers:
         request, nodes = want.request, want.request.nodes
-        balance = self.api.user().get("credit")  # the key is checked here, before any rent
+        self.api.user()  # the key is checked here, before anything is rented
         self._want = want
         found, short = [], []
         for market in capacity.markets(want.strategy):
@@ -150,7 +150,6 @@ class VastMachines:
                 f"pool needs {nodes}; nothing was rented. Lower min_reliability, widen or drop "
                 f"geolocation, allow unverified hosts (verified=False), raise max_hourly_cost, "
                 f"or ask for another accelerator"
-                + (f" (balance: ${balance})" if isinstance(balance, int | float) else "")
             )
         if want.strategy == "cheapest":
             found.sort(key=lambda o: o.hourly or 0.0)
