@@ -10,7 +10,7 @@ docs show them, with nothing to install and nothing done at import::
     POST   /api/v0/bundles/             offers: a query ({"gpu_name": {"in": [...]}, ...})
     PUT    /api/v0/asks/{id}/           rent an offer (an instance): image, disk, label, the
                                         start command, a bid price for an interruptible one
-    GET    /api/v0/instances/           the account's instances: actual_status, ports, label
+    GET    /api/v0/instances/?owner=me  the account's instances: actual_status, ports, label
     DELETE /api/v0/instances/{id}/      destroy one (its disk with it)
 
 Errors are ``{"success": false, "error": "<code>", "msg": "..."}``: a refused key (401, or
@@ -130,7 +130,7 @@ class Api:
         return int(answer["new_contract"])
 
     def instances(self) -> list[dict[str, Any]]:
-        found = self.call("GET", "/instances/", "listing Vast.ai instances")
+        found = self.call("GET", "/instances/?owner=me", "listing Vast.ai instances")
         return list((found or {}).get("instances") or [])
 
     def destroy(self, id: str) -> None:
