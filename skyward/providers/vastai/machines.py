@@ -185,7 +185,9 @@ class VastMachines:
         }
         query.update({key: value for key, value in conditions.items() if value is not None})
         want.deadline.check("searching Vast.ai's offers")
-        asks = [a for a in self.api.offers(query) if a.get("id") not in self._tried]
+        found = self.api.offers(query)
+        with self._lock:
+            asks = [a for a in found if a.get("id") not in self._tried]
         cap = request.max_hourly_cost
         if cap is not None:
             asks = [a for a in asks if self.price(a, market) * request.nodes <= cap]
