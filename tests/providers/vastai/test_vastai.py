@@ -383,3 +383,31 @@ def test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing(
     assert status != 0, log.read_text()
     assert vast.live() == [], log.read_text()
     assert not keys[0].exists()
+
+
+def test_skyward_ls_and_down_find_and_destroy_a_pools_instances(
+    vast: VastFake, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    api = Api(KEY, vast.url)
+    for rank in range(2):
+        api.rent(rank + 1, {"image": "x", "label": f"skyward-orphan-a1b2c3-node-{rank}"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_"))}
+    env.update(VAST_API_KEY=KEY, SKYWARD_VASTAI_ENDPOINT=vast.url, HOME=str(tmp_path))
+    skyward = str(Path(sys.executable).parent / "skyward")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [skyward, *args, "--cloud", "vastai"]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+    listed = run("ls", "--pool", "orphan")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    rows = [line for line in listed.stdout.splitlines() if line.startswith("vastai ")]
+    assert len(rows) == 2 and all("orphan" in row and "instance" in row for row in rows), rows
+    removed = run("down", "--pool", "orphan", "--yes")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert vast.live() == []
+    assert "Nothing left" in run("ls").stdout
