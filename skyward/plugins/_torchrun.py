@@ -109,6 +109,12 @@ class Groups:
         self.signature = inspect.signature(self.real_init)
         self.made = 0  # groups this rank made: the n-th is under skyward/<n>/ on every rank
         self.pool_group: ProcessGroup | None = None
+        # Every group made in the current call, held until the call has returned: a gloo
+        # group's last reference dropped by DDP's Reducer as the call's frame is cleared
+        # (holding the GIL) joins gloo's threads while one of them waits for the GIL to
+        # finish a work item: a deadlock in torch. Released here, after the call, the
+        # threads are idle.
+        self.held: list[ProcessGroup] = []
         # Node 0 serves the store for the pool's life (torchrun's agent store); torch shares
         # it with any store node 0 opens on MASTER_PORT.
         self.server: TCPStore | None = None
@@ -179,7 +185,10 @@ class Groups:
                 asked["rank"] = int(os.environ["RANK"])
             if asked.get("world_size", -1) == -1:
                 asked["world_size"] = int(os.environ["WORLD_SIZE"])
-        return self.real_init(**asked)
+        self.real_init(**asked)
+        if (made := self.dist.group.WORLD) is not None:
+            self.held.append(made)
+        return None
 
     def _rendezvous_at_master(self, init_method: str | None) -> bool:
         """Whether a group asked for meets at ``MASTER_ADDR:MASTER_PORT`` (``env://``, the
@@ -200,12 +209,12 @@ class Groups:
         """A call returned: as a launch under torchrun would leave it (no group, with
         init="program"), or with the pool's group again. The group a call made spans every
         rank, so every rank is here: making the pool's group again is safe."""
-        if self.holds_pool_group():
-            return
-        if self.dist.is_initialized():
-            self.real_destroy()
-        if self.init != "program":
-            self.make_pool_group()
+        if not self.holds_pool_group():
+            if self.dist.is_initialized():
+                self.real_destroy()
+            if self.init != "program":
+                self.make_pool_group()
+        self.held = [group for group in self.held if group is self.pool_group]
 
     def close(self) -> None:
         if self.dist.is_initialized():

@@ -24,6 +24,9 @@ AGENT_ONLY = {"TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE", "_"}
 # Values that name this launch rather than a rank's place in it.
 PER_LAUNCH = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
 
+# Bounds every program's call, so that a hang fails the test with the call's name.
+CALL_TIMEOUT = 120
+
 _DUMP = """
 import json, os
 before = set(json.loads(os.environ["SKYWARD_TEST_BEFORE"]))
@@ -98,7 +101,7 @@ def test_every_rank_gets_the_variables_torchrun_gives_it(
 # workers do not have.)
 
 
-@sky.compute
+@sky.compute(timeout=CALL_TIMEOUT)
 def torchrun_script() -> tuple[int, int, float]:
     """The shape of every torchrun script: init from the environment, work, clean up."""
     import torch
@@ -112,7 +115,7 @@ def torchrun_script() -> tuple[int, int, float]:
     return result
 
 
-@sky.compute
+@sky.compute(timeout=CALL_TIMEOUT)
 def relies_on_the_plugin() -> tuple[bool, int, int]:
     """A program written for the pool: the group is simply there."""
     import torch.distributed as dist
@@ -122,7 +125,7 @@ def relies_on_the_plugin() -> tuple[bool, int, int]:
     return True, dist.get_rank(), dist.get_world_size()
 
 
-@sky.compute
+@sky.compute(timeout=CALL_TIMEOUT)
 def multinode_ddp(epochs: int) -> tuple[int, list[float]]:
     """pytorch/examples' distributed/ddp-tutorial-series/multinode.py, on CPU (gloo, no
     ``.to(gpu_id)``): ``ddp_setup``, a ``Trainer`` around DDP with a ``DistributedSampler``,
@@ -161,7 +164,7 @@ def multinode_ddp(epochs: int) -> tuple[int, list[float]]:
     return int(os.environ["RANK"]), params
 
 
-@sky.compute
+@sky.compute(timeout=CALL_TIMEOUT)
 def reinitializes_when_gone() -> tuple[int, int, float]:
     """accelerate's and many tutorials' way: make the group only if there is none."""
     import torch
@@ -176,7 +179,7 @@ def reinitializes_when_gone() -> tuple[int, int, float]:
     return result
 
 
-@sky.compute
+@sky.compute(timeout=CALL_TIMEOUT)
 def asks_for_its_own_group() -> tuple[str, int]:
     """A program that asks for a group other than the pool's (``cpu:gloo``, not ``gloo``)."""
     import torch
