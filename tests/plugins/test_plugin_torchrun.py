@@ -279,7 +279,7 @@ def accelerate_test_script() -> tuple[str, int]:
 
     test_script.main()
     state = PartialState()
-    return str(state.distributed_type), state.num_processes
+    return state.distributed_type.value, state.num_processes
 
 
 @pytest.mark.timeout(600)
