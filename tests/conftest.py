@@ -61,6 +61,8 @@ os.environ.update(
 )
 # Pools keep their logs under the user's cache; the suite's thousand pools keep theirs apart.
 os.environ.setdefault("SKYWARD_LOG_DIR", tempfile.mkdtemp(prefix="skyward-test-logs-"))
+# Machines kept warm are recorded in the user's state directory; the suite keeps its own.
+os.environ.setdefault("SKYWARD_STATE_DIR", tempfile.mkdtemp(prefix="skyward-test-state-"))
 
 # Loopback, and addresses only while they route to a bridge this run made (support/netguard).
 netguard.install()
