@@ -161,9 +161,12 @@ def test_the_watchdog_ends_kept_machines_when_their_time_is_up_and_no_pool_came(
         standin = gcp_standins.standins[machine.id]
         said = (standin.directory / "var-log" / "skyward-watchdog.log").read_text()
         assert "kept warm until" in said and "no pool came for it" in said, said
-        assert standin.ended == "poweroff"
-    # The next pool like it finds the set's time up: it deletes what is left (the powered-off
-    # instances GCE keeps, the rules) and starts its own.
+        # GCE keeps a powered-off instance (and bills its disk): its watchdog's hook
+        # deleted it through the API first, as for a client that vanished.
+        assert f"skyward-release: deleting {machine.id}" in said, said
+    assert held(gcp_standins.fake, "warm-w")["instances"] == []
+    # The next pool like it finds the set's time up: it deletes what is left (the rules) and
+    # starts its own.
     with _pool(gcp_standins, package_index, "after-w", idle_timeout=30) as second:
         second.broadcast(_hostname)
     assert nothing(held(gcp_standins.fake, "warm-w"))
@@ -227,8 +230,9 @@ def test_skyward_ls_shows_kept_machines_and_down_ends_them_and_forgets_them(
         listed = _skyward(gcp_standins, key, "ls", "--pool", "warm-d")
         assert listed.returncode == 0, listed.stderr
         assert "Warm machines" in listed.stdout, listed.stdout
-        (row,) = [line for line in listed.stdout.splitlines() if kept.machines[0].id in line]
-        assert "min left" in row and "warm-d" in row, listed.stdout
+        rows = [line for line in listed.stdout.splitlines() if kept.machines[0].id in line]
+        assert len(rows) == 2, listed.stdout  # the tagged instance, and the warm record
+        assert any("warm-d" in row and "min left" in row and "/h" in row for row in rows)
         removed = _skyward(gcp_standins, key, "down", "--pool", "warm-d", "--yes")
         assert removed.returncode == 0, removed.stdout + removed.stderr
     finally:
