@@ -72,7 +72,7 @@ def test_keep_warm_is_refused_where_there_is_no_machine_to_keep() -> None:
         sky.ComputePool(keep_warm=60, quiet=True)
     with pytest.raises(ValueError, match="keep_warm=60 cannot be honoured: SSH runs on hosts"):
         sky.ComputePool(provider=sky.SSH(hosts=["h1"]), keep_warm=60, quiet=True)
-    with pytest.raises(ValueError, match="keep_warm=60 cannot be honoured: sky.Slurm"):
+    with pytest.raises(ValueError, match=r"keep_warm=60 cannot be honoured: sky\.Slurm"):
         sky.ComputePool(provider=sky.Slurm(), keep_warm=60, quiet=True)
 
 
