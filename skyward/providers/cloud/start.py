@@ -67,7 +67,7 @@ from skyward.providers.cloud.boot import (
     unkeep_command,
 )
 from skyward.providers.cloud.capacity import CapacityError, Offer
-from skyward.providers.cloud.contract import Described, Machines, Options, Want
+from skyward.providers.cloud.contract import Described, Machines, Options, Resumable, Want
 from skyward.providers.cloud.keys import key_label
 from skyward.providers.cloud.record import Record
 from skyward.providers.ssh.connection import ABOUT_FILE, PoolKey, Target
@@ -227,6 +227,7 @@ class CloudPool(Allocation):
         self._access: Access | None = None
         self._host_key: str | None = None
         self._offer: Offer | None = None
+        self._label = ""  # set by open(), or from the kept set adopted
 
     @classmethod
     def of_kept(
@@ -235,8 +236,12 @@ class CloudPool(Allocation):
         """The allocation of a kept set (``warm.WarmSet``), for ``request``: its record and
         key restored (so that its release deletes everything its own pool made), reached as
         that pool reached it, under that pool's name (the machines' tags say it)."""
+        if not isinstance(machines, Resumable):  # never kept (keep): never found here
+            raise ProvisionError(f"{options.cloud} machines cannot be adopted")
+        machines.resume(kept.label)
         request = dataclasses.replace(request, pool=kept.pool)
         pool = cls(options, machines, request)
+        pool._label = kept.label
         key = PoolKey.existing(Path(kept.key_dir))
         pool.record = Record.restored(kept.record, key)
         pool._host_key = kept.host_key
@@ -333,6 +338,7 @@ class CloudPool(Allocation):
         key = PoolKey()
         self.record.key(key)
         region, name, endpoint = cloud.key_label(first)
+        self._label = name  # the cloud's identity of this pool's things (Resumable.resume)
         key.label(key_label(options.cloud, region, self.request.pool, name, endpoint))
         host_key = HostKey.generate()
         gpu = self.request.accelerator is not None or first.machine.accelerator is not None
@@ -498,6 +504,8 @@ class CloudPool(Allocation):
             or key is None
             or len(hosts) != self.request.nodes
             or len(hosts) != len(nodes)
+            or not isinstance(self.cloud, Resumable)
+            or not self._label
         ):
             return False
         placed = [self.record.node(rank) for rank in range(len(hosts))]
@@ -531,6 +539,7 @@ class CloudPool(Allocation):
             hourly_cost=self.hourly_cost,
             describe=self.describe,
             host_key=host_key,
+            label=self._label,
             key_dir=str(key.directory),
             gpus=access.gpus,
             machine_type=access.machine_type,

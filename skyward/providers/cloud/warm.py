@@ -108,6 +108,7 @@ class WarmSet:
     hourly_cost: float | None
     describe: str  # "2 x n2-standard-2 on-demand in us-central1-a"
     host_key: str  # "ssh-ed25519 AAAA...": every machine of the set presents it
+    label: str  # the cloud's name for the pool's things (contract.Resumable.resume)
     key_dir: str  # the pool key's directory (PoolKey): its id_ed25519 logs in
     gpus: int | None
     machine_type: str

@@ -44,6 +44,7 @@ def _set(
         hourly_cost=0.19,
         describe=f"{nodes} x n2-standard-2",
         host_key="ssh-ed25519 AAAA",
+        label="skyward-p-abc123",
         key_dir=str(directory / "key"),
         gpus=None,
         machine_type="n2-standard-2",
