@@ -13,7 +13,9 @@
     size       nodes=(min, max): nodes added while calls wait, idle ones let go
                (pool/autoscale.py)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
-               → bounded wait → kill → allocation.terminate(), on every path
+               → bounded wait → kill → allocation.terminate(), on every path (or, with
+               keep_warm, for a pool that ran: allocation.keep(seconds), the machines left
+               for the next pool like it; terminated when they cannot be kept)
 
 The path of a call, in one line (⇢ crosses the wire)::
 
@@ -124,6 +126,8 @@ class ComputePool(CallTarget):
     ``"spot"``, ``"spot-if-available"``, ``"cheapest"``); ``max_hourly_cost`` (USD) refuses,
     before anything is created, a pool whose estimated price per hour is above it.
     ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``.
+    ``keep_warm`` (seconds, cloud pools) leaves the machines running after ``close()`` for
+    the next pool of the same spec and size, which adopts them (they bill meanwhile).
     Progress also goes to the ``logging`` logger ``"skyward"``.
     """
 
