@@ -109,6 +109,32 @@ def test_a_pool_of_another_spec_or_size_starts_its_own_machines(
     assert nothing(held(gcp_standins.fake, "warm-c"))
 
 
+def _marker() -> str:
+    return Path(os.environ["SKYWARD_TEST_MARK_FILE"]).read_text()
+
+
+@pytest.mark.timeout(300)
+def test_a_pool_with_another_image_adopts_the_machines_and_builds_its_environment_there(
+    gcp_standins: GCPStandIns, package_index: PackageIndex
+) -> None:
+    with _pool(gcp_standins, package_index, "warm-i", nodes=1, keep_warm=300) as first:
+        (before,) = first.broadcast(_hostname)
+    inserts = _inserts(gcp_standins)
+    image = sky.Image(
+        index_url=package_index.url,
+        setup=["echo adopted > $HOME/mark"],  # a new environment, made on the kept machine
+        env={"SKYWARD_TEST_MARK_FILE": "/home/skytest/mark"},
+    )
+    with sky.ComputePool(
+        provider=gcp(gcp_standins, boot_timeout=60), nodes=1, image=image, name="new-image"
+    ) as second:
+        (after,) = second.broadcast(_hostname)
+        (mark,) = second.broadcast(_marker)
+    assert after == before and _inserts(gcp_standins) == inserts
+    assert mark.strip() == "adopted"
+    assert nothing(held(gcp_standins.fake, "warm-i"))
+
+
 def _delete_one(cloud: GCPStandIns, kept: warm.WarmSet) -> None:
     cloud.fake.delete_instance(PROJECT, ZONE, kept.machines[1].id)
     cloud.wait_for(
