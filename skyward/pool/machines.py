@@ -382,7 +382,8 @@ class Machines:
             return False
         if not answer or not answer[0]:
             self._reporter.status(
-                f"pool {self._pool}: its machines cannot be kept (one was lost or replaced)"
+                f"pool {self._pool}: its machines cannot be kept (one was lost, or its provider "
+                f"cannot keep them); destroying them"
             )
             return False
         hourly = allocation.hourly_cost
