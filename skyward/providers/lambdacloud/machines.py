@@ -30,7 +30,7 @@ from skyward.client.futures import Deadline
 from skyward.providers.cloud import capacity
 from skyward.providers.cloud.api import poll
 from skyward.providers.cloud.boot import Boot
-from skyward.providers.cloud.capacity import Offer
+from skyward.providers.cloud.capacity import Offer, Strategy
 from skyward.providers.cloud.catalog import Machine
 from skyward.providers.cloud.contract import Described, Offers, Reach, State, Want
 from skyward.providers.cloud.record import Record
@@ -115,7 +115,7 @@ class LambdaMachines:
                 f"leave region out, or ask for another accelerator"
             )
         price = lambda machine, zone, market: prices.get(machine.type)  # noqa: E731
-        strategy = "cheapest" if want.strategy == "cheapest" else "on-demand"
+        strategy: Strategy = "cheapest" if want.strategy == "cheapest" else "on-demand"
         offers = capacity.plan(machines, zones, strategy=strategy, price=price)
         offers = [o for o in offers if o.market == "on-demand"]  # Lambda has no spot
         return Offers(offers, wanted or offers[0].zone)
