@@ -39,8 +39,8 @@ from skyward.providers.lambdacloud.api import IN_USE, Api, LambdaError
 
 _STATES: dict[str, State] = {"booting": "starting", "active": "running"}
 _WHY = {
-    "terminating": "terminated (through the API or the console)",
-    "terminated": "terminated (through the API or the console)",
+    "terminating": "ended through the API or the console",
+    "terminated": "ended through the API or the console",
     "preempted": "reclaimed by Lambda Cloud (preempted)",
     "unhealthy": "Lambda Cloud reports it unhealthy; it is terminated with the pool",
 }
@@ -82,6 +82,7 @@ class LambdaMachines:
         self._tags: list[dict[str, str]] = []
         self._cidrs: list[str] = []
         self._rulesets: dict[str, str] = {}  # region -> the pool's ruleset there
+        self._asked: set[str] = set()  # what a create was asked for: swept by name
         self._lock = threading.Lock()  # guards: _rulesets (launches of two ranks at once)
 
     @property
@@ -123,6 +124,7 @@ class LambdaMachines:
     def prepare(self, want: Want, offers: Sequence[Offer], boot: Boot, record: Record) -> None:
         want.deadline.check("registering the pool's SSH key")
         body = {"name": self.base, "public_key": boot.authorized_key}
+        self._asked.add("ssh-keys")
         key = self.api.call("POST", "ssh-keys", f"registering SSH key {self.base}", body)
         record.add("ssh key", str(key["id"]))
         self._user_data = boot.cloud_config()
@@ -147,6 +149,7 @@ class LambdaMachines:
                 ]
                 body = {"name": self.base, "region": region, "rules": rules}
                 doing = f"creating firewall ruleset {self.base} in {region}"
+                self._asked.add("firewall-rulesets")
                 made = self.api.call("POST", "firewall-rulesets", doing, body)
                 self._rulesets[region] = record.add("firewall ruleset", str(made["id"]))
             return self._rulesets[region]
@@ -200,27 +203,31 @@ class LambdaMachines:
 
     def delete(self, record: Record, deadline: Deadline) -> list[str]:
         """Every instance made, and any named after the pool (a launch cut off in flight),
-        terminated and waited for; then the rulesets (in use until then) and the key."""
+        terminated and waited for; then the rulesets (in use until then) and the key, with
+        those named after the pool (a create cut off in flight)."""
+        left: list[str] = []
         made = [id for _, id in record.machines()]
-        try:
-            named = [i["id"] for i in instances(self.api, "sweeping") if self._mine(i)]
-        except ProvisionError as exc:
-            named, left = [], [f"the sweep by name ({exc})"]
-        else:
-            left = []
-        left += terminate(self.api, list(dict.fromkeys(made + named)), deadline, wait=True)
-        for ruleset in record.resources("firewall ruleset"):
+        if record.asked():
+            made += [i["id"] for i in self._sweep("instances", left) if self._mine(i)]
+        left += terminate(self.api, list(dict.fromkeys(made)), deadline, wait=True)
+        rulesets = record.resources("firewall ruleset")
+        if "firewall-rulesets" in self._asked:
+            rulesets += [r["id"] for r in self._sweep("firewall-rulesets", left)]
+        for ruleset in dict.fromkeys(rulesets):
             left += delete_ruleset(self.api, ruleset, deadline)
         keys = record.resources("ssh key")
-        if not keys:  # a registration cut off in flight: found by its name
-            try:
-                keys = [
-                    k["id"] for k in self.api.get("ssh-keys", "sweeping") if k["name"] == self.base
-                ]
-            except ProvisionError as exc:
-                left.append(f"the sweep of SSH keys ({exc})")
-        left += [f"ssh key {k} ({e})" for k in keys if (e := delete_key(self.api, k))]
-        return left
+        if "ssh-keys" in self._asked and not keys:
+            keys = [k["id"] for k in self._sweep("ssh-keys", left)]
+        return left + [f"ssh key {k} ({e})" for k in keys if (e := delete_key(self.api, k))]
+
+    def _sweep(self, what: str, left: list[str]) -> list[dict[str, Any]]:
+        """The account's ``what`` (``instances``, ``ssh-keys``, ...) named after the pool."""
+        try:
+            listed = self.api.get(what, f"listing {what}") or []
+        except ProvisionError as exc:
+            left.append(f"the sweep of {what} by name ({exc})")
+            return []
+        return [x for x in listed if str(x.get("name") or "").startswith(self.base)]
 
     def _mine(self, instance: dict[str, Any]) -> bool:
         return str(instance.get("name") or "").startswith(self.prefix)
