@@ -76,6 +76,8 @@ TYPES: dict[str, tuple[str, str, int, int, int, int, list[str]]] = {
         8,
         ["us-east-1"],
     ),
+    # Outside the catalog: a pool that names it gets no GPU checks (the stand-ins have none).
+    "gpu_1x_a10": ("1x A10 (24 GB PCIe)", "A10 (24 GB PCIe)", 75, 30, 200, 1, ["us-east-1"]),
     "gpu_1x_a100_sxm4": (
         "1x A100 (40 GB SXM4)",
         "A100 (40 GB SXM4)",
