@@ -1,5 +1,6 @@
 """Fixtures of the Lambda provider's own tests: the fake of Lambda's API on loopback (the
-stand-in tests use the one on the test bridge, ``lambda_standins``)."""
+stand-in tests and the contract suite use the one on the test bridge, ``lambda_standins`` in
+``tests/providers/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ from collections.abc import Iterator
 
 import pytest
 from support.clouds.lambdacloud.fake import LambdaFake
-from support.clouds.lambdacloud.standins import LambdaStandIns
-from support.sshhosts import Hosts
 
 
 @pytest.fixture(scope="session")
@@ -23,22 +22,3 @@ def lam(lambda_server: LambdaFake, monkeypatch: pytest.MonkeyPatch) -> LambdaFak
     monkeypatch.delenv("LAMBDA_API_KEY", raising=False)
     lambda_server.reset()
     return lambda_server
-
-
-@pytest.fixture(scope="session")
-def lambda_bridge(ssh_hosts: Hosts) -> Iterator[LambdaFake]:
-    """The fake on the test bridge, beside the stand-ins."""
-    with LambdaFake(host=ssh_hosts.bridge_address) as fake:
-        yield fake
-
-
-@pytest.fixture
-def lambda_standins(lambda_bridge: LambdaFake, ssh_hosts: Hosts) -> Iterator[LambdaStandIns]:
-    """The bridge's fake with stand-in VMs for the instances it runs."""
-    lambda_bridge.reset()
-    cloud = LambdaStandIns.start(lambda_bridge, ssh_hosts)
-    try:
-        yield cloud
-    finally:
-        cloud.close()
-    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
