@@ -411,3 +411,29 @@ def test_loss_reason_says_why_an_instance_ended(lam: LambdaFake) -> None:
     pool.terminate()
     assert "is terminated: ended through the API or the console" in (pool.loss_reason(1) or "")
     assert nothing(held(lam, made.pool))
+
+
+def test_instances_that_never_answer_fail_the_start_in_time_and_leave_nothing(
+    lam: LambdaFake,
+) -> None:
+    # Nothing listens on these addresses: SSH is refused, and retried as while VMs boot.
+    lam.address_plan = lambda region, n: (f"127.0.0.{20 + n}", f"127.0.0.{20 + n}")
+    try:
+        with pytest.raises(sky.ProvisionError) as caught:
+            with sky.ComputePool(
+                provider=provider(lam, connect="private"),
+                accelerator="H100",
+                nodes=2,
+                name="unreachable",
+                provision_timeout=4,
+                quiet=True,
+            ):
+                pass
+    finally:
+        lam.address_plan = None
+    error = caught.value.__cause__ or caught.value
+    message = str(error) + "".join(getattr(error, "__notes__", []))
+    assert "provision_timeout (4 s)" in message, message
+    assert "SSH did not answer from here" in message, message
+    assert "the pool's firewall ruleset" in message and "ssh_cidr" in message, message
+    assert nothing(held(lam, "unreachable"))
