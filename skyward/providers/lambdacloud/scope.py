@@ -32,11 +32,12 @@ class LambdaScope(Scope):
         return options.one("lambda_endpoint") is not None
 
     def places(self, options: Given) -> Places:
+        from skyward._errors import ProvisionError
         from skyward.providers.lambdacloud.api import find_key
 
         try:
             find_key(None)
-        except Exception as exc:  # no key: said, not searched
+        except ProvisionError as exc:  # no key: said, not searched
             return Places(unchecked=[f"lambdacloud: not checked: {exc}"])
         inventory = _lambda(options).inventory()
         return Places([("lambdacloud", inventory)] if inventory is not None else [])

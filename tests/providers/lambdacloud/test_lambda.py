@@ -314,15 +314,19 @@ with sky.ComputePool(provider=lam, accelerator="H100", nodes=2, name={pool!r},
 """
 
 
+@pytest.mark.parametrize("stage", ["booting", "connecting"])
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
-def test_a_client_ended_by_a_signal_while_instances_boot_leaves_nothing(
-    lam: LambdaFake, tmp_path: Path, signal_name: str
+def test_a_client_ended_by_a_signal_at_any_stage_leaves_nothing(
+    lam: LambdaFake, tmp_path: Path, stage: str, signal_name: str
 ) -> None:
     import signal as signals
     import time
 
-    lam.boot_reads = 10_000  # they boot for as long as the client waits
-    pool = f"signalled-{signal_name.lower()}"
+    if stage == "booting":
+        lam.boot_reads = 10_000  # they boot for as long as the client waits
+    else:  # nothing listens there: SSH is refused, and retried as while a VM boots
+        lam.address_plan = lambda region, n: (f"127.0.0.{30 + n}", f"127.0.0.{30 + n}")
+    pool = f"signalled-{stage[:4]}-{signal_name.lower()}"
     script = _CLIENT.format(key=KEY, url=lam.url, pool=pool)
     log = tmp_path / "client.log"
     with open(log, "wb") as out:  # signalled as from a terminal, however this run started
@@ -335,7 +339,11 @@ def test_a_client_ended_by_a_signal_while_instances_boot_leaves_nothing(
         )
     try:
         end = time.monotonic() + 60
-        while len(lam.requests("GET", "instances")) < 2:
+        while (
+            len(lam.requests("GET", "instances")) < 2
+            if stage == "booting"
+            else "connecting" not in log.read_text()
+        ):
             assert client.poll() is None, log.read_text()
             assert time.monotonic() < end, log.read_text()
             time.sleep(0.05)
@@ -346,6 +354,7 @@ def test_a_client_ended_by_a_signal_while_instances_boot_leaves_nothing(
     finally:
         client.kill()
         client.wait(30)
+        lam.address_plan = None
     assert status == -getattr(signals, signal_name), log.read_text()
     assert nothing(held(lam, pool)), log.read_text()
     assert key_file_of(key.body["public_key"], tmp_path) is None
