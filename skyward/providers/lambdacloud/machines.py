@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
@@ -83,7 +84,8 @@ class LambdaMachines:
         self._cidrs: list[str] = []
         self._rulesets: dict[str, str] = {}  # region -> the pool's ruleset there
         self._asked: set[str] = set()  # what a create was asked for: swept by name
-        self._lock = threading.Lock()  # guards: _rulesets (launches of two ranks at once)
+        self._listing: tuple[float, list[dict[str, Any]]] = (0.0, [])  # when, what
+        self._lock = threading.Lock()  # guards: _rulesets, _listing
 
     @property
     def scope(self) -> tuple[str, str]:
@@ -181,9 +183,15 @@ class LambdaMachines:
         return [str(i) for i in launched["instance_ids"]]
 
     def describe(self, place: str, ids: Sequence[str], *, quick: bool = False) -> list[Described]:
-        found = {
-            i["id"]: i for i in instances(self.api, "reading instances", tries=1 if quick else 4)
-        }
+        # A quick look (the start's watcher asks for each node every 2 s) shares a listing
+        # younger than a second: Lambda allows about one request a second.
+        with self._lock:
+            taken, listed = self._listing
+        if not quick or time.monotonic() - taken > 1.0:
+            listed = instances(self.api, "reading instances", tries=1 if quick else 4)
+            with self._lock:
+                self._listing = (time.monotonic(), listed)
+        found = {i["id"]: i for i in listed}
         return [self._one(found.get(id)) for id in ids]
 
     def _one(self, instance: dict[str, Any] | None) -> Described:
