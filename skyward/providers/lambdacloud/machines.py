@@ -242,26 +242,26 @@ class LambdaMachines:
 
 
 def terminate(api: Api, ids: Sequence[str], deadline: Deadline, *, wait: bool) -> list[str]:
-    """Terminate the instances of ``ids`` Lambda still lists (one call), then, with ``wait``,
-    until none of them is listed or past ``terminated``: what is left, as ``"instance id
+    """Terminate the instances of ``ids`` Lambda still runs (one call), then, with ``wait``,
+    until none of them is listed or past ``terminated``; one Lambda will not terminate yet
+    (``global/conflict``: still launching) is asked again. What is left, as ``"instance id
     (why)"``."""
-    if not ids:
-        return []
+    doing = f"terminating {len(ids)} instance(s)"
+
+    def ended() -> bool | None:
+        now = {i["id"]: i["status"] for i in instances(api, doing)}
+        live = [id for id in ids if now.get(id) not in (None, "terminating", "terminated")]
+        if live:
+            try:
+                body = {"instance_ids": live}
+                api.call("POST", "instance-operations/terminate", doing, body)
+            except LambdaError as exc:
+                if exc.code != "global/conflict":
+                    raise
+        return not wait or all(now.get(id) in (None, "terminated") for id in ids) or None
+
     try:
-        live = {i["id"]: i["status"] for i in instances(api, "reading instances")}
-        ending = [id for id in ids if live.get(id) not in (None, "terminating", "terminated")]
-        if ending:
-            body = {"instance_ids": ending}
-            api.call(
-                "POST", "instance-operations/terminate", f"terminating {', '.join(ending)}", body
-            )
-        if wait:
-            doing = f"waiting for {len(ids)} instance(s) to end"
-
-            def ended() -> bool | None:
-                now = {i["id"]: i["status"] for i in instances(api, doing)}
-                return all(now.get(id) in (None, "terminated") for id in ids) or None
-
+        if ids:
             poll(ended, doing, deadline, pause=1.0, most=5.0)
     except (ProvisionError, TimeoutError) as exc:
         return [f"instance {id} ({exc})" for id in ids]

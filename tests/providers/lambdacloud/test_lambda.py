@@ -23,6 +23,7 @@ from support.clouds.lambdacloud.fake import (
     KEY,
     QUOTA,
     RATE_LIMITED,
+    ApiError,
     LambdaFake,
     no_capacity,
 )
@@ -268,6 +269,17 @@ def test_a_launch_whose_answer_is_lost_is_still_terminated_by_name(lam: LambdaFa
     (terminated,) = lam.requests("POST", "instance-operations/terminate")
     assert len(terminated.body["instance_ids"]) == 2
     assert nothing(held(lam, made.pool))
+
+
+def test_a_termination_lambda_refuses_while_instances_launch_is_asked_again(
+    lam: LambdaFake,
+) -> None:
+    conflict = ApiError(409, "global/conflict", "The request conflicts with the current state.")
+    lam.fail("POST", "instance-operations/terminate", conflict, times=1)
+    seen = _stopped(lam, provider(lam), accelerator="H100")  # asserts nothing is held
+    terminations = lam.requests("POST", "instance-operations/terminate")
+    assert [r.status for r in terminations] == [409, 200]
+    assert seen["held"]["instances"]
 
 
 # ── the leak matrix ──────────────────────────────────────────────────────────────────────
