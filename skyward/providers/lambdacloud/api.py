@@ -153,9 +153,16 @@ class Api:
         )
         try:
             with urllib.request.urlopen(request, timeout=60) as answer:
-                return json.loads(answer.read() or b"{}").get("data")
+                text = answer.read()
         except urllib.error.HTTPError as exc:
             raise refusal(doing, exc.code, exc.read()) from None
+        try:
+            return json.loads(text or b"{}")["data"]
+        except (ValueError, KeyError, TypeError):
+            raise ProvisionError(
+                f"{doing}: {self.endpoint} did not answer as Lambda's API does "
+                f"({text[:120].decode(errors='replace')!r}); check endpoint_url"
+            ) from None
 
 
 def refusal(doing: str, status: int, body: bytes) -> ProvisionError:
