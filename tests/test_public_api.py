@@ -43,6 +43,7 @@ EXPECTED = [
     "ProvisionRequest",
     "RemoteError",
     "RemoteTraceback",
+    "RunPod",
     "SSH",
     "SerializationError",
     "SkywardError",

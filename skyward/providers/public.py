@@ -11,5 +11,6 @@ from skyward.providers.azure import Azure as Azure
 from skyward.providers.gcp import GCP as GCP
 from skyward.providers.lambdacloud import Lambda as Lambda
 from skyward.providers.local import Local as Local
+from skyward.providers.runpod import RunPod as RunPod
 from skyward.providers.slurm import Slurm as Slurm
 from skyward.providers.ssh import SSH as SSH

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from skyward.providers.scope import Flag, Given, Places, Scope
+from skyward.providers.scope import Flag, Given, Places, Scope, any_present
 
 if TYPE_CHECKING:
     from skyward.providers.base import Inventory, Leftover
@@ -30,6 +30,11 @@ class LambdaScope(Scope):
 
     def given(self, options: Given) -> bool:
         return options.one("lambda_endpoint") is not None
+
+    def configured(self) -> bool:
+        return any_present(
+            ("LAMBDA_API_KEY", "SKYWARD_LAMBDA_ENDPOINT"), ("~/.lambda_cloud/lambda_keys",)
+        )
 
     def places(self, options: Given) -> Places:
         from skyward._errors import ProvisionError
