@@ -52,6 +52,7 @@ EXPECTED = [
     "Stacks",
     "StartError",
     "Terminated",
+    "VastAI",
     "VersionMismatch",
     "Volume",
     "Worker",

@@ -31,6 +31,7 @@ from support.clouds.aws.pools import standin_provider
 from support.clouds.azure.pools import standin_provider as azure_standin_provider
 from support.clouds.gcp.standins import standin_provider as gcp_standin_provider
 from support.clouds.lambdacloud.standins import standin_provider as lambda_standin_provider
+from support.clouds.vastai.standins import provider as vast_standin_provider
 from support.pools import ssh_provider, start_in_thread
 from support.processes import worker_processes
 from support.providers import Preemptible, Slow, TestHosts
@@ -69,10 +70,12 @@ def _registry(request: pytest.FixtureRequest, kind: str) -> tuple[Any, sky.Image
         cloud = request.getfixturevalue("lambda_standins")
         # A type outside the catalog: no GPU checks on the stand-ins, which have none.
         return lambda_standin_provider(cloud, instance_type="gpu_1x_a10"), image
+    if kind == "vastai":
+        return vast_standin_provider(request.getfixturevalue("vast_standins").fake), image
     return TestHosts(hosts), image
 
 
-@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp", "lambdacloud", "slurm"])
+@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp", "vastai", "lambdacloud", "slurm"])
 def provider(request: pytest.FixtureRequest) -> tuple[Any, sky.Image]:
     return _registry(request, request.param)
 
@@ -117,7 +120,7 @@ def test_a_pool_on_every_provider_runs_calls_and_reports_each_phase(
 def test_remote_providers_report_connecting_and_bootstrapping_per_node(
     request: pytest.FixtureRequest,
 ) -> None:
-    for kind in ("ssh", "hosts", "aws", "azure", "gcp", "lambdacloud", "slurm"):
+    for kind in ("ssh", "hosts", "aws", "azure", "gcp", "vastai", "lambdacloud", "slurm"):
         made, image = _registry(request, kind)
         recorder = Recorder()
         made.provision(_request(made, image), recorder).terminate()
