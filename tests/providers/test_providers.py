@@ -75,7 +75,9 @@ def _registry(request: pytest.FixtureRequest, kind: str) -> tuple[Any, sky.Image
     return TestHosts(hosts), image
 
 
-@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp", "vastai", "lambdacloud", "slurm"])
+@pytest.fixture(
+    params=["local", "ssh", "hosts", "aws", "azure", "gcp", "vastai", "lambdacloud", "slurm"]
+)
 def provider(request: pytest.FixtureRequest) -> tuple[Any, sky.Image]:
     return _registry(request, request.param)
 
