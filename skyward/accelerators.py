@@ -32,6 +32,8 @@ from skyward.providers.cloud.catalog import Accelerator, Machine
 __all__ = [
     "A10G",
     "A100",
+    "B200",
+    "GH200",
     "H100",
     "H200",
     "L4",
@@ -113,6 +115,8 @@ A10G = _factory("A10G")
 T4 = _factory("T4")
 V100 = _factory("V100")
 P100 = _factory("P100")
+GH200 = _factory("GH200")
+B200 = _factory("B200")
 
 
 # What the GPU marketplaces sell besides the catalog's (RunPod, Vast.ai; consumer cards and

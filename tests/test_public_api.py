@@ -23,6 +23,7 @@ EXPECTED = [
     "HostKeyError",
     "Image",
     "InstanceInfo",
+    "Lambda",
     "Local",
     "LogConfig",
     "MissingDependency",

@@ -32,6 +32,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import attrgetter
 from pathlib import Path
 
 import click
@@ -237,7 +238,7 @@ def _table(leftovers: Sequence[Leftover]) -> None:
             x.owner,
             "" if x.hourly_cost is None else f"{x.hourly_cost:.2f}",
         )
-        for x in sorted(leftovers, key=lambda x: (x.region, x.pool, x.kind, x.id))
+        for x in sorted(leftovers, key=attrgetter("region", "pool", "kind", "id"))
     ]
     for line in aligned([header, *rows]):
         click.echo(line)

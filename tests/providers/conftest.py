@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import pytest
 from support.clouds.gcp.fake import GCPFake
 from support.clouds.gcp.standins import GCPStandIns, MetadataServer
+from support.clouds.lambdacloud.fake import LambdaFake
+from support.clouds.lambdacloud.standins import LambdaStandIns
 from support.slurm import SlurmCluster, slurm_cluster_fixture
 from support.sshhosts import Hosts, PackageIndex
 
@@ -80,6 +82,28 @@ def gcp_standins(
     fake, metadata = gce_bridge
     fake.reset()
     cloud = GCPStandIns.start(fake, ssh_hosts, metadata=metadata)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
+
+
+# ── the fake of Lambda Cloud's API, and stand-in VMs for its instances ─────────────────
+
+
+@pytest.fixture(scope="session")
+def lambda_bridge(ssh_hosts: Hosts) -> Iterator[LambdaFake]:
+    """The fake on the test bridge, beside the stand-ins."""
+    with LambdaFake(host=ssh_hosts.bridge_address) as fake:
+        yield fake
+
+
+@pytest.fixture
+def lambda_standins(lambda_bridge: LambdaFake, ssh_hosts: Hosts) -> Iterator[LambdaStandIns]:
+    """The bridge's fake with stand-in VMs for the instances it runs."""
+    lambda_bridge.reset()
+    cloud = LambdaStandIns.start(lambda_bridge, ssh_hosts)
     try:
         yield cloud
     finally:
