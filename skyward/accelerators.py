@@ -31,6 +31,7 @@ from skyward.providers.cloud.catalog import Accelerator, Machine
 __all__ = [
     "A10G",
     "A100",
+    "B200",
     "H100",
     "H200",
     "L4",
@@ -99,6 +100,7 @@ def _factory(name: str) -> Factory:
 A100 = _factory("A100")
 H100 = _factory("H100")
 H200 = _factory("H200")
+B200 = _factory("B200")
 L4 = _factory("L4")
 L40S = _factory("L40S")
 A10G = _factory("A10G")

@@ -12,3 +12,4 @@ from skyward.providers.gcp import GCP as GCP
 from skyward.providers.local import Local as Local
 from skyward.providers.slurm import Slurm as Slurm
 from skyward.providers.ssh import SSH as SSH
+from skyward.providers.verda import Verda as Verda

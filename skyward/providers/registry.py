@@ -158,6 +158,16 @@ PROVIDERS: tuple[Entry, ...] = (
         catalog=True,
     ),
     Entry(
+        type="verda",
+        public="Verda",
+        module="skyward.providers.verda",
+        extra="verda",
+        distributions=_SSH,
+        credentials="skyward.providers.verda.credentials:check",
+        leftovers="skyward.providers.verda.scope:SCOPE",
+        catalog=True,
+    ),
+    Entry(
         type="slurm",
         public="Slurm",
         module="skyward.providers.slurm",

@@ -1,0 +1,43 @@
+"""What Verda adds to ``skyward ls`` / ``down`` (``providers/scope.py``): the account of
+``VERDA_CLIENT_ID`` / ``VERDA_CLIENT_SECRET``, through ``SKYWARD_VERDA_ENDPOINT`` when it is
+set (a proxy or a test server). A pool's key is in use while things named after it remain.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from skyward.providers.scope import Given, Places, Scope
+
+if TYPE_CHECKING:
+    from skyward.providers.base import Inventory, Leftover
+    from skyward.providers.cloud.keys import LocalKey
+
+
+class VerdaScope(Scope):
+    flags = ()
+    cloud = True
+
+    def given(self, options: Given) -> bool:
+        return False
+
+    def places(self, options: Given) -> Places:
+        if not (os.environ.get("VERDA_CLIENT_ID") and os.environ.get("VERDA_CLIENT_SECRET")):
+            return Places(
+                unchecked=["verda: not checked; set VERDA_CLIENT_ID and VERDA_CLIENT_SECRET"]
+            )
+        from skyward.providers.verda import Verda
+
+        inventory = Verda().inventory()
+        return Places(found=[("verda account", inventory)] if inventory is not None else [])
+
+    def judges(self, key: LocalKey, options: Given, searched: Sequence[Inventory]) -> bool:
+        return key.endpoint == os.environ.get("SKYWARD_VERDA_ENDPOINT", "")
+
+    def holds(self, key: LocalKey, leftovers: Sequence[Leftover]) -> bool:
+        return any(x.provider == "verda" and x.id.startswith(key.key_pair) for x in leftovers)
+
+
+SCOPE = VerdaScope()
