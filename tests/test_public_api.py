@@ -50,6 +50,7 @@ EXPECTED = [
     "Stacks",
     "StartError",
     "Terminated",
+    "Verda",
     "VersionMismatch",
     "Volume",
     "Worker",
