@@ -23,6 +23,8 @@ from support.sshhosts import Hosts, PackageIndex
 if TYPE_CHECKING:
     from support.clouds.azure.fake import AzureFake
     from support.clouds.azure.standins import AzureStandIns
+    from support.clouds.verda.fake import VerdaFake
+    from support.clouds.verda.standins import VerdaStandIns
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 
@@ -78,6 +80,32 @@ def gcp_standins(
     fake, metadata = gce_bridge
     fake.reset()
     cloud = GCPStandIns.start(fake, ssh_hosts, metadata=metadata)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
+
+
+# ── Verda's API fake, and stand-in VMs booting from its startup scripts ────────────────
+
+
+@pytest.fixture(scope="session")
+def verda_bridge(ssh_hosts: Hosts) -> Iterator[VerdaFake]:
+    """The Verda fake on the test bridge, where the stand-ins run."""
+    from support.clouds.verda.fake import VerdaFake
+
+    with VerdaFake(host=ssh_hosts.bridge_address) as fake:
+        yield fake
+
+
+@pytest.fixture
+def verda_standins(verda_bridge: VerdaFake, ssh_hosts: Hosts) -> Iterator[VerdaStandIns]:
+    """The bridge's Verda fake, emptied, with stand-in VMs for the instances it runs."""
+    from support.clouds.verda.standins import VerdaStandIns
+
+    verda_bridge.reset()
+    cloud = VerdaStandIns.start(verda_bridge, ssh_hosts)
     try:
         yield cloud
     finally:

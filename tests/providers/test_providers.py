@@ -9,9 +9,11 @@ machines by handing out those hosts through the shared SSH-host layer, as a clou
 ``support/clouds/aws/standins.py``) and
 ``azure`` (the fake ARM server, with stand-ins for its VMs: ``support/clouds/azure/standins.py``),
 ``gcp`` (the Compute Engine fake, with stand-ins booting from its instances' metadata:
-``support/clouds/gcp/standins.py``) and ``slurm`` (the Slurm testbed, ``support/slurm.py``:
-a real slurmctld and slurmds in network namespaces, reached through its login host over SSH,
-as ``providers/slurm/test_slurm.py`` reaches it).
+``support/clouds/gcp/standins.py``), ``verda`` (the fake of Verda's REST API, with stand-ins
+booting from the pool's startup script: ``support/clouds/verda/standins.py``) and ``slurm``
+(the Slurm testbed, ``support/slurm.py``: a real slurmctld and slurmds in network
+namespaces, reached through its login host over SSH, as ``providers/slurm/test_slurm.py``
+reaches it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pytest
 from support.clouds.aws.pools import standin_provider
 from support.clouds.azure.pools import standin_provider as azure_standin_provider
 from support.clouds.gcp.standins import standin_provider as gcp_standin_provider
+from support.clouds.verda.standins import standin_provider as verda_standin_provider
 from support.pools import ssh_provider, start_in_thread
 from support.processes import worker_processes
 from support.providers import Preemptible, Slow, TestHosts
@@ -62,10 +65,12 @@ def _registry(request: pytest.FixtureRequest, kind: str) -> tuple[Any, sky.Image
         return azure_standin_provider(request.getfixturevalue("azure_standins")), image
     if kind == "gcp":
         return gcp_standin_provider(request.getfixturevalue("gcp_standins")), image
+    if kind == "verda":
+        return verda_standin_provider(request.getfixturevalue("verda_standins")), image
     return TestHosts(hosts), image
 
 
-@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp", "slurm"])
+@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp", "verda", "slurm"])
 def provider(request: pytest.FixtureRequest) -> tuple[Any, sky.Image]:
     return _registry(request, request.param)
 
@@ -110,7 +115,7 @@ def test_a_pool_on_every_provider_runs_calls_and_reports_each_phase(
 def test_remote_providers_report_connecting_and_bootstrapping_per_node(
     request: pytest.FixtureRequest,
 ) -> None:
-    for kind in ("ssh", "hosts", "aws", "azure", "gcp", "slurm"):
+    for kind in ("ssh", "hosts", "aws", "azure", "gcp", "verda", "slurm"):
         made, image = _registry(request, kind)
         recorder = Recorder()
         made.provision(_request(made, image), recorder).terminate()

@@ -43,23 +43,20 @@ REFUSALS = Refusals(
 
 
 class VerdaError(ProvisionError):
-    """A refusal from Verda: its HTTP ``status`` and its ``code`` (``not_found``, ...)."""
+    """A refusal from Verda, ``{"code": ..., "message": ...}`` with an HTTP ``status``."""
 
-    def __init__(self, message: str, *, status: int, code: str) -> None:
-        super().__init__(message)
-        self.status, self.code = status, code
+    def __init__(self, doing: str, status: int, code: str, message: str) -> None:
+        funds = ". Add funds at console.verda.com" if code == "insufficient_funds" else ""
+        super().__init__(f"{doing}: Verda said {code}: {message}{funds}")
+        self.status, self.code, self.said = status, code, f"{code}: {message}"
 
     @property
     def capacity(self) -> bool:
         """No room for the instance now: another location, type or market may have some.
         Verda answers a deploy it cannot place with 503 ``service_unavailable`` (or says so
         in the message of a 400)."""
-        said = str(self).lower()
-        return (
-            self.status == 503
-            or self.code == "service_unavailable"
-            or any(w in said for w in ("capacity", "not available", "out of stock"))
-        )
+        words = ("capacity", "not available", "out of stock")
+        return self.status == 503 or any(w in self.said.lower() for w in words)
 
 
 class Api:
@@ -80,11 +77,10 @@ class Api:
                 return self._token
             body = {"grant_type": "client_credentials", **self._credentials}
             try:
-                answer = self._send("POST", "/oauth2/token", body, {}, "")
+                answer = self._send("POST", "/oauth2/token", "fetching a token", body)
             except VerdaError as exc:
                 if exc.status in (400, 401, 403):
-                    detail = f"{exc.code}: {exc}".split(": ", 2)[-1]
-                    raise REFUSALS.credentials_refused("fetching a Verda token", detail) from exc
+                    raise REFUSALS.credentials_refused("fetching a Verda token", exc.said) from exc
                 raise
             self._token = str(answer["access_token"])
             self._expires = time.monotonic() + float(answer.get("expires_in", 3600))
@@ -103,25 +99,19 @@ class Api:
         for attempt in (1, 2):
             token = self.token()
             try:
-                return self._send(method, path, body, query or {}, token, doing)
+                return self._send(method, path, doing, body, query, token)
             except VerdaError as exc:
                 if exc.status != 401:
                     raise
                 if attempt == 2:
-                    raise REFUSALS.credentials_refused(doing, str(exc)) from exc
+                    raise REFUSALS.credentials_refused(doing, exc.said) from exc
                 with self._lock:  # refused before its time (revoked, clock): once more
                     if self._token == token:
                         self._token = ""
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _send(
-        self,
-        method: str,
-        path: str,
-        body: Any,
-        query: dict[str, str],
-        token: str,
-        doing: str = "fetching a Verda token",
+        self, method: str, path: str, doing: str, body: Any, query: Any = None, token: str = ""
     ) -> Any:
         url = self.endpoint + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
@@ -133,7 +123,13 @@ class Api:
             with urllib.request.urlopen(request, timeout=_TIMEOUT) as response:
                 text = response.read().decode()
         except urllib.error.HTTPError as exc:
-            raise _refusal(exc, doing) from None
+            try:
+                said = json.loads(exc.read().decode() or "{}")
+            except ValueError:
+                said = {}
+            said = said if isinstance(said, dict) else {}
+            code, message = said.get("code") or exc.code, said.get("message") or exc.reason
+            raise VerdaError(doing, exc.code, str(code), str(message)) from None
         except OSError as exc:
             raise REFUSALS.unreachable(
                 doing, str(exc), check="the network and endpoint_url"
@@ -142,21 +138,6 @@ class Api:
             return json.loads(text) if text else None
         except ValueError:
             return text.strip()  # POST /instances, /sshkeys, /scripts answer the new id
-
-
-def _refusal(exc: urllib.error.HTTPError, doing: str) -> VerdaError:
-    """Verda's error body, ``{"code": ..., "message": ...}``, as a ``VerdaError``."""
-    try:
-        said = json.loads(exc.read().decode() or "{}")
-    except ValueError:
-        said = {}
-    said = said if isinstance(said, dict) else {}
-    code = str(said.get("code") or exc.code)
-    message = str(said.get("message") or exc.reason)
-    words = f"{doing}: Verda said {code}: {message}"
-    if code == "insufficient_funds":
-        words += ". Add funds to the account at console.verda.com"
-    return VerdaError(words, status=exc.code, code=code)
 
 
 def is_gone(exc: BaseException) -> bool:
