@@ -20,6 +20,7 @@ from support import ROOT
 from support.clouds.verda.fake import CLIENT_ID, CLIENT_SECRET
 from support.clouds.verda.standins import VerdaStandIns, held, nothing
 from support.clouds.verda.standins import standin_provider as verda
+from support.pools import broadcast_in_background
 from support.sshhosts import PackageIndex
 
 import skyward as sky
@@ -140,3 +141,47 @@ def test_a_killed_clients_instances_power_off_and_down_deletes_them(
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert nothing(held(fake, "orphan")), held(fake, "orphan")
     assert "Nothing left" in _skyward(verda_standins, "ls").stdout
+
+
+# ── a spot instance Verda takes back is replaced ───────────────────────────────────────
+
+
+def _sleep_on(rank: int) -> None:
+    if sky.instance_info().node == rank:
+        time.sleep(600)
+
+
+@pytest.mark.timeout(300)
+def test_a_reclaimed_spot_instance_is_named_in_worker_lost_and_replaced(
+    verda_standins: VerdaStandIns, package_index: PackageIndex
+) -> None:
+    fake = verda_standins.fake
+    with sky.ComputePool(
+        provider=verda(verda_standins, spot=True, boot_timeout=60),
+        nodes=2,
+        image=sky.Image(index_url=package_index.url),
+        name="reclaimed",
+        quiet=True,
+    ) as pool:
+        before = pool.broadcast(lambda: os.uname().nodename)
+        first = {s.address: s.instance for s in verda_standins.standins.values()}
+        lost = first[before[1].removeprefix("ip-").replace("-", ".")]
+        in_flight = broadcast_in_background(pool, _sleep_on, 1)
+        time.sleep(0.5)
+        fake.reclaim(lost)
+        failure = in_flight.exception(timeout=120)
+        assert isinstance(failure, sky.WorkerLost)
+        assert f"instance {lost} is discontinued: Verda discontinued it" in str(failure)
+        end = time.monotonic() + 180
+        while pool.statistics().ready_nodes < 2 or len(verda_standins.standins) < 3:
+            assert time.monotonic() < end, verda_standins.events
+            time.sleep(0.2)
+        after = pool.broadcast(lambda: os.uname().nodename)
+        (replacement,) = [
+            s for s in verda_standins.standins.values() if s.instance not in first.values()
+        ]
+        hostnames = {i["id"]: i["hostname"] for i in fake.instances()}
+        assert hostnames[replacement.instance].endswith("-n1-r1") and not replacement.ended
+    assert after[0] == before[0]
+    assert after[1] == "ip-" + replacement.address.replace(".", "-")
+    assert nothing(held(fake, "reclaimed"))

@@ -23,8 +23,8 @@ list (``invalid_request``, ``unauthorized_request``, ``insufficient_funds``,
 Fault hooks: ``refuse_credentials`` (a revoked key), ``expire_tokens`` (every token given so
 far expires now), ``fill`` (no capacity: refused at create with a 503, or accepted and then
 ended ``no_capacity``), ``spoil`` / ``break_instance`` (an instance turns ``error`` where it
-would run, or at once), ``power_off`` (the guest halted: ``offline``),
-``fail_requests`` (any call, any error). The catalogue and locations are invented for the
+would run, or at once), ``power_off`` (the guest halted: ``offline``), ``reclaim`` (a spot
+instance taken back), ``fail_requests`` (any call, any error). The catalogue and locations are invented for the
 tests, shaped like Verda's; instances get addresses from ``address_plan`` (by hostname) or
 203.0.113.N, which the tests' network guard refuses.
 """
@@ -446,7 +446,12 @@ class VerdaFake:
             return None
         self._reads[id] = self._reads.get(id, 0) + 1
         if self._reads[id] >= self.polls:
-            step = {"ordered": "provisioning", "provisioning": "running", "deleting": "gone"}
+            step = {
+                "ordered": "provisioning",
+                "provisioning": "running",
+                "deleting": "gone",
+                "discontinued": "gone",
+            }
             following = step.get(instance["status"])
             if instance["status"] == "ordered" and instance.get("_fate"):
                 following = instance.pop("_fate")
@@ -479,6 +484,18 @@ class VerdaFake:
             instance["status"] = "offline"
         elif action == "start" and instance["status"] == "offline":
             instance["status"] = "running"
+
+    def reclaim(self, id: str) -> None:
+        """Verda takes a spot instance back: ``discontinued``, its OS volume deleted or left
+        detached as its ``on_spot_discontinue`` says."""
+        with self._lock:
+            instance = self.instances_[id]
+            instance["status"], self._reads[id] = "discontinued", 0
+            volume = self.volumes_.get(instance["os_volume_id"], {})
+            if volume.get("on_spot_discontinue") == "delete_permanently":
+                self.volumes_.pop(instance["os_volume_id"])
+            else:
+                volume.update(status="detached", instance_id=None)
 
     def power_off(self, id: str) -> None:
         """The guest halted itself: Verda keeps the instance, ``offline`` (and billed)."""

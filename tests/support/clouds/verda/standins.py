@@ -115,7 +115,7 @@ class VerdaStandIns(StandInCloud):
             if instance["status"] == "running" and standin is None and self.boot:
                 standin = self._claim(instance)
                 threading.Thread(target=self._boot, args=(standin, instance), daemon=True).start()
-            elif instance["status"] in ("offline", "deleting", "error") and (
+            elif instance["status"] in ("offline", "deleting", "discontinued", "error") and (
                 standin is not None and not standin.ended
             ):
                 self._gone(standin, "stopped-by-cloud")
