@@ -24,9 +24,9 @@ Fault hooks: ``refuse_credentials`` (a revoked key), ``expire_tokens`` (every to
 far expires now), ``fill`` (no capacity: refused at create with a 503, or accepted and then
 ended ``no_capacity``), ``spoil`` / ``break_instance`` (an instance turns ``error`` where it
 would run, or at once), ``power_off`` (the guest halted: ``offline``), ``reclaim`` (a spot
-instance taken back), ``fail_requests`` (any call, any error). The catalogue and locations are invented for the
-tests, shaped like Verda's; instances get addresses from ``address_plan`` (by hostname) or
-203.0.113.N, which the tests' network guard refuses.
+instance taken back), ``fail_requests`` (any call, any error). The catalogue and locations
+are invented for the tests, shaped like Verda's; instances get addresses from
+``address_plan`` (by hostname) or 203.0.113.N, which the tests' network guard refuses.
 """
 
 from __future__ import annotations
