@@ -157,13 +157,13 @@ def instances(api: Api, doing: str = "listing instances") -> dict[str, dict[str,
     return {str(i["id"]): i for i in api.call("GET", "/instances", doing)}
 
 
-def tags_of(instance: dict[str, Any]) -> dict[str, str] | None:
-    """The pool's tags an instance carries, or ``None``: not one of ours."""
-    description = str(instance.get("description") or "")
-    if not description.startswith(DESCRIPTION):
+def tags_of(text: str, mark: str = DESCRIPTION) -> dict[str, str] | None:
+    """The pool's tags in an instance's description (or a script's last line, ``mark``
+    ``TAGS_LINE``), or ``None``: not one of ours."""
+    if not text.startswith(mark):
         return None
     try:
-        found = json.loads(description[len(DESCRIPTION) :])
+        found = json.loads(text[len(mark) :])
     except ValueError:
         return None
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else None

@@ -9,7 +9,6 @@ instances first (with their OS volumes), then scripts and keys.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from skyward.client.futures import Deadline
@@ -34,7 +33,7 @@ class VerdaInventory(CloudInventory[Api]):
     def leftovers(self, *, pool: str | None = None) -> list[Leftover]:
         api, found = self.api, []
         for instance in rest.instances(api).values():
-            tags = rest.tags_of(instance)
+            tags = rest.tags_of(str(instance.get("description") or ""))
             if tags is not None and instance["status"] not in ("discontinued", "deleting"):
                 found.append(
                     self.leftover(
@@ -49,10 +48,11 @@ class VerdaInventory(CloudInventory[Api]):
         scripts = {}
         for script in rest.named(api, "/scripts", "skyward-"):
             last = str(script.get("script", "")).rstrip("\n").rsplit("\n", 1)[-1]
-            if last.startswith(rest.TAGS_LINE):
+            carried = rest.tags_of(last, rest.TAGS_LINE)
+            if carried is not None:
                 name = str(script["name"])
-                scripts[name] = json.loads(last[len(rest.TAGS_LINE) :])
-                found.append(self.leftover("startup script", name, scripts[name], region="global"))
+                scripts[name] = carried
+                found.append(self.leftover("startup script", name, carried, region="global"))
         for key in rest.named(api, "/sshkeys", "skyward-"):
             tags = scripts.get(str(key["name"]), {})
             found.append(self.leftover("ssh key", str(key["name"]), tags, region="global"))

@@ -204,10 +204,8 @@ class VerdaMachines:
         refusal: Refusal = "spot" if spot else "capacity"
         query = {"isSpot": str(spot).lower(), "location_code": place}
         doing = f"asking whether {offer.where} is available"
-        if (
-            api.call("GET", f"/instance-availability/{offer.machine.type}", doing, query=query)
-            is False
-        ):
+        path = f"/instance-availability/{offer.machine.type}"
+        if api.call("GET", path, doing, query=query) is False:
             raise CapacityError(f"{doing}: not available now", refusal=refusal)
         made: dict[int, str] = {}
 
@@ -235,7 +233,8 @@ class VerdaMachines:
             timeout = self.options.release_timeout
             left = self.discard(place, ids, Deadline(timeout, f"release_timeout ({timeout:g} s)"))
             if left:
-                raise ProvisionError(f"could not delete {', '.join(left)}; run: skyward down")
+                down = f"skyward down --pool {record.pool} --cloud verda"
+                raise ProvisionError(f"could not delete {', '.join(left)}. Run: {down}")
             raise CapacityError(str(errors[0]), refusal=refusal) from errors[0]
         if errors:
             raise errors[0]
