@@ -38,10 +38,9 @@ from skyward.providers.cloud.start import unique_name
 from skyward.providers.verda import api as rest
 from skyward.providers.verda.api import Api, VerdaError
 
-# Verda's images with NVIDIA's driver and CUDA (and Docker) for GPU types, plain Ubuntu for
-# CPU ones; both log in as root and run a startup script at first boot.
+# Verda's image with NVIDIA's open driver, CUDA and Docker, for GPU types that list it; its
+# images log in as root and run a startup script at first boot.
 GPU_IMAGE = "ubuntu-24.04-cuda-12.8-open-docker"
-CPU_IMAGE = "ubuntu-24.04"
 _STATES: dict[str, State] = {
     **dict.fromkeys(
         ("new", "ordered", "validating", "provisioning", "restoring", "unknown"), "starting"
@@ -170,6 +169,15 @@ class VerdaMachines:
         value = kind.get("spot_price" if market == "spot" else "price_per_hour")
         return float(value) if value not in (None, "") else None
 
+    def _image(self, machine: Machine) -> str:
+        """The type's own list of images (``supported_os``): for GPUs ``GPU_IMAGE``, else
+        the first with CUDA; for CPUs the first without."""
+        listed = [str(i) for i in self._types.get(machine.type, {}).get("supported_os", [])]
+        cuda = [i for i in listed if "cuda" in i]
+        if machine.accelerator is not None:
+            return GPU_IMAGE if GPU_IMAGE in listed or not listed else (cuda or listed)[0]
+        return next((i for i in listed if i not in cuda), listed[0] if listed else "ubuntu-24.04")
+
     # ── making ─────────────────────────────────────────────────────────────────────────
 
     def prepare(self, want: Want, offers: Sequence[Offer], boot: Boot, record: Record) -> None:
@@ -186,9 +194,7 @@ class VerdaMachines:
         made = str(api.call("POST", "/scripts", f"registering startup script {base}", body))
         record.add("startup script", made)
         reporter.status(f"SSH key and startup script {base}")
-        gpu = offers[0].machine.accelerator is not None
         self._template = {
-            "image": self.options.image or (GPU_IMAGE if gpu else CPU_IMAGE),
             "ssh_key_ids": record.resources("ssh key"),
             "startup_script_id": made,
             "description": rest.DESCRIPTION + tags,
@@ -216,6 +222,7 @@ class VerdaMachines:
                 volume["on_spot_discontinue"] = "delete_permanently"
             body = {
                 **self._template,
+                "image": self.options.image or self._image(offer.machine),
                 "instance_type": offer.machine.type,
                 "hostname": name,
                 "location_code": place,

@@ -407,6 +407,12 @@ def test_a_named_type_the_catalog_lacks_is_described_by_verda(verda: VerdaFake) 
     assert (first.hourly, first.zone) == (0.06, "FIN-01")
 
 
+def test_the_image_is_one_the_type_lists(verda: VerdaFake) -> None:
+    _stopped_at(verda, "waiting for 1", "cpu", nodes=1)
+    (body,) = [r.body for r in verda.requests("POST", "/instances")]
+    assert (body["instance_type"], body["image"]) == ("CPU.4V.16G", "ubuntu-24.04")
+
+
 # ── a client ended by a signal (a job scheduler's cancel, a closed terminal) ───────────
 
 _CLIENT = """

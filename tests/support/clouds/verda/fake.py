@@ -73,7 +73,7 @@ def _type(
         "currency": "usd",
         "manufacturer": "NVIDIA" if gpus else "AMD",
         "display_name": name,
-        "supported_os": list(IMAGES),
+        "supported_os": list(IMAGES) if gpus else list(IMAGES[1:]),
         "best_for": [],
         "p2p": "",
     }
