@@ -181,6 +181,8 @@ def delete_instances(
         body: dict[str, Any] = {"id": [id], "action": "delete", "delete_permanently": True}
         body["volume_ids"] = [volume] if volume else None
         api.call("PUT", "/instances", f"deleting instance {id}", body)
+        waits = deadline.remaining() > 0  # Deadline(0): a lost machine let go, not waited for
+        status = "deleting"
         while deadline.remaining() > 0:
             try:
                 status = api.call("GET", f"/instances/{id}", f"waiting for {id} to go")["status"]
@@ -191,6 +193,8 @@ def delete_instances(
             if status == "discontinued":
                 return
             deadline.sleep(1.0)
+        if waits:
+            raise ProvisionError(f"still {status} after {deadline.what}")
 
     return delete_each([(f"instance {id}", partial(one, id)) for id in ids], gone=is_gone)
 

@@ -337,6 +337,27 @@ def test_what_teardown_cannot_delete_is_named_and_down_removes_it(verda: VerdaFa
     assert nothing(held(verda, "undeletable"))
 
 
+def test_instances_still_deleting_after_release_timeout_are_named(verda: VerdaFake) -> None:
+    made = request(
+        pool="slow",
+        deadline=Checkpoint("waiting for 2", reached=lambda: setattr(verda, "polls", 10**6)),
+    )
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            provider(verda, release_timeout=2).provision(made, SilentReporter())
+    finally:
+        verda.polls = 2
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert re.search(
+        r"could not delete instance [0-9a-f-]{36} \(still deleting after release_timeout \(2 s\)\)",
+        notes,
+    ), notes
+    assert "skyward down --pool slow --cloud verda" in notes
+    while held(verda, "slow")["instances"]:
+        provider(verda).api().call("GET", "/instances", "reading")  # Verda gets there
+    assert nothing(held(verda, "slow"))
+
+
 def test_the_inventory_finds_a_pools_instances_script_and_key(verda: VerdaFake) -> None:
     seen: dict[str, Any] = {}
     inventory = provider(verda).inventory()
