@@ -42,6 +42,7 @@ EXPECTED = [
     "ProvisionRequest",
     "RemoteError",
     "RemoteTraceback",
+    "RunPod",
     "SSH",
     "SerializationError",
     "SkywardError",

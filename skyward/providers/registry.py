@@ -158,6 +158,15 @@ PROVIDERS: tuple[Entry, ...] = (
         catalog=True,
     ),
     Entry(
+        type="runpod",
+        public="RunPod",
+        module="skyward.providers.runpod",
+        extra="runpod",
+        distributions=_SSH,
+        credentials="skyward.providers.runpod.credentials:check",
+        leftovers="skyward.providers.runpod.scope:SCOPE",
+    ),
+    Entry(
         type="verda",
         public="Verda",
         module="skyward.providers.verda",
