@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from skyward.providers.scope import Flag, Given, Places, Scope
+from skyward.providers.scope import Flag, Given, Places, Scope, any_present
 
 if TYPE_CHECKING:
     from skyward.providers.base import Inventory, Leftover
@@ -30,6 +30,10 @@ class VerdaScope(Scope):
 
     def given(self, options: Given) -> bool:
         return options.one("verda_endpoint") is not None
+
+    def configured(self) -> bool:
+        names = ("VERDA_CLIENT_ID", "VERDA_CLIENT_SECRET", "SKYWARD_VERDA_ENDPOINT")
+        return any_present(names, ())
 
     def _endpoint(self, options: Given | None = None) -> str:
         given = options.one("verda_endpoint") if options is not None else None
