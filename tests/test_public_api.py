@@ -51,6 +51,7 @@ EXPECTED = [
     "Stacks",
     "StartError",
     "Terminated",
+    "VastAI",
     "Verda",
     "VersionMismatch",
     "Volume",

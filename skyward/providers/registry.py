@@ -167,6 +167,15 @@ PROVIDERS: tuple[Entry, ...] = (
         leftovers="skyward.providers.runpod.scope:SCOPE",
     ),
     Entry(
+        type="vastai",
+        public="VastAI",
+        module="skyward.providers.vastai",
+        extra="vastai",
+        distributions=_SSH,
+        credentials="skyward.providers.vastai.credentials:check",
+        leftovers="skyward.providers.vastai.scope:SCOPE",
+    ),
+    Entry(
         type="verda",
         public="Verda",
         module="skyward.providers.verda",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from skyward._errors import SkywardError
-from skyward.providers.scope import Given, Places, Scope
+from skyward.providers.scope import Given, Places, Scope, any_present
 
 if TYPE_CHECKING:
     from skyward.providers.base import Inventory, Leftover
@@ -23,6 +23,11 @@ class RunPodScope(Scope):
 
     def given(self, options: Given) -> bool:
         return False
+
+    def configured(self) -> bool:
+        return any_present(
+            ("RUNPOD_API_KEY", "SKYWARD_RUNPOD_ENDPOINT"), ("~/.runpod/config.toml",)
+        )
 
     def places(self, options: Given) -> Places:
         from skyward.providers.runpod import RunPod
