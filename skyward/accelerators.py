@@ -109,6 +109,7 @@ def _factory(name: str) -> Factory:
 A100 = _factory("A100")
 H100 = _factory("H100")
 H200 = _factory("H200")
+B200 = _factory("B200")
 L4 = _factory("L4")
 L40S = _factory("L40S")
 A10G = _factory("A10G")
@@ -116,7 +117,6 @@ T4 = _factory("T4")
 V100 = _factory("V100")
 P100 = _factory("P100")
 GH200 = _factory("GH200")
-B200 = _factory("B200")
 
 
 # What the GPU marketplaces sell besides the catalog's (RunPod, Vast.ai; consumer cards and

@@ -53,6 +53,7 @@ EXPECTED = [
     "StartError",
     "Terminated",
     "VastAI",
+    "Verda",
     "VersionMismatch",
     "Volume",
     "Worker",

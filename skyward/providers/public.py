@@ -15,3 +15,4 @@ from skyward.providers.runpod import RunPod as RunPod
 from skyward.providers.slurm import Slurm as Slurm
 from skyward.providers.ssh import SSH as SSH
 from skyward.providers.vastai import VastAI as VastAI
+from skyward.providers.verda import Verda as Verda

@@ -183,6 +183,15 @@ PROVIDERS: tuple[Entry, ...] = (
         distributions=_SSH,  # Lambda's REST API is spoken with the standard library
         credentials="skyward.providers.lambdacloud.credentials:check",
         leftovers="skyward.providers.lambdacloud.scope:SCOPE",
+    ),
+    Entry(
+        type="verda",
+        public="Verda",
+        module="skyward.providers.verda",
+        extra="verda",
+        distributions=_SSH,
+        credentials="skyward.providers.verda.credentials:check",
+        leftovers="skyward.providers.verda.scope:SCOPE",
         catalog=True,
     ),
     Entry(

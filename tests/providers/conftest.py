@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from support.clouds.azure.standins import AzureStandIns
     from support.clouds.vastai.fake import VastFake
     from support.clouds.vastai.standins import VastStandIns
+    from support.clouds.verda.fake import VerdaFake
+    from support.clouds.verda.standins import VerdaStandIns
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 
@@ -152,6 +154,32 @@ def vast_standins(vast_bridge: VastFake, ssh_hosts: Hosts) -> Iterator[VastStand
     # A Vast container sees its host's GPU through the NVIDIA runtime: nvidia-smi lists it.
     gpu = fake_nvidia_smi(1, "NVIDIA GeForce RTX 4090")
     cloud = VastStandIns(vast_bridge, ssh_hosts, HostImage(tools={"nvidia-smi": gpu}))
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
+
+
+# ── Verda's API fake, and stand-in VMs booting from its startup scripts ────────────────
+
+
+@pytest.fixture(scope="session")
+def verda_bridge(ssh_hosts: Hosts) -> Iterator[VerdaFake]:
+    """The Verda fake on the test bridge, where the stand-ins run."""
+    from support.clouds.verda.fake import VerdaFake
+
+    with VerdaFake(host=ssh_hosts.bridge_address) as fake:
+        yield fake
+
+
+@pytest.fixture
+def verda_standins(verda_bridge: VerdaFake, ssh_hosts: Hosts) -> Iterator[VerdaStandIns]:
+    """The bridge's Verda fake, emptied, with stand-in VMs for the instances it runs."""
+    from support.clouds.verda.standins import VerdaStandIns
+
+    verda_bridge.reset()
+    cloud = VerdaStandIns.start(verda_bridge, ssh_hosts)
     try:
         yield cloud
     finally:
