@@ -94,6 +94,9 @@ class LambdaMachines:
     def key_label(self, first: Offer) -> tuple[str, str, str]:
         return first.zone, self.base, self.api.endpoint
 
+    def resume(self, name: str) -> None:
+        self.base, self.prefix = name, f"{name}-n"  # its key, rulesets, instances, sweep
+
     def offers(self, want: Want) -> Offers:
         want.deadline.check("reading Lambda's instance types")
         listed = self.api.get("instance-types", "reading Lambda's instance types") or {}

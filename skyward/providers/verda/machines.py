@@ -105,6 +105,9 @@ class VerdaMachines:
         own = self.api.endpoint == rest.ENDPOINT  # labelled "" : the cloud's own
         return first.zone, self.base, "" if own else self.api.endpoint
 
+    def resume(self, name: str) -> None:
+        self.base, self.prefix = name, f"{name}-n"  # its key, script, instances, sweep
+
     # ── before anything is made ────────────────────────────────────────────────────────
 
     def offers(self, want: Want) -> Offers:

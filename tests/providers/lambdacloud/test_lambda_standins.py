@@ -139,3 +139,34 @@ def test_a_killed_clients_machines_power_off_and_down_terminates_them(
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert nothing(held(lambda_standins.fake, "orphan"))
     assert "Nothing left" in _skyward(lambda_standins, "ls").stdout
+
+
+@pytest.mark.timeout(300)
+def test_instances_kept_warm_are_adopted_by_the_next_pool_and_its_close_ends_them(
+    lambda_standins: LambdaStandIns, package_index: PackageIndex
+) -> None:
+    fake = lambda_standins.fake
+
+    def pool(name: str, **options: float) -> sky.ComputePool:
+        return sky.ComputePool(
+            provider=lam(lambda_standins, instance_type="gpu_1x_a10"),
+            nodes=2,
+            image=sky.Image(index_url=package_index.url),
+            name=name,
+            quiet=True,
+            **options,
+        )
+
+    with pool("lambda-warm", keep_warm=300) as first:
+        before = first.broadcast(lambda: os.uname().nodename)
+    kept = held(fake, "lambda-warm")["instances"]
+    assert len(kept) == 2  # still there after the close
+    started = time.monotonic()
+    with pool("lambda-next") as second:
+        ready = time.monotonic() - started
+        after = second.broadcast(lambda: os.uname().nodename)
+        assert held(fake, "lambda-warm")["instances"] == kept  # no instance launched anew
+        assert nothing(held(fake, "lambda-next"))
+    print(f"\nwarm start, 2 instances on Lambda stand-ins: ready in {ready:.2f} s")
+    assert after == before
+    assert nothing(held(fake, "lambda-warm"))

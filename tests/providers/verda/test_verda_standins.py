@@ -186,3 +186,34 @@ def test_a_reclaimed_spot_instance_is_named_in_worker_lost_and_replaced(
     assert after[0] == before[0]
     assert after[1] == "ip-" + replacement.address.replace(".", "-")
     assert nothing(held(fake, "reclaimed"))
+
+
+@pytest.mark.timeout(300)
+def test_instances_kept_warm_are_adopted_by_the_next_pool_and_its_close_ends_them(
+    verda_standins: VerdaStandIns, package_index: PackageIndex
+) -> None:
+    fake = verda_standins.fake
+
+    def pool(name: str, **options: float) -> sky.ComputePool:
+        return sky.ComputePool(
+            provider=verda(verda_standins),
+            nodes=2,
+            image=sky.Image(index_url=package_index.url),
+            name=name,
+            quiet=True,
+            **options,
+        )
+
+    with pool("verda-warm", keep_warm=300) as first:
+        before = first.broadcast(lambda: os.uname().nodename)
+    kept = held(fake, "verda-warm")["instances"]
+    assert len(kept) == 2  # still there after the close
+    started = time.monotonic()
+    with pool("verda-next") as second:
+        ready = time.monotonic() - started
+        after = second.broadcast(lambda: os.uname().nodename)
+        assert held(fake, "verda-warm")["instances"] == kept  # no instance created anew
+        assert nothing(held(fake, "verda-next"))
+    print(f"\nwarm start, 2 instances on Verda stand-ins: ready in {ready:.2f} s")
+    assert after == before
+    assert nothing(held(fake, "verda-warm"))
