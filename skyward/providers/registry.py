@@ -183,6 +183,7 @@ PROVIDERS: tuple[Entry, ...] = (
         distributions=_SSH,  # Lambda's REST API is spoken with the standard library
         credentials="skyward.providers.lambdacloud.credentials:check",
         leftovers="skyward.providers.lambdacloud.scope:SCOPE",
+        catalog=True,
     ),
     Entry(
         type="verda",
