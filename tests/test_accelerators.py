@@ -151,5 +151,5 @@ def test_machines_filters_by_accelerator_count_memory_and_cloud() -> None:
     a100_80 = sky.accelerators.machines(A100(memory="80GB"), cloud="azure")
     assert a100_80 and all(m.memory_gb == 80 and m.cloud == "azure" for m in a100_80)
     assert [m.count for m in a100_80] == sorted(m.count for m in a100_80)
-    with pytest.raises(ValueError, match="cloud is one of aws, gcp, azure, verda"):
+    with pytest.raises(ValueError, match="cloud is one of aws, gcp, azure, lambdacloud, verda"):
         sky.accelerators.machines(cloud="oracle")
