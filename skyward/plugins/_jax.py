@@ -63,6 +63,9 @@ GPU_ENV: dict[str, str] = {
 _BLACKWELL = re.compile(r"^(B|GB)\d", re.IGNORECASE)
 _BLACKWELL_XLA_FLAGS = {"--xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL"}
 
+# On the client: "1" makes a TPU pool's jax the CPU build (JAX_PLATFORMS=cpu), so that
+# stand-in hosts without TPUs run the same program (the TPU tests set it; users never do).
+TPU_AS_CPU = "SKYWARD_JAX_TPU_AS_CPU"
 _TPU = re.compile(r"^(TPU|V[2-6][A-Z]*|TRILLIUM)([-:].*)?$", re.IGNORECASE)
 _NOT_JAX = re.compile(r"^(TRAINIUM|INFERENTIA|TRN|INF|GAUDI|MI\d+)", re.IGNORECASE)
 
@@ -149,13 +152,15 @@ def jax(cuda: str | int | None = None, /, **options: Unpack[JaxOptions]) -> Plug
 
     def transform(image: Image, spec: PoolSpec) -> Image:
         platform = accelerator_platform(spec.accelerator)
+        env: dict[str, str] = {}
+        if platform == "tpu" and os.environ.get(TPU_AS_CPU) == "1":
+            platform, env["JAX_PLATFORMS"] = "cpu", "cpu"  # tests: CPU jax plays libtpu
         requirement, packages = jax_requirement(platform, major or DEFAULT_CUDA, version)
         indexes: tuple[PipIndex, ...] = ()
         if index_url:
             links = index_url.endswith(".html") if find_links is None else find_links
             indexes = (PipIndex(url=index_url, packages=packages, find_links=links),)
         image = image.with_pip(requirement, indexes=indexes)
-        env: dict[str, str] = {}
         if cpu_devices is not None:
             preset = image.env.get("JAX_NUM_CPU_DEVICES")
             if preset is not None and preset != str(cpu_devices):
