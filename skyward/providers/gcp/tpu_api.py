@@ -158,6 +158,8 @@ def failure(
     """The error for a refusal of Cloud TPU (HTTP status, Google's message)."""
     if _STOCKOUT.search(message):
         return CapacityError(f"{doing}: no TPU capacity there right now ({message})")
+    if "is not available in zone" in message or "not offered in" in message:
+        return CapacityError(f"{doing}: not offered there ({message})", refusal="unsupported")
     if "quota" in message.lower():
         named = re.search(r"[Qq]uota (?:limit |metric )?'?([A-Za-z0-9_./-]+)'?", message)
         what = f"Cloud TPU quota {named.group(1)}" if named else "Cloud TPU quota"

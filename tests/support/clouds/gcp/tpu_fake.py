@@ -29,8 +29,7 @@
 Errors have Google's JSON shape (``{"error": {"code", "message", "status", "details"}}``);
 an operation or a queue that failed carries a ``google.rpc.Status`` (``code``, ``message``).
 ``preempt(zone, node)`` is Google reclaiming a spot slice: the node PREEMPTED, its queued
-resource SUSPENDED. The zones and what they sell are invented for tests, shaped like
-Google's (v4 in us-central2-b only).
+resource SUSPENDED. The zones are Google's for the types the tests use (v4 in us-central2-b only).
 """
 
 from __future__ import annotations
@@ -50,15 +49,23 @@ from urllib.parse import parse_qs, urlsplit
 
 Json = dict[str, Any]
 
+_V5E = ("v5litepod-1", "v5litepod-4", "v5litepod-8", "v5litepod-16")
+# Google's zones for the types the tests use (cloud.google.com/tpu/docs/regions-zones).
 ZONES: dict[str, tuple[str, ...]] = {
-    "us-central2-b": ("v4-8", "v4-16", "v4-32"),
-    "us-central1-a": ("v5litepod-1", "v5litepod-8", "v5litepod-16", "v5p-8"),
-    "us-west4-a": ("v5litepod-1", "v5litepod-8", "v5litepod-16"),
+    "us-central2-b": ("v4-8", "v4-16", "v4-32", "v4-64"),
+    "us-central1-a": (*_V5E, "v5p-8"),
+    "us-south1-a": _V5E,
+    "us-west1-c": _V5E,
+    "us-west4-a": _V5E,
+    "europe-west4-b": (*_V5E, "v5p-8"),
+    "asia-southeast1-b": _V5E,
     "us-east5-a": ("v5p-8", "v6e-8"),
+    "us-central1-b": ("v6e-8",),
 }
 RUNTIMES = ("tpu-ubuntu2204-base", "v2-alpha-tpuv5", "v2-alpha-tpuv5-lite", "v2-alpha-tpuv6e")
 # Hosts per type, as Google lays them out (chips per host: 4; v5e up to 8 on one host).
-HOSTS = {"v4-8": 1, "v4-16": 2, "v4-32": 4, "v5litepod-1": 1, "v5litepod-8": 1}
+HOSTS = {"v4-8": 1, "v4-16": 2, "v4-32": 4, "v4-64": 8, "v5litepod-1": 1, "v5litepod-4": 1}
+HOSTS |= {"v5litepod-8": 1}
 HOSTS |= {"v5litepod-16": 4, "v5p-8": 1, "v6e-8": 1}
 STOCKOUT = (
     'There is no more capacity in the zone "{zone}"; you can try in another zone where '
@@ -141,7 +148,7 @@ class TPUFake:
     ) -> None:
         self.host = host
         self.subnet = subnet  # hosts get <subnet>.<first_host>, .+1, ...
-        self.first_host = 200
+        self.first_host = 100  # clear of the GCE stand-ins (.200 up) and moto's (.132 up)
         self.zones = {z: tuple(t) for z, t in zones.items()}
         self.default_operation_polls = self.operation_polls = operation_polls
         self.default_queue_polls = self.queue_polls = queue_polls
@@ -307,7 +314,7 @@ class TPUFake:
         if not _ID.match(qid):
             raise ApiError(400, f'Invalid queued resource id "{qid}".')
         if (project, zone, qid) in self._queued:
-            raise ApiError(409, f"Resource 'projects/{project}/locations/{zone}/queuedResources/{qid}' already exists")
+            raise ApiError(409, f"Resource '{_path(project, zone, 'queuedResources', qid)}' exists")
         specs = body.get("tpu", {}).get("nodeSpec", [])
         if len(specs) != 1:
             raise ApiError(400, "Exactly one node spec is supported.")
@@ -315,9 +322,7 @@ class TPUFake:
         node = spec.get("node", {})
         kind = node.get("acceleratorType", "")
         if kind not in offered:
-            raise ApiError(
-                400, f'Accelerator type "{kind}" is not available in zone "{zone}".'
-            )
+            raise ApiError(400, f'Accelerator type "{kind}" is not available in zone "{zone}".')
         runtime = node.get("runtimeVersion", "")
         if runtime not in RUNTIMES:
             raise ApiError(400, f'Invalid runtime version "{runtime}": not found in {zone}.')
@@ -349,7 +354,7 @@ class TPUFake:
     def _advance(self, key: tuple[str, str, str]) -> None:
         """One get of a queued resource moves it one state on."""
         queued, steps = self._queued[key], self._progress.get(key)
-        project, zone, qid = key
+        _, zone, _ = key
         if not steps:
             return
         if zone in self._stockouts:
@@ -369,7 +374,7 @@ class TPUFake:
             self._make_nodes(key)
 
     def _make_nodes(self, key: tuple[str, str, str]) -> None:
-        project, zone, qid = key
+        project, zone, _ = key
         queued = self._queued[key]
         spec = queued["tpu"]["nodeSpec"][0]
         multislice = spec.get("multisliceParams")
@@ -404,7 +409,7 @@ class TPUFake:
     def _get_queued(self, query: Any, body: Json, project: str, zone: str, queued: str) -> Json:
         key = (project, zone, queued)
         if key not in self._queued:
-            raise ApiError(404, f'Resource "projects/{project}/locations/{zone}/queuedResources/{queued}" was not found')
+            raise _missing(project, zone, "queuedResources", queued)
         self._advance(key)
         return copy.deepcopy(self._queued[key])
 
@@ -418,7 +423,7 @@ class TPUFake:
     ) -> Json:
         key = (project, zone, queued)
         if key not in self._queued:
-            raise ApiError(404, f'Resource "projects/{project}/locations/{zone}/queuedResources/{queued}" was not found')
+            raise _missing(project, zone, "queuedResources", queued)
         record = self._queued[key]
         mine = [k for k, n in self._nodes.items() if n.get("queuedResource") == record["name"]]
         if mine and query.get("force") != "true":
@@ -442,7 +447,7 @@ class TPUFake:
     def _get_node(self, query: Any, body: Json, project: str, zone: str, node: str) -> Json:
         found = self._nodes.get((project, zone, node))
         if found is None:
-            raise ApiError(404, f'Resource "projects/{project}/locations/{zone}/nodes/{node}" was not found')
+            raise _missing(project, zone, "nodes", node)
         return copy.deepcopy(found)
 
     def _list_nodes(self, query: Any, body: Json, project: str, zone: str) -> Json:
@@ -453,7 +458,7 @@ class TPUFake:
     def _delete_node(self, query: Any, body: Json, project: str, zone: str, node: str) -> Json:
         key = (project, zone, node)
         if key not in self._nodes:
-            raise ApiError(404, f'Resource "projects/{project}/locations/{zone}/nodes/{node}" was not found')
+            raise _missing(project, zone, "nodes", node)
         if self._nodes[key].get("queuedResource"):
             raise ApiError(
                 412, f"Node {node} belongs to a queued resource; delete the queued resource."
@@ -480,6 +485,14 @@ class TPUFake:
                 {"name": f"{parent}/runtimeVersions/{v}", "version": v} for v in RUNTIMES
             ]
         }
+
+
+def _path(project: str, zone: str, kind: str, name: str) -> str:
+    return f"projects/{project}/locations/{zone}/{kind}/{name}"
+
+
+def _missing(project: str, zone: str, kind: str, name: str) -> ApiError:
+    return ApiError(404, f'Resource "{_path(project, zone, kind, name)}" was not found')
 
 
 _L = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
