@@ -147,6 +147,8 @@ class Machines(Protocol):
     # How many nodes are made, lost and replaced together (a cloud whose one launch makes
     # several hosts: a TPU slice). Optional; 1 when absent: each node is its own machine.
     # Ranks ``k*unit .. k*unit+unit-1`` are one unit; replacing one replaces all of them.
+    # Optional too, ``chips``: accelerators per machine that nvidia-smi does not list (a TPU
+    # host's chips), each node's count as the cloud says it; absent: the GPUs listed.
 
     def key_label(self, first: Offer) -> tuple[str, str, str]:
         """What the pool's key is labelled with for ``skyward ls`` / ``down`` (``keys.py``),

@@ -186,13 +186,16 @@ class CloudPool(Allocation):
         key.label(key_label(options.cloud, region, self.request.pool, name, endpoint))
         host_key = HostKey.generate()
         gpu = self.request.accelerator is not None or first.machine.accelerator is not None
+        # A cloud whose accelerators are no NVIDIA GPUs (TPU chips) says how many it gave.
+        chips: int | None = getattr(cloud, "chips", None)
         self._host_key = host_key.public
         self._access = Access(
             key_file=key.path,
             python=options.python,
             workdir=options.workdir,
             boot_timeout=options.boot_timeout,
-            gpus=(first.machine.count or None) if gpu else None,
+            gpus=(first.machine.count or None) if gpu and chips is None else None,
+            chips=chips,
             machine_type=first.machine.type,
             instance_profile=cloud.instance_profile,
         )

@@ -118,6 +118,7 @@ class TPUMachines:
         self.instance_profile = False
         # Every node is replaced together: one queued resource holds the pool's slices.
         self.unit = request.nodes
+        self.chips = kind.chips_per_host  # each node's accelerators: no nvidia-smi lists them
         self.slices = request.nodes // kind.hosts
         self._spec: SliceSpec | None = None  # set by prepare, read by launch
         self._reporter: Reporter | None = None

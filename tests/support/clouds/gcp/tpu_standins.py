@@ -31,7 +31,7 @@ from typing import Any, cast
 from skyward.providers.gcp.api import label_value
 from support.clouds.aws.fake import MotoServer
 from support.clouds.aws.standins import StandIn
-from support.clouds.gcp.standins import PROJECT, GCPStandIns, metadata_of
+from support.clouds.gcp.standins import PROJECT, GCPStandIns
 from support.clouds.gcp.tpu_fake import TPUFake
 from support.sandbox import Sandbox, guard_again
 from support.sshhosts import USER, Hosts, ensure_user
@@ -68,6 +68,12 @@ class TPUStandIns(GCPStandIns):
     # ── the cloud's side ───────────────────────────────────────────────────────────────
 
     def _step(self) -> None:
+        try:
+            self._step_tpu()
+        except Exception as exc:
+            raise
+
+    def _step_tpu(self) -> None:
         hosts: dict[str, tuple[dict[str, Any], str]] = {}
         for node in self.tpu.nodes(self.project):
             for worker, endpoint in enumerate(node.get("networkEndpoints", [])):
@@ -112,7 +118,7 @@ class TPUStandIns(GCPStandIns):
 
     def _boot_host(self, standin: StandIn, node: dict[str, Any]) -> None:
         try:
-            script = metadata_of(node, "startup-script")
+            script = str(node.get("metadata", {}).get("startup-script", ""))  # a map on TPU
             if not script:
                 raise RuntimeError(f"{standin.instance}: no startup-script metadata")
             self._network(standin)
