@@ -18,6 +18,7 @@ from skyward.providers.gcp import tpu_types
 from skyward.providers.gcp.api import Api, credentials_and_project
 from skyward.providers.gcp.inventory import GCPInventory
 from skyward.providers.gcp.machines import GCPMachines
+from skyward.providers.gcp.tpu_api import TpuApi
 from skyward.providers.volumes import refuse_keyless
 
 _NAME = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -152,7 +153,11 @@ class GCP(CloudOptions):
         return ([zone] if zone else []) + [z for z in zones if z != zone]
 
     def inventory(self) -> Inventory | None:
-        return GCPInventory(self._api, release_timeout=self.release_timeout)
+        return GCPInventory(self._api, release_timeout=self.release_timeout, tpu=self._tpu_api)
+
+    def _tpu_api(self) -> TpuApi:
+        credentials, project = credentials_and_project(self.project, self.credentials)
+        return TpuApi.connect(project=project, credentials=credentials, endpoint=self.tpu_endpoint)
 
     def _api(self) -> Api:
         credentials, project = credentials_and_project(self.project, self.credentials)

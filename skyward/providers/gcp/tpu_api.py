@@ -24,8 +24,9 @@ defaults.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,8 @@ from skyward.client.extras import require
 from skyward.client.futures import Deadline
 from skyward.providers.cloud.api import Boundary, Refusals, cause, poll
 from skyward.providers.cloud.capacity import CapacityError
-from skyward.providers.gcp.api import ROLES_HINT
+from skyward.providers.cloud.start import delete_each
+from skyward.providers.gcp.api import ROLES_HINT, TAGS_KEY
 
 GOOGLE_TPU_API = "https://tpu.googleapis.com"
 SCOPE_CLOUD = "https://www.googleapis.com/auth/cloud-platform"
@@ -255,6 +257,55 @@ def queued_resource(
     if spot:
         made.spot = tpu_v2.QueuedResource.Spot()
     return made
+
+
+def delete_queued(api: TpuApi, queued: Sequence[tuple[str, str]], deadline: Deadline) -> list[str]:
+    """Delete queued resources ((zone, id)) with ``force`` (their nodes go with them), all
+    at once, each waited for within ``deadline`` (``Deadline(0)``: not waited for). What
+    could not be deleted, as ``"queued resource ID in ZONE (why)"``; gone counts as done."""
+
+    def deleting(zone: str, name: str) -> tuple[str, Callable[[], None]]:
+        doing = f"deleting queued resource {name} in {zone}"
+        request = {"name": f"{api.parent(zone)}/queuedResources/{name}", "force": True}
+
+        def run() -> None:
+            operation = api.start(api.client.delete_queued_resource, doing, request=request)
+            if deadline.remaining() > 0:
+                api.wait(operation, doing, deadline)
+
+        return f"queued resource {name} in {zone}", run
+
+    deletions = [deleting(zone, name) for zone, name in dict.fromkeys(queued)]
+    return delete_each(deletions, gone=is_not_found)
+
+
+def live_queued(api: TpuApi, zones: Sequence[str]) -> list[tuple[str, Any]]:
+    """(zone, queued resource) for every queued resource of the project in ``zones`` (the
+    TPU zones: queued resources carry no labels, and are listed zone by zone)."""
+    found = []
+    for zone in zones:
+        doing = f"listing queued resources in {zone}"
+        try:
+            listed = api.call(api.client.list_queued_resources, doing, parent=api.parent(zone))
+        except ProvisionError as exc:
+            if status_of(exc) in (400, 404):  # a zone this project cannot use
+                continue
+            raise
+        found += [(zone, q) for q in listed]
+    return found
+
+
+def tags_of_queued(queued: Any) -> dict[str, str] | None:
+    """The tags a pool's queued resource carries (its node's metadata); ``None``: not ours."""
+    for spec in queued.tpu.node_spec:
+        text = spec.node.metadata.get(TAGS_KEY)
+        if text:
+            try:
+                found = json.loads(text)
+            except ValueError:
+                return None
+            return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else None
+    return None
 
 
 def slice_names(node_id: str, slices: int) -> list[str]:

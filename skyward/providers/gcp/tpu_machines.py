@@ -43,7 +43,6 @@ from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, Boot
 from skyward.providers.cloud.capacity import CapacityError, Offer
 from skyward.providers.cloud.contract import Described, Offers, Reach, State, Want
 from skyward.providers.cloud.record import Record
-from skyward.providers.cloud.start import delete_each
 from skyward.providers.gcp import api as gce
 from skyward.providers.gcp import tpu_api
 from skyward.providers.gcp.api import Api
@@ -317,21 +316,7 @@ class TPUMachines:
         return left
 
     def _delete_queued(self, queued: Sequence[tuple[str, str]], deadline: Deadline) -> list[str]:
-        tpu = self.tpu
-
-        def deleting(zone: str, name: str) -> tuple[str, Any]:
-            doing = f"deleting queued resource {name} in {zone}"
-            full = f"{tpu.parent(zone)}/queuedResources/{name}"
-
-            def run() -> None:
-                request = {"name": full, "force": True}
-                operation = tpu.start(tpu.client.delete_queued_resource, doing, request=request)
-                if deadline.remaining() > 0:
-                    tpu.wait(operation, doing, deadline)
-
-            return f"{KIND} {name} in {zone}", run
-
-        return delete_each([deleting(z, n) for z, n in dict.fromkeys(queued)], gone=is_not_found)
+        return tpu_api.delete_queued(self.tpu, queued, deadline)
 
 
 def _queued_of(node: str, slices: int) -> str:

@@ -338,18 +338,23 @@ def test_a_queued_resource_still_waiting_at_the_deadline_is_deleted_with_force(
     _nothing_left(gce, tpu, made.pool)
 
 
-def test_a_preempted_node_is_a_loss_whose_reason_names_it(gce: GCPFake, tpu: TPUFake) -> None:
-    gcp = tpu_provider(gce, tpu, spot=True)
-    made = request(1, accelerator="v4-8")
+def _launched(gcp: sky.GCP, made: Any, strategy: Any = "on-demand") -> tuple[Any, Record, str]:
+    """A pool's slice made through the contract's calls, as the start makes it."""
     machines = gcp.machines(made)
-    want = Want(made, "spot", Deadline(60, "test"), Recorder())
+    want = Want(made, strategy, Deadline(60, "test"), Recorder())
     offers = machines.offers(want).offers
     key = "ssh-ed25519 AAAA"
     boot = Boot(host_key=HostKey.generate(), authorized_key=key, user="u", idle_timeout=60)
     record = Record(made.pool)
     machines.prepare(want, offers, boot, record)
-    names = record.ask(offers[0].zone, [0], machines.prefix)
-    (id,) = machines.launch(offers[0], names, record, Deadline(60, "test"))
+    names = record.ask(offers[0].zone, range(made.nodes), machines.prefix)
+    ids = machines.launch(offers[0], names, record, Deadline(60, "test"))
+    return machines, record, ids[0]
+
+
+def test_a_preempted_node_is_a_loss_whose_reason_names_it(gce: GCPFake, tpu: TPUFake) -> None:
+    made = request(1, accelerator="v4-8")
+    machines, record, id = _launched(tpu_provider(gce, tpu, spot=True), made, "spot")
     (running,) = machines.describe(ZONE, [id])
     assert running.state == "running" and running.reach is not None
     tpu.preempt(PROJECT, ZONE, id.split("/")[0])
@@ -358,3 +363,70 @@ def test_a_preempted_node_is_a_loss_whose_reason_names_it(gce: GCPFake, tpu: TPU
     assert "preempted by Google (spot)" in lost.why
     assert machines.delete(record, Deadline(30, "test")) == []
     _nothing_left(gce, tpu, made.pool)
+
+
+def test_ls_lists_a_pools_queued_resource_and_down_deletes_it_with_force(
+    gce: GCPFake, tpu: TPUFake
+) -> None:
+    gcp = tpu_provider(gce, tpu)
+    made = request(2, accelerator="v4-16")
+    _launched(gcp, made)  # a client that died: nothing deletes it
+    inventory = gcp.inventory()
+    assert inventory is not None
+    found = inventory.leftovers(pool=made.pool)
+    kinds = sorted((x.kind, x.region) for x in found)
+    assert kinds == [
+        ("firewall rule", "global"),
+        ("firewall rule", "global"),
+        ("queued resource", ZONE),
+    ]
+    (queued,) = [x for x in found if x.kind == "queued resource"]
+    assert queued.state == "active" and queued.hourly_cost == pytest.approx(8 * 3.22)
+    assert inventory.leftovers(pool="another-pool") == []
+    inventory.delete(found, Recorder())
+    deleted = tpu.requests("DELETE", "projects/*/locations/*/queuedResources/*")
+    assert [r.query.get("force") for r in deleted] == ["true"]
+    _nothing_left(gce, tpu, made.pool)
+
+
+# ── multislice: the jax plugin's MEGASCALE variables ───────────────────────────────────
+
+
+def test_a_multislice_pool_gives_each_host_its_slice_and_the_coordinator() -> None:
+    from skyward.plugins._jax import (
+        HOSTS_PER_SLICE,
+        megascale_environment,
+        multislice_environment,
+    )
+
+    assert multislice_environment("v4-16", 2) == {}  # one slice: nothing to join
+    env = multislice_environment("v4-16", 6)
+    assert env == {HOSTS_PER_SLICE: "2"}
+    peers = tuple(f"10.0.0.{i}" for i in range(6))
+    seen = [
+        megascale_environment(
+            sky.InstanceInfo(
+                node=rank,
+                total_nodes=6,
+                head_addr=peers[0],
+                head_port=1234,
+                peers=peers,
+                hostname=f"t1v-{rank}",
+            ),
+            env,
+        )
+        for rank in range(6)
+    ]
+    assert [s["MEGASCALE_SLICE_ID"] for s in seen] == ["0", "0", "1", "1", "2", "2"]
+    assert {s["MEGASCALE_NUM_SLICES"] for s in seen} == {"3"}
+    assert {s["MEGASCALE_COORDINATOR_ADDRESS"] for s in seen} == {"10.0.0.0:8080"}
+
+
+def test_a_tpu_pool_gets_jax_tpu_from_the_index_and_no_cuda_index() -> None:
+    from skyward.plugins._jax import accelerator_platform, jax_requirement
+
+    assert accelerator_platform("v5litepod-8") == "tpu"
+    assert accelerator_platform("v4-16") == "tpu"
+    requirement, packages = jax_requirement("tpu", 12, None)
+    assert requirement == "jax[tpu]" and "libtpu" in packages
+    assert not any("cuda" in p for p in packages)

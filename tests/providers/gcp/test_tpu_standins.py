@@ -75,11 +75,21 @@ def test_jax_multi_controller_toy_on_a_two_host_v4_16_slice_leaves_nothing(
         name="tpu-jax",
         quiet=True,
     ) as pool:
-        phases["ready"] = time.monotonic() - started
-        booted = tpu_standins.booted_at
+        ready = time.monotonic()
         hosts = pool.broadcast(lambda: (os.uname().nodename, sky.instance_info().node))
         results = toy() @ pool
-    print(f"ready after {phases['ready']:.1f} s; stand-ins booted: {booted}")
+    tpu = tpu_standins.tpu
+    (create,) = tpu.requests("POST", "projects/*/locations/*/queuedResources")
+    (active,) = tpu.active_at.values()
+    booted = max(tpu_standins.booted_at.values())
+    phases = {
+        "checks, keys, firewall rules": create.at - started,
+        "queued resource to ACTIVE": active - create.at,
+        "hosts seen READY and booted (stand-ins)": booted - active,
+        "SSH, bootstrap, jax installed, workers, jax.distributed": ready - booted,
+        "total": ready - started,
+    }
+    print("ComputePool(...) to ready: " + "; ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
     assert [value for value, _ in results] == [-0.12398731708526611, -0.12398731708526611]
     (node,) = {name.split("/")[0] for name in tpu_standins.standins}
     by_worker = {

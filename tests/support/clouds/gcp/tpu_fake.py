@@ -40,6 +40,7 @@ import itertools
 import json
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -118,6 +119,7 @@ class Request:
     path: str
     query: Mapping[str, str] = field(default_factory=dict)
     body: Json | None = None
+    at: float = field(default_factory=time.monotonic)  # when it came
 
 
 @dataclass
@@ -168,6 +170,7 @@ class TPUFake:
         self._held: set[str] = set()  # zones whose queues wait until released
         self._addresses = itertools.count(self.first_host)
         self._ids = itertools.count(1)
+        self.active_at: dict[str, float] = {}  # queued resource id -> when it became ACTIVE
 
     # ── lifetime ──
 
@@ -372,6 +375,7 @@ class TPUFake:
         queued["state"] = {"state": state}
         if state == "ACTIVE":
             self._make_nodes(key)
+            self.active_at[key[2]] = time.monotonic()
 
     def _make_nodes(self, key: tuple[str, str, str]) -> None:
         project, zone, _ = key

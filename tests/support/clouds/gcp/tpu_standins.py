@@ -24,6 +24,7 @@ import shlex
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -70,7 +71,7 @@ class TPUStandIns(GCPStandIns):
     def _step(self) -> None:
         try:
             self._step_tpu()
-        except Exception as exc:
+        except Exception:
             raise
 
     def _step_tpu(self) -> None:
@@ -127,6 +128,7 @@ class TPUStandIns(GCPStandIns):
                 self._remove(standin)
                 return
             standin.sandbox = Sandbox(standin.directory, main, netns=standin.netns)
+            self.booted_at[standin.instance] = time.monotonic()
             self._event("booted", standin.instance)
         except Exception as exc:
             if standin.ended:
