@@ -10,6 +10,7 @@ so that the tests after it do not fail for it.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -42,6 +43,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "soak: a long run, only with --soak")
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _MADE_LOG_DIR is None:
+        return
+    if exitstatus == 0:
+        shutil.rmtree(_MADE_LOG_DIR, ignore_errors=True)
+    else:
+        sys.stderr.write(f"\nthe pools' logs of this run are kept in {_MADE_LOG_DIR}\n")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--soak"):
         return
@@ -59,8 +69,12 @@ os.environ.update(
         "NO_GCE_CHECK": "True",
     }
 )
-# Pools keep their logs under the user's cache; the suite's thousand pools keep theirs apart.
-os.environ.setdefault("SKYWARD_LOG_DIR", tempfile.mkdtemp(prefix="skyward-test-logs-"))
+# Pools keep their logs under the user's cache; the suite's thousand pools keep theirs apart,
+# in a directory this process makes (xdist's workers inherit it) and removes when the run
+# passed (pytest_sessionfinish); a failed run keeps it and says where.
+_MADE_LOG_DIR: str | None = None
+if "SKYWARD_LOG_DIR" not in os.environ:
+    _MADE_LOG_DIR = os.environ["SKYWARD_LOG_DIR"] = tempfile.mkdtemp(prefix="skyward-test-logs-")
 
 # Loopback, and addresses only while they route to a bridge this run made (support/netguard).
 netguard.install()

@@ -175,7 +175,7 @@ class ComputePool(CallTarget):
             gang=bool(spec.gang),
             bind_output=out.bind,
             address=self._machines.worker_address,
-            who=lambda rank: self._machines.layout.who(rank),
+            who=lambda rank: self._machines.layout.label(rank),
         )
         self._startup = Startup(
             spec,
@@ -829,15 +829,16 @@ class ComputePool(CallTarget):
         return self._scheduler.statistics(state, uptime)
 
     def stacks(self, timeout: float = 10.0) -> Stacks:
-        """Every node's Python stacks right now, labelled by node, without stopping anything:
-        where a slow or stuck call is. ``print(pool.stacks())``."""
+        """Every worker's Python stacks right now, labelled as the pool names its workers
+        (``node 1``, ``node 0 worker 1``), without stopping anything: where a slow or stuck
+        call is. ``print(pool.stacks())``; ``stacks[rank]`` for one."""
         if self._state != "running":
             raise self._not_running(self._state)
-        return collect(self._scheduler.workers(), timeout)
+        return collect(self._scheduler.workers(), timeout, self._machines.layout.label)
 
     def profile(self, directory: str | os.PathLike[str]) -> _profile.Profile:
         """``with pool.profile("traces/"):`` traces every node with ``jax.profiler``."""
-        return _profile.profile(self, directory)
+        return _profile.profile(self, directory, self._machines.layout.label)
 
     # ── shared collections: sky.dict(...) and the rest, bound to this pool ──────────────
     # (last in the class: ``dict`` and ``set`` name methods from here on)

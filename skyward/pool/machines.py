@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
+from skyward._info import worker_label
 from skyward.client.futures import Deadline
 from skyward.client.phases import Reporter
 from skyward.client.shield import shielded
@@ -59,24 +60,18 @@ class Layout:
         return rank % self.per_node
 
     def label(self, rank: int) -> str:
-        """How messages and output name a worker: ``node 2``, or ``node 2 worker 1``."""
-        node = self.node_of(rank)
-        return f"node {node}" if self.per_node == 1 else f"node {node} worker {self.local_of(rank)}"
+        """How messages, output and reports name a worker: ``node 2``, or ``node 2 worker
+        1`` (``worker_label``, the worker's own prints say the same)."""
+        return worker_label(self.node_of(rank), self.local_of(rank), self.per_node)
 
-    def who(self, rank: int) -> str:
-        """How a message names worker ``rank``: ``node 2``, or with several workers per node
-        ``worker 5 (node 2)``, its rank over the pool first (the rank jax and torch say)."""
-        node = self.node_of(rank)
-        return f"node {node}" if self.per_node == 1 else f"worker {rank} (node {node})"
-
-    def who_all(self, ranks: Sequence[int]) -> str:
-        """Several workers, as ``who`` names one: ``node(s) 1, 2`` or ``worker(s) 1 (node
-        0), 3 (node 1)``; ``none`` for none."""
+    def label_all(self, ranks: Sequence[int]) -> str:
+        """Several workers, as ``label`` names one: ``node(s) 1, 2`` or ``node 0 worker 1,
+        node 1 worker 0``; ``none`` for none."""
         if not ranks:
             return "none"
         if self.per_node == 1:
             return "node(s) " + ", ".join(str(rank) for rank in ranks)
-        return "worker(s) " + ", ".join(f"{rank} (node {self.node_of(rank)})" for rank in ranks)
+        return ", ".join(self.label(rank) for rank in ranks)
 
     def devices(self, rank: int, gpus: int) -> tuple[int, ...]:
         """The node's GPUs (of ``gpus``) that worker ``rank`` owns: an equal block each when
@@ -163,9 +158,12 @@ class Machines:
             except SkywardError:
                 raise
             except TimeoutError as exc:
+                # The provider's notes (which machines SSH never answered, and what to
+                # check) are the heart of the message: said in it, not only on its cause.
+                notes = "".join(f" {note}" for note in getattr(exc, "__notes__", []))
                 raise ProvisionError(
                     f"{kind}: the machines were not ready within {request.deadline.what}: "
-                    f"{exc}. Raise provision_timeout if they need longer."
+                    f"{exc}.{notes} Raise provision_timeout if they need longer."
                 ) from exc
             except Exception as exc:
                 raise ProvisionError(

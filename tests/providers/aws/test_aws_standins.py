@@ -179,6 +179,11 @@ def test_instances_that_never_answer_fail_the_start_in_time_and_leave_nothing(
             message += str(cause) + "".join(getattr(cause, "__notes__", []))
         assert "provision_timeout (8 s)" in message, message
         assert "SSH did not answer from here" in message, message
+        # Every silent machine is named in the error the user reads, not only on its cause.
+        tag = [{"Name": "tag:skyward-pool", "Values": ["unreachable"]}]
+        described = moto.client("ec2").describe_instances(Filters=tag)["Reservations"]
+        addresses = [i["PrivateIpAddress"] for r in described for i in r["Instances"]]
+        assert len(addresses) == 2 and all(a in str(caught.value) for a in addresses), message
         assert nothing(held(moto, "unreachable"))
 
 
