@@ -163,7 +163,10 @@ class GCP(CloudOptions):
         return ([zone] if zone else []) + [z for z in zones if z != zone]
 
     def inventory(self) -> Inventory | None:
-        return GCPInventory(self._api, release_timeout=self.release_timeout, tpu=self._tpu_api)
+        # A Compute endpoint of its own (a proxy, a test server) and none for TPU: the TPU
+        # calls would go to Google's, which this setup does not use; no TPU listing then.
+        tpu = None if self.endpoint and not self.tpu_endpoint else self._tpu_api
+        return GCPInventory(self._api, release_timeout=self.release_timeout, tpu=tpu)
 
     def _tpu_api(self) -> TpuApi:
         credentials, project = credentials_and_project(self.project, self.credentials)
