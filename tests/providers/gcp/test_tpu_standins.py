@@ -172,3 +172,42 @@ def test_an_exception_in_the_pool_leaves_no_node_no_queued_resource_no_rule(
         "firewall rules": [],
     }
     assert nothing(held(tpu_standins.fake, "tpu-raised"))
+
+
+def _slice_of_host() -> tuple[str, str, str]:
+    return (
+        os.uname().nodename,
+        os.environ.get("MEGASCALE_SLICE_ID", ""),
+        os.environ.get("MEGASCALE_NUM_SLICES", ""),
+    )
+
+
+@pytest.mark.timeout(600)
+def test_two_v4_16_slices_are_one_multislice_mesh_with_each_hosts_slice_id(
+    tpu_standins: TPUStandIns, package_index: PackageIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TPU_AS_CPU, "1")
+    toy = _toy()
+    with sky.ComputePool(
+        provider=tpu_provider(tpu_standins),
+        accelerator="v4-16",
+        nodes=4,
+        image=sky.Image(index_url=package_index.url),
+        plugins=[sky.plugins.jax(cpu_devices=2)],
+        name="tpu-multislice",
+        quiet=True,
+    ) as pool:
+        slices = pool.broadcast(_slice_of_host)
+        results = toy() @ pool
+    assert [value for value, _ in results] == [-0.12398731708526611] * 4
+    hostname = {
+        name: "t1v-" + s.address.replace(".", "-") for name, s in tpu_standins.standins.items()
+    }
+    (queued,) = {name.split("/")[0].rsplit("-", 1)[0] for name in hostname}
+    expected = [(hostname[f"{queued}-{s}/{w}"], str(s), "2") for s in range(2) for w in range(2)]
+    assert slices == expected  # slice after slice, workers in Google's order
+    assert _left(tpu_standins, "tpu-multislice") == {
+        "queued resources": [],
+        "nodes": [],
+        "firewall rules": [],
+    }
