@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal as signals
+import subprocess
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -18,12 +23,20 @@ from support.clouds.gcp.fake import GCPFake
 from support.clouds.gcp.standins import PROJECT, held
 from support.clouds.gcp.tpu_fake import TPUFake
 from support.clouds.gcp.tpu_standins import held_tpu
+from support.dispositions import as_from_a_terminal
 from support.reporter import Recorder
 
 import skyward as sky
 from skyward._errors import ProvisionError
 from skyward.cli import main
 from skyward.client.futures import Deadline
+from skyward.plugins._jax import (
+    HOSTS_PER_SLICE,
+    accelerator_platform,
+    jax_requirement,
+    megascale_environment,
+    multislice_environment,
+)
 from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, Boot, HostKey
 from skyward.providers.cloud.capacity import CapacityError
 from skyward.providers.cloud.contract import Want
@@ -393,12 +406,6 @@ def test_ls_lists_a_pools_queued_resource_and_down_deletes_it_with_force(
 
 
 def test_a_multislice_pool_gives_each_host_its_slice_and_the_coordinator() -> None:
-    from skyward.plugins._jax import (
-        HOSTS_PER_SLICE,
-        megascale_environment,
-        multislice_environment,
-    )
-
     assert multislice_environment("v4-16", 2) == {}  # one slice: nothing to join
     env = multislice_environment("v4-16", 6)
     assert env == {HOSTS_PER_SLICE: "2"}
@@ -423,10 +430,59 @@ def test_a_multislice_pool_gives_each_host_its_slice_and_the_coordinator() -> No
 
 
 def test_a_tpu_pool_gets_jax_tpu_from_the_index_and_no_cuda_index() -> None:
-    from skyward.plugins._jax import accelerator_platform, jax_requirement
-
     assert accelerator_platform("v5litepod-8") == "tpu"
     assert accelerator_platform("v4-16") == "tpu"
     requirement, packages = jax_requirement("tpu", 12, None)
     assert requirement == "jax[tpu]" and "libtpu" in packages
     assert not any("cuda" in p for p in packages)
+
+
+# ── a client ended by a signal while its queued resource waits ─────────────────────────
+
+_CLIENT = """
+from google.auth.credentials import AnonymousCredentials
+import skyward as sky
+gcp = sky.GCP(project={project!r}, zone={zone!r}, endpoint={url!r}, tpu_endpoint={tpu!r},
+              credentials=AnonymousCredentials(), ssh_cidr="10.123.0.0/16",
+              release_timeout=30, boot_timeout=120)
+with sky.ComputePool(provider=gcp, accelerator="v4-16", nodes=2, name={pool!r},
+                     console="plain") as pool:
+    print("READY", flush=True)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_client_signalled_while_its_queued_resource_waits_leaves_nothing(
+    gce: GCPFake, tpu: TPUFake, tmp_path: Any, signal_name: str
+) -> None:
+    tpu.hold(ZONE)  # the queue waits for resources until the client is gone
+    pool = f"tpu-signalled-{signal_name.lower()}"
+    script = _CLIENT.format(project=PROJECT, zone=ZONE, url=gce.url, tpu=tpu.url, pool=pool)
+    log = tmp_path / "client.log"
+    with open(log, "wb") as out:
+        client = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+            preexec_fn=as_from_a_terminal,
+        )
+    try:
+        end = time.monotonic() + 90
+        while len(tpu.requests("GET", "projects/*/locations/*/queuedResources/*")) < 3:
+            assert client.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.05)
+        assert held_tpu(tpu, pool)["queued resources"], log.read_text()
+        client.send_signal(getattr(signals, signal_name))
+        status = client.wait(60)
+    finally:
+        client.kill()
+        client.wait(30)
+    if signal_name == "SIGTERM":
+        assert status == -signals.SIGTERM, log.read_text()
+    else:
+        assert status != 0, log.read_text()
+    deleted = tpu.requests("DELETE", "projects/*/locations/*/queuedResources/*")
+    assert deleted and all(r.query.get("force") == "true" for r in deleted)
+    _nothing_left(gce, tpu, pool)
