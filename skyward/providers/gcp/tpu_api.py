@@ -49,7 +49,7 @@ REFUSALS = Refusals(
     roles=ROLES_HINT,
 )
 # google.rpc.Code -> HTTP status, for errors read from an operation or a queued resource.
-_HTTP = {3: 400, 5: 404, 6: 409, 7: 403, 8: 429, 9: 400, 10: 409, 13: 500, 14: 503, 16: 401}
+HTTP_OF_RPC = {3: 400, 5: 404, 6: 409, 7: 403, 8: 429, 9: 400, 10: 409, 13: 500, 14: 503, 16: 401}
 _STOCKOUT = re.compile(
     r"no more capacity|stockout|insufficient capacity|resource[_ ]pool[_ ]exhausted|"
     r"not enough resources|capacity is not available",
@@ -107,7 +107,7 @@ class TpuApi(Boundary):
             raise failure(
                 doing,
                 self.project,
-                status=_HTTP.get(done.error.code, 500),
+                status=HTTP_OF_RPC.get(done.error.code, 500),
                 message=done.error.message,
             )
 

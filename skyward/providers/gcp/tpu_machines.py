@@ -245,7 +245,7 @@ class TPUMachines:
                 raise tpu_api.failure(
                     doing,
                     self.tpu.project,
-                    status=tpu_api._HTTP.get(error.code, 409),
+                    status=tpu_api.HTTP_OF_RPC.get(error.code, 409),
                     message=message,
                 )
             return None
