@@ -32,6 +32,8 @@ from skyward.providers.cloud.catalog import Accelerator, Machine
 __all__ = [
     "A10G",
     "A100",
+    "B200",
+    "GH200",
     "H100",
     "H200",
     "L4",
@@ -120,12 +122,14 @@ def _factory(name: str) -> Factory:
 A100 = _factory("A100")
 H100 = _factory("H100")
 H200 = _factory("H200")
+B200 = _factory("B200")
 L4 = _factory("L4")
 L40S = _factory("L40S")
 A10G = _factory("A10G")
 T4 = _factory("T4")
 V100 = _factory("V100")
 P100 = _factory("P100")
+GH200 = _factory("GH200")
 
 
 # What the GPU marketplaces sell besides the catalog's (RunPod, Vast.ai; consumer cards and

@@ -44,6 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if exitstatus == 0:
+        for made in _made_dirs:
+            shutil.rmtree(made, ignore_errors=True)
     if _MADE_LOG_DIR is None:
         return
     if exitstatus == 0:
@@ -73,8 +76,14 @@ os.environ.update(
 # in a directory this process makes (xdist's workers inherit it) and removes when the run
 # passed (pytest_sessionfinish); a failed run keeps it and says where.
 _MADE_LOG_DIR: str | None = None
+_made_dirs: list[str] = []  # made by this process for the run; removed when it passed
 if "SKYWARD_LOG_DIR" not in os.environ:
     _MADE_LOG_DIR = os.environ["SKYWARD_LOG_DIR"] = tempfile.mkdtemp(prefix="skyward-test-logs-")
+# Machines kept warm (keep_warm) are recorded in the user's state directory; the suite keeps
+# its own, removed with the logs' when the run passed.
+if "SKYWARD_STATE_DIR" not in os.environ:
+    _MADE_STATE_DIR = os.environ["SKYWARD_STATE_DIR"] = tempfile.mkdtemp(prefix="skyward-state-")
+    _made_dirs.append(_MADE_STATE_DIR)
 
 # Loopback, and addresses only while they route to a bridge this run made (support/netguard).
 netguard.install()

@@ -118,7 +118,8 @@ def test_a_cloud_without_the_count_asked_for_names_the_cloud_that_has_it(
         sky.ComputePool(provider=sky.AWS(region="us-east-1"), accelerator=H100(count=4))
     message = str(caught.value)
     assert "aws has no machine with H100:4" in message
-    assert "H100:4 is offered by sky.GCP (a3-highgpu-4g)." in message
+    assert "H100:4 is offered by sky.GCP (a3-highgpu-4g)" in message
+    assert "sky.Lambda (gpu_4x_h100_sxm5)" in message and "sky.Verda (4H100.80S.176V)" in message
 
 
 def test_a_cloud_without_the_accelerator_names_who_has_it() -> None:
@@ -141,10 +142,14 @@ def test_machines_lists_the_catalog_with_each_clouds_types_and_prices() -> None:
 
 def test_machines_filters_by_accelerator_count_memory_and_cloud() -> None:
     h100x4 = sky.accelerators.machines(H100(count=4))
-    assert [(m.cloud, m.type) for m in h100x4] == [("gcp", "a3-highgpu-4g")]
+    assert [(m.cloud, m.type) for m in h100x4] == [
+        ("gcp", "a3-highgpu-4g"),
+        ("lambdacloud", "gpu_4x_h100_sxm5"),
+        ("verda", "4H100.80S.176V"),
+    ]
     assert sky.accelerators.machines("H100:4") == h100x4
     a100_80 = sky.accelerators.machines(A100(memory="80GB"), cloud="azure")
     assert a100_80 and all(m.memory_gb == 80 and m.cloud == "azure" for m in a100_80)
     assert [m.count for m in a100_80] == sorted(m.count for m in a100_80)
-    with pytest.raises(ValueError, match="cloud is one of aws, gcp, azure"):
+    with pytest.raises(ValueError, match="cloud is one of aws, gcp, azure, verda"):
         sky.accelerators.machines(cloud="oracle")

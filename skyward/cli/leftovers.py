@@ -19,6 +19,11 @@ A killed client also leaves its pool's private key in ``/tmp/skyward-key-*``: ``
 those whose key pair is gone from the cloud (stale), ``down`` removes them once it has
 removed, or found gone, the pool's key pair. ``ls`` also lists the newest pools that ran on
 this machine (``skyward.console.logs``): their state and their log directory.
+
+Machines a pool kept warm (``keep_warm``) carry its tags like any other, so ``ls`` lists
+them and ``down`` ends them; ``ls`` also lists this machine's records of them
+(``providers/cloud/warm.py``) with the time they have left and what they cost meanwhile,
+and ``down`` forgets the records of the pools it removed.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import attrgetter
 from pathlib import Path
 
 import click
@@ -232,7 +238,7 @@ def _table(leftovers: Sequence[Leftover]) -> None:
             x.owner,
             "" if x.hourly_cost is None else f"{x.hourly_cost:.2f}",
         )
-        for x in sorted(leftovers, key=lambda x: (x.region, x.pool, x.kind, x.id))
+        for x in sorted(leftovers, key=attrgetter("region", "pool", "kind", "id"))
     ]
     for line in aligned([header, *rows]):
         click.echo(line)
@@ -275,6 +281,49 @@ def _started(meta: dict[str, object]) -> datetime | None:
     if not isinstance(started, int | float):
         return None
     return datetime.fromtimestamp(float(started), UTC)
+
+
+def _warm(pool: str | None) -> None:
+    """This machine's records of machines kept warm: each set's pool, size, time left and
+    price per hour while it waits."""
+    from skyward.providers.cloud import warm
+
+    sets = [w for w in warm.kept() if pool is None or w.pool == pool]
+    if not sets:
+        return
+    click.echo(
+        f"\nWarm machines, kept for the next pool like theirs (records under {warm.warm_dir()}):"
+    )
+    rows = []
+    for kept in sets:
+        left = kept.left()
+        price = "" if kept.hourly_cost is None else f"${kept.hourly_cost:.2f}/h"
+        rows.append(
+            (
+                kept.cloud,
+                kept.pool,
+                kept.describe or f"{kept.nodes} machine(s)",
+                f"{left / 60:.1f} min left" if left > 0 else "time up: ending",
+                price,
+                ", ".join(m.id for m in kept.machines),
+            )
+        )
+    widths = [max(len(c) for c in column) for column in zip(*rows, strict=True)]
+    for row in rows:
+        click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    click.echo("  they bill until then; `skyward down --pool POOL` ends them now")
+
+
+def _forget_warm(pools: set[str] | None, clouds: set[str]) -> None:
+    """Forget the records of kept sets ``down`` ended (of ``pools``; ``None``: every pool),
+    on the clouds it asked, and their login keys."""
+    from skyward.providers.cloud import warm
+
+    for kept in warm.kept():
+        if kept.cloud in clouds and (pools is None or kept.pool in pools):
+            warm.forget(kept.id)
+            remove_local_key(LocalKey(Path(kept.key_dir), kept.cloud, "", kept.pool, ""))
+            click.echo(f"Forgot the warm machines of pool {kept.pool} ({kept.describe})")
 
 
 class _ProviderCommand(click.Command):
@@ -335,6 +384,7 @@ def ls(pool: str | None, clouds: tuple[str, ...], **flags: object) -> None:
         everything += _key_rows(_stale_keys(everything, pool, asked, options, search.answered))
     if everything:
         _table(everything)
+    _warm(pool)
     _recent_pools(pool)
     nothing = "" if everything else _nothing(pool, search)
     _finish(search, nothing=nothing)
@@ -371,11 +421,14 @@ def down(
         click.echo(left_out, err=True)
     collected, answered = search.collected, search.answered
     total = [x for _, found in collected for x in found]
+    searched = {kind for kind, _ in asked}
     if not total:
         stale = _stale_keys(total, pool, asked, options, answered) if asked else []
         for key in stale:
             remove_local_key(key)
             click.echo(f"Removed the stale pool key {key.directory}")
+        if not search.unchecked:  # nothing of theirs is left where it was looked for
+            _forget_warm(None if pool is None else {pool}, searched)
         _finish(search, nothing=_nothing(pool, search))
         return
     stale = _stale_keys(total, pool, asked, options, answered) if asked else []
@@ -397,6 +450,8 @@ def down(
     for key in _stale_keys(remaining, pool, asked, options, answered) if asked else []:
         remove_local_key(key)
         click.echo(f"Removed the pool key {key.directory}")
+    if not failed and not search.unchecked:
+        _forget_warm(None if pool is None else {pool}, searched)
     if failed:
         raise click.ClickException("; ".join(failed))
     click.echo(f"Deleted {len(total)} resource(s).")

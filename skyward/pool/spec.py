@@ -124,6 +124,11 @@ class PoolOptions(TypedDict, total=False):
     """``sky.LogConfig(level=, file=, console=)``: handlers on the standard ``skyward``
     logger while the pool is open; ``True`` is ``LogConfig()``; ``None``/``False``: none
     added (the program's own logging configuration decides)."""
+    keep_warm: float
+    """Seconds a cloud pool's machines stay after ``close()``, their workers stopped, for
+    the next pool of the same provider, spec and node count to adopt (it starts in about
+    a local pool's time); the machines bill meanwhile, and end themselves when the time
+    runs out. 0 (the default): destroyed at close."""
 
 
 # skyward 0.5's pool options that have no counterpart here, and what to write instead: a
@@ -207,6 +212,7 @@ class PoolSpec(BaseModel):
     volumes: tuple[Volume, ...] = ()
     selection: Literal["first", "cheapest"] = "first"
     logging: LogConfig | None = None
+    keep_warm: float = Field(default=0.0, ge=0, le=_MAX_SECONDS, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -392,6 +398,7 @@ class PoolSpec(BaseModel):
             max_hourly_cost=self.max_hourly_cost,
             volumes=self.volumes,
             gang=tuple(p.name for p in self.plugins if p.gang) if self.nodes > 1 else (),
+            keep_warm=self.keep_warm,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),

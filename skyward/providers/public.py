@@ -9,8 +9,10 @@ One line per registry entry: ``tests/providers/test_registry.py`` checks that th
 from skyward.providers.aws import AWS as AWS
 from skyward.providers.azure import Azure as Azure
 from skyward.providers.gcp import GCP as GCP
+from skyward.providers.lambdacloud import Lambda as Lambda
 from skyward.providers.local import Local as Local
 from skyward.providers.runpod import RunPod as RunPod
 from skyward.providers.slurm import Slurm as Slurm
 from skyward.providers.ssh import SSH as SSH
 from skyward.providers.vastai import VastAI as VastAI
+from skyward.providers.verda import Verda as Verda

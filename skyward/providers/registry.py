@@ -176,6 +176,26 @@ PROVIDERS: tuple[Entry, ...] = (
         leftovers="skyward.providers.vastai.scope:SCOPE",
     ),
     Entry(
+        type="lambdacloud",
+        public="Lambda",
+        module="skyward.providers.lambdacloud",
+        extra="lambda",
+        distributions=_SSH,  # Lambda's REST API is spoken with the standard library
+        credentials="skyward.providers.lambdacloud.credentials:check",
+        leftovers="skyward.providers.lambdacloud.scope:SCOPE",
+        catalog=True,
+    ),
+    Entry(
+        type="verda",
+        public="Verda",
+        module="skyward.providers.verda",
+        extra="verda",
+        distributions=_SSH,
+        credentials="skyward.providers.verda.credentials:check",
+        leftovers="skyward.providers.verda.scope:SCOPE",
+        catalog=True,
+    ),
+    Entry(
         type="slurm",
         public="Slurm",
         module="skyward.providers.slurm",

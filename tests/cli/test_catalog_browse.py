@@ -34,7 +34,7 @@ def test_every_machine_a_pool_can_choose_is_listed_once_per_cloud() -> None:
     entries = sky.catalog()
     listed = {(e.cloud, e.type, e.accelerator, e.accelerators) for e in entries}
     assert listed == {(m.cloud, m.type, m.accelerator, m.count) for m in catalog.MACHINES}
-    assert {e.cloud for e in entries} == {"aws", "gcp", "azure"}
+    assert {e.cloud for e in entries} == {"aws", "gcp", "azure", "lambdacloud", "verda"}
 
 
 def test_an_accelerator_filter_keeps_its_machines_cheapest_first() -> None:

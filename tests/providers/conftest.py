@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import pytest
 from support.clouds.gcp.fake import GCPFake
 from support.clouds.gcp.standins import GCPStandIns, MetadataServer
+from support.clouds.lambdacloud.fake import LambdaFake
+from support.clouds.lambdacloud.standins import LambdaStandIns
 from support.slurm import SlurmCluster, slurm_cluster_fixture
 from support.sshhosts import Hosts, PackageIndex
 
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
     from support.clouds.azure.standins import AzureStandIns
     from support.clouds.vastai.fake import VastFake
     from support.clouds.vastai.standins import VastStandIns
+    from support.clouds.verda.fake import VerdaFake
+    from support.clouds.verda.standins import VerdaStandIns
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 
@@ -87,6 +91,28 @@ def gcp_standins(
     assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
 
 
+# ── the fake of Lambda Cloud's API, and stand-in VMs for its instances ─────────────────
+
+
+@pytest.fixture(scope="session")
+def lambda_bridge(ssh_hosts: Hosts) -> Iterator[LambdaFake]:
+    """The fake on the test bridge, beside the stand-ins."""
+    with LambdaFake(host=ssh_hosts.bridge_address) as fake:
+        yield fake
+
+
+@pytest.fixture
+def lambda_standins(lambda_bridge: LambdaFake, ssh_hosts: Hosts) -> Iterator[LambdaStandIns]:
+    """The bridge's fake with stand-in VMs for the instances it runs."""
+    lambda_bridge.reset()
+    cloud = LambdaStandIns.start(lambda_bridge, ssh_hosts)
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
+
+
 # ── the Slurm testbed ─────────────────────────────────────────────────────────────────────
 
 # Module-scoped: each module that asks for it starts a cluster of its own (a login host, a
@@ -128,6 +154,32 @@ def vast_standins(vast_bridge: VastFake, ssh_hosts: Hosts) -> Iterator[VastStand
     # A Vast container sees its host's GPU through the NVIDIA runtime: nvidia-smi lists it.
     gpu = fake_nvidia_smi(1, "NVIDIA GeForce RTX 4090")
     cloud = VastStandIns(vast_bridge, ssh_hosts, HostImage(tools={"nvidia-smi": gpu}))
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"
+
+
+# ── Verda's API fake, and stand-in VMs booting from its startup scripts ────────────────
+
+
+@pytest.fixture(scope="session")
+def verda_bridge(ssh_hosts: Hosts) -> Iterator[VerdaFake]:
+    """The Verda fake on the test bridge, where the stand-ins run."""
+    from support.clouds.verda.fake import VerdaFake
+
+    with VerdaFake(host=ssh_hosts.bridge_address) as fake:
+        yield fake
+
+
+@pytest.fixture
+def verda_standins(verda_bridge: VerdaFake, ssh_hosts: Hosts) -> Iterator[VerdaStandIns]:
+    """The bridge's Verda fake, emptied, with stand-in VMs for the instances it runs."""
+    from support.clouds.verda.standins import VerdaStandIns
+
+    verda_bridge.reset()
+    cloud = VerdaStandIns.start(verda_bridge, ssh_hosts)
     try:
         yield cloud
     finally:

@@ -9,9 +9,12 @@ machines by handing out those hosts through the shared SSH-host layer, as a clou
 ``support/clouds/aws/standins.py``) and
 ``azure`` (the fake ARM server, with stand-ins for its VMs: ``support/clouds/azure/standins.py``),
 ``gcp`` (the Compute Engine fake, with stand-ins booting from its instances' metadata:
-``support/clouds/gcp/standins.py``) and ``slurm`` (the Slurm testbed, ``support/slurm.py``:
-a real slurmctld and slurmds in network namespaces, reached through its login host over SSH,
-as ``providers/slurm/test_slurm.py`` reaches it).
+``support/clouds/gcp/standins.py``), ``lambdacloud`` (the fake of Lambda's API, with
+stand-ins booting from its instances' user data: ``support/clouds/lambdacloud/standins.py``),
+``verda`` (the fake of Verda's REST API, with stand-ins booting from the pool's startup
+script: ``support/clouds/verda/standins.py``) and ``slurm`` (the Slurm testbed,
+``support/slurm.py``: a real slurmctld and slurmds in network namespaces, reached through
+its login host over SSH, as ``providers/slurm/test_slurm.py`` reaches it).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import pytest
 from support.clouds.aws.pools import standin_provider
 from support.clouds.azure.pools import standin_provider as azure_standin_provider
 from support.clouds.gcp.standins import standin_provider as gcp_standin_provider
+from support.clouds.lambdacloud.standins import standin_provider as lambda_standin_provider
 from support.clouds.vastai.standins import provider as vast_standin_provider
+from support.clouds.verda.standins import standin_provider as verda_standin_provider
 from support.pools import ssh_provider, start_in_thread
 from support.processes import worker_processes
 from support.providers import Preemptible, Slow, TestHosts
@@ -63,12 +68,21 @@ def _registry(request: pytest.FixtureRequest, kind: str) -> tuple[Any, sky.Image
         return azure_standin_provider(request.getfixturevalue("azure_standins")), image
     if kind == "gcp":
         return gcp_standin_provider(request.getfixturevalue("gcp_standins")), image
+    if kind == "lambdacloud":
+        cloud = request.getfixturevalue("lambda_standins")
+        # A type outside the catalog: no GPU checks on the stand-ins, which have none.
+        return lambda_standin_provider(cloud, instance_type="gpu_1x_a10"), image
     if kind == "vastai":
         return vast_standin_provider(request.getfixturevalue("vast_standins").fake), image
+    if kind == "verda":
+        return verda_standin_provider(request.getfixturevalue("verda_standins")), image
     return TestHosts(hosts), image
 
 
-@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp", "vastai", "slurm"])
+_KINDS = ["local", "ssh", "hosts", "aws", "azure", "gcp", "vastai", "lambdacloud", "verda", "slurm"]
+
+
+@pytest.fixture(params=_KINDS)
 def provider(request: pytest.FixtureRequest) -> tuple[Any, sky.Image]:
     return _registry(request, request.param)
 
@@ -113,7 +127,7 @@ def test_a_pool_on_every_provider_runs_calls_and_reports_each_phase(
 def test_remote_providers_report_connecting_and_bootstrapping_per_node(
     request: pytest.FixtureRequest,
 ) -> None:
-    for kind in ("ssh", "hosts", "aws", "azure", "gcp", "vastai", "slurm"):
+    for kind in ("ssh", "hosts", "aws", "azure", "gcp", "vastai", "lambdacloud", "verda", "slurm"):
         made, image = _registry(request, kind)
         recorder = Recorder()
         made.provision(_request(made, image), recorder).terminate()

@@ -128,6 +128,9 @@ class RunPodMachines:
     def key_label(self, first: Offer) -> tuple[str, str, str]:
         return self.options.data_center or "global", self.base, self.options.endpoint_url or ""
 
+    def resume(self, name: str) -> None:
+        self.base, self.prefix = name, f"{name}-n"  # the pods' names, and the sweep's
+
     def offers(self, want: Want) -> Offers:
         options, request = self.options, want.request
         name, count, memory = gpus(request.accelerator)

@@ -127,6 +127,9 @@ class VastMachines:
     def key_label(self, first: Offer) -> tuple[str, str, str]:
         return PLACE, self.base, self.options.endpoint_url or ""
 
+    def resume(self, name: str) -> None:
+        self.base, self.prefix = name, f"{name}-node-"  # the instances' labels, the sweep's
+
     # ── offers ─────────────────────────────────────────────────────────────────────────
 
     def offers(self, want: Want) -> Offers:

@@ -160,3 +160,34 @@ def test_a_killed_clients_containers_end_themselves_and_down_terminates_their_po
     assert fake.live() == []
     assert not key.exists()  # the killed client's pool key, stale once its pods are gone
     assert "Nothing left" in _skyward(fake, tmp_path, "ls").stdout
+
+
+@pytest.mark.timeout(300)
+def test_pods_kept_warm_are_adopted_by_the_next_pool_and_its_close_terminates_them(
+    runpod_standins: RunPodStandIns, package_index: PackageIndex
+) -> None:
+    fake = runpod_standins.fake
+
+    def pool(name: str, **options: float) -> sky.ComputePool:
+        return sky.ComputePool(
+            provider=standin_provider(runpod_standins),
+            accelerator="RTX_4090",
+            nodes=2,
+            image=sky.Image(index_url=package_index.url),
+            name=name,
+            quiet=True,
+            **options,
+        )
+
+    with pool("runpod-warm", keep_warm=300) as first:
+        before = first.broadcast(lambda: os.uname().nodename)
+        pods = {p["id"] for p in fake.live()}
+    assert {p["id"] for p in fake.live()} == pods  # kept: still rented
+    started = time.monotonic()
+    with pool("runpod-next") as second:
+        ready = time.monotonic() - started
+        after = second.broadcast(lambda: os.uname().nodename)
+        assert {p["id"] for p in fake.live()} == pods  # no pod rented anew
+    print(f"\nwarm start, 2 pods on RunPod stand-ins: ready in {ready:.2f} s; {second.timings()}")
+    assert after == before
+    assert fake.live() == []

@@ -145,3 +145,34 @@ def test_a_killed_clients_containers_end_themselves_and_down_destroys_them(
     assert sorted(x.id for x in found) == ids and {x.state for x in found} == {"exited"}
     inventory.delete(found, Recorder())
     assert fake.live() == []
+
+
+@pytest.mark.timeout(300)
+def test_instances_kept_warm_are_adopted_by_the_next_pool_and_its_close_destroys_them(
+    vast_standins: VastStandIns, package_index: PackageIndex
+) -> None:
+    fake = vast_standins.fake
+
+    def pool(name: str, **options: float) -> sky.ComputePool:
+        return sky.ComputePool(
+            provider=provider(fake),
+            accelerator="RTX_4090",
+            nodes=2,
+            image=sky.Image(index_url=package_index.url),
+            name=name,
+            quiet=True,
+            **options,
+        )
+
+    with pool("vast-warm", keep_warm=300) as first:
+        before = first.broadcast(lambda: os.uname().nodename)
+        rented = {i["id"] for i in fake.live()}
+    assert {i["id"] for i in fake.live()} == rented  # kept: still rented
+    started = time.monotonic()
+    with pool("vast-next") as second:
+        ready = time.monotonic() - started
+        after = second.broadcast(lambda: os.uname().nodename)
+        assert {i["id"] for i in fake.live()} == rented  # nothing rented anew
+    print(f"\nwarm start, 2 instances on Vast.ai stand-ins: ready in {ready:.2f} s")
+    assert after == before
+    assert fake.live() == [] and fake.ssh_keys == []

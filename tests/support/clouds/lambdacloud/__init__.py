@@ -1,0 +1,1 @@
+"""Lambda Cloud test support: a fake of its REST API, stand-in VMs."""
