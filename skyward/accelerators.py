@@ -47,10 +47,23 @@ __all__ = [
     "RTX_5080",
     "RTX_5090",
     "T4",
+    "TPU",
     "V100",
     "Accelerator",
     "Custom",
     "Machine",
+    "TPUv2",
+    "TPUv2_8",
+    "TPUv3",
+    "TPUv3_8",
+    "TPUv3_32",
+    "TPUv4",
+    "TPUv4_64",
+    "TPUv5e",
+    "TPUv5e_4",
+    "TPUv5p",
+    "TPUv5p_8",
+    "TPUv6",
     "machines",
     "names",
 ]
@@ -209,3 +222,48 @@ def machines(
         )
 
     return sorted(rows, key=key)
+
+
+# ── Cloud TPU (sky.GCP): a type is one slice, its hosts the pool's nodes ─────────────────
+
+
+def TPU(name: str, *, count: int | None = None) -> Accelerator:
+    """A Cloud TPU accelerator type as Google names it (``"v4-32"``, ``"v5litepod-8"``,
+    ``"v6e-16"``): one slice, each of its hosts a node (``skyward catalog tpu`` lists them).
+    ``ValueError`` for a type Google does not sell, listing those it does. ``count`` is
+    accepted as 1 only (skyward 0.5's spelling): more slices are ``nodes=``, a multiple of
+    the hosts (multislice)."""
+    from skyward.providers.gcp import tpu_types
+
+    if count not in (None, 1):
+        raise ValueError(
+            f"{name}: a TPU type is one slice; for {count} slices ask for nodes= {count} x "
+            f"its hosts (multislice), or a larger type"
+        )
+    return Accelerator(tpu_types.parse(name).name)
+
+
+def _tpu_factory(public: str, name: str) -> Factory:
+    def make(*, count: int | None = None, memory: str | int | None = None) -> Accelerator:
+        if memory is not None:
+            raise ValueError(f"{public}: a TPU's memory is its generation's; leave memory out")
+        return TPU(name, count=count)
+
+    make.__name__ = make.__qualname__ = public
+    make.__doc__ = f"Cloud TPU {name} on sky.GCP (``TPU({name!r})``): one slice."
+    return make
+
+
+# skyward 0.5's names: a generation alone is its smallest slice.
+TPUv2 = _tpu_factory("TPUv2", "v2-8")
+TPUv3 = _tpu_factory("TPUv3", "v3-8")
+TPUv4 = _tpu_factory("TPUv4", "v4-8")
+TPUv5e = _tpu_factory("TPUv5e", "v5litepod-1")
+TPUv5p = _tpu_factory("TPUv5p", "v5p-8")
+TPUv6 = _tpu_factory("TPUv6", "v6e-1")
+TPUv2_8 = _tpu_factory("TPUv2_8", "v2-8")
+TPUv3_8 = _tpu_factory("TPUv3_8", "v3-8")
+TPUv3_32 = _tpu_factory("TPUv3_32", "v3-32")
+TPUv4_64 = _tpu_factory("TPUv4_64", "v4-64")
+TPUv5e_4 = _tpu_factory("TPUv5e_4", "v5litepod-4")
+TPUv5p_8 = _tpu_factory("TPUv5p_8", "v5p-8")

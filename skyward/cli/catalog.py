@@ -9,6 +9,9 @@ listed here is what ``accelerator=`` can get.
     skyward catalog cpu --cloud gcp               machines without an accelerator
     skyward catalog H100 --spot                   with AWS's current spot prices (credentials)
     skyward catalog L4 --json                     the same rows as JSON, for scripts
+    skyward catalog tpu                           Cloud TPU types (sky.GCP): chips, hosts,
+                                                  zones, price per hour; ``tpu-v4``: one
+                                                  generation, ``v4-16``: one type
 
 A rich table on a terminal, aligned plain columns in a pipe, JSON with ``--json``.
 """
@@ -44,6 +47,9 @@ def catalog(
     from skyward._errors import SkywardError
     from skyward.providers.cloud.catalog import catalog as listing
 
+    if accelerator is not None and _is_tpu(accelerator):
+        _tpus(accelerator, as_json)
+        return
     try:
         entries = listing(accelerator, cloud=cloud, region=region, spot=spot)
     except (ValueError, SkywardError) as exc:
@@ -132,3 +138,76 @@ def _rich(entries: Sequence[CatalogEntry], spot: bool) -> None:
         style = "green" if entry.accelerator else None
         table.add_row(*_row(entry, spot), style=style)
     Console().print(table)
+
+
+# ── Cloud TPU types: slices, not machines ──────────────────────────────────────────────
+
+
+def _is_tpu(accelerator: str) -> bool:
+    from skyward.providers.gcp import tpu_types
+
+    word = accelerator.strip().lower()
+    return word.startswith("tpu") or tpu_types.looks_like_tpu(word)
+
+
+def _tpus(accelerator: str, as_json: bool) -> None:
+    """``skyward catalog tpu``, ``tpu-v5e`` (one generation) or ``v4-16`` (one type)."""
+    from skyward.providers.gcp import tpu_types
+
+    word = accelerator.strip().lower()
+    if word.startswith("tpu"):
+        generation = word.removeprefix("tpu").strip(" -:") or None
+        rows = [t for t in tpu_types.every() if generation in (None, t.generation.name)]
+        if not rows:
+            names = ", ".join(g.name for g in tpu_types.generations())
+            raise click.ClickException(f"no TPU generation {generation!r}; there are {names}")
+    else:
+        try:
+            rows = [tpu_types.parse(word)]
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "type": t.name,
+                        "generation": t.generation.name,
+                        "chips": t.chips,
+                        "hosts": t.hosts,
+                        "chips_per_host": t.chips_per_host,
+                        "hbm_gb_per_chip": t.generation.memory_gb,
+                        "zones": list(t.zones),
+                        "runtime": t.runtime,
+                        "on_demand": round(t.hourly(), 4),
+                        "spot": round(t.hourly(spot=True), 4),
+                    }
+                    for t in rows
+                ],
+                indent=2,
+            )
+        )
+        return
+    header = ("TYPE", "GEN", "CHIPS", "HOSTS", "CHIPS/HOST", "HBM/CHIP", "$/H", "SPOT $/H", "ZONES")
+    table = [header] + [
+        (
+            t.name,
+            t.generation.name,
+            str(t.chips),
+            str(t.hosts),
+            str(t.chips_per_host),
+            f"{t.generation.memory_gb} GB",
+            f"{t.hourly():.2f}",
+            f"{t.hourly(spot=True):.2f}",
+            " ".join(t.zones),
+        )
+        for t in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    click.echo(
+        f"Cloud TPU list prices as of {tpu_types.as_of()}, USD per hour per slice (spot: an "
+        f"estimate); each host is one node: nodes= a multiple of HOSTS (several: multislice).",
+        err=True,
+    )

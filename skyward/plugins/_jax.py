@@ -63,6 +63,9 @@ GPU_ENV: dict[str, str] = {
 _BLACKWELL = re.compile(r"^(B|GB)\d", re.IGNORECASE)
 _BLACKWELL_XLA_FLAGS = {"--xla_gpu_enable_command_buffer": "FUSION,CUSTOM_CALL"}
 
+# On the client: "1" makes a TPU pool's jax the CPU build (JAX_PLATFORMS=cpu), so that
+# stand-in hosts without TPUs run the same program (the TPU tests set it; users never do).
+TPU_AS_CPU = "SKYWARD_JAX_TPU_AS_CPU"
 _TPU = re.compile(r"^(TPU|V[2-6][A-Z]*|TRILLIUM)([-:].*)?$", re.IGNORECASE)
 _NOT_JAX = re.compile(r"^(TRAINIUM|INFERENTIA|TRN|INF|GAUDI|MI\d+)", re.IGNORECASE)
 
@@ -149,13 +152,17 @@ def jax(cuda: str | int | None = None, /, **options: Unpack[JaxOptions]) -> Plug
 
     def transform(image: Image, spec: PoolSpec) -> Image:
         platform = accelerator_platform(spec.accelerator)
+        env: dict[str, str] = {}
+        if platform == "tpu":
+            env.update(multislice_environment(spec.accelerator or "", spec.nodes))
+        if platform == "tpu" and os.environ.get(TPU_AS_CPU) == "1":
+            platform, env["JAX_PLATFORMS"] = "cpu", "cpu"  # tests: CPU jax plays libtpu
         requirement, packages = jax_requirement(platform, major or DEFAULT_CUDA, version)
         indexes: tuple[PipIndex, ...] = ()
         if index_url:
             links = index_url.endswith(".html") if find_links is None else find_links
             indexes = (PipIndex(url=index_url, packages=packages, find_links=links),)
         image = image.with_pip(requirement, indexes=indexes)
-        env: dict[str, str] = {}
         if cpu_devices is not None:
             preset = image.env.get("JAX_NUM_CPU_DEVICES")
             if preset is not None and preset != str(cpu_devices):
@@ -172,6 +179,8 @@ def jax(cuda: str | int | None = None, /, **options: Unpack[JaxOptions]) -> Plug
     def around_app(info: InstanceInfo) -> Iterator[None]:
         for name, value in efa_environment().items():
             os.environ.setdefault(name, value)  # before NCCL starts; the user's own win
+        for name, value in megascale_environment(info, os.environ).items():
+            os.environ.setdefault(name, value)  # before libtpu starts; the user's own win
         with ExitStack() as stack:
             if not verbose and info.total_workers > 1:
                 stack.enter_context(hooks.stdout_filter(GlooFilter()))
@@ -189,6 +198,37 @@ jax.__signature__ = keyword_signature(  # type: ignore[attr-defined]
     before=[leading("cuda", _Options)],
     returns=Plugin,
 )
+
+
+HOSTS_PER_SLICE = "SKYWARD_TPU_HOSTS_PER_SLICE"  # set on a multislice pool's workers
+MEGASCALE_PORT = 8080  # the coordinator's port for the slices' runtime, on node 0
+
+
+def multislice_environment(accelerator: str, nodes: object) -> dict[str, str]:
+    """On the client, for a TPU pool of several slices (``nodes`` a multiple of the type's
+    hosts): the hosts per slice, which each worker turns into its MEGASCALE variables."""
+    from skyward.providers.gcp import tpu_types
+
+    kind = tpu_types.find(accelerator)
+    if kind is None or not isinstance(nodes, int) or nodes <= kind.hosts:
+        return {}
+    return {HOSTS_PER_SLICE: str(kind.hosts)}
+
+
+def megascale_environment(info: InstanceInfo, env: Mapping[str, str]) -> dict[str, str]:
+    """On a worker of a multislice pool: what JAX's multislice runtime (libtpu) reads to join
+    one mesh across slices over the data-center network: the coordinator (node 0, the first
+    host of slice 0), the number of slices and this host's slice, which is its node's rank
+    divided by the hosts per slice (slices are ranked one after another)."""
+    hosts = int(env.get(HOSTS_PER_SLICE) or 0)
+    if hosts <= 0:
+        return {}
+    return {
+        "MEGASCALE_COORDINATOR_ADDRESS": f"{_host(info.head_addr)}:{MEGASCALE_PORT}",
+        "MEGASCALE_PORT": str(MEGASCALE_PORT),
+        "MEGASCALE_NUM_SLICES": str(info.total_nodes // hosts),
+        "MEGASCALE_SLICE_ID": str(info.node // hosts),
+    }
 
 
 def efa_environment(sys_root: str = "/sys") -> dict[str, str]:

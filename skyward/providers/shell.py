@@ -49,6 +49,9 @@ class Access:
     boot_timeout: float = 0.0
     gpus: int | None = None
     machine_type: str = ""
+    # Accelerators each machine has that nvidia-smi does not list (a TPU host's chips): the
+    # node's count, as the cloud says it; None: the GPUs nvidia-smi lists.
+    chips: int | None = None
     # The machines run as an instance profile (EC2): volumes without keys use it.
     instance_profile: bool = False
 

@@ -22,8 +22,9 @@ what exists. The start calls a cloud's ``Machines`` in this order::
     describe(place, ids) until all run        state, where SSH is reached, why one ended
     ...the pool runs; a node is lost:
         describe(place, [id])                 why (added to the ``WorkerLost``)
-        discard(place, [id], no wait)         the lost machine let go
-        launch(offer, [name], ...)            its replacement, made alike
+        discard(place, [id], no wait)         the lost machine let go (with ``unit``: every
+                                              node of its unit)
+        launch(offer, [name], ...)            its replacement, made alike (or the unit's)
     delete(record, deadline)                  everything recorded, then a sweep by tag
     ...or, closed with keep_warm, nothing; a later pool of the same spec:
         resume(name)                          this pool's calls take back the identity of
@@ -147,6 +148,11 @@ class Machines(Protocol):
     noun: str
     prefix: str
     instance_profile: bool
+    # How many nodes are made, lost and replaced together (a cloud whose one launch makes
+    # several hosts: a TPU slice). Optional; 1 when absent: each node is its own machine.
+    # Ranks ``k*unit .. k*unit+unit-1`` are one unit; replacing one replaces all of them.
+    # Optional too, ``chips``: accelerators per machine that nvidia-smi does not list (a TPU
+    # host's chips), each node's count as the cloud says it; absent: the GPUs listed.
 
     def key_label(self, first: Offer) -> tuple[str, str, str]:
         """What the pool's key is labelled with for ``skyward ls`` / ``down`` (``keys.py``),

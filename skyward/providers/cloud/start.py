@@ -20,7 +20,9 @@
     the pool runs:
       loss_reason(rank)                   machines.describe: why a node's machine ended
       replace(rank)                       the old machine discarded, a new one launched in
-                                          the same place, reached alike
+                                          the same place, reached alike; where the cloud's
+                                          machines come in units (``unit``: a TPU slice's
+                                          hosts), the rank's whole unit at once
     close:
       terminate() -> release()            machines.delete(record), waited for; the key
       or keep(seconds) (keep_warm)        each watchdog told to keep its machine that long;
@@ -227,6 +229,11 @@ class CloudPool(Allocation):
         self._access: Access | None = None
         self._host_key: str | None = None
         self._offer: Offer | None = None
+        # A cloud whose machines come in units replaces a whole unit for one lost node: the
+        # unit's other ranks get their new node here when the pool asks for them next.
+        self._unit = int(getattr(machines, "unit", 1) or 1)
+        self._replacing = threading.Lock()  # one unit replacement at a time
+        self._fresh: set[int] = set()  # guarded by _replacing: replaced, not yet asked for
         self._label = ""  # set by open(), or from the kept set adopted
 
     @classmethod
@@ -342,13 +349,16 @@ class CloudPool(Allocation):
         key.label(key_label(options.cloud, region, self.request.pool, name, endpoint))
         host_key = HostKey.generate()
         gpu = self.request.accelerator is not None or first.machine.accelerator is not None
+        # A cloud whose accelerators are no NVIDIA GPUs (TPU chips) says how many it gave.
+        chips: int | None = getattr(cloud, "chips", None)
         self._host_key = host_key.public
         self._access = Access(
             key_file=key.path,
             python=options.python,
             workdir=options.workdir,
             boot_timeout=options.boot_timeout,
-            gpus=(first.machine.count or None) if gpu else None,
+            gpus=(first.machine.count or None) if gpu and chips is None else None,
+            chips=chips,
             machine_type=first.machine.type,
             instance_profile=cloud.instance_profile,
         )
@@ -468,7 +478,10 @@ class CloudPool(Allocation):
         return self._offer is not None and self._access is not None
 
     def replace(self, rank: int, reporter: Reporter, deadline: Deadline) -> Node:
-        """A new machine for node ``rank``, made alike (same place, network, keys)."""
+        """A new machine for node ``rank``, made alike (same place, network, keys); where the
+        cloud's machines come in units, every node of the rank's unit."""
+        if self._unit > 1:
+            return self._replace_unit(rank, reporter, deadline)
         offer, old = self._offer, self.record.node(rank)
         if self.record.released or offer is None or old is None:
             raise self._closing()
@@ -485,6 +498,37 @@ class CloudPool(Allocation):
                 raise self._closing()
             self.nodes[rank] = node
         return node
+
+    def _replace_unit(self, rank: int, reporter: Reporter, deadline: Deadline) -> Node:
+        """Node ``rank``'s whole unit made again (one launch), once: the unit's other ranks,
+        lost with it, find their new nodes made already."""
+        first = rank - rank % self._unit
+        ranks = list(range(first, first + self._unit))
+        with self._replacing:
+            if rank in self._fresh:
+                self._fresh.discard(rank)
+                return self.nodes[rank]
+            offer, old = self._offer, self.record.node(rank)
+            if self.record.released or offer is None or old is None:
+                raise self._closing()
+            for each in ranks:
+                if each < len(self.nodes):
+                    self.nodes[each].close()
+                reporter.phase(each, "provisioning", f"replacing {old[1]} (its whole unit)")
+            lost = [found for r in ranks if (found := self.record.node(r)) is not None]
+            self.cloud.discard(old[0], [id for _, id in lost], Deadline(0.0, "no wait"))
+            ids = self._launch(offer, ranks, deadline)
+            targets = self._running(offer.zone, ids, deadline)
+            nodes = self._reach(targets, reporter, ranks=ranks, deadline=deadline)
+            with self._lock:
+                if self.record.released:
+                    for node in nodes:
+                        node.close()
+                    raise self._closing()
+                for each, node in zip(ranks, nodes, strict=True):
+                    self.nodes[each] = node
+            self._fresh = set(ranks) - {rank}
+            return self.nodes[rank]
 
     def keep(self, seconds: float) -> bool:
         """Leave the machines for the next pool like this one, ``seconds`` at most: each

@@ -11,13 +11,17 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationInfo, field_validator
 
 from skyward._errors import ProvisionError
+from skyward.client.extras import check as check_extra
 from skyward.providers.base import Inventory, ProvisionRequest
 from skyward.providers.cloud import catalog
 from skyward.providers.cloud.catalog import Cloud, Machine
+from skyward.providers.cloud.contract import Machines
 from skyward.providers.cloud.options import CloudOptions
+from skyward.providers.gcp import tpu_types
 from skyward.providers.gcp.api import Api, credentials_and_project
 from skyward.providers.gcp.inventory import GCPInventory
 from skyward.providers.gcp.machines import GCPMachines
+from skyward.providers.gcp.tpu_api import TpuApi
 from skyward.providers.volumes import refuse_keyless
 
 _NAME = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -41,6 +45,12 @@ class GCP(CloudOptions):
       the watchdog can delete its own instance (``None``: no account; a powered-off machine
       is then kept, and its disk billed, until ``skyward down``).
     - ``endpoint``: where the Compute API calls go (a proxy, a test server).
+    - A TPU accelerator type (``accelerator="v4-16"``, ``sky.accelerators.TPU(...)``): the
+      nodes are the hosts of Cloud TPU slices (``nodes``: a multiple of the type's hosts),
+      made through the Cloud TPU API (``google-cloud-tpu``). ``tpu_runtime``: the TPU VM
+      software version (default: the generation's, ``skyward catalog tpu``);
+      ``tpu_endpoint``: where the TPU API calls go. ``zone`` is tried first, then every
+      other zone that sells the type (only ``region``'s, when it is given).
     """
 
     cloud: ClassVar[Cloud] = "gcp"
@@ -59,6 +69,8 @@ class GCP(CloudOptions):
     service_account: str | None = "default"
     endpoint: str | None = None
     credentials: Any = None
+    tpu_runtime: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    tpu_endpoint: str | None = None
 
     @field_validator("zone", "region")
     @classmethod
@@ -92,16 +104,73 @@ class GCP(CloudOptions):
 
     def check(self, request: ProvisionRequest) -> None:
         """Called when the pool is built, before anything is touched."""
+        if tpu_types.looks_like_tpu(request.accelerator):
+            self._check_tpu(request)
+            return
         super().check(request)
         refuse_keyless(request.volumes, "GCP")
         self.refuse_above(request, self.machines_for(request), [self.where()[1]])
         credentials_and_project(self.project, self.credentials)
 
-    def machines(self, request: ProvisionRequest) -> GCPMachines:
+    def machines(self, request: ProvisionRequest) -> Machines:
+        kind = tpu_types.find(request.accelerator) if request.accelerator else None
+        if kind is not None and tpu_types.looks_like_tpu(request.accelerator):
+            from skyward.providers.gcp.tpu_api import TpuApi
+            from skyward.providers.gcp.tpu_machines import TPUMachines
+
+            credentials, project = credentials_and_project(self.project, self.credentials)
+            tpu = TpuApi.connect(
+                project=project, credentials=credentials, endpoint=self.tpu_endpoint
+            )
+            return TPUMachines(self, tpu, self._api(), request, kind)
         return GCPMachines(self, self._api(), request.pool)
 
+    # ── Cloud TPU ────────────────────────────────────────────────────────────────────
+
+    def _check_tpu(self, request: ProvisionRequest) -> None:
+        """A TPU pool, when it is built: the type, its zones, whole slices."""
+        CloudOptions.check(self, request)
+        check_extra("google.cloud.tpu_v2", feature="a TPU pool on sky.GCP")
+        refuse_keyless(request.volumes, "GCP")
+        kind = tpu_types.parse(str(request.accelerator))
+        if self.machine_type is not None:
+            raise ValueError(
+                f"machine_type={self.machine_type!r} and the TPU type {kind.name}: a TPU "
+                f"pool's machines are its slices' hosts; leave machine_type out"
+            )
+        if request.nodes % kind.hosts:
+            raise ValueError(
+                f"{kind.describe()}: nodes={request.nodes} is not a multiple of its "
+                f"{kind.hosts} host(s); ask for nodes={kind.hosts} (one slice) or a multiple "
+                f"(several slices: multislice)"
+            )
+        self.tpu_zones(kind)
+        credentials_and_project(self.project, self.credentials)
+
+    def tpu_zones(self, kind: tpu_types.TpuType) -> list[str]:
+        """The zones to try for ``kind``: ``zone`` first (it must sell the type), then the
+        type's other zones (only ``region``'s, when it is given); ``ValueError`` naming
+        where Google sells it when none is left."""
+        zone = self.zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE") or None
+        if zone is not None:
+            kind.check_zone(zone)
+        zones = [z for z in kind.zones if self.region is None or z.startswith(self.region + "-")]
+        if not zones:
+            raise ValueError(
+                f"Google sells {kind.name} in {', '.join(kind.zones)}, none of them in "
+                f"region {self.region}; pass sky.GCP(zone='{kind.zones[0]}')"
+            )
+        return ([zone] if zone else []) + [z for z in zones if z != zone]
+
     def inventory(self) -> Inventory | None:
-        return GCPInventory(self._api, release_timeout=self.release_timeout)
+        # A Compute endpoint of its own (a proxy, a test server) and none for TPU: the TPU
+        # calls would go to Google's, which this setup does not use; no TPU listing then.
+        tpu = None if self.endpoint and not self.tpu_endpoint else self._tpu_api
+        return GCPInventory(self._api, release_timeout=self.release_timeout, tpu=tpu)
+
+    def _tpu_api(self) -> TpuApi:
+        credentials, project = credentials_and_project(self.project, self.credentials)
+        return TpuApi.connect(project=project, credentials=credentials, endpoint=self.tpu_endpoint)
 
     def _api(self) -> Api:
         credentials, project = credentials_and_project(self.project, self.credentials)

@@ -1,6 +1,7 @@
 """What GCP adds to ``skyward ls`` / ``down`` (``providers/scope.py``): ``--project`` (by
 default the application-default credentials' project). The Compute calls go to
-``SKYWARD_GCP_ENDPOINT`` when it is set (a proxy or a test server). A GCP pool has no key
+``SKYWARD_GCP_ENDPOINT`` when it is set (a proxy or a test server), the Cloud TPU calls to
+``SKYWARD_GCP_TPU_ENDPOINT``. A GCP pool has no key
 pair: its pool key is in use while resources named after it remain.
 """
 
@@ -60,7 +61,10 @@ class GCPScope(Scope):
             except SkywardError as exc:
                 places.unchecked.append(f"gcp: not checked: {exc}")
                 continue
-            config = GCP(project=project, credentials=credentials, endpoint=endpoint)
+            tpu = os.environ.get("SKYWARD_GCP_TPU_ENDPOINT") or None
+            config = GCP(
+                project=project, credentials=credentials, endpoint=endpoint, tpu_endpoint=tpu
+            )
             inventory = config.inventory()
             if inventory is not None:
                 places.found.append((f"gcp {project}", inventory))

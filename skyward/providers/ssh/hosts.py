@@ -107,7 +107,10 @@ def open_hosts(
             included = upload_includes(
                 connection, plan, request.image, lambda line: reporter.log(rank, line)
             )
-            accelerators, seen = list_gpus(connection)
+            if access.chips is not None:
+                accelerators, seen = access.chips, ""
+            else:
+                accelerators, seen = list_gpus(connection)
             if access.gpus is not None and accelerators < access.gpus:
                 raise ProvisionError(missing_gpus(rank, host, access, accelerators, seen))
             # Last: a node that fails after this would leave a FUSE mount behind.
