@@ -248,6 +248,20 @@ class PoolSpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _nodes_the_machine_has(cls, options: Any) -> Any:
+        """No ``nodes`` given: a provider whose accelerator comes as several hosts (a Cloud
+        TPU slice) says how many (``default_nodes``); else the default, 1."""
+        if not isinstance(options, dict) or options.get("nodes") is not None:
+            return options
+        default = getattr(options.get("provider"), "default_nodes", None)
+        accelerator = options.get("accelerator")
+        if not callable(default) or accelerator is None:
+            return options
+        nodes = default(str(accelerator))
+        return {**options, "nodes": nodes} if isinstance(nodes, int) else options
+
+    @model_validator(mode="before")
+    @classmethod
     def _node_range(cls, options: Any) -> Any:
         nodes = options.get("nodes") if isinstance(options, dict) else None
         if isinstance(nodes, tuple | list):

@@ -127,6 +127,11 @@ class GCP(CloudOptions):
 
     # ── Cloud TPU ────────────────────────────────────────────────────────────────────
 
+    def default_nodes(self, accelerator: str | None) -> int | None:
+        """A pool that names a TPU type and no ``nodes``: one slice, a node per host."""
+        kind = tpu_types.find(accelerator)
+        return kind.hosts if kind is not None else None
+
     def _check_tpu(self, request: ProvisionRequest) -> None:
         """A TPU pool, when it is built: the type, its zones, whole slices."""
         CloudOptions.check(self, request)

@@ -160,6 +160,16 @@ def test_nodes_must_be_whole_slices_and_the_error_names_the_hosts(
         sky.ComputePool(provider=tpu_provider(gce, tpu), accelerator="v4-12", nodes=2)
 
 
+def test_nodes_default_to_the_slices_hosts(gce: GCPFake, tpu: TPUFake) -> None:
+    # The example: a v4-32 is 4 hosts, one JAX process each, with no nodes= given.
+    gcp = tpu_provider(gce, tpu)
+    assert sky.ComputePool(provider=gcp, accelerator="v4-32", quiet=True).spec.nodes == 4
+    named = sky.accelerators.TPU("v4-16")
+    assert sky.ComputePool(provider=gcp, accelerator=named, quiet=True).spec.nodes == 2
+    two = sky.ComputePool(provider=gcp, accelerator="v4-16", nodes=4, quiet=True)
+    assert two.spec.nodes == 4  # given: two slices
+
+
 # ── what a pool asks Google for ────────────────────────────────────────────────────────
 
 
