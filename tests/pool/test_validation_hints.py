@@ -57,6 +57,7 @@ def test_a_misspelled_gcp_place_says_which_was_meant(option: str, value: str, me
     assert "pattern" not in str(caught.value)
     assert sky.GCP(zone="us-central1-a").zone == "us-central1-a"
     assert sky.GCP(region="me-central9").region == "me-central9"  # newer than the catalog
+    assert sky.GCP(zone="us-south1-ai1b").zone == "us-south1-ai1b"  # an AI zone
 
 
 def test_a_count_aws_does_not_sell_is_said_before_missing_credentials(

@@ -190,7 +190,8 @@ def place(value: str, *, zone: bool) -> str:
     (``us-central1``); else a ``ValueError`` naming the nearest the catalog knows. A region
     newer than the catalog, rightly shaped, is taken: Compute Engine says if it exists."""
     region, _, letter = value.rpartition("-") if zone else (value, "", "")
-    if _REGION.match(region) and (not zone or re.fullmatch(r"[a-z]", letter)):
+    # A zone's last part is a letter, or an AI zone's name (``us-south1-ai1b``).
+    if _REGION.match(region) and (not zone or re.fullmatch(r"[a-z]|ai\d+[a-z]?", letter)):
         return value
     known = catalog.regions("gcp")
     near = difflib.get_close_matches(region or value, known, n=3, cutoff=0.85)
