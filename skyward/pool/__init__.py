@@ -81,6 +81,7 @@ from skyward.collections.state import SharedState
 from skyward.console import Console, ConsoleMode, handlers
 from skyward.console.logs import PoolLog, secrets_of
 from skyward.console.mapbar import map_bar
+from skyward.console.timings import StartTimings
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
@@ -821,6 +822,12 @@ class ComputePool(CallTarget):
         return PoolClosed(f"pool {self.name!r} is {state}: it takes no new calls")
 
     # ── introspection ───────────────────────────────────────────────────────────────────
+
+    def timings(self) -> StartTimings:
+        """Where the latest start spent its time: seconds per node and stage (``boot``, the
+        bootstrap's steps ``cache``/``uv``/``python``/``packages``/..., ``worker``,
+        ``plugins``); ``print(pool.timings())`` shows a table."""
+        return self._console.timings()
 
     def statistics(self) -> PoolStatistics:
         with self._lock:

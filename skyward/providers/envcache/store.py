@@ -100,6 +100,9 @@ def _request(
     ok: tuple[int, ...] = (200, 201, 204, 206),
     timeout: float = _TIMEOUT,
 ) -> tuple[int, dict[str, str], bytes]:
+    if body is not None and not any(k.lower() == "content-type" for k in headers):
+        # urllib would send form-encoding's type, and a server may parse the body as a form.
+        headers = {**headers, "Content-Type": "application/octet-stream"}
     request = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
@@ -512,6 +515,8 @@ class Azure(Store):
             "x-ms-version": self.VERSION,
             "x-ms-date": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()),
         }
+        if body is not None:
+            headers["Content-Type"] = "application/octet-stream"  # signed, so set here
         path = self._path(key)
         encoded = urllib.parse.urlencode(sorted(query.items()))
         sas = os.environ.get("AZURE_STORAGE_SAS_TOKEN", "").lstrip("?")

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyward._image import Image, local_wheel, requirement_name
+from skyward.client.phases import BOOTSTRAP_STEPS
 
 # volumes.py takes shell_path from here, with the bootstrap's other shell pieces.
 from skyward.providers.shell import shell_path as shell_path
@@ -512,9 +513,8 @@ def _venv_lines(plan: Plan) -> list[str]:
     ]
 
 
-# The bootstrap's steps, in order: what ``::skyward-step::`` names (``cache``: an entry looked
-# for and downloaded; ``publish``: the one built, packed and uploaded).
-STEPS = ("cache", "uv", "python", "packages", "setup", "publish")
+# What ``::skyward-step::`` names: the script's share of the bootstrap's steps.
+STEPS = tuple(step for step in BOOTSTRAP_STEPS if step != "skyward")
 
 
 def _store_source() -> str:
