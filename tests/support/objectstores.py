@@ -122,8 +122,20 @@ class GCSServer:
         self.log = Path(tempfile.mkstemp(prefix="gcs-emulator-", suffix=".log")[1])
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", host,
-                 "--port", str(port), "--in-memory", "--default-bucket", bucket, "-q"],
+                [
+                    sys.executable,
+                    "-m",
+                    "gcp_storage_emulator",
+                    "start",
+                    "--host",
+                    host,
+                    "--port",
+                    str(port),
+                    "--in-memory",
+                    "--default-bucket",
+                    bucket,
+                    "-q",
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -164,6 +176,75 @@ class GCSServer:
     def close(self) -> None:
         _stop(self.process)
         self.log.unlink(missing_ok=True)
+
+
+class AzuriteServer:
+    """Azurite's blob service on ``host``, its data in a temporary directory, with its
+    well-known test account (``devstoreaccount1``) and ``container`` made; no telemetry (it
+    would call out)."""
+
+    scheme = "az"
+    account = "devstoreaccount1"
+    key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+    env = {"AZURE_STORAGE_KEY": key}
+
+    def __init__(self, host: str, container: str = "skyward-envcache") -> None:
+        self.bucket = container
+        port = free_port(host)
+        self.url = f"http://{host}:{port}"
+        self.log = Path(tempfile.mkstemp(prefix="azurite-", suffix=".log")[1])
+        self.data = Path(tempfile.mkdtemp(prefix="azurite-"))
+        command = [
+            *azurite_command(),
+            "--blobHost",
+            host,
+            "--blobPort",
+            str(port),
+            "--location",
+            str(self.data),
+            "--disableTelemetry",
+            "--skipApiVersionCheck",
+            "--silent",
+        ]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        try:
+            _wait_http(f"{self.url}/{self.account}?comp=list", self.process, self.log)
+            self._store()._call("PUT", "", {"restype": "container"}, {})
+        except BaseException:
+            self.close()
+            raise
+
+    def cache_url(self, prefix: str) -> str:
+        return f"az://{self.account}/{self.bucket}/{prefix}"
+
+    def _store(self) -> Any:
+        from skyward.providers.envcache.store import Azure
+
+        return Azure(self.account, self.bucket, self.url, shared_key=self.key)
+
+    keys = GCSServer.keys
+    read = GCSServer.read
+    write = GCSServer.write
+
+    def tags(self, key: str) -> dict[str, str]:
+        """The blob's index tags (Get Blob Tags)."""
+        import xml.etree.ElementTree as ElementTree
+
+        body = self._store()._call("GET", key, {"comp": "tags"}, {})[2]
+        root = ElementTree.fromstring(body)
+        return {t.findtext("Key") or "": t.findtext("Value") or "" for t in root.iter("Tag")}
+
+    def close(self) -> None:
+        _stop(self.process)
+        self.log.unlink(missing_ok=True)
+        shutil.rmtree(self.data, ignore_errors=True)
 
 
 class CountingIndex:

@@ -489,8 +489,11 @@ class Azure(Store):
 
     VERSION = "2021-08-06"
 
-    def __init__(self, account: str, container: str, endpoint: str | None) -> None:
+    def __init__(
+        self, account: str, container: str, endpoint: str | None, shared_key: str | None = None
+    ) -> None:
         self.account, self.container, self.endpoint = account, container, endpoint
+        self.shared_key = shared_key
         self.base = (
             f"{endpoint}/{account}" if endpoint else f"https://{account}.blob.core.windows.net"
         )
@@ -520,7 +523,7 @@ class Azure(Store):
         path = self._path(key)
         encoded = urllib.parse.urlencode(sorted(query.items()))
         sas = os.environ.get("AZURE_STORAGE_SAS_TOKEN", "").lstrip("?")
-        shared = os.environ.get("AZURE_STORAGE_KEY")
+        shared = self.shared_key or os.environ.get("AZURE_STORAGE_KEY")
         if shared:
             headers["Authorization"] = self._shared_key(method, path, query, headers, shared)
         elif sas:
@@ -595,16 +598,16 @@ class Azure(Store):
         return self._call("GET", key, {}, {"x-ms-range": f"bytes={start}-{end - 1}"})[2]
 
     def put(self, key: str, path: str, metadata: dict[str, str], tags: dict[str, str]) -> None:
-        headers = {
-            f"x-ms-meta-{k}": v
-            for k, v in {**tags, **metadata}.items()
-            if re.match(r"^[A-Za-z_]\w*$", k)
-        }
+        # Metadata names are identifiers (skyward_pool); index tags take fewer characters in
+        # their values than the tags carry (an owner's '@'), so those become '_' there.
+        named = {k.replace("-", "_"): v for k, v in {**tags, **metadata}.items()}
+        headers = {f"x-ms-meta-{k}": v for k, v in named.items()}
         headers.update(
             {"x-ms-blob-type": "BlockBlob", "Content-Length": str(os.path.getsize(path))}
         )
         if tags:
-            headers["x-ms-tags"] = urllib.parse.urlencode(tags)
+            allowed = {k: re.sub(r"[^A-Za-z0-9 +\-.:=_/]", "_", v) for k, v in tags.items()}
+            headers["x-ms-tags"] = urllib.parse.urlencode(allowed)
         self._call("PUT", key, {}, headers, _Body([path]))
 
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -633,7 +636,7 @@ class Azure(Store):
                     blob.findtext("Name") or "",
                     int((props.findtext("Content-Length") if props is not None else None) or 0),
                     _http_date(props.findtext("Last-Modified") or "") if props is not None else 0.0,
-                    {m.tag: m.text or "" for m in meta} if meta is not None else {},
+                    {m.tag.lower(): m.text or "" for m in meta} if meta is not None else {},
                 )
             marker = root.findtext("NextMarker") or ""
             if not marker:

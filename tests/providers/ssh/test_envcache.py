@@ -4,7 +4,8 @@
 
     root namespace                                    SSH hosts h0..h3 (the session's)
     ───────────────────────────────────────────       ─────────────────────────────────
-    moto's server (S3), gcp-storage-emulator (GCS)  <─ the bootstrap's store client, with
+    moto's server (S3), gcp-storage-emulator (GCS), <─
+      Azurite (Azure Blob, installed by npm if missing) the bootstrap's store client, with
       on the bridge                                    the store's test credentials in the
     CountingIndex on the bridge: the package index     host's own ~/.ssh/environment
       again, every request counted                   each pool in a fresh workdir: no uv,
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.objectstores import CountingIndex, GCSServer, S3Server
+from support.objectstores import AzuriteServer, CountingIndex, GCSServer, S3Server
 from support.pools import ssh_provider
 from support.reporter import Recorder
 from support.sshhosts import USER, Hosts, PackageIndex, build_wheel
@@ -34,8 +35,8 @@ from support.sshhosts import USER, Hosts, PackageIndex, build_wheel
 import skyward as sky
 from skyward.pool.spec import PoolSpec
 
-Store = S3Server | GCSServer
-_STORES = {"s3": S3Server, "gcs": GCSServer}
+Store = S3Server | GCSServer | AzuriteServer
+_STORES = {"s3": S3Server, "gcs": GCSServer, "azure": AzuriteServer}
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -151,7 +152,9 @@ def test_one_node_builds_and_uploads_the_others_wait_and_a_later_pool_downloads_
     assert "skyward-pool" in store.tags(key)
 
     index.reset()
-    with sky.ComputePool(provider=_provider(ssh_hosts, 4), nodes=4, image=image, quiet=True) as pool:
+    with sky.ComputePool(
+        provider=_provider(ssh_hosts, 4), nodes=4, image=image, quiet=True
+    ) as pool:
         assert index.count() == 0, index.requests  # a warm cache: the index was not asked
         assert pool.broadcast(_skycache) == ["1.0"] * 4
         timings = pool.timings()
@@ -190,9 +193,11 @@ def test_a_pool_starts_when_the_cache_cannot_be_written_and_every_node_builds(
     # A bucket that does not exist: reads miss, and the builder's check that it may write
     # fails, so no node waits for an upload that cannot happen.
     image = _image(store, index, "x").model_copy(
-        update={"cache": store.cache_url("x").replace(store.bucket, "skyward-no-such-bucket")}
+        update={"cache": store.cache_url("x").replace(store.bucket, "skyward-no-bucket")}
     )
-    with sky.ComputePool(provider=_provider(ssh_hosts, 2), nodes=2, image=image, quiet=True) as pool:
+    with sky.ComputePool(
+        provider=_provider(ssh_hosts, 2), nodes=2, image=image, quiet=True
+    ) as pool:
         assert pool.broadcast(_skycache) == ["1.0"] * 2
     recorder = _provision(ssh_hosts, image, nodes=2)
     texts = [recorder.text(0), recorder.text(1)]
