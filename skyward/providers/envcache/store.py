@@ -490,14 +490,19 @@ class Azure(Store):
     VERSION = "2021-08-06"
 
     def __init__(
-        self, account: str, container: str, endpoint: str | None, shared_key: str | None = None
+        self,
+        account: str,
+        container: str,
+        endpoint: str | None,
+        shared_key: str | None = None,
+        token: str | None = None,
     ) -> None:
         self.account, self.container, self.endpoint = account, container, endpoint
         self.shared_key = shared_key
         self.base = (
             f"{endpoint}/{account}" if endpoint else f"https://{account}.blob.core.windows.net"
         )
-        self._token: str | None = None
+        self._token: str | None = token
         self._expires = float("inf")
         self._lock = threading.Lock()  # guards: _token, _expires
 

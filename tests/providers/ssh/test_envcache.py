@@ -204,3 +204,28 @@ def test_a_pool_starts_when_the_cache_cannot_be_written_and_every_node_builds(
     assert all(_built(t) for t in texts), texts
     assert any("building this environment (the cache cannot be written)" in t for t in texts)
     assert any("this node builds the environment itself" in t for t in texts), texts
+
+
+def test_skyward_cache_lists_and_prunes_the_entries(
+    ssh_hosts: Hosts, store: Store, index: CountingIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from skyward.cli import main
+
+    for name, value in store.env.items():  # this machine's credentials for the store
+        monkeypatch.setenv(name, value)
+    prefix = uuid.uuid4().hex[:8]
+    _provision(ssh_hosts, _image(store, index, prefix), nodes=1)
+    key = _entry(store, prefix)
+    url, endpoint = store.cache_url(prefix), ["--endpoint", store.url]
+    runner = CliRunner()
+
+    listed = runner.invoke(main, ["cache", "ls", url, *endpoint])
+    assert listed.exit_code == 0 and key in listed.output, listed.output
+    kept = runner.invoke(main, ["cache", "prune", url, "--older-than", "1d", "--yes", *endpoint])
+    assert kept.exit_code == 0 and "nothing under" in kept.output, kept.output
+    assert store.keys(prefix) == [key]
+    pruned = runner.invoke(main, ["cache", "prune", url, "--older-than", "0s", "--yes", *endpoint])
+    assert pruned.exit_code == 0 and "deleted 1 entries" in pruned.output, pruned.output
+    assert store.keys(prefix) == []
