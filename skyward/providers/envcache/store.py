@@ -765,7 +765,7 @@ def fetch(store: Store, key: str, home: str, env_dir: str) -> int:
 
 def _move_into_place(scratch: str, home: str, env_dir: str, built_home: str) -> None:
     """The unpacked trees into ``home``, then pointed at ``home`` if they were built under
-    another directory (another user's home on the builder)."""
+    another directory (another workdir, another user's home on the builder)."""
     pythons = os.path.join(scratch, "pythons")
     if os.path.isdir(pythons):
         os.makedirs(os.path.join(home, "pythons"), exist_ok=True)
@@ -773,6 +773,8 @@ def _move_into_place(scratch: str, home: str, env_dir: str, built_home: str) -> 
             target = os.path.join(home, "pythons", name)
             if not os.path.lexists(target):  # a CPython a bootstrap already put here stays
                 os.rename(os.path.join(pythons, name), target)
+                if built_home != home:
+                    _repoint(target, built_home, home)  # uv's minor-version link
     shutil.rmtree(env_dir, ignore_errors=True)
     os.rename(os.path.join(scratch, "envs", os.path.basename(env_dir)), env_dir)
     shutil.rmtree(scratch, ignore_errors=True)
@@ -780,19 +782,23 @@ def _move_into_place(scratch: str, home: str, env_dir: str, built_home: str) -> 
         _relocate(env_dir, built_home, home)
 
 
+def _repoint(path: str, old: str, new: str) -> None:
+    """A link into ``old`` made to point at the same place under ``new``."""
+    if os.path.islink(path) and os.readlink(path).startswith(old + "/"):
+        target = new + os.readlink(path)[len(old) :]
+        os.remove(path)
+        os.symlink(target, path)
+
+
 def _relocate(env_dir: str, old: str, new: str) -> None:
     config = os.path.join(env_dir, "pyvenv.cfg")
     with open(config) as file:
         text = file.read()
     with open(config, "w") as file:
-        file.write(text.replace(old, new))
+        file.write(text.replace(old + "/", new + "/"))
     bin_dir = os.path.join(env_dir, "bin")
     for name in os.listdir(bin_dir):
-        path = os.path.join(bin_dir, name)
-        if os.path.islink(path) and os.readlink(path).startswith(old):
-            target = new + os.readlink(path)[len(old) :]
-            os.remove(path)
-            os.symlink(target, path)
+        _repoint(os.path.join(bin_dir, name), old, new)
 
 
 def probe(store: Store, key: str) -> int:
