@@ -146,7 +146,8 @@ def _table(results: dict[int, list[dict[str, dict[str, Any]]]]) -> str:
     head = ["nodes", "start", "ready s", "bootstrap s", *_STAGES, "cached/uncached"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for nodes, rounds in results.items():
-        def median(kind: str, key: str) -> float:
+
+        def median(kind: str, key: str, rounds: list[dict[str, dict[str, Any]]] = rounds) -> float:
             return statistics.median(r[kind][key] for r in rounds)
 
         for kind in ("uncached", "cold", "cached"):
