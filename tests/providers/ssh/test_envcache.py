@@ -229,3 +229,28 @@ def test_skyward_cache_lists_and_prunes_the_entries(
     pruned = runner.invoke(main, ["cache", "prune", url, "--older-than", "0s", "--yes", *endpoint])
     assert pruned.exit_code == 0 and "deleted 1 entries" in pruned.output, pruned.output
     assert store.keys(prefix) == []
+
+
+def test_the_bootstrap_with_a_cache_is_valid_posix_shell_and_carries_no_credential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import subprocess
+
+    from skyward.providers.ssh.bootstrap import Plan, render
+
+    secret = f"secret-{uuid.uuid4().hex}"
+    for name in ("AWS_SECRET_ACCESS_KEY", "AZURE_STORAGE_KEY", "CLOUDSDK_AUTH_ACCESS_TOKEN"):
+        monkeypatch.setenv(name, secret)
+    plan = Plan(
+        image=sky.Image(cache="s3://bucket/envs", cache_endpoint="http://10.0.0.1:9000"),
+        python_version="3.11",
+        python=None,
+        workdir="~/.cache/skyward",
+        runtime=("cloudpickle==3.1.1",),
+    )
+    script = render(plan)
+    subprocess.run(["sh", "-n"], input=script, text=True, check=True)
+    assert secret not in script  # this client's credentials never travel in the script
+    # The cache's place is not what the environment is: the same digest without it.
+    plain = Plan(**{**plan.__dict__, "image": sky.Image()})
+    assert plan.digest == plain.digest
