@@ -178,7 +178,8 @@ class Image(BaseModel):
 
     The local provider uses the client's own interpreter: it applies ``env``, checks ``pip``
     against what is installed, puts ``includes`` on the workers' path, and ignores
-    ``python``, ``apt``, ``setup``, the indexes, the Python mirror and ``bootstrap_timeout``.
+    ``python``, ``apt``, ``setup``, the indexes, the Python mirror, ``bootstrap_timeout`` and
+    the cache.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
