@@ -14,8 +14,9 @@ Phase = Literal["provisioning", "connecting", "bootstrapping", "starting", "read
 # step as its detail (``phase(node, "bootstrapping", "uv")``), shown in the progress display
 # and timed by ``ComputePool.timings()``. ``cache``: an environment looked for in the image's
 # cache and unpacked; ``publish``: the one just built, uploaded to it; ``skyward``: this
-# skyward package, the includes, the GPUs counted, the volumes mounted.
-BOOTSTRAP_STEPS = ("cache", "uv", "python", "packages", "setup", "publish", "skyward")
+# skyward package, the includes, the GPUs counted, the volumes mounted; ``wait``: this node is
+# prepared, and waits for the pool's other nodes.
+BOOTSTRAP_STEPS = ("cache", "uv", "python", "packages", "setup", "publish", "skyward", "wait")
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@
 
 A node's events become stages: ``boot`` (provisioning and connecting: the machine coming
 up and SSH answering), the bootstrap's steps (``client.phases.BOOTSTRAP_STEPS``: ``cache``,
-``uv``, ``python``, ``packages``, ``setup``, ``publish``, ``skyward``; ``bootstrap`` for the
-script's own start), ``worker`` (the worker process started, Hello), ``plugins`` (the
-plugins' ``around_app`` entered) until ``ready``. A stage lasts from its event to the node's
+``uv``, ``python``, ``packages``, ``setup``, ``publish``, ``skyward``, and ``wait``: prepared,
+waiting for the pool's other nodes; ``bootstrap`` for the script's own start), ``worker``
+(the worker process started, Hello), ``plugins`` (the plugins' ``around_app`` entered)
+until ``ready``. A stage lasts from its event to the node's
 next one; the clock counts from the pool's start.
 """
 
@@ -49,8 +50,10 @@ class NodeTimings:
 
     @property
     def bootstrap(self) -> float:
-        """Seconds from connected to the environment ready: every bootstrap step."""
-        return sum(s for name, s in self.stages if name in ("bootstrap", *BOOTSTRAP_STEPS))
+        """Seconds from connected to prepared: every bootstrap step but the ``wait`` for
+        the pool's other nodes."""
+        steps = ("bootstrap", *(s for s in BOOTSTRAP_STEPS if s != "wait"))
+        return sum(seconds for name, seconds in self.stages if name in steps)
 
 
 @dataclass(frozen=True)

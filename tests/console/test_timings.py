@@ -18,6 +18,8 @@ def _start(console: Console) -> None:
     console.phase(1, "bootstrapping", "packages")
     for node in (0, 1):
         console.phase(node, "bootstrapping", "skyward")
+    console.phase(0, "bootstrapping", "wait")  # node 0 was prepared first
+    for node in (0, 1):
         console.phase(node, "starting")
         console.phase(node, "starting", "entering jax")
         console.phase(node, "ready", "pid 1")
@@ -49,6 +51,8 @@ def test_timings_name_each_nodes_stages_in_the_order_a_start_goes_through_them()
         "plugins",
     ]
     assert cached["packages"] == 0.0 and built["cache"] == 0.0
+    # A node's bootstrap is its own work, not its wait for the others.
+    assert cached.bootstrap == cached["bootstrap"] + cached["cache"] + cached["skyward"]
     assert timings.total >= max(sum(s for _, s in n.stages) for n in timings.nodes) >= 0
     assert "cache" in str(timings) and "ready after" in str(timings)
 

@@ -514,7 +514,7 @@ def _venv_lines(plan: Plan) -> list[str]:
 
 
 # What ``::skyward-step::`` names: the script's share of the bootstrap's steps.
-STEPS = tuple(step for step in BOOTSTRAP_STEPS if step != "skyward")
+STEPS = tuple(step for step in BOOTSTRAP_STEPS if step not in ("skyward", "wait"))
 
 
 def _store_source() -> str:

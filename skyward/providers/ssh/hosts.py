@@ -138,6 +138,8 @@ def open_hosts(
         except BaseException:
             connection.close()
             raise
+        if steps:
+            reporter.phase(rank, "bootstrapping", "wait")  # for the pool's other nodes
         node = HostNode(
             connection,
             access,
