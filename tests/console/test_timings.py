@@ -37,6 +37,7 @@ def test_timings_name_each_nodes_stages_in_the_order_a_start_goes_through_them()
         "bootstrap",
         "cache",
         "skyward",
+        "wait",
         "worker",
         "plugins",
     ]
