@@ -212,7 +212,13 @@ def main() -> None:
     finally:
         if scratch is not None:
             tempfile.tempdir = None
-            subprocess.run(["umount", scratch], check=False)
+            # The hosts' last processes may still be leaving: then the mount goes when they have.
+            for _ in range(50):
+                if subprocess.run(["umount", scratch], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                subprocess.run(["umount", "--lazy", scratch], check=False)
             os.rmdir(scratch)
     table = _table(results)
     print(table)
