@@ -18,7 +18,8 @@ next one; the clock counts from the pool's start.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 
 from skyward.client.phases import BOOTSTRAP_STEPS
 
@@ -57,15 +58,33 @@ class NodeTimings:
 
 
 @dataclass(frozen=True)
-class StartTimings:
-    """A pool's start by stage: ``timings.nodes[0]["packages"]``, ``timings["cache"]`` (the
-    slowest node's), ``print(timings)`` for a table."""
+class StartTimings(Mapping[str, float]):
+    """A pool's start: a mapping of the pool's own steps (``provision``, ``workers``, a
+    provider's ``warm.*``) and of every stage in ``STAGES`` to the slowest node's seconds
+    in it (0.0: no node went through it); ``timings.nodes[0]["packages"]`` for one node,
+    ``print(timings)`` for a table."""
 
     nodes: tuple[NodeTimings, ...]
     total: float  # seconds from the pool's start to ready (0.0 while it starts)
+    steps: tuple[tuple[str, float], ...] = ()  # the pool's and the provider's own
 
-    def __getitem__(self, stage: str) -> float:
-        return max((node[stage] for node in self.nodes), default=0.0)
+    def with_steps(self, steps: Mapping[str, float]) -> StartTimings:
+        return replace(self, steps=tuple(steps.items()))
+
+    def __getitem__(self, name: str) -> float:
+        for step, seconds in self.steps:
+            if step == name:
+                return seconds
+        if name in STAGES:
+            return max((node[name] for node in self.nodes), default=0.0)
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        named = [step for step, _ in self.steps]
+        return iter([*named, *(s for s in STAGES if s not in named)])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
 
     @property
     def bootstrap(self) -> float:
@@ -80,7 +99,10 @@ class StartTimings:
         lines = [
             "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows
         ]
-        return "\n".join([*lines, f"ready after {self.total:.2f} s"])
+        steps = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.steps)
+        return "\n".join(
+            [*lines, f"ready after {self.total:.2f} s" + (f"; {steps}" if steps else "")]
+        )
 
 
 class PhaseClock:

@@ -82,3 +82,11 @@ def test_a_local_pool_has_timings_too() -> None:
         timings = pool.timings()
     assert [n.node for n in timings.nodes] == [0]
     assert timings.nodes[0]["worker"] >= 0 and timings.total > 0
+
+
+def test_timings_are_a_mapping_of_the_pools_steps_and_each_stages_slowest_node() -> None:
+    with sky.ComputePool(quiet=True) as pool:
+        timings = pool.timings()
+    assert {"provision", "workers", "boot", "worker", "packages"} <= set(timings)
+    assert timings["packages"] == 0.0 and timings.get("warm.reach", 0.0) == 0.0
+    assert timings["workers"] > 0 and "workers" in str(timings)
