@@ -78,6 +78,43 @@ def _check_direct_reference(requirement: str) -> None:
         raise ValueError(f"{requirement!r}: no wheel file at {wheel}")
 
 
+# An object store's bucket (S3, GCS) or account and container (Azure): the names each
+# store accepts, so a typo is refused here rather than by the nodes after they booted.
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,221}[a-z0-9]$")
+_AZURE_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
+_AZURE_CONTAINER = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
+CACHE_SCHEMES = ("s3", "gs", "az")
+
+
+def cache_location(url: str) -> tuple[str, str, str, str]:
+    """``Image.cache`` as (scheme, bucket or account, container (Azure) or "", prefix);
+    ``ValueError`` saying what is wrong with it."""
+    usage = (
+        "an environment cache is 's3://bucket/prefix', 'gs://bucket/prefix' or "
+        "'az://account/container/prefix'"
+    )
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in CACHE_SCHEMES:
+        raise ValueError(f"cache={url!r}: {usage}")
+    parts = [part for part in rest.strip("/").split("/") if part]
+    if any(part in (".", "..") for part in parts) or re.search(r"\s", rest):
+        raise ValueError(f"cache={url!r}: the prefix has '.', '..' or spaces in it")
+    if scheme == "az":
+        if len(parts) < 2:
+            raise ValueError(f"cache={url!r}: {usage} (the account and the container)")
+        account, container, prefix = parts[0], parts[1], "/".join(parts[2:])
+        if not _AZURE_ACCOUNT.match(account):
+            raise ValueError(f"cache={url!r}: {account!r} is not a storage account name")
+        if not _AZURE_CONTAINER.match(container):
+            raise ValueError(f"cache={url!r}: {container!r} is not a container name")
+        return scheme, account, container, prefix
+    if not parts:
+        raise ValueError(f"cache={url!r}: {usage} (no bucket)")
+    if not _BUCKET.match(parts[0]):
+        raise ValueError(f"cache={url!r}: {parts[0]!r} is not a bucket name")
+    return scheme, parts[0], "", "/".join(parts[1:])
+
+
 def requirement_name(requirement: str) -> str:
     """The normalized project name of a requirement string (PEP 503)."""
     match = _NAME.match(requirement)
@@ -131,10 +168,18 @@ class Image(BaseModel):
       so both ends run the same code.
     - ``bootstrap_timeout``: seconds the image's bootstrap script may run on a remote node
       (``None``: bounded only by the pool's ``provision_timeout``).
+    - ``cache``: where remote nodes keep the environment this image builds, so that later
+      bootstraps download it instead of installing: ``"s3://bucket/prefix"``,
+      ``"gs://bucket/prefix"`` or ``"az://account/container/prefix"``. The nodes reach it
+      with their own identity (instance profile, service account, managed identity), or
+      with the store's usual variables in their own environment; never with a key the
+      client sends (``docs/images.md``). ``cache_endpoint``: the store's address when it is
+      not the cloud's own (an S3-compatible server, an emulator).
 
     The local provider uses the client's own interpreter: it applies ``env``, checks ``pip``
     against what is installed, puts ``includes`` on the workers' path, and ignores
-    ``python``, ``apt``, ``setup``, the indexes, the Python mirror and ``bootstrap_timeout``.
+    ``python``, ``apt``, ``setup``, the indexes, the Python mirror, ``bootstrap_timeout`` and
+    the cache.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
@@ -152,6 +197,22 @@ class Image(BaseModel):
     excludes: tuple[str, ...] = ()
     skyward_source: Literal["auto", "local"] = "auto"
     bootstrap_timeout: float | None = Field(default=None, gt=0)
+    cache: str | None = None
+    cache_endpoint: str | None = None
+
+    @field_validator("cache")
+    @classmethod
+    def _cache(cls, url: str | None) -> str | None:
+        if url is not None:
+            cache_location(url)
+        return None if url is None else url.rstrip("/")
+
+    @field_validator("cache_endpoint")
+    @classmethod
+    def _cache_endpoint(cls, url: str | None) -> str | None:
+        if url is not None and not re.match(r"https?://[^\s/]+/?$", url):
+            raise ValueError(f"cache_endpoint {url!r} is not an http:// or https:// host[:port]")
+        return None if url is None else url.rstrip("/")
 
     @field_validator("skyward_source", mode="before")
     @classmethod

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,43 @@ def test_a_bootstrap_past_bootstrap_timeout_is_a_bootstrap_error(
             pass
     assert caught.value.command  # whichever step was running when the bound passed
     assert caught.value.exit_status is None
+
+
+@pytest.mark.parametrize(
+    ("url", "parts"),
+    [
+        ("s3://my-bucket/envs/team", ("s3", "my-bucket", "", "envs/team")),
+        ("gs://my.bucket", ("gs", "my.bucket", "", "")),
+        ("az://account1/envs/a/b/", ("az", "account1", "envs", "a/b")),
+    ],
+)
+def test_an_environment_cache_url_names_its_store(url: str, parts: tuple[str, ...]) -> None:
+    from skyward._image import cache_location
+
+    assert cache_location(sky.Image(cache=url).cache or "") == parts
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("https://bucket/x", "an environment cache is 's3://bucket/prefix'"),
+        ("s3:/bucket", "an environment cache is"),
+        ("s3://", "(no bucket)"),
+        ("s3://Bucket/x", "'Bucket' is not a bucket name"),
+        ("gs://bucket/../x", "'.', '..' or spaces"),
+        ("az://account", "(the account and the container)"),
+        ("az://Account/c/x", "'Account' is not a storage account name"),
+        ("az://account/c/x", "'c' is not a container name"),
+    ],
+)
+def test_a_wrong_environment_cache_url_is_refused_at_construction(url: str, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        sky.Image(cache=url)
+
+
+def test_a_cache_endpoint_is_an_http_address() -> None:
+    assert (
+        sky.Image(cache_endpoint="http://10.0.0.1:9000/").cache_endpoint == "http://10.0.0.1:9000"
+    )
+    with pytest.raises(ValueError, match="not an http:// or https:// host"):
+        sky.Image(cache_endpoint="10.0.0.1:9000")

@@ -8,6 +8,8 @@
     skyward ls                what Skyward created and is still there, by its tags
     skyward down --pool NAME  remove it (or --all; --yes to skip the question)
     skyward logs [POOL]       a pool's events and its nodes' output, kept after it ends
+    skyward cache ls URL      the environment cache's entries (Image(cache=URL))
+    skyward cache prune URL --older-than 7d
 
 Each command lives in a module of this package and is added to ``main`` below, so the cloud
 providers' commands (``skyward ls``, ``skyward down``: find and remove what a crashed pool
@@ -21,6 +23,7 @@ from __future__ import annotations
 import click
 
 import skyward
+from skyward.cli.cache import cache
 from skyward.cli.catalog import catalog
 from skyward.cli.doctor import doctor
 from skyward.cli.leftovers import down, ls
@@ -38,3 +41,4 @@ main.add_command(catalog)
 main.add_command(ls)
 main.add_command(down)
 main.add_command(logs)
+main.add_command(cache)

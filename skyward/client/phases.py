@@ -10,6 +10,14 @@ from typing import Literal, Protocol
 # ones ``connecting`` and ``bootstrapping`` (Local reports none); the pool the rest.
 Phase = Literal["provisioning", "connecting", "bootstrapping", "starting", "ready"]
 
+# The steps of ``bootstrapping`` a remote node, in order: reported as that phase again with the
+# step as its detail (``phase(node, "bootstrapping", "uv")``), shown in the progress display
+# and timed by ``ComputePool.timings()``. ``cache``: an environment looked for in the image's
+# cache and unpacked; ``publish``: the one just built, uploaded to it; ``skyward``: this
+# skyward package, the includes, the GPUs counted, the volumes mounted; ``wait``: this node is
+# prepared, and waits for the pool's other nodes.
+BOOTSTRAP_STEPS = ("cache", "uv", "python", "packages", "setup", "publish", "skyward", "wait")
+
 
 @dataclass(frozen=True)
 class Choice:

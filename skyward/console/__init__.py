@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from skyward.console import jupyter as _jupyter
 from skyward.console.logs import PoolLog
 from skyward.console.progress import Board, JupyterProgress, PlainProgress, Progress, RichProgress
+from skyward.console.timings import PhaseClock, StartTimings
 
 if TYPE_CHECKING:
     from skyward.client.phases import Choice, Phase
@@ -83,6 +84,7 @@ class Console:
         self._ticker: threading.Thread | None = None
         self._board: Board | None = None
         self._progress: Progress | None = None
+        self._clock = PhaseClock()  # the latest start's phases, for timings()
 
     # ── progress ─────────────────────────────────────────────────────────────────────────
 
@@ -93,6 +95,7 @@ class Console:
             self.log_file.event(title)
         progress = _make_progress(self.mode)
         with self._lock:
+            self._clock = PhaseClock()
             self._board = Board(title, nodes)
             self._progress = progress
             if progress is not None:
@@ -107,6 +110,8 @@ class Console:
                 self.log_file.event(summary)
             self.log_file.state("running" if summary else "failed")
         with self._lock:
+            if self._board is not None:
+                self._clock.end()
             if summary is None and self._board is not None:
                 self._board.fail_unfinished()
             if self._progress is not None:
@@ -119,9 +124,15 @@ class Console:
             self.log_file.event(f"node {node} {phase}{f': {detail}' if detail else ''}")
         with self._lock:
             if self._board is not None:
+                self._clock.record(node, phase, detail)
                 self._board.set_phase(node, phase, detail)
             if self._progress is not None:
                 self._progress.phase(node, phase, detail)
+
+    def timings(self) -> StartTimings:
+        """The latest start's seconds per node and stage (``console/timings.py``)."""
+        with self._lock:
+            return self._clock.timings()
 
     def log(self, node: int, line: str) -> None:
         logger.debug("node %d | %s", node, line)

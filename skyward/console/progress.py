@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from skyward.client.phases import BOOTSTRAP_STEPS
+
 if TYPE_CHECKING:
     from skyward.client.phases import Choice
 
@@ -60,6 +62,10 @@ class Board:
 
     def set_phase(self, node: int, phase: str, detail: str) -> None:
         row = self.row(node)
+        if phase == "bootstrapping" and detail in BOOTSTRAP_STEPS:
+            # A step of the bootstrap: shown beside the phase ("bootstrapping: uv"), and the
+            # detail the phase began with (the image's hash) stays.
+            phase, detail = f"bootstrapping: {detail}", row.detail
         # A line from the previous phase would now describe the wrong thing.
         row.phase, row.detail, row.last_line = phase, _shorten(detail), ""
         row.done_at = time.monotonic() if phase == "ready" else None

@@ -83,6 +83,7 @@ from skyward.collections.state import SharedState
 from skyward.console import Console, ConsoleMode, handlers
 from skyward.console.logs import PoolLog, secrets_of
 from skyward.console.mapbar import map_bar
+from skyward.console.timings import StartTimings
 from skyward.link import protocol as proto
 from skyward.link.channel import Channel
 from skyward.link.pickling import ship_client_modules
@@ -839,14 +840,17 @@ class ComputePool(CallTarget):
             uptime = time.monotonic() - self._started_at if self._started_at else 0.0
         return self._scheduler.statistics(state, uptime)
 
-    def timings(self) -> dict[str, float]:
-        """Where the start spent its time, in seconds: ``provision`` (the machines made or
-        adopted, reached and bootstrapped), ``workers`` (spawn to every worker ready), and
-        the provider's own steps as it measured them (a warm start's ``warm.claim``,
-        ``warm.describe``, ``warm.reach``, ``warm.unkeep``). Empty before ``start``."""
+    def timings(self) -> StartTimings:
+        """Where the start spent its time, in seconds: a mapping of ``provision`` (the
+        machines made or adopted, reached and bootstrapped), ``workers`` (spawn to every
+        worker ready), the provider's own steps as it measured them (a warm start's
+        ``warm.claim``, ``warm.describe``, ``warm.reach``, ``warm.unkeep``), and each node
+        stage's slowest node (``boot``, the bootstrap's ``cache``/``uv``/``python``/
+        ``packages``/..., ``worker``, ``plugins``); ``.nodes`` has every node's stages and
+        ``print(pool.timings())`` a table (``console/timings.py``)."""
         steps = dict(self._timings)
         steps.update(self._machines.timings())
-        return steps
+        return self._console.timings().with_steps(steps)
 
     def stacks(self, timeout: float = 10.0) -> Stacks:
         """Every worker's Python stacks right now, labelled as the pool names its workers

@@ -42,11 +42,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skyward._image import Image, local_wheel, requirement_name
+from skyward.client.phases import BOOTSTRAP_STEPS
 
 # volumes.py takes shell_path from here, with the bootstrap's other shell pieces.
 from skyward.providers.shell import shell_path as shell_path
 
 MARKER = "::skyward:: "
+# ``::skyward-step:: uv``: the script enters one of ``STEPS`` (the client reports it as the
+# node's bootstrap step, and times it).
+STEP = "::skyward-step:: "
+# ``::skyward-cache:: <state>``: what the environment cache does on this node; the client
+# reads it to let one node of a pool build a missing entry while the others wait
+# (``providers/envcache/turns.py``). States: ``hit``, ``wait`` (a miss, and this node was
+# told to wait for the pool's builder), ``building`` (a miss; this node builds and can
+# write the cache), ``unwritable`` (a miss; it builds and cannot write it), ``off`` (no
+# zstd or python3 here to use it), ``published`` or ``unpublished`` (after the build).
+CACHE = "::skyward-cache:: "
 
 
 @dataclass(frozen=True)
@@ -149,11 +160,14 @@ _NOT_IN_ENVIRONMENT = {
     # Where a managed CPython is downloaded from, not which: the version is in the digest.
     "python_mirror",
     "python_downloads_json_url",
+    # Where the environment is kept once built, not what it is.
+    "cache",
+    "cache_endpoint",
 }
 
 # Bumped whenever the script's shape changes, so hosts do not trust environments that an
 # older script made.
-_SCRIPT_VERSION = 5
+_SCRIPT_VERSION = 6
 
 
 def render(plan: Plan) -> str:
@@ -177,6 +191,8 @@ def render(plan: Plan) -> str:
         "  exit 0",
         "fi",
         'step() { printf "%s%s\\n" "' + MARKER + '" "$*"; }',
+        'enter() { printf "%s%s\\n" "' + STEP + '" "$1"; }',
+        'cache_state() { printf "%s%s\\n" "' + CACHE + '" "$1"; }',
         'run() { step "$*"; "$@"; }',
     ]
     if image.apt:
@@ -195,8 +211,10 @@ def render(plan: Plan) -> str:
         "  done",
         "fi",
     ]
-    lines += _uv_lines(plan)
-    lines += [*_git_check(plan), 'rm -rf "$env_dir"', *_venv_lines(plan), *_write_wheels(plan)]
+    lines += _cache_fetch_lines(plan)
+    lines += ["enter uv", *_uv_lines(plan)]
+    lines += [*_git_check(plan), 'rm -rf "$env_dir"', "enter python", *_venv_lines(plan)]
+    lines += [*_write_wheels(plan), "enter packages"]
     lines += [
         '"$uv" --version',
         'mkdir -p "$env_dir/skyward-requirements"',
@@ -212,7 +230,8 @@ def render(plan: Plan) -> str:
             'PATH="$env_dir/bin:$PATH"; export PATH; VIRTUAL_ENV="$env_dir"; export VIRTUAL_ENV',
             *(f"export {k}={q(v)}" for k, v in sorted(image.env.items())),
         ]
-        lines += [f"run sh -c {q(command)}" for command in image.setup]
+        lines += ["enter setup", *(f"run sh -c {q(command)}" for command in image.setup)]
+    lines += _cache_publish_lines(plan)
     lines += [
         f'echo {plan.digest} > "$env_dir/.skyward-ready"',
         f'echo "skyward: image {plan.digest} installed"',
@@ -476,18 +495,98 @@ def _venv_lines(plan: Plan) -> list[str]:
     return [
         # --no-project: a pyproject.toml in the login directory must not change the Python.
         'if [ -n "$python" ]; then',
-        '  run "$uv" venv -q --no-project --python "$python" "$env_dir"',
+        '  run "$uv" venv -q --no-project --relocatable --python "$python" "$env_dir"',
         "else",
         f"  python_source={q(where)}",
         f'  echo "skyward: no Python {version} on this host (the client runs {version}, and'
         f" cloudpickle needs the same minor version on both ends): using a uv-managed"
         f' CPython {version} from $python_source"',
-        f'  step "$uv" venv --no-project --managed-python --python {version} "$env_dir"',
+        f'  step "$uv" venv --no-project --relocatable --managed-python --python {version}'
+        ' "$env_dir"',
         f"  env {' '.join(settings)} \\",
-        f'    "$uv" venv -q --no-project --managed-python --python {version} "$env_dir" ||',
+        f'    "$uv" venv -q --no-project --relocatable --managed-python --python {version}'
+        ' "$env_dir" ||',
         f'    {{ status=$?; echo "{ERROR}uv could not install CPython {version} from'
         f" $python_source: {hint}, or install Python {version} on the host (the reason uv"
         ' gave is above)" >&2; exit $status; }',
+        "fi",
+    ]
+
+
+# What ``::skyward-step::`` names: the script's share of the bootstrap's steps.
+STEPS = tuple(step for step in BOOTSTRAP_STEPS if step not in ("skyward", "wait"))
+
+
+def _store_source() -> str:
+    """The environment cache's store client, carried to the node as text (stdlib only)."""
+    return (Path(__file__).parents[1] / "envcache" / "store.py").read_text()
+
+
+def _cache_fetch_lines(plan: Plan) -> list[str]:
+    """With ``Image.cache``: look for this environment in the cache and, when it is whole,
+    unpack it and stop here. On a miss, a node told to wait (``SKYWARD_CACHE_ROLE=wait``)
+    says so and stops; any other node checks that it can write the cache, and builds."""
+    image = plan.image
+    if image.cache is None:
+        return []
+    q = shlex.quote
+    source = _store_source()
+    name = f"envcache-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py"
+    return [
+        'cache_py="$python"',
+        'if [ -z "$cache_py" ]; then cache_py="$(command -v python3 || true)"; fi',
+        'mkdir -p "$home/tools"',
+        'home_abs="$(cd "$home" && pwd)"',
+        f'cache_client="$home/tools/{name}"',
+        'if [ ! -f "$cache_client" ]; then',
+        "  cat > \"$cache_client.$$\" <<'SKYWARD_STORE_EOF'",
+        source.rstrip("\n"),
+        "SKYWARD_STORE_EOF",
+        '  mv -f "$cache_client.$$" "$cache_client"',
+        "fi",
+        "cache() {",
+        f'  "$cache_py" "$cache_client" "$1" --url {q(image.cache)}'
+        f" --endpoint {q(image.cache_endpoint or '')} --digest {plan.digest}"
+        f' --python "$python" --version {plan.python_version} --home "$home_abs"'
+        ' --env-dir "$home_abs/envs/' + plan.digest + '" --tags "${SKYWARD_CACHE_TAGS:-}"',
+        "}",
+        "cache_write=no",
+        'if [ -z "$cache_py" ]; then',
+        '  echo "skyward: cache: this host has no python3 to read the cache with; building"',
+        "  cache_state off",
+        "else",
+        "  enter cache",
+        "  cache_status=0; cache fetch || cache_status=$?",
+        '  if [ "$cache_status" = 0 ]; then',
+        "    cache_state hit",
+        f'    echo {plan.digest} > "$env_dir/.skyward-ready"',
+        f'    echo "skyward: image {plan.digest} installed from the cache"',
+        "    exit 0",
+        '  elif [ "$cache_status" = 10 ] && [ "${SKYWARD_CACHE_ROLE:-build}" = wait ]; then',
+        '    echo "skyward: cache: waiting for the node that builds this environment"',
+        "    cache_state wait",
+        "    exit 0",
+        '  elif [ "$cache_status" = 10 ] && cache probe; then',
+        '    echo "skyward: cache: building this environment, then uploading it"',
+        "    cache_state building; cache_write=yes",
+        '  elif [ "$cache_status" = 10 ]; then',
+        '    echo "skyward: cache: building this environment (the cache cannot be written)"',
+        "    cache_state unwritable",
+        "  else",
+        "    cache_state off",
+        "  fi",
+        "fi",
+    ]
+
+
+def _cache_publish_lines(plan: Plan) -> list[str]:
+    """Upload the environment just built, when this node checked it may."""
+    if plan.image.cache is None:
+        return []
+    return [
+        'if [ "$cache_write" = yes ]; then',
+        "  enter publish",
+        "  if cache publish; then cache_state published; else cache_state unpublished; fi",
         "fi",
     ]
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from skyward._errors import BootstrapError, HostKeyError, ProvisionError
 from skyward._image import Image
@@ -39,11 +40,12 @@ from skyward.client.phases import Reporter
 # The module, not its names: volumes.py loads the bootstrap, and so this package, first.
 from skyward.providers import volumes
 from skyward.providers.base import ProvisionRequest
+from skyward.providers.envcache.turns import CacheTurns
 
 # Access: the clouds import it from here, where reaching machines is.
 from skyward.providers.shell import Access as Access
 from skyward.providers.shell import Shell, WorkerFiles, shell_path
-from skyward.providers.ssh.bootstrap import ERROR, MARKER, Plan, render
+from skyward.providers.ssh.bootstrap import CACHE, ERROR, MARKER, STEP, Plan, render
 from skyward.providers.ssh.connection import Connection, HostKeyPolicy, Target, parse_public_key
 from skyward.providers.ssh.transport import SSHTransport
 
@@ -83,6 +85,11 @@ def open_hosts(
     require("paramiko", feature="reaching machines over SSH")
     ranks = list(range(len(targets))) if ranks is None else list(ranks)
     plan = bootstrap_plan(request.image, access)
+    cache = (
+        CacheUse(CacheTurns(urlencode(dict(request.tags))), request.deadline)
+        if plan.image.cache is not None
+        else None
+    )
     made: list[HostNode] = []
     connections: list[Connection] = []
     cancelled = False
@@ -102,7 +109,21 @@ def open_hosts(
         adopt(connection)
         try:
             reporter.phase(rank, "bootstrapping", f"image {plan.digest}")
-            bootstrap(connection, plan, lambda line: reporter.log(rank, line))
+            steps: list[str] = []
+
+            def on_step(step: str) -> None:
+                steps.append(step)
+                reporter.phase(rank, "bootstrapping", step)
+
+            bootstrap(
+                connection,
+                plan,
+                lambda line: reporter.log(rank, line),
+                on_step=on_step,
+                cache=cache,
+            )
+            if steps:  # the script did something: what follows is a step of its own
+                reporter.phase(rank, "bootstrapping", "skyward")
             package = upload_package(connection, plan, lambda line: reporter.log(rank, line))
             included = upload_includes(
                 connection, plan, request.image, lambda line: reporter.log(rank, line)
@@ -120,6 +141,8 @@ def open_hosts(
         except BaseException:
             connection.close()
             raise
+        if steps:
+            reporter.phase(rank, "bootstrapping", "wait")  # for the pool's other nodes
         node = HostNode(
             connection,
             access,
@@ -320,14 +343,70 @@ def runtime_requirements() -> tuple[str, ...]:
     return tuple(f"{name}=={metadata.version(name)}" for name in ("cloudpickle", "pydantic"))
 
 
-def bootstrap(connection: Shell, plan: Plan, on_line: Any) -> None:
-    """Run the image's script on the host, streaming its output; ``BootstrapError`` if it
-    fails or outlasts the image's ``bootstrap_timeout``."""
+@dataclass(frozen=True)
+class CacheUse:
+    """How one pool's bootstraps share its image's cache entry (``Image.cache``)."""
+
+    turns: CacheTurns
+    deadline: Deadline
+
+
+def bootstrap(
+    connection: Shell,
+    plan: Plan,
+    on_line: Any,
+    *,
+    on_step: Callable[[str], None] | None = None,
+    cache: CacheUse | None = None,
+) -> None:
+    """Run the image's script on the host, streaming its output, and ``on_step`` each step
+    it enters (``bootstrap.STEPS``); ``BootstrapError`` if it fails or outlasts the image's
+    ``bootstrap_timeout``. With ``cache``, the first node to get here builds a missing
+    entry and the others wait for it, then run the script again (``envcache/turns.py``)."""
+    if cache is None or plan.image.cache is None:
+        _run_script(connection, plan, on_line, on_step, {})
+        return
+    turns = cache.turns
+    role = turns.take()
+    env = {"SKYWARD_CACHE_ROLE": role, "SKYWARD_CACHE_TAGS": turns.tags}
+
+    def on_state(state: str) -> None:
+        turns.said(role, state)
+
+    try:
+        state = _run_script(connection, plan, on_line, on_step, env, on_state)
+    finally:
+        if role == "build":
+            turns.builder_ended()
+    if state == "wait":
+        on_line(turns.wait(cache.deadline))
+        _run_script(connection, plan, on_line, on_step, {**env, "SKYWARD_CACHE_ROLE": "build"})
+
+
+def _run_script(
+    connection: Shell,
+    plan: Plan,
+    on_line: Any,
+    on_step: Callable[[str], None] | None,
+    env: Mapping[str, str],
+    on_state: Callable[[str], None] | None = None,
+) -> str:
+    """One run of the script; the last cache state it said (``bootstrap.CACHE``), or ""."""
     tail: list[str] = []
     command: list[str] = []
     reason: list[str] = []  # the script's own "skyward: error: ..." line, if it gave one
+    state: list[str] = [""]
 
     def line(text: str) -> None:
+        if text.startswith(STEP):
+            if on_step is not None:
+                on_step(text[len(STEP) :].strip())
+            return
+        if text.startswith(CACHE):
+            state[0] = text[len(CACHE) :].strip()
+            if on_state is not None:
+                on_state(state[0])
+            return
         if text.startswith(MARKER):
             command[:] = [text[len(MARKER) :]]
         elif text.startswith(ERROR):
@@ -346,6 +425,9 @@ def bootstrap(connection: Shell, plan: Plan, on_line: Any) -> None:
             f"if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 {bound:g} sh -s; "
             f"else exec sh -s; fi"
         )
+    if env:
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        shell = f"{exports}; export {' '.join(env)}; {shell}"
     started = time.monotonic()
     status, _ = connection.run(shell, stdin=render(plan).encode(), on_line=line)
     if bound is not None and status == _TIMED_OUT and time.monotonic() - started >= bound:
@@ -377,6 +459,7 @@ def bootstrap(connection: Shell, plan: Plan, on_line: Any) -> None:
             exit_status=status,
             log_tail=log,
         )
+    return state[0]
 
 
 def mount_volumes(

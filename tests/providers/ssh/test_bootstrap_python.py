@@ -390,3 +390,48 @@ def test_a_python_mirror_must_be_a_url(url: str) -> None:
         sky.Image(python_mirror=url)
     with pytest.raises(ValueError, match="is not an http://, https:// or file:// URL"):
         sky.Image(python_downloads_json_url=url)
+
+
+@pytest.mark.timeout(300)
+def test_the_environment_cache_carries_the_uv_managed_cpython_to_a_host_without_it(
+    hosts: Hosts, index: PackageIndex, mirror: PythonMirror
+) -> None:
+    """Built on h0 (python3 = 3.12 only) with a managed 3.11, uploaded with that CPython;
+    h1, in another workdir, unpacks both and points them at its own directory: neither the
+    mirror nor the index is asked."""
+    from support.objectstores import S3Server
+
+    s3 = S3Server(hosts.bridge_address)
+    try:
+        for host in hosts.hosts[:2]:
+            _write_environment(host.home, s3.env)
+        image = _image(index, mirror, cache=s3.cache_url("managed"), cache_endpoint=s3.url)
+        built, _ = _start(_provider(hosts, 0), image, nodes=1)
+        assert "skyward: cache: uploaded" in built.text(0), built.text(0)
+        asked = len(mirror.requests)
+
+        provider = _provider(hosts, 1)
+        fetched, _ = _start(provider, image, nodes=1)
+
+        log = fetched.text(0)
+        assert "installed from the cache" in log and "downloading uv" not in log, log
+        assert len(mirror.requests) == asked
+        with sky.ComputePool(provider=provider, nodes=1, image=image, quiet=True) as pool:
+            version, base, system = pool.run(_where)
+        assert version == (3, 11) and system == "None"
+        workdir = provider.workdir.removeprefix("~/")
+        assert f"{workdir}/pythons/cpython-3.11" in base, base  # its own, relocated
+    finally:
+        for host in hosts.hosts[:2]:
+            _write_environment(host.home, {})
+        s3.close()
+
+
+def _write_environment(home: Path, variables: dict[str, str]) -> None:
+    import shutil
+
+    ssh = home / ".ssh"
+    ssh.mkdir(exist_ok=True)
+    (ssh / "environment").write_text("".join(f"{k}={v}\n" for k, v in variables.items()))
+    shutil.chown(ssh, USER, USER)
+    shutil.chown(ssh / "environment", USER, USER)

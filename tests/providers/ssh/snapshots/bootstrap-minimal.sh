@@ -1,8 +1,8 @@
 #!/bin/sh
-# Skyward bootstrap for image ca1e3bb002638cfc; safe to run again.
+# Skyward bootstrap for image 8ca19e133f389681; safe to run again.
 set -eu
 home="$HOME"/.cache/skyward
-env_dir="$home/envs/ca1e3bb002638cfc"
+env_dir="$home/envs/8ca19e133f389681"
 mkdir -p "$home/envs"
 exec 9>"$env_dir.lock"
 if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
@@ -10,10 +10,12 @@ if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
   flock -w 900 9 || { echo "skyward: $env_dir.lock still held after 900 s; is a bootstrap stuck on this host (ps -u \$(id -un))?" >&2; exit 75; }
 fi
 if [ -f "$env_dir/.skyward-ready" ]; then
-  echo "skyward: image ca1e3bb002638cfc is already installed"
+  echo "skyward: image 8ca19e133f389681 is already installed"
   exit 0
 fi
 step() { printf "%s%s\n" "::skyward:: " "$*"; }
+enter() { printf "%s%s\n" "::skyward-step:: " "$1"; }
+cache_state() { printf "%s%s\n" "::skyward-cache:: " "$1"; }
 run() { step "$*"; "$@"; }
 python=''
 if [ -z "$python" ]; then
@@ -23,6 +25,7 @@ if [ -z "$python" ]; then
     fi
   done
 fi
+enter uv
 at_least() {
   [ -n "$1" ] &&
     [ "$(printf '%s\n%s\n' "$1" "$2" | sort -t. -k1,1n -k2,2n -k3,3n | head -n 1)" = "$2" ]
@@ -167,16 +170,18 @@ if [ -z "$uv" ]; then
   exec 8>&-
 fi
 rm -rf "$env_dir"
+enter python
 if [ -n "$python" ]; then
-  run "$uv" venv -q --no-project --python "$python" "$env_dir"
+  run "$uv" venv -q --no-project --relocatable --python "$python" "$env_dir"
 else
   python_source='GitHub (python-build-standalone releases, the uv default)'
   echo "skyward: no Python 3.11 on this host (the client runs 3.11, and cloudpickle needs the same minor version on both ends): using a uv-managed CPython 3.11 from $python_source"
-  step "$uv" venv --no-project --managed-python --python 3.11 "$env_dir"
+  step "$uv" venv --no-project --relocatable --managed-python --python 3.11 "$env_dir"
   env UV_PYTHON_INSTALL_DIR="$home/pythons" UV_PYTHON_DOWNLOADS=automatic UV_HTTP_TIMEOUT=30 UV_HTTP_RETRIES=2 \
-    "$uv" venv -q --no-project --managed-python --python 3.11 "$env_dir" ||
+    "$uv" venv -q --no-project --relocatable --managed-python --python 3.11 "$env_dir" ||
     { status=$?; echo "skyward: error: uv could not install CPython 3.11 from $python_source: set Image(python_mirror=...) to a mirror of python-build-standalone this host can reach (and python_downloads_json_url=... for builds of your own), or install Python 3.11 on the host (the reason uv gave is above)" >&2; exit $status; }
 fi
+enter packages
 "$uv" --version
 mkdir -p "$env_dir/skyward-requirements"
 cat > "$env_dir/skyward-requirements/pyproject.toml" <<'SKYWARD_EOF'
@@ -186,5 +191,5 @@ version = "0"
 dependencies = ["cloudpickle==3.1.1", "pydantic==2.11.7"]
 SKYWARD_EOF
 (cd "$env_dir/skyward-requirements" && run "$uv" pip install -q --python "$env_dir/bin/python" -r pyproject.toml)
-echo ca1e3bb002638cfc > "$env_dir/.skyward-ready"
-echo "skyward: image ca1e3bb002638cfc installed"
+echo 8ca19e133f389681 > "$env_dir/.skyward-ready"
+echo "skyward: image 8ca19e133f389681 installed"

@@ -1,9 +1,9 @@
 #!/bin/sh
-# Skyward bootstrap for image 69b7f04aab986746; safe to run again.
+# Skyward bootstrap for image 93ff8343b3a09b1c; safe to run again.
 set -eu
 trap 'cat >/dev/null' EXIT
 home="$HOME"/.cache/skyward
-env_dir="$home/envs/69b7f04aab986746"
+env_dir="$home/envs/93ff8343b3a09b1c"
 mkdir -p "$home/envs"
 exec 9>"$env_dir.lock"
 if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
@@ -11,10 +11,12 @@ if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
   flock -w 900 9 || { echo "skyward: $env_dir.lock still held after 900 s; is a bootstrap stuck on this host (ps -u \$(id -un))?" >&2; exit 75; }
 fi
 if [ -f "$env_dir/.skyward-ready" ]; then
-  echo "skyward: image 69b7f04aab986746 is already installed"
+  echo "skyward: image 93ff8343b3a09b1c is already installed"
   exit 0
 fi
 step() { printf "%s%s\n" "::skyward:: " "$*"; }
+enter() { printf "%s%s\n" "::skyward-step:: " "$1"; }
+cache_state() { printf "%s%s\n" "::skyward-cache:: " "$1"; }
 run() { step "$*"; "$@"; }
 python=''
 if [ -z "$python" ]; then
@@ -24,6 +26,7 @@ if [ -z "$python" ]; then
     fi
   done
 fi
+enter uv
 at_least() {
   [ -n "$1" ] &&
     [ "$(printf '%s\n%s\n' "$1" "$2" | sort -t. -k1,1n -k2,2n -k3,3n | head -n 1)" = "$2" ]
@@ -172,14 +175,15 @@ if ! command -v git >/dev/null 2>&1; then
   exit 127
 fi
 rm -rf "$env_dir"
+enter python
 if [ -n "$python" ]; then
-  run "$uv" venv -q --no-project --python "$python" "$env_dir"
+  run "$uv" venv -q --no-project --relocatable --python "$python" "$env_dir"
 else
   python_source='GitHub (python-build-standalone releases, the uv default)'
   echo "skyward: no Python 3.11 on this host (the client runs 3.11, and cloudpickle needs the same minor version on both ends): using a uv-managed CPython 3.11 from $python_source"
-  step "$uv" venv --no-project --managed-python --python 3.11 "$env_dir"
+  step "$uv" venv --no-project --relocatable --managed-python --python 3.11 "$env_dir"
   env UV_PYTHON_INSTALL_DIR="$home/pythons" UV_PYTHON_DOWNLOADS=automatic UV_HTTP_TIMEOUT=30 UV_HTTP_RETRIES=2 \
-    "$uv" venv -q --no-project --managed-python --python 3.11 "$env_dir" ||
+    "$uv" venv -q --no-project --relocatable --managed-python --python 3.11 "$env_dir" ||
     { status=$?; echo "skyward: error: uv could not install CPython 3.11 from $python_source: set Image(python_mirror=...) to a mirror of python-build-standalone this host can reach (and python_downloads_json_url=... for builds of your own), or install Python 3.11 on the host (the reason uv gave is above)" >&2; exit $status; }
 fi
 if [ ! -f "$home"/wheels/a8477c2b84196d26/jaxpp-0.1-py3-none-any.whl ]; then
@@ -194,6 +198,7 @@ AB0XtPUvAAAALwAAABwAAAAAAAAAAAAAAIABNgAAAGpheHBwLTAuMS5kaXN0LWluZm8vTUVUQURB
 VEFQSwUGAAAAAAIAAgCAAAAAnwAAAAAA
 SKYWARD_WHEEL
 fi
+enter packages
 "$uv" --version
 mkdir -p "$env_dir/skyward-requirements"
 cat > "$env_dir/skyward-requirements/pyproject.toml" <<'SKYWARD_EOF'
@@ -214,5 +219,5 @@ jax-cuda12-pjrt = { index = "skyward-0" }
 jaxpp = { path = "../../../wheels/a8477c2b84196d26/jaxpp-0.1-py3-none-any.whl" }
 SKYWARD_EOF
 (cd "$env_dir/skyward-requirements" && run "$uv" pip install -q --python "$env_dir/bin/python" -r pyproject.toml)
-echo 69b7f04aab986746 > "$env_dir/.skyward-ready"
-echo "skyward: image 69b7f04aab986746 installed"
+echo 93ff8343b3a09b1c > "$env_dir/.skyward-ready"
+echo "skyward: image 93ff8343b3a09b1c installed"
