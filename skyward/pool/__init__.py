@@ -217,6 +217,7 @@ class ComputePool(CallTarget):
                 start_timeout=spec.start_timeout,
                 shutdown_timeout=spec.shutdown_timeout,
                 status=out.status,
+                tick=spec.reconcile_tick_interval,
             )
             if spec.autoscaling
             else None

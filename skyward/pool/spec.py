@@ -109,6 +109,11 @@ class PoolOptions(TypedDict, total=False):
     autoscale_idle_timeout: float
     """``nodes=(min, max)``: seconds a node stays idle before it is released (never below
     ``min``)."""
+    reconcile_tick_interval: float | None
+    """``nodes=(min, max)``: seconds between two looks of the autoscaler at the queue and
+    the idle nodes (``None``: a quarter of the shorter of ``autoscale_cooldown`` and
+    ``autoscale_idle_timeout``, within 0.02 to 1 s). A fixed-size pool has nothing to look
+    at: a lost node is seen on its link at once, with no polling."""
     console: ConsoleMode
     """Progress display while nodes come up: ``"auto"``, ``"rich"``, ``"plain"`` or
     ``"off"``."""
@@ -147,9 +152,6 @@ FROM_05: dict[str, str] = {
         "leave it out: a pool tries each place its allocation allows (zone, type, market) "
         "once, within provision_timeout"
     ),
-    "reconcile_tick_interval": (
-        "leave it out: a lost node is seen on its link at once, with no polling"
-    ),
 }
 
 # Options whose None means "the default" though their field takes no None: ComputePool has
@@ -159,6 +161,24 @@ _NONE_MEANS_DEFAULT = ("image", "name", "concurrency")
 
 class PoolSpec(BaseModel):
     """A pool's validated configuration; plugins' ``transform`` hooks receive it.
+
+    skyward 0.5's form, with no provider, is a spec not yet resolved against one; ``region``
+    is then the provider's region, set when it is resolved::
+
+        >>> spec = PoolSpec(
+        ...     nodes=4,
+        ...     accelerator=sky.accelerators.H100(),
+        ...     region="us-east-1",
+        ...     allocation="spot-if-available",
+        ...     image=sky.Image(pip=["torch"]),
+        ... )
+        >>> spec.provider is None
+        True
+        >>> spec.resolve(sky.AWS()).provider.region
+        'us-east-1'
+
+    A pool never holds an unresolved spec: ``ComputePool`` makes its own from its options,
+    with its provider (``sky.Local()`` when none is given).
 
     ``provision_timeout`` bounds making the machines ready to run workers (creating,
     booting, connecting, bootstrapping); ``start_timeout`` bounds the workers, once the
@@ -170,7 +190,10 @@ class PoolSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
-    provider: Any
+    # None: not resolved yet (skyward 0.5's PoolSpec(...) form; see resolve()).
+    provider: Any = None
+    # The provider's region when the spec is resolved (0.5 put it on the spec).
+    region: str | None = Field(default=None, min_length=1)
     # The most nodes; with nodes=(min, max), min_nodes is where the pool starts and the
     # least it keeps (autoscaling, pool/autoscale.py).
     nodes: int = Field(default=1, ge=1, le=4096)
@@ -199,6 +222,8 @@ class PoolSpec(BaseModel):
     # nodes there are, short enough that machines billed by the second are let go soon.
     autoscale_cooldown: float = Field(default=30.0, gt=0, le=_MAX_SECONDS)
     autoscale_idle_timeout: float = Field(default=60.0, gt=0, le=_MAX_SECONDS)
+    # skyward 0.5's reconciler tick: here only the autoscaler ticks (pool/autoscale.py).
+    reconcile_tick_interval: float | None = Field(default=None, gt=0, le=_MAX_SECONDS)
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
@@ -278,7 +303,7 @@ class PoolSpec(BaseModel):
                 f"no node can join or leave while it runs, so this pool cannot grow or "
                 f"shrink. Give a fixed count, nodes={self.nodes} or nodes={self.min_nodes}"
             )
-        if not getattr(self.provider, "grows", False):
+        if self.provider is not None and not getattr(self.provider, "grows", False):
             raise ValueError(
                 f"{asked}: provider {self.provider_kind} cannot add or release machines "
                 f"while a pool runs, so this pool cannot autoscale. Give a fixed count, "
@@ -333,7 +358,7 @@ class PoolSpec(BaseModel):
     @field_validator("provider")
     @classmethod
     def _provider(cls, provider: Any) -> Any:
-        if not isinstance(provider, Provider):
+        if provider is not None and not isinstance(provider, Provider):
             raise ValueError(
                 f"expected a provider such as sky.Local(), not {type(provider).__name__}"
             )
@@ -355,7 +380,31 @@ class PoolSpec(BaseModel):
 
     @property
     def provider_kind(self) -> str:
-        return str(self.provider.kind)
+        return "unresolved" if self.provider is None else str(self.provider.kind)
+
+    def resolve(self, provider: Provider) -> PoolSpec:
+        """This spec with ``provider``, given ``region`` when the spec names one (a
+        ``ValueError`` if the provider has another region, or none to set)."""
+        if self.region is not None:
+            fields = getattr(type(provider), "model_fields", {})
+            if "region" not in fields:
+                raise ValueError(
+                    f"PoolSpec(region={self.region!r}): provider {provider.kind} has no "
+                    f"region; leave region out"
+                )
+            theirs = getattr(provider, "region", None)
+            if theirs is not None and theirs != self.region:
+                raise ValueError(
+                    f"PoolSpec(region={self.region!r}) contradicts the provider's "
+                    f"region={theirs!r}; give one of them"
+                )
+            provider = type(provider).model_validate(
+                {**provider.model_dump(exclude_unset=True), "region": self.region}
+            )
+        given = {field: getattr(self, field) for field in self.model_fields_set}
+        return PoolSpec.model_validate(
+            {**given, "name": self.name, "provider": provider, "region": None}
+        )
 
     @property
     def autoscaling(self) -> bool:
