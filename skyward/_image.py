@@ -23,6 +23,9 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from skyward.metrics import Metric, default_metrics
+from skyward.metrics import check as check_metrics
+
 _NAME = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
 
 
@@ -131,6 +134,9 @@ class Image(BaseModel):
       so both ends run the same code.
     - ``bootstrap_timeout``: seconds the image's bootstrap script may run on a remote node
       (``None``: bounded only by the pool's ``provision_timeout``).
+    - ``metrics``: what each node samples about itself while the pool runs
+      (``sky.metrics``: ``[CPU(interval=0.5), GPU(), Memory()]``), sent to the client
+      (``pool.metrics()``); ``None``: nothing. By default ``sky.metrics.Default()``.
 
     The local provider uses the client's own interpreter: it applies ``env``, checks ``pip``
     against what is installed, puts ``includes`` on the workers' path, and ignores
@@ -152,6 +158,12 @@ class Image(BaseModel):
     excludes: tuple[str, ...] = ()
     skyward_source: Literal["auto", "local"] = "auto"
     bootstrap_timeout: float | None = Field(default=None, gt=0)
+    metrics: tuple[Metric, ...] | None = Field(default_factory=default_metrics)
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, metrics: tuple[Metric, ...] | None) -> tuple[Metric, ...] | None:
+        return None if metrics is None else check_metrics(metrics)
 
     @field_validator("skyward_source", mode="before")
     @classmethod

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from skyward.console import jupyter as _jupyter
 from skyward.console.logs import PoolLog
+from skyward.console.metrics_view import RichMetrics
 from skyward.console.progress import Board, JupyterProgress, PlainProgress, Progress, RichProgress
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ class Console:
         self._ticker: threading.Thread | None = None
         self._board: Board | None = None
         self._progress: Progress | None = None
+        # The live metrics lines (console/metrics_view.py), on a terminal, once started;
+        # False: not shown here (not a terminal, or the pool closed).
+        self._metrics: RichMetrics | bool | None = None
 
     # ── progress ─────────────────────────────────────────────────────────────────────────
 
@@ -200,8 +204,24 @@ class Console:
                     self._ticker = None
                     return
 
+    def metrics(self, node: int, values: dict[str, float]) -> None:
+        """A node's live metrics sample: its line on a terminal, once the start-up table is
+        gone (reader threads call this)."""
+        with self._lock:
+            if self._metrics is None:
+                if self._board is not None:
+                    return  # still starting: the table has the terminal
+                shown = self.mode in ("auto", "rich") and _colour(sys.stderr)
+                self._metrics = RichMetrics() if shown and not _jupyter.in_jupyter() else False
+            if isinstance(self._metrics, RichMetrics):
+                self._metrics.update(node, values)
+
     def closed(self) -> None:
         """The pool is closed: its log says so, and its files are closed."""
+        with self._lock:
+            if isinstance(self._metrics, RichMetrics):
+                self._metrics.stop()
+            self._metrics = False
         if self.log_file is not None:
             self.log_file.state("closed")
             self.log_file.close()
@@ -242,6 +262,9 @@ class Console:
         text = "".join(f"{label} {line.decode('utf-8', 'backslashreplace')}\n" for line in lines)
         if self._progress is not None and _isatty(target) and self._progress.print_above(text):
             return  # a live table is on this terminal: the lines scroll above it
+        if isinstance(self._metrics, RichMetrics) and _isatty(target):
+            self._metrics.print_above(text)
+            return  # the same, above the live metrics lines
         try:
             with _jupyter.as_parent(self._routes.get(node)):
                 target.write(text)

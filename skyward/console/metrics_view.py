@@ -1,0 +1,81 @@
+"""The live metrics line: one compact line per node at the bottom of a terminal while the
+pool runs, redrawn as samples come (rich), with the workers' output scrolling above it::
+
+    node 0  cpu  23%  mem 41%  gpu 87%  gpu mem 12.3 GB  net ↓1.2 ↑0.3 MB/s
+    node 1  cpu  19%  mem 40%  gpu 85%  gpu mem 12.1 GB  net ↓1.1 ↑0.3 MB/s
+
+It appears with the first sample once the start-up table is gone, on a terminal only (a
+pipe or a file gets no redrawn lines; ``pool.metrics()`` and ``metrics.jsonl`` have them
+all), and leaves its last state on the screen when the pool closes.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def line(values: dict[str, float]) -> str:
+    """A node's latest values, compact: what each metric is, in a few characters."""
+    parts = []
+    if "cpu" in values:
+        parts.append(f"cpu {values['cpu']:3.0f}%")
+    if "mem" in values:
+        parts.append(f"mem {values['mem']:3.0f}%")
+    elif "mem_used_mb" in values:
+        parts.append(f"mem {values['mem_used_mb'] / 1024:.1f} GB")
+    gpus = sorted(k for k in values if k.startswith("gpu_util_"))
+    if gpus:
+        parts.append("gpu " + " ".join(f"{values[k]:3.0f}%" for k in gpus))
+    memory = [v for k, v in sorted(values.items()) if k.startswith("gpu_mem_mb_")]
+    if memory:
+        parts.append(f"gpu mem {sum(memory) / 1024:.1f} GB")
+    if "net_rx_mbps" in values or "net_tx_mbps" in values:
+        parts.append(
+            f"net ↓{values.get('net_rx_mbps', 0.0):.1f} ↑{values.get('net_tx_mbps', 0.0):.1f} MB/s"
+        )
+    known = {"cpu", "mem", "mem_used_mb", "net_rx_mbps", "net_tx_mbps"}
+    for name, value in sorted(values.items()):
+        if name not in known and not name.startswith(("gpu_util_", "gpu_mem_mb_")):
+            parts.append(f"{name} {value:g}")
+    return "  ".join(parts)
+
+
+class RichMetrics:
+    """The lines on a terminal's stderr. Not thread-safe: the console's lock guards it."""
+
+    def __init__(self) -> None:
+        from rich.console import Console as RichConsole
+        from rich.live import Live
+
+        self._latest: dict[int, dict[str, float]] = {}
+        self._console = RichConsole(file=sys.stderr)
+        self._live = Live(
+            get_renderable=self._render,
+            console=self._console,
+            refresh_per_second=4,
+            transient=False,
+        )
+        self._live.start()
+
+    def update(self, node: int, values: dict[str, float]) -> None:
+        # A value read less often (GPU every 3 s) stays shown between its samples.
+        self._latest[node] = {**self._latest.get(node, {}), **values}
+
+    def _render(self) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        grid = Table.grid(padding=(0, 2))
+        for node, values in sorted(self._latest.items()):
+            grid.add_row(Text(f"node {node}", style="bold"), Text(line(values), style="cyan"))
+        return grid
+
+    def print_above(self, text: str) -> bool:
+        from rich.text import Text
+
+        self._console.print(Text.from_ansi(text.rstrip("\n")), soft_wrap=True, highlight=False)
+        return True
+
+    def stop(self) -> None:
+        self._live.stop()
