@@ -23,6 +23,7 @@ matter.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Protocol
 
 from skyward.providers.cloud import catalog
@@ -39,6 +40,7 @@ __all__ = [
     "T4",
     "V100",
     "Accelerator",
+    "CudaAccelerator",
     "Custom",
     "Machine",
     "machines",
@@ -107,11 +109,35 @@ V100 = _factory("V100")
 P100 = _factory("P100")
 
 
-def Custom(name: str, *, count: int | None = None, memory: str | int | None = None) -> Accelerator:
+_CUDA = re.compile(r"^\d{1,2}(\.\d{1,2})?$")
+
+
+@dataclass(frozen=True)
+class CudaAccelerator(Accelerator):
+    """``Custom(..., cuda_min="12.0")``: the request, and the least CUDA version the pool's
+    image may be built for (checked when the pool is built, against the CUDA the image's
+    packages name: PyTorch's ``cu126`` wheels, jax's ``cuda12``)."""
+
+    cuda_min: str | None = None
+
+
+def Custom(
+    name: str,
+    *,
+    count: int | None = None,
+    memory: str | int | None = None,
+    cuda_min: str | None = None,
+) -> Accelerator:
     """An accelerator outside the catalog, or one named as a machine names it: sky.SSH and
     sky.Slurm take any name (``Custom("MI300X", count=8)`` is ``gres=gpu:mi300x:8`` on
-    Slurm); a cloud provider refuses a name its catalog lacks, when the pool is built."""
-    return Accelerator(name, count, _memory_gb(name, memory))
+    Slurm); a cloud provider refuses a name its catalog lacks, when the pool is built.
+    ``cuda_min="12.0"``: a pool whose image names an older CUDA build (``cu118`` wheels)
+    is refused when it is built."""
+    if cuda_min is None:
+        return Accelerator(name, count, _memory_gb(name, memory))
+    if not isinstance(cuda_min, str) or not _CUDA.match(cuda_min):
+        raise ValueError(f"{name}: cuda_min is a version such as '12.0', not {cuda_min!r}")
+    return CudaAccelerator(name, count, _memory_gb(name, memory), cuda_min)
 
 
 def names() -> tuple[str, ...]:

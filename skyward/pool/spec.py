@@ -12,6 +12,7 @@ step).
 from __future__ import annotations
 
 import inspect
+import re
 import secrets
 from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
@@ -27,6 +28,7 @@ from skyward.client.volume import Volume, check_volumes
 from skyward.console import ConsoleMode, OutputMode
 from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
+from skyward.metrics import GPU_KINDS
 from skyward.providers.base import Provider, ProvisionRequest, identity_tags
 from skyward.providers.cloud.catalog import Accelerator
 
@@ -230,6 +232,8 @@ class PoolSpec(BaseModel):
     volumes: tuple[Volume, ...] = ()
     selection: Literal["first", "cheapest"] = "first"
     logging: LogConfig | None = None
+    # The least CUDA the image may name, from accelerator=Custom(..., cuda_min=).
+    cuda_min: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -341,6 +345,16 @@ class PoolSpec(BaseModel):
         if logging is True:
             return LogConfig()
         return None if logging is False else logging
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cuda_min(cls, options: Any) -> Any:
+        """``accelerator=Custom(..., cuda_min=)`` keeps its CUDA bound, which its string
+        form has no room for (checked against the image in ``apply_transforms``)."""
+        if not isinstance(options, dict):
+            return options
+        bound = getattr(options.get("accelerator"), "cuda_min", None)
+        return options if bound is None else {**options, "cuda_min": bound}
 
     @field_validator("accelerator", mode="before")
     @classmethod
@@ -477,7 +491,61 @@ def apply_transforms(image: Image, spec: PoolSpec) -> Image:
                 )
             image = result
         image = _add_bootstrap(image, plugin, spec)
-    return image
+    _check_cuda(image, spec)
+    return _with_nvml(image, spec)
+
+
+_CUDA_TAG = re.compile(r"(?<![a-z])cu(\d{2})(\d)(?!\d)|cuda-?(\d{2})(?!\d)", re.IGNORECASE)
+
+
+def image_cuda(image: Image) -> tuple[int, int | None] | None:
+    """The CUDA version the image's packages are built for, where they name one: PyTorch's
+    wheel tags (``cu126`` in an index URL or a requirement) or jax's extras (``cuda12``,
+    major only); the lowest when several do; None when none does."""
+    texts = [*image.pip, *(i.url for i in image.pip_indexes), image.index_url or ""]
+    found: list[tuple[int, int | None]] = []
+    for text in texts:
+        for match in _CUDA_TAG.finditer(text):
+            if match[1]:
+                found.append((int(match[1]), int(match[2])))
+            else:
+                found.append((int(match[3]), None))
+    return min(found, key=lambda v: (v[0], v[1] or 0)) if found else None
+
+
+def _check_cuda(image: Image, spec: PoolSpec) -> None:
+    if spec.cuda_min is None:
+        return
+    found = image_cuda(image)
+    if found is None:
+        return  # nothing in the image pins CUDA: the node's driver decides
+    major, _, minor = spec.cuda_min.partition(".")
+    wanted = (int(major), int(minor or 0))
+    if found[0] < wanted[0] or (found[1] is not None and found < wanted):
+        have = f"{found[0]}.{found[1]}" if found[1] is not None else f"{found[0]}"
+        raise ValueError(
+            f"accelerator {spec.accelerator} needs CUDA {spec.cuda_min} or newer "
+            f"(cuda_min), but the image's packages are built for CUDA {have}; give the "
+            f"plugin a newer build (sky.plugins.torch(cuda='{wanted[0]}.{wanted[1]}')) or "
+            f"lower cuda_min"
+        )
+
+
+# Accelerators that are not NVIDIA GPUs, by the start of their names: NVML has nothing to say.
+_NOT_NVIDIA = ("TPU", "V2", "V3", "V4", "V5", "V6", "Trainium", "Inferentia", "MI", "Gaudi")
+
+
+def _with_nvml(image: Image, spec: PoolSpec) -> Image:
+    """GPU metrics on a remote pool with NVIDIA GPUs read NVML through ``nvidia-ml-py``,
+    which the image then installs; a CPU pool, another accelerator, or a local pool (the
+    client's own environment, never changed) gets nothing, and sends no GPU values."""
+    wants = any(m.kind in GPU_KINDS for m in image.metrics or ())
+    accelerator = spec.accelerator
+    if not wants or accelerator is None or accelerator.startswith(_NOT_NVIDIA):
+        return image
+    if spec.provider is None or spec.provider_kind == "local":
+        return image
+    return image.with_pip("nvidia-ml-py")
 
 
 def _add_bootstrap(image: Image, plugin: Plugin, spec: PoolSpec) -> Image:

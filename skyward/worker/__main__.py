@@ -304,6 +304,7 @@ _OWN_THREADS = (
     "skyward-relay",
     "skyward-relay-in",
     "skyward-relay-out",
+    "skyward-metrics",
 )
 
 
