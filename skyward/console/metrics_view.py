@@ -26,17 +26,22 @@ def line(values: dict[str, float]) -> str:
         parts.append(f"mem {values['mem_used_mb'] / 1024:.1f} GB")
     gpus = sorted(k for k in values if k.startswith("gpu_util_"))
     if gpus:
-        parts.append("gpu " + " ".join(f"{values[k]:3.0f}%" for k in gpus))
-    memory = [v for k, v in sorted(values.items()) if k.startswith("gpu_mem_mb_")]
+        parts.append("gpu " + " ".join(f"{values[k]:.0f}%" for k in gpus))
+    memory = [v for k, v in values.items() if k.startswith("gpu_mem_mb_")]
+    total = [v for k, v in values.items() if k.startswith("gpu_mem_total_mb_")]
     if memory:
-        parts.append(f"gpu mem {sum(memory) / 1024:.1f} GB")
+        of = f"/{sum(total) / 1024:.0f}" if total else ""
+        parts.append(f"gpu mem {sum(memory) / 1024:.1f}{of} GB")
+    temps = [v for k, v in values.items() if k.startswith("gpu_temp_")]
+    if temps:
+        parts.append(f"{max(temps):.0f}°C")
     if "net_rx_mbps" in values or "net_tx_mbps" in values:
         parts.append(
             f"net ↓{values.get('net_rx_mbps', 0.0):.1f} ↑{values.get('net_tx_mbps', 0.0):.1f} MB/s"
         )
     known = {"cpu", "mem", "mem_used_mb", "net_rx_mbps", "net_tx_mbps"}
     for name, value in sorted(values.items()):
-        if name not in known and not name.startswith(("gpu_util_", "gpu_mem_mb_")):
+        if name not in known and not name.startswith(("gpu_", "mem_")):
             parts.append(f"{name} {value:g}")
     return "  ".join(parts)
 

@@ -320,7 +320,7 @@ class ComputePool(CallTarget):
             secrets=secrets_of(self.image.env),
             root=self._log_root,
         )
-        self._metrics.open(self.log_dir)
+        self._metrics.open(self.log_dir if self.image.metrics else None)  # none: no file
         initial = spec.initial_nodes
         growing = f", growing to {spec.nodes} while calls wait" if spec.autoscaling else ""
         self._console.begin(
