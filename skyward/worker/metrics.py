@@ -43,7 +43,8 @@ class Sampler:
         self._specs = specs
         self._stopped = threading.Event()
         self._cpu: tuple[int, int] | None = None  # (busy, total) jiffies at the last read
-        self._net: dict[str, tuple[float, int]] = {}  # key -> (time, bytes) at the last read
+        # key -> (time, bytes by interface) at the last read
+        self._net: dict[str, tuple[float, dict[str, int]]] = {}
         self._nvml: Any = None  # pynvml, once initialised; False when it cannot be
         self._thread = threading.Thread(target=self._run, name="skyward-metrics", daemon=True)
 
@@ -131,24 +132,28 @@ class Sampler:
         return 100.0 * (busy - last[0]) / (total - last[1])
 
     def _net_read(self, spec: Spec) -> float | None:
-        """MB/s received or sent on an interface (all but loopback) since the last read."""
+        """MB/s received or sent on an interface (all but loopback) since the last read.
+        By interface: one that came or went meanwhile (a container's veth), or whose
+        counter was reset, adds nothing rather than a negative rate."""
         _, kind, _, interface = spec
         column = 0 if kind == "net_rx" else 8
-        count = 0
+        counts: dict[str, int] = {}
         with open("/proc/net/dev", "rb") as f:
             for line in f.readlines()[2:]:
                 name, _, rest = line.decode().partition(":")
                 name = name.strip()
                 if (interface and name != interface) or (not interface and name == "lo"):
                     continue
-                count += int(rest.split()[column])
+                counts[name] = int(rest.split()[column])
         key = f"{kind}:{interface}"
         now = time.monotonic()
         last = self._net.get(key)
-        self._net[key] = (now, count)
+        self._net[key] = (now, counts)
         if last is None or now <= last[0]:
             return None
-        return (count - last[1]) / (now - last[0]) / 1e6
+        before = last[1]
+        moved = sum(max(n - before[i], 0) for i, n in counts.items() if i in before)
+        return moved / (now - last[0]) / 1e6
 
     def _gpu_read(self, name: str, kind: str, arg: str, values: dict[str, float]) -> None:
         nvml = self._nvml_module()
