@@ -53,7 +53,8 @@ def main(calls: int = 3000, rounds: int = 3) -> None:
     off = statistics.median(seen["off"])
     for name, times in seen.items():
         median = statistics.median(times)
-        print(f"{name:>14}: median {median * 1e6:7.1f} µs  ({(median / off - 1) * 100:+.1f}% vs off)")
+        change = (median / off - 1) * 100
+        print(f"{name:>14}: median {median * 1e6:7.1f} µs  ({change:+.1f}% vs off)")
 
 
 if __name__ == "__main__":

@@ -85,9 +85,7 @@ class Metric:
                 f"not {self.interval!r}"
             )
         if not self.name or not self.name.replace("_", "").isalnum():
-            raise ValueError(
-                f"a metric's name is letters, digits and '_', not {self.name!r}"
-            )
+            raise ValueError(f"a metric's name is letters, digits and '_', not {self.name!r}")
 
     def wire(self) -> tuple[str, str, float, str]:
         """As the worker receives it (plain values: the worker imports no client module);

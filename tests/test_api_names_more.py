@@ -59,7 +59,7 @@ def test_current_outside_a_pool_describes_this_process() -> None:
 
 
 def test_default_image_is_the_image_a_pool_gets() -> None:
-    assert sky.DEFAULT_IMAGE == sky.Image()
+    assert sky.Image() == sky.DEFAULT_IMAGE
     assert sky.ComputePool().image.pip == sky.DEFAULT_IMAGE.pip
 
 
@@ -111,7 +111,7 @@ def test_an_app_gives_its_pools_one_console_setting_and_one_log_directory(
     assert app.log_dir.parent == tmp_path and app.log_dir.name.startswith("app-")
     assert {a.name, b.name} <= {p["name"] for p in recent_pools()}  # skyward logs finds them
     assert sky.ComputePool()._console.mode == "auto"  # outside the app again
-    with pytest.raises(ValueError, match="App\\(console=...\\)"):
+    with pytest.raises(ValueError, match=r"App\(console=\.\.\.\)"):
         sky.App(console="loud")  # type: ignore[arg-type]
 
 

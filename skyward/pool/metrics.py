@@ -18,6 +18,7 @@ recorded, so samples still in flight when the workers stop are dropped.
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import logging
 import threading
@@ -102,7 +103,7 @@ def as_table(rows: list[dict[str, Any]]) -> Any:
     """A pandas DataFrame (columns ``node``, ``time`` as a timestamp, one per metric) when
     pandas is installed, else the rows themselves."""
     try:
-        import pandas as pd
+        pd = importlib.import_module("pandas")  # optional: no stubs, and not a dependency
     except ImportError:
         return rows
     frame = pd.DataFrame(rows, columns=columns(rows))

@@ -400,8 +400,7 @@ class PoolSpec(BaseModel):
         """This spec with ``provider``, given ``region`` when the spec names one (a
         ``ValueError`` if the provider has another region, or none to set)."""
         if self.region is not None:
-            fields = getattr(type(provider), "model_fields", {})
-            if "region" not in fields:
+            if not isinstance(provider, BaseModel) or "region" not in type(provider).model_fields:
                 raise ValueError(
                     f"PoolSpec(region={self.region!r}): provider {provider.kind} has no "
                     f"region; leave region out"
