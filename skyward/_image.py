@@ -281,5 +281,5 @@ def _replaceable(model: type[BaseModel]) -> None:
 _replaceable(Image)
 
 
-# skyward 0.5's name for the image a pool gets when it names none: ``sky.Image()``.
 DEFAULT_IMAGE = Image()
+"""The image a pool gets when it names none: ``sky.Image()`` (skyward 0.5's name)."""
