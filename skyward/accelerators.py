@@ -34,10 +34,12 @@ __all__ = [
     "A100",
     "H100",
     "H200",
+    "Inferentia2",
     "L4",
     "L40S",
     "P100",
     "T4",
+    "Trainium2",
     "V100",
     "Accelerator",
     "CudaAccelerator",
@@ -138,6 +140,37 @@ def Custom(
     if not isinstance(cuda_min, str) or not _CUDA.match(cuda_min):
         raise ValueError(f"{name}: cuda_min is a version such as '12.0', not {cuda_min!r}")
     return CudaAccelerator(name, count, _memory_gb(name, memory), cuda_min)
+
+
+# skyward 0.5's AWS Neuron accelerators: no provider here sells them yet (the AWS catalog has
+# no trn2/inf2 types, and the pool's default image is NVIDIA's), so making one says what works
+# instead, before anything starts.
+NOT_OFFERED = {
+    "Trainium2": "trn2",
+    "Inferentia2": "inf2",
+}
+
+
+def _not_offered(name: str) -> Factory:
+    family = NOT_OFFERED[name]
+
+    def make(*, count: int | None = None, memory: str | int | None = None) -> Accelerator:
+        raise ValueError(
+            f"sky.accelerators.{name}(): no provider here offers AWS {family} machines yet "
+            f"(the AWS catalog has no {family} types, and Skyward has no Neuron image). On "
+            f"{family} machines you already run, use sky.SSH(hosts=[...]) with "
+            f"accelerator=sky.accelerators.Custom({name!r}, count=...) and "
+            f"image=sky.Image(pip=['torch-neuronx'], pip_indexes=[sky.PipIndex(url="
+            f"'https://pip.repos.neuron.amazonaws.com', packages=['torch-neuronx'])])"
+        )
+
+    make.__name__ = make.__qualname__ = name
+    make.__doc__ = f"AWS {name} ({family}): not offered yet; calling it says what to write."
+    return make
+
+
+Trainium2 = _not_offered("Trainium2")
+Inferentia2 = _not_offered("Inferentia2")
 
 
 def names() -> tuple[str, ...]:

@@ -149,3 +149,16 @@ def test_custom_cuda_min_is_checked_against_the_images_cuda() -> None:
     assert sky.ComputePool(hosts, accelerator=gpu).spec.cuda_min == "12.0"
     with pytest.raises(ValueError, match="cuda_min is a version"):
         Custom("X", cuda_min="twelve")
+
+
+@pytest.mark.parametrize("name", ["Trainium2", "Inferentia2"])
+def test_neuron_accelerators_say_what_works_instead(name: str) -> None:
+    with pytest.raises(ValueError, match=r"no provider here offers AWS (trn2|inf2)") as caught:
+        getattr(sky.accelerators, name)()
+    # what it says to write instead is a pool that is built without complaint
+    written = str(caught.value).split("image=", 1)[1]
+    image = eval(written, {"sky": sky})
+    pool = sky.ComputePool(
+        sky.SSH(hosts=["127.0.0.1"]), accelerator=Custom(name, count=16), image=image
+    )
+    assert pool.spec.accelerator == f"{name}:16"
