@@ -42,8 +42,7 @@ def test_every_name_in_the_catalog_has_a_factory_and_nothing_else_does() -> None
     factories = {
         name
         for name in sky.accelerators.__all__
-        if name
-        not in {"Accelerator", "CudaAccelerator", "Custom", "Machine", "machines", "names"}
+        if name not in {"Accelerator", "CudaAccelerator", "Custom", "Machine", "machines", "names"}
         and name not in sky.accelerators.NOT_OFFERED
     }
     assert factories == set(sky.accelerators.names()) == set(catalog.NAMES)
