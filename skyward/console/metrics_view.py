@@ -4,14 +4,17 @@ pool runs, redrawn as samples come (rich), with the workers' output scrolling ab
     node 0  cpu  23%  mem 41%  gpu 87%  gpu mem 12.3 GB  net ↓1.2 ↑0.3 MB/s
     node 1  cpu  19%  mem 40%  gpu 85%  gpu mem 12.1 GB  net ↓1.1 ↑0.3 MB/s
 
-It appears with the first sample once the start-up table is gone, on a terminal only (a
-pipe or a file gets no redrawn lines; ``pool.metrics()`` and ``metrics.jsonl`` have them
-all), and leaves its last state on the screen when the pool closes.
+It appears with the first sample once the start-up table is gone, on a terminal (a pipe or
+a file gets no redrawn lines; ``pool.metrics()`` and ``metrics.jsonl`` have them all), and
+leaves its last state on the screen when the pool closes. In Jupyter the same lines are an
+HTML table in the cell that started the pool, updated in place (``JupyterMetrics``).
 """
 
 from __future__ import annotations
 
+import html
 import sys
+import time
 from typing import Any
 
 
@@ -84,3 +87,48 @@ class RichMetrics:
 
     def stop(self) -> None:
         self._live.stop()
+
+
+class JupyterMetrics:
+    """The lines as a display in the notebook, updated in place by its display id.
+
+    The display is made by the thread that started the pool, while its cell runs (a display
+    sent from a cell that has finished is dropped by the frontend), as a placeholder until the
+    first sample; each sample then updates it, at most every ``_MIN_INTERVAL`` seconds (each
+    update is a message to the frontend), and once more when the pool closes. An update goes
+    out under whichever cell runs then, and the frontend applies it by id to the display in
+    the cell that started the pool. Not thread-safe: the console's lock guards it."""
+
+    _MIN_INTERVAL = 0.5
+
+    def __init__(self) -> None:
+        from IPython import display as ipython
+
+        self._latest: dict[int, dict[str, float]] = {}
+        self._sent = 0.0
+        display: Any = ipython.display
+        self._handle: Any = display(
+            {"text/plain": "live metrics: waiting for the first sample"}, raw=True, display_id=True
+        )
+
+    def update(self, node: int, values: dict[str, float]) -> None:
+        self._latest[node] = {**self._latest.get(node, {}), **values}
+        if time.monotonic() - self._sent >= self._MIN_INTERVAL:
+            self._show()
+
+    def _show(self) -> None:
+        rows = sorted(self._latest.items())
+        text = "\n".join(f"node {node}  {line(values)}" for node, values in rows)
+        cells = "".join(
+            f"<tr><td><b>node {node}</b></td><td>{html.escape(line(values))}</td></tr>"
+            for node, values in rows
+        )
+        self._handle.update({"text/plain": text, "text/html": f"<table>{cells}</table>"}, raw=True)
+        self._sent = time.monotonic()
+
+    def print_above(self, text: str) -> bool:
+        return False  # the display has its own output area; prints go to their cells
+
+    def stop(self) -> None:
+        if self._latest:
+            self._show()

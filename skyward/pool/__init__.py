@@ -160,6 +160,7 @@ class ComputePool(CallTarget):
         # The log directory is made when the pool starts: a pool only built (to check its
         # options) leaves no directory, and does not prune other pools' logs.
         self._console = Console(mode=mode, output=spec.output)
+        self._console.metrics_expected = bool(self.image.metrics)
         out = self._console  # (``console`` is the option)
 
         self._lock = threading.Lock()  # guards: _state, _opening, _started_at
