@@ -160,6 +160,13 @@ def _has_interface(name: str) -> bool:
         return False
 
 
+def worker_label(node: int, worker: int, workers_per_node: int) -> str:
+    """How every message, print prefix and report names a worker, on either side of the
+    wire: ``node 2``, or with several workers per node ``node 2 worker 1`` (its index on
+    the node)."""
+    return f"node {node}" if workers_per_node == 1 else f"node {node} worker {worker}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class InstanceInfo:
     """A worker's identity in its pool. Frozen; identical on every worker but ``node``,

@@ -5,7 +5,8 @@
     sky.accelerators.A100()                  "A100"          the provider's default count
     sky.accelerators.A100(count=8)           "A100:8"
     sky.accelerators.A100(memory="80GB")     "A100-80GB"
-    sky.accelerators.Custom("MI300X", count=8)                a name outside the catalog
+    sky.accelerators.RTX_4090(count=2)       "RTX_4090:2"    a marketplace's GPU (RunPod, Vast.ai)
+    sky.accelerators.Custom("GH200", count=8)                 a name outside both
     sky.accelerators.machines("H100")        every machine type with H100s, per cloud,
                                              with its list price
 
@@ -36,7 +37,14 @@ __all__ = [
     "H200",
     "L4",
     "L40S",
+    "MI300X",
     "P100",
+    "RTX_3080",
+    "RTX_3090",
+    "RTX_4080",
+    "RTX_4090",
+    "RTX_5080",
+    "RTX_5090",
     "T4",
     "V100",
     "Accelerator",
@@ -109,6 +117,47 @@ A10G = _factory("A10G")
 T4 = _factory("T4")
 V100 = _factory("V100")
 P100 = _factory("P100")
+
+
+# What the GPU marketplaces sell besides the catalog's (RunPod, Vast.ai; consumer cards and
+# AMD's): name -> GB per device. No cloud of the catalog has them; a marketplace's provider
+# maps each name to its own GPU ids.
+MARKETPLACE: dict[str, int] = {
+    "RTX_5090": 32,
+    "RTX_5080": 16,
+    "RTX_4090": 24,
+    "RTX_4080": 16,
+    "RTX_3090": 24,
+    "RTX_3080": 10,
+    "MI300X": 192,
+}
+
+
+def _sold(name: str) -> Factory:
+    """``RTX_4090(count=...)``: a marketplace's GPU, its one memory size."""
+    size = MARKETPLACE[name]
+
+    def make(*, count: int | None = None, memory: str | int | None = None) -> Accelerator:
+        memory_gb = _memory_gb(name, memory)
+        if memory_gb is not None and memory_gb != size:
+            raise ValueError(f"{name} comes with {size} GB per device, not {memory_gb} GB")
+        return Accelerator(name, count, memory_gb)
+
+    make.__name__ = make.__qualname__ = name
+    make.__doc__ = (
+        f"{name} ({size} GB per device), as a pool's ``accelerator`` on a GPU marketplace "
+        f"(sky.RunPod, sky.VastAI). ``count``: devices per node."
+    )
+    return make
+
+
+RTX_5090 = _sold("RTX_5090")
+RTX_5080 = _sold("RTX_5080")
+RTX_4090 = _sold("RTX_4090")
+RTX_4080 = _sold("RTX_4080")
+RTX_3090 = _sold("RTX_3090")
+RTX_3080 = _sold("RTX_3080")
+MI300X = _sold("MI300X")
 
 
 _CUDA = re.compile(r"^\d{1,2}(\.\d{1,2})?$")

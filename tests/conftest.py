@@ -10,6 +10,7 @@ so that the tests after it do not fail for it.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -42,6 +43,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "soak: a long run, only with --soak")
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if exitstatus == 0:
+        for made in _made_dirs:
+            shutil.rmtree(made, ignore_errors=True)
+    if _MADE_LOG_DIR is None:
+        return
+    if exitstatus == 0:
+        shutil.rmtree(_MADE_LOG_DIR, ignore_errors=True)
+    else:
+        sys.stderr.write(f"\nthe pools' logs of this run are kept in {_MADE_LOG_DIR}\n")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--soak"):
         return
@@ -59,8 +72,18 @@ os.environ.update(
         "NO_GCE_CHECK": "True",
     }
 )
-# Pools keep their logs under the user's cache; the suite's thousand pools keep theirs apart.
-os.environ.setdefault("SKYWARD_LOG_DIR", tempfile.mkdtemp(prefix="skyward-test-logs-"))
+# Pools keep their logs under the user's cache; the suite's thousand pools keep theirs apart,
+# in a directory this process makes (xdist's workers inherit it) and removes when the run
+# passed (pytest_sessionfinish); a failed run keeps it and says where.
+_MADE_LOG_DIR: str | None = None
+_made_dirs: list[str] = []  # made by this process for the run; removed when it passed
+if "SKYWARD_LOG_DIR" not in os.environ:
+    _MADE_LOG_DIR = os.environ["SKYWARD_LOG_DIR"] = tempfile.mkdtemp(prefix="skyward-test-logs-")
+# Machines kept warm (keep_warm) are recorded in the user's state directory; the suite keeps
+# its own, removed with the logs' when the run passed.
+if "SKYWARD_STATE_DIR" not in os.environ:
+    _MADE_STATE_DIR = os.environ["SKYWARD_STATE_DIR"] = tempfile.mkdtemp(prefix="skyward-state-")
+    _made_dirs.append(_MADE_STATE_DIR)
 
 # Loopback, and addresses only while they route to a bridge this run made (support/netguard).
 netguard.install()

@@ -28,6 +28,9 @@ from skyward.providers.slurm import gres_for
         (sky.accelerators.T4(), "T4"),
         (sky.accelerators.V100(count=8), "V100:8"),
         (Custom("MI300X", count=8, memory="192GB"), "MI300X-192GB:8"),
+        (sky.accelerators.MI300X(count=8), "MI300X:8"),
+        (sky.accelerators.RTX_4090(count=2), "RTX_4090:2"),
+        (sky.accelerators.RTX_3080(memory="10GB"), "RTX_3080-10GB"),
     ],
 )
 def test_a_value_is_the_request_its_string_is(
@@ -38,14 +41,17 @@ def test_a_value_is_the_request_its_string_is(
         assert catalog.parse(text) == value
 
 
-def test_every_name_in_the_catalog_has_a_factory_and_nothing_else_does() -> None:
+def test_every_name_in_the_catalog_or_a_marketplace_has_a_factory_and_nothing_else_does() -> None:
     factories = {
         name
         for name in sky.accelerators.__all__
         if name not in {"Accelerator", "CudaAccelerator", "Custom", "Machine", "machines", "names"}
         and name not in sky.accelerators.NOT_OFFERED
     }
-    assert factories == set(sky.accelerators.names()) == set(catalog.NAMES)
+    marketplaces = set(sky.accelerators.MARKETPLACE)
+    assert set(sky.accelerators.names()) == set(catalog.NAMES)
+    assert factories == set(catalog.NAMES) | marketplaces
+    assert not marketplaces & set(catalog.NAMES)
     for name in factories:
         assert getattr(sky.accelerators, name)().name == name
 

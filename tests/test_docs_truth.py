@@ -10,7 +10,10 @@ wrong, so that reintroducing one fails here.
 from __future__ import annotations
 
 import builtins
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,3 +205,41 @@ def test_the_readme_says_which_error_a_bad_value_raises() -> None:
     # ValidationError: the README must not promise one for every bad value.
     readme = (ROOT / "README.md").read_text()
     assert not re.search(r"value is a pydantic `ValidationError`", readme)
+
+
+def test_the_readmes_first_example_runs_as_written(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    first = re.search(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    assert first is not None
+    script = tmp_path / "first.py"
+    script.write_text(first.group(1))
+    env = {**os.environ, "SKYWARD_LOG_DIR": str(tmp_path / "logs")}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
+        cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"loss 0\.\d{4}, evaluated on node \d", done.stdout), done.stdout
+
+
+def test_the_readme_names_every_example() -> None:
+    readme = (ROOT / "README.md").read_text()
+    examples = sorted(
+        p.name for p in (ROOT / "examples").iterdir() if p.suffix in {".py", ".ipynb"}
+    )
+    missing = [name for name in examples if f"`{name}`" not in readme]
+    assert not missing, f"README's examples list lacks {missing}"
+
+
+def test_the_api_pages_machine_prices_are_the_librarys() -> None:
+    # A comment that shows what a call prints: ``# gcp a3-highgpu-4g 44.245``.
+    text = (ROOT / "docs" / "api.md").read_text()
+    shown = re.findall(
+        r'for m in sky\.accelerators\.machines\("([^"]+)"\):\n\s+print\(m\.cloud, m\.type, '
+        r"m\.hourly\)\s+# (\S+) (\S+) ([\d.]+)",
+        text,
+    )
+    assert shown, "api.md no longer shows a machines() listing: update this test"
+    for accelerator, cloud, kind, price in shown:
+        first = sky.accelerators.machines(accelerator)[0]
+        assert (first.cloud, first.type, first.hourly) == (cloud, kind, float(price))

@@ -46,9 +46,10 @@ def test_with_a_pool_of_its_own():
 
 
 def _pytest(
-    *args: str, cwd: Path, ignoring: tuple[int, ...] = ()
+    *args: str, cwd: Path, ignoring: tuple[int, ...] = (), env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """pytest over ``args`` in a child process that starts with ``ignoring`` ignored."""
+    """pytest over ``args`` in a child process that starts with ``ignoring`` ignored, in
+    ``env`` (default: this process's)."""
 
     def launched() -> None:
         for signum in ignoring:
@@ -58,7 +59,7 @@ def _pytest(
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": path},
+        env={**(os.environ if env is None else env), "PYTHONPATH": path},
         capture_output=True,
         text=True,
         timeout=400,
@@ -134,3 +135,22 @@ def test_the_bridge_stays_reachable_when_a_port_with_the_lowest_mac_joins_and_le
             ssh_hosts.remove(undo)
         assert bridge.read_text() == before
         assert _reaches(host.netns, ssh_hosts.bridge_address, port)
+
+
+@pytest.mark.timeout(300)
+def test_a_passing_run_leaves_no_log_directory_behind(tmp_path: Path) -> None:
+    # A run of its own, as `.ci/run` starts one: no SKYWARD_LOG_DIR given, temporary files
+    # where this test can look. Its pools' logs and the MPS plugin's node directories go.
+    env = {k: v for k, v in os.environ.items() if k != "SKYWARD_LOG_DIR"}
+    env["TMPDIR"] = str(tmp_path)
+    chosen = [
+        "console/test_pool_logs.py::test_a_pools_output_and_events_stay_in_its_log_directory",
+        "plugins/test_plugin_nvidia.py::test_mps_starts_the_daemon_before_the_workers_code_and_quits_it_after",
+    ]
+    run = _pytest("-p", "no:xdist", *chosen, cwd=_TESTS, env=env)
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report[-4000:]
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("skyward"))
+    mps = tmp_path / "skyward-mps"
+    assert [name for name in left if name != "skyward-mps"] == [], left
+    assert not mps.exists() or not any(mps.iterdir()), list(mps.iterdir())

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import click
 
+from skyward.cli.columns import aligned
 from skyward.providers.cloud.catalog import CLOUDS, CatalogEntry
 
 _HEADER = ("CLOUD", "TYPE", "ACCELERATOR", "GPUS", "GPU MEM", "VCPUS", "MEMORY", "REGION")
@@ -52,18 +53,43 @@ def catalog(
         return
     if not entries:
         where = f" in {region}" if region else ""
-        raise click.ClickException(f"no machine type matches {accelerator or 'that'}{where}")
+        raise click.ClickException(
+            f"no machine type matches {accelerator or 'that'}{where}{_sold_where(accelerator)}"
+        )
     if sys.stdout.isatty():
         _rich(entries, spot)
     else:
         _plain(entries, spot)
-    from skyward.providers.cloud.catalog import AS_OF
+    from skyward.providers.cloud.catalog import AS_OF, PROVIDERS
 
-    dated = ", ".join(f"{cloud.upper()}'s as of {day}" for cloud, day in AS_OF.items())
+    shown = dict.fromkeys(e.cloud for e in entries)  # each cloud listed, in order
+    dated = ", ".join(
+        f"{PROVIDERS[cloud].removeprefix('sky.')}'s "
+        + (f"as of {AS_OF[cloud]}" if cloud in AS_OF else "undated")
+        for cloud in shown
+    )
     click.echo(
         f"On-demand list prices ({dated}), USD per hour per machine; '-': unknown.",
         err=True,
     )
+
+
+def _sold_where(accelerator: str | None) -> str:
+    """ "; L4 is sold in aws us-east-1, ...": where to look instead, from the price tables."""
+    from skyward.providers.cloud.catalog import selling
+
+    if accelerator is None or accelerator.strip().lower() == "cpu":
+        return ""
+    places = selling(accelerator)
+    if not places:
+        return ""
+    shown = "; ".join(
+        f"{cloud} {', '.join(regions)}"
+        if len(regions) <= 6
+        else f"{cloud} ({len(regions)} regions) {', '.join(regions[:6])}, ..."
+        for cloud, regions in places.items()
+    )
+    return f". {accelerator} is sold in {shown} (give one of these --region)"
 
 
 def _row(entry: CatalogEntry, spot: bool) -> tuple[str, ...]:
@@ -90,10 +116,8 @@ def _header(spot: bool) -> tuple[str, ...]:
 
 
 def _plain(entries: Sequence[CatalogEntry], spot: bool) -> None:
-    rows = [_header(spot), *(_row(e, spot) for e in entries)]
-    widths = [max(len(c) for c in column) for column in zip(*rows, strict=True)]
-    for row in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for line in aligned([_header(spot), *(_row(e, spot) for e in entries)]):
+        click.echo(line)
 
 
 def _rich(entries: Sequence[CatalogEntry], spot: bool) -> None:

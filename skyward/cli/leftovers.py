@@ -19,6 +19,11 @@ A killed client also leaves its pool's private key in ``/tmp/skyward-key-*``: ``
 those whose key pair is gone from the cloud (stale), ``down`` removes them once it has
 removed, or found gone, the pool's key pair. ``ls`` also lists the newest pools that ran on
 this machine (``skyward.console.logs``): their state and their log directory.
+
+Machines a pool kept warm (``keep_warm``) carry its tags like any other, so ``ls`` lists
+them and ``down`` ends them; ``ls`` also lists this machine's records of them
+(``providers/cloud/warm.py``) with the time they have left and what they cost meanwhile,
+and ``down`` forgets the records of the pools it removed.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 import click
 
 from skyward._errors import SkywardError
+from skyward.cli.columns import aligned
 from skyward.client.phases import Choice
 from skyward.providers.base import Inventory, Leftover
 from skyward.providers.cloud.keys import LocalKey, local_keys, remove_local_key
@@ -61,6 +67,9 @@ def _scopes() -> tuple[tuple[str, Scope], ...]:
     return tuple((e.type, scope) for e in PROVIDERS if (scope := e.scope()) is not None)
 
 
+_LONGEST = 400  # characters of one "not checked" line
+
+
 @dataclass
 class _Search:
     """What one ``ls`` / ``down`` looked through: the places asked, what each holds, and the
@@ -72,7 +81,10 @@ class _Search:
     unchecked: list[str] = field(default_factory=list)  # "<type>: not checked: why; do this"
 
     def not_checked(self, line: str) -> None:
-        self.unchecked.append(_for_the_command_line(line))
+        # One line each, whatever a cloud's error carried (an endpoint's HTML page, an SDK's
+        # multi-line dump): its whitespace folded, cut at _LONGEST characters.
+        text = " ".join(_for_the_command_line(line).split())
+        self.unchecked.append(text if len(text) <= _LONGEST else text[: _LONGEST - 1] + "…")
 
     def add(self, scope: Scope, places: Places) -> None:
         self.places += [(scope, where, inventory) for where, inventory in places.found]
@@ -85,17 +97,32 @@ class _Search:
         return [inventory for inventory, _ in self.collected]
 
 
-def _clouds_to_ask(clouds: Sequence[str], options: Given) -> list[tuple[str, Scope]]:
+def _clouds_to_ask(clouds: Sequence[str], options: Given) -> tuple[list[tuple[str, Scope]], str]:
     """``--cloud`` when given; else the clouds whose flags were given; else, unless only a
-    cluster's were, every cloud. Each one asked is either searched or named as not checked."""
+    cluster's were, every cloud configured on this machine. Each one asked is either
+    searched or named as not checked; the line says which clouds were left out, and why."""
     every = [(kind, scope) for kind, scope in _scopes() if scope.cloud]
     if clouds:
-        return [(kind, scope) for kind, scope in every if kind in clouds]
+        return [(kind, scope) for kind, scope in every if kind in clouds], ""
     named = [(kind, scope) for kind, scope in every if scope.given(options)]
     clusters = any(scope.given(options) for _, scope in _scopes() if not scope.cloud)
     if named or clusters:
-        return named
-    return every
+        return named, ""
+    configured = [(kind, scope) for kind, scope in every if scope.configured()]
+    left_out = [kind for kind, scope in every if (kind, scope) not in configured]
+    if not left_out:
+        return configured, ""
+    if not configured:
+        return [], (
+            "No cloud is configured here (no credentials or configuration for "
+            f"{', '.join(left_out)} in their usual places), so there is nothing to check: "
+            "local pools leave nothing behind. On a cloud machine that has only its own "
+            "identity, name the cloud: --cloud NAME."
+        )
+    return configured, (
+        f"Not configured here, so not checked: {', '.join(left_out)} (no credentials or "
+        "configuration in their usual places; --cloud NAME checks one anyway)."
+    )
 
 
 def _collect(asked: Sequence[tuple[str, Scope]], options: Given, pool: str | None) -> _Search:
@@ -212,9 +239,8 @@ def _table(leftovers: Sequence[Leftover]) -> None:
         )
         for x in sorted(leftovers, key=lambda x: (x.region, x.pool, x.kind, x.id))
     ]
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
-    for row in (header, *rows):
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for line in aligned([header, *rows]):
+        click.echo(line)
     known = [x.hourly_cost for x in leftovers if x.hourly_cost]
     if known:
         prices = "list prices; spot at its current price"
@@ -243,9 +269,8 @@ def _recent_pools(pool: str | None) -> None:
         )
         for meta in pools[:_RECENT]
     ]
-    widths = [max(len(c) for c in column) for column in zip(*rows, strict=True)]
-    for row in rows:
-        click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for line in aligned(rows, indent="  "):
+        click.echo(line)
     if len(pools) > _RECENT:
         click.echo(f"  ... and {len(pools) - _RECENT} more: skyward logs --list")
 
@@ -255,6 +280,49 @@ def _started(meta: dict[str, object]) -> datetime | None:
     if not isinstance(started, int | float):
         return None
     return datetime.fromtimestamp(float(started), UTC)
+
+
+def _warm(pool: str | None) -> None:
+    """This machine's records of machines kept warm: each set's pool, size, time left and
+    price per hour while it waits."""
+    from skyward.providers.cloud import warm
+
+    sets = [w for w in warm.kept() if pool is None or w.pool == pool]
+    if not sets:
+        return
+    click.echo(
+        f"\nWarm machines, kept for the next pool like theirs (records under {warm.warm_dir()}):"
+    )
+    rows = []
+    for kept in sets:
+        left = kept.left()
+        price = "" if kept.hourly_cost is None else f"${kept.hourly_cost:.2f}/h"
+        rows.append(
+            (
+                kept.cloud,
+                kept.pool,
+                kept.describe or f"{kept.nodes} machine(s)",
+                f"{left / 60:.1f} min left" if left > 0 else "time up: ending",
+                price,
+                ", ".join(m.id for m in kept.machines),
+            )
+        )
+    widths = [max(len(c) for c in column) for column in zip(*rows, strict=True)]
+    for row in rows:
+        click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    click.echo("  they bill until then; `skyward down --pool POOL` ends them now")
+
+
+def _forget_warm(pools: set[str] | None, clouds: set[str]) -> None:
+    """Forget the records of kept sets ``down`` ended (of ``pools``; ``None``: every pool),
+    on the clouds it asked, and their login keys."""
+    from skyward.providers.cloud import warm
+
+    for kept in warm.kept():
+        if kept.cloud in clouds and (pools is None or kept.pool in pools):
+            warm.forget(kept.id)
+            remove_local_key(LocalKey(Path(kept.key_dir), kept.cloud, "", kept.pool, ""))
+            click.echo(f"Forgot the warm machines of pool {kept.pool} ({kept.describe})")
 
 
 class _ProviderCommand(click.Command):
@@ -273,7 +341,7 @@ class _ProviderCommand(click.Command):
 
 def _provider_options() -> list[click.Parameter]:
     clouds = [(kind, scope) for kind, scope in _scopes() if scope.cloud]
-    selectors = ", ".join(f"{scope.flags[0].option}: {kind}" for kind, scope in clouds)
+    selectors = ", ".join(f"{s.flags[0].option}: {kind}" for kind, s in clouds if s.flags)
     options: list[click.Parameter] = [
         click.Option(
             ["--cloud", "clouds"],
@@ -306,13 +374,16 @@ def ls(pool: str | None, clouds: tuple[str, ...], **flags: object) -> None:
     on this machine, and the pools that ran here recently. Fails when a cloud asked about
     could not be checked."""
     options = Given(flags)
-    asked = _clouds_to_ask(clouds, options)
+    asked, left_out = _clouds_to_ask(clouds, options)
     search = _collect(asked, options, pool)
+    if left_out:
+        click.echo(left_out, err=True)
     everything = [x for _, found in search.collected for x in found]
     if asked:
         everything += _key_rows(_stale_keys(everything, pool, asked, options, search.answered))
     if everything:
         _table(everything)
+    _warm(pool)
     _recent_pools(pool)
     nothing = "" if everything else _nothing(pool, search)
     _finish(search, nothing=nothing)
@@ -321,7 +392,11 @@ def ls(pool: str | None, clouds: tuple[str, ...], **flags: object) -> None:
 def _nothing(pool: str | None, search: _Search) -> str:
     of = f" for pool {pool}" if pool else ""
     if search.unchecked:
-        return f"Nothing found{of} in what was checked."
+        # Said only when something was looked through: a search where every place failed
+        # found nothing because it saw nothing.
+        return f"Nothing found{of} in what was checked." if search.checked else ""
+    if not search.places:
+        return ""  # nothing was asked: the line that says why has been printed
     return f"Nothing left by Skyward{of}."
 
 
@@ -339,15 +414,20 @@ def down(
     if (pool is None) == (not everything):
         raise click.UsageError("give --pool NAME or --all (one of them)")
     options = Given(flags)
-    asked = _clouds_to_ask(clouds, options)
+    asked, left_out = _clouds_to_ask(clouds, options)
     search = _collect(asked, options, pool)
+    if left_out:
+        click.echo(left_out, err=True)
     collected, answered = search.collected, search.answered
     total = [x for _, found in collected for x in found]
+    searched = {kind for kind, _ in asked}
     if not total:
         stale = _stale_keys(total, pool, asked, options, answered) if asked else []
         for key in stale:
             remove_local_key(key)
             click.echo(f"Removed the stale pool key {key.directory}")
+        if not search.unchecked:  # nothing of theirs is left where it was looked for
+            _forget_warm(None if pool is None else {pool}, searched)
         _finish(search, nothing=_nothing(pool, search))
         return
     stale = _stale_keys(total, pool, asked, options, answered) if asked else []
@@ -369,6 +449,8 @@ def down(
     for key in _stale_keys(remaining, pool, asked, options, answered) if asked else []:
         remove_local_key(key)
         click.echo(f"Removed the pool key {key.directory}")
+    if not failed and not search.unchecked:
+        _forget_warm(None if pool is None else {pool}, searched)
     if failed:
         raise click.ClickException("; ".join(failed))
     click.echo(f"Deleted {len(total)} resource(s).")

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from skyward.cli.columns import aligned
 from skyward.console.logs import follow, logs_root, recent_pools
 
 
@@ -133,9 +134,18 @@ def _list(pools: list[dict[str, Any]]) -> None:
     if not pools:
         click.echo(f"No pool has written logs under {logs_root()}.")
         return
+    rows = [("POOL", "STATE", "PROVIDER", "NODES", "STARTED", "LOGS")]
     for meta in pools:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(meta.get("started", 0))))
-        click.echo(
-            f"{meta.get('name')}  {meta.get('state', '?'):8}  {meta.get('provider', '?'):6}  "
-            f"{meta.get('nodes', '?')} node(s)  started {started}  {meta['directory']}"
+        rows.append(
+            (
+                str(meta.get("name", "?")),
+                str(meta.get("state", "?")),
+                str(meta.get("provider", "?")),
+                str(meta.get("nodes", "?")),
+                started,
+                str(meta["directory"]),
+            )
         )
+    for line in aligned(rows):
+        click.echo(line)

@@ -11,8 +11,9 @@ take ``Unpack[...]`` of their ``TypedDict`` and hand the model only what the cal
 
 from __future__ import annotations
 
+import difflib
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel
@@ -63,9 +64,16 @@ def refuse_unknown(
     keywords another API took (skyward 0.5's), what to write here."""
     for name in options:
         if name not in known.__annotations__:
-            hint = (instead or {}).get(name)
+            hint = (instead or {}).get(name) or did_you_mean(name, known.__annotations__)
             said = f"; {hint}" if hint else ""
             raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}{said}")
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"did you mean 'nodes'?"`` for the known names closest to a misspelled one (none
+    close: "")."""
+    near = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.7)
+    return f"did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
 
 
 def validated(

@@ -8,6 +8,10 @@ environment by ``around_app``. It is never part of the image, so it appears in n
 line, no bootstrap script and no log. ``HF_HOME`` points at ``<cache>`` on each host
 (default ``~/.cache/skyward/huggingface``, beside Skyward's environments), so weights a pool
 downloaded are there for the next pool on the same host.
+
+On a pool without accelerators, ``around_app`` also sets ``ACCELERATE_USE_CPU=True``, as
+``accelerate launch --cpu`` does: without it accelerate goes distributed only on GPUs, and its
+programs would run as lone processes beside each other (the torch plugin's ranks unused).
 """
 
 from __future__ import annotations
@@ -86,10 +90,13 @@ def huggingface(token: str | None = None, **options: Unpack[HuggingfaceOptions])
 
     @contextmanager
     def around_app(info: InstanceInfo) -> Iterator[None]:
-        previous = {k: os.environ.get(k) for k in ("HF_TOKEN", "HF_HOME")}
+        previous = {k: os.environ.get(k) for k in ("HF_TOKEN", "HF_HOME", "ACCELERATE_USE_CPU")}
         os.environ.setdefault("HF_HOME", os.path.expanduser(home))
         if secret:
             os.environ["HF_TOKEN"] = secret
+        if not info.accelerators:
+            # accelerate launch --cpu's variable; an image's own value wins
+            os.environ.setdefault("ACCELERATE_USE_CPU", "True")
         try:
             yield
         finally:

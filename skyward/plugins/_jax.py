@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
-from skyward._info import InstanceInfo
+from skyward._info import InstanceInfo, worker_label
 from skyward._plugin import Plugin
 from skyward.client.options import keyword_signature, leading, refuse_unknown
 from skyward.plugins._jax_output import GlooFilter, quiet_when_stopped
@@ -329,8 +329,10 @@ def distributed(
         )
     except Exception as exc:  # JaxRuntimeError: jax's own words are kept as the cause
         role = "start the coordinator" if rank == 0 else "join the coordinator"
-        who = f"node {info.node}" if info.workers_per_node == 1 else f"rank {rank}"
-        raise PluginError(f"jax plugin: {who} could not {role} at {address}: {exc}") from exc
+        who = worker_label(info.node, info.worker, info.workers_per_node)
+        raise PluginError(
+            f"jax plugin: {who} (rank {rank}) could not {role} at {address}: {exc}"
+        ) from exc
     try:
         _cpu_collectives_on(collectives_address(info))
         yield

@@ -70,9 +70,14 @@ class GlooFilter:
         return _PIECE.sub(b"", _LINE.sub(b"", data))
 
 
-# What JAX logs while the pool stops it goes to files here, on each node, newest kept.
-LOG_DIR = os.path.join("~", ".cache", "skyward", "jax-logs")
 KEEP_LOGS = 32
+
+
+def log_dir() -> str:
+    """Where what JAX logs while the pool stops it goes, on each node, newest kept: the
+    node's cache (``$XDG_CACHE_HOME``, else ``~/.cache``), beside the pools' logs."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(cache, "skyward", "jax-logs")
 
 
 def stop_log_path(info: InstanceInfo, node: int | str | None = None) -> str:
@@ -81,7 +86,7 @@ def stop_log_path(info: InstanceInfo, node: int | str | None = None) -> str:
     rank = info.node if node is None else node
     # Several workers on a node each have their own file.
     worker = f"-worker{info.worker}" if info.workers_per_node > 1 and node is None else ""
-    return os.path.join(os.path.expanduser(LOG_DIR), f"{pool}-node{rank}{worker}.log")
+    return os.path.join(log_dir(), f"{pool}-node{rank}{worker}.log")
 
 
 @contextmanager
@@ -93,10 +98,10 @@ def quiet_when_stopped(info: InstanceInfo) -> Iterator[None]:
     errors and C++ stack traces each, which say nothing the user does not already know: the
     pool stopped them. The same happens to a rank that had finished when the pool restarts
     a gang whose other ranks hung (its shutdown barrier fails). So from the moment the pool
-    asks a worker to stop, fd 2 is a file (``stop_log_path``, under ``~/.cache/skyward/
-    jax-logs`` with the newest ``KEEP_LOGS`` kept) and node 0 says so in one line when it
-    was stopped mid-call. An empty file is removed when the worker leaves; a rank that jax
-    aborts leaves its file behind, for whoever wants the details.
+    asks a worker to stop, fd 2 is a file (``stop_log_path``, under ``log_dir()``, with the
+    newest ``KEEP_LOGS`` kept) and node 0 says so in one line when it was stopped mid-call.
+    An empty file is removed when the worker leaves; a rank that jax aborts leaves its file
+    behind, for whoever wants the details.
     """
     path = stop_log_path(info)
     diverted = False

@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -39,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from skyward._errors import PluginError
 from skyward._image import Image, PipIndex
-from skyward._info import InstanceInfo
+from skyward._info import InstanceInfo, worker_label
 from skyward._plugin import Plugin
 from skyward.client.options import check_version, keyword_signature, leading, pinned, validated
 from skyward.worker import hooks
@@ -309,6 +310,9 @@ def _leave(base: str, env: dict[str, str], info: InstanceInfo, members: int) -> 
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(base, "started"))
             fcntl.flock(members, fcntl.LOCK_UN)
+        # The daemon quit: its run's directory (pipes, its log, the lock) goes with it, or
+        # every pool would leave one on the node. A quit that failed keeps it, log included.
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _running(base: str, pipe: str) -> bool:
@@ -337,9 +341,7 @@ def daemon_pid(pipe: str) -> int | None:
 
 
 def _who(info: InstanceInfo) -> str:
-    if info.workers_per_node == 1:
-        return f"node {info.node}"
-    return f"worker {info.global_worker_index} (node {info.node})"
+    return worker_label(info.node, info.worker, info.workers_per_node)
 
 
 def _control(args: list[str], env: dict[str, str], info: InstanceInfo, stdin: str = "") -> None:

@@ -6,25 +6,19 @@ asked) from PyTorch's index for the pool's hardware: CUDA wheels for NVIDIA GPUs
 otherwise. The index is scoped to those packages, as the jax plugin scopes jax's, so it never
 shadows anything else the image installs.
 
-On every worker (``around_app``): the variables torchrun would set (``MASTER_ADDR`` = node 0's
-pool address, ``MASTER_PORT`` = the port node 0 found free when it said Hello, ``WORLD_SIZE``,
-``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), one rank per worker (so one per GPU with
-``workers_per_node="gpus"``, as torchrun's ``nproc_per_node``), then ``init_process_group``
-with ``nccl`` on GPUs and ``gloo`` otherwise, bounded by ``init_timeout``;
-``destroy_process_group`` when the worker leaves. One process group per pool: the coordinator
-port is node 0's one verified port, which the jax plugin also takes, so the two cannot share
-a pool.
+On every worker (``around_app``, ``decorate``: ``skyward.plugins._torchrun``): every variable
+torchrun sets (``MASTER_ADDR`` = node 0's pool address, ``MASTER_PORT`` = the port node 0
+found free when it said Hello, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``,
+``TORCHELASTIC_*``, ...), one rank per worker (so one per GPU with ``workers_per_node="gpus"``,
+as torchrun's ``nproc_per_node``), and the process groups: the pool's, made before the first
+call (``init``: ``"auto"``, ``"plugin"``), and the ones programs make themselves with their
+own ``init_process_group``, call after call. The coordinator port is node 0's one verified
+port, which the jax plugin also takes, so the two cannot share a pool.
 """
 
 from __future__ import annotations
 
-import datetime
-import fcntl
-import ipaddress
-import os
 import re
-import socket
-import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
@@ -36,6 +30,7 @@ from skyward._image import Image, PipIndex
 from skyward._info import InstanceInfo
 from skyward._plugin import Plugin
 from skyward.client.options import keyword_signature, leading, refuse_unknown
+from skyward.plugins._torchrun import Init, each_call, launched
 
 if TYPE_CHECKING:
     from skyward.pool.spec import PoolSpec
@@ -57,6 +52,7 @@ class TorchOptions(TypedDict, total=False):
     vision: bool
     audio: bool
     index_url: str | None
+    init: Init
     init_timeout: int
 
 
@@ -73,6 +69,7 @@ class _Options(BaseModel):
     vision: bool = False
     audio: bool = False
     index_url: str | None = Field(default=None, min_length=1)
+    init: Init = "auto"
     init_timeout: int = Field(default=60, ge=1, le=_DAY)
 
 
@@ -87,8 +84,15 @@ def torch(backend: Backend | None = None, **options: Unpack[TorchOptions]) -> Pl
     - ``vision``, ``audio``: also install ``torchvision`` / ``torchaudio`` from the same index.
     - ``index_url``: PyTorch's index, or your mirror of it (the ``cpu`` or ``cuXYZ`` path is
       added); used for torch's own packages only.
-    - ``init_timeout``: seconds ``init_process_group`` may take before the start fails (a rank
-      that never arrives).
+    - ``init``: who makes the ``torch.distributed`` group. ``"auto"``: the pool's group is
+      there before every call, and a program's own ``init_process_group`` (a torchrun
+      script's) gets it, or, asking for another backend, its own for that call;
+      ``destroy_process_group`` leaves the pool's group to the next call. ``"plugin"``: the
+      pool's group only (another backend is a ``PluginError``). ``"program"``: as under
+      torchrun, no group until the program makes one, and each call is a launch: a group
+      it leaves is destroyed when it returns.
+    - ``init_timeout``: seconds a group's rendezvous may take before it fails (a rank that
+      never arrives).
 
     One rank per worker: with ``workers_per_node`` (``"gpus"``: one per GPU, as torchrun's
     ``nproc_per_node``) each worker is its own rank and sees only its own GPUs.
@@ -98,6 +102,7 @@ def torch(backend: Backend | None = None, **options: Unpack[TorchOptions]) -> Pl
     # The hooks below travel to every worker: they close over plain values, not the model.
     cuda, version, index_url = chosen.cuda, chosen.version, chosen.index_url
     vision, audio, init_timeout = chosen.vision, chosen.audio, chosen.init_timeout
+    init = chosen.init
     build = cuda_build(cuda) if cuda is not None else DEFAULT_CUDA
 
     def transform(image: Image, spec: PoolSpec) -> Image:
@@ -122,10 +127,12 @@ def torch(backend: Backend | None = None, **options: Unpack[TorchOptions]) -> Pl
 
     @contextmanager
     def around_app(info: InstanceInfo) -> Iterator[None]:
-        with process_group(info, backend=backend, init_timeout=init_timeout):
+        with launched(info, backend=backend, init=init, init_timeout=init_timeout):
             yield
 
-    return Plugin(name="torch", transform=transform, around_app=around_app, gang=True)
+    return Plugin(
+        name="torch", transform=transform, around_app=around_app, decorate=each_call, gang=True
+    )
 
 
 # help() and notebooks show every option with _Options' default.
@@ -157,84 +164,3 @@ def _pin(version: str | None) -> str:
     if not version:
         return ""
     return version if version.lstrip()[:1] in "<>=!~" else f"=={version}"
-
-
-@contextmanager
-def process_group(
-    info: InstanceInfo, *, backend: Backend | None, init_timeout: int
-) -> Iterator[None]:
-    """A ``torch.distributed`` process group over the pool's workers for the life of the
-    block: one rank per worker (``global_worker_index`` of ``total_workers``).
-
-    Idempotent: a group something else made in this process is left as it is, and not
-    destroyed here either. On one worker it is a group of one, so code that calls
-    ``all_reduce`` runs unchanged on 1 and on N workers.
-    """
-    rank, world = info.global_worker_index, info.total_workers
-    env = {
-        "MASTER_ADDR": info.head_addr,
-        "MASTER_PORT": str(info.head_port),
-        "WORLD_SIZE": str(world),
-        "RANK": str(rank),
-        "LOCAL_RANK": str(info.worker),
-        "LOCAL_WORLD_SIZE": str(info.workers_per_node),
-        "GROUP_RANK": str(info.node),  # torchrun's name for the node's rank
-    }
-    os.environ.update(env)
-    import torch as torch_module
-    import torch.distributed as dist
-
-    chosen = backend or ("nccl" if torch_module.cuda.is_available() else "gloo")
-    if chosen == "nccl" and info.devices and torch_module.cuda.is_available():
-        # Each worker sees only its own GPUs (CUDA_VISIBLE_DEVICES): its first is cuda:0.
-        torch_module.cuda.set_device(0)
-    if chosen == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
-        interface = interface_of(info.peers[info.node])
-        if interface is not None and len(set(info.peers)) > 1:
-            # gloo otherwise binds what the hostname resolves to: 127.0.1.1 on stock Debian
-            # and Ubuntu hosts, which the other ranks cannot reach.
-            os.environ["GLOO_SOCKET_IFNAME"] = interface
-    if dist.is_initialized():
-        yield
-        return
-    host = f"[{info.head_addr}]" if ":" in info.head_addr else info.head_addr
-    try:
-        dist.init_process_group(
-            backend=chosen,
-            init_method=f"tcp://{host}:{info.head_port}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=init_timeout),
-        )
-    except Exception as exc:
-        role = "start the process group" if rank == 0 else "join the process group"
-        raise PluginError(
-            f"torch plugin: rank {rank} (node {info.node}) could not {role} at "
-            f"{info.head_addr}:{info.head_port} within {init_timeout} s ({chosen}): {exc}"
-        ) from exc
-    try:
-        yield
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def interface_of(address: str) -> str | None:
-    """The name of this host's network interface that holds ``address`` (IPv4), if any."""
-    try:
-        wanted = ipaddress.ip_address(socket.gethostbyname(address))
-    except (OSError, ValueError):
-        return None
-    if wanted.version != 4:
-        return None
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                answer = fcntl.ioctl(probe.fileno(), siocgifaddr, request)
-            except OSError:
-                continue  # no IPv4 address on this interface
-            if ipaddress.ip_address(socket.inet_ntoa(answer[20:24])) == wanted:
-                return name
-    return None

@@ -13,7 +13,9 @@
     size       nodes=(min, max): nodes added while calls wait, idle ones let go
                (pool/autoscale.py)
     close()    wait for submitted calls (unless closing on an error) → Shutdown to workers
-               → bounded wait → kill → allocation.terminate(), on every path
+               → bounded wait → kill → allocation.terminate(), on every path (or, with
+               keep_warm, for a pool that ran: allocation.keep(seconds), the machines left
+               for the next pool like it; terminated when they cannot be kept)
 
 The path of a call, in one line (⇢ crosses the wire)::
 
@@ -126,6 +128,8 @@ class ComputePool(CallTarget):
     ``"spot"``, ``"spot-if-available"``, ``"cheapest"``); ``max_hourly_cost`` (USD) refuses,
     before anything is created, a pool whose estimated price per hour is above it.
     ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``.
+    ``keep_warm`` (seconds, cloud pools) leaves the machines running after ``close()`` for
+    the next pool of the same spec and size, which adopts them (they bill meanwhile).
     Progress also goes to the ``logging`` logger ``"skyward"``.
     """
 
@@ -171,6 +175,8 @@ class ComputePool(CallTarget):
         self._client_hooks: ExitStack | None = None  # plugins' around_client, while open
         self._opening = 0  # workers being spawned now; a close waits for them
         self._started_at = 0.0
+        self._ran = False  # the pool reached "running" (a close may then keep_warm)
+        self._timings: dict[str, float] = {}  # timings(): the start's steps, in seconds
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
         self._shared = SharedState()  # sky.dict(...) and the rest (collections.state)
         self._metrics = PoolMetrics(on_sample=out.metrics)  # sky.metrics' samples
@@ -183,7 +189,7 @@ class ComputePool(CallTarget):
             gang=bool(spec.gang),
             bind_output=out.bind,
             address=self._machines.worker_address,
-            who=lambda rank: self._machines.layout.who(rank),
+            who=lambda rank: self._machines.layout.label(rank),
         )
         self._startup = Startup(
             spec,
@@ -330,12 +336,15 @@ class ComputePool(CallTarget):
         )
         try:
             self._use(self._choices.provision(self._machines, self._console))
+            provisioned = time.monotonic()
+            self._timings["provision"] = provisioned - self._started_at
             spec = self.spec
             layout = self._machines.layout
             self._console.workers_per_node = layout.per_node
             deadline = Deadline(spec.start_timeout, f"start_timeout ({spec.start_timeout:g} s)")
             ranks = list(range(layout.workers))
             self._scheduler.attach(self._startup.bring_up(ranks, deadline, whole_pool=True))
+            self._timings["workers"] = time.monotonic() - provisioned
         except BaseException as exc:
             self._console.end()
             closed_meanwhile = self._state in ("closing", "closed")
@@ -350,6 +359,7 @@ class ComputePool(CallTarget):
                 self._console.end()  # stops a live display, which has a thread of its own
                 raise PoolClosed(f"pool {self.name!r} was closed while it started")
             self._state = "running"
+            self._ran = True  # a close may keep its machines warm (keep_warm)
             # A worker that died between Ready and now was not replaced (the pool was not
             # running yet); it is replaced now.
             lost = self._scheduler.open()
@@ -598,7 +608,8 @@ class ComputePool(CallTarget):
                     # Its last step ends the workers and machines it had made; what it is
                     # still waiting for from a provider is terminated just below.
                     self._autoscaler.join(self.spec.shutdown_timeout + 5.0)
-                self._machines.terminate()
+                # keep_warm: the machines of a pool that ran stay for the next pool like it.
+                self._machines.terminate(keep=self.spec.keep_warm if self._ran else 0.0)
             finally:
                 with self._lock:
                     self._state = "closed"
@@ -860,16 +871,26 @@ class ComputePool(CallTarget):
             uptime = time.monotonic() - self._started_at if self._started_at else 0.0
         return self._scheduler.statistics(state, uptime)
 
+    def timings(self) -> dict[str, float]:
+        """Where the start spent its time, in seconds: ``provision`` (the machines made or
+        adopted, reached and bootstrapped), ``workers`` (spawn to every worker ready), and
+        the provider's own steps as it measured them (a warm start's ``warm.claim``,
+        ``warm.describe``, ``warm.reach``, ``warm.unkeep``). Empty before ``start``."""
+        steps = dict(self._timings)
+        steps.update(self._machines.timings())
+        return steps
+
     def stacks(self, timeout: float = 10.0) -> Stacks:
-        """Every node's Python stacks right now, labelled by node, without stopping anything:
-        where a slow or stuck call is. ``print(pool.stacks())``."""
+        """Every worker's Python stacks right now, labelled as the pool names its workers
+        (``node 1``, ``node 0 worker 1``), without stopping anything: where a slow or stuck
+        call is. ``print(pool.stacks())``; ``stacks[rank]`` for one."""
         if self._state != "running":
             raise self._not_running(self._state)
-        return collect(self._scheduler.workers(), timeout)
+        return collect(self._scheduler.workers(), timeout, self._machines.layout.label)
 
     def profile(self, directory: str | os.PathLike[str]) -> _profile.Profile:
         """``with pool.profile("traces/"):`` traces every node with ``jax.profiler``."""
-        return _profile.profile(self, directory)
+        return _profile.profile(self, directory, self._machines.layout.label)
 
     # ── shared collections: sky.dict(...) and the rest, bound to this pool ──────────────
     # (last in the class: ``dict`` and ``set`` name methods from here on)

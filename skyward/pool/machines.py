@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from skyward._errors import PoolClosed, ProvisionError, SkywardError
+from skyward._info import worker_label
 from skyward.client.futures import Deadline
 from skyward.client.phases import Reporter
 from skyward.client.shield import shielded
@@ -59,24 +60,18 @@ class Layout:
         return rank % self.per_node
 
     def label(self, rank: int) -> str:
-        """How messages and output name a worker: ``node 2``, or ``node 2 worker 1``."""
-        node = self.node_of(rank)
-        return f"node {node}" if self.per_node == 1 else f"node {node} worker {self.local_of(rank)}"
+        """How messages, output and reports name a worker: ``node 2``, or ``node 2 worker
+        1`` (``worker_label``, the worker's own prints say the same)."""
+        return worker_label(self.node_of(rank), self.local_of(rank), self.per_node)
 
-    def who(self, rank: int) -> str:
-        """How a message names worker ``rank``: ``node 2``, or with several workers per node
-        ``worker 5 (node 2)``, its rank over the pool first (the rank jax and torch say)."""
-        node = self.node_of(rank)
-        return f"node {node}" if self.per_node == 1 else f"worker {rank} (node {node})"
-
-    def who_all(self, ranks: Sequence[int]) -> str:
-        """Several workers, as ``who`` names one: ``node(s) 1, 2`` or ``worker(s) 1 (node
-        0), 3 (node 1)``; ``none`` for none."""
+    def label_all(self, ranks: Sequence[int]) -> str:
+        """Several workers, as ``label`` names one: ``node(s) 1, 2`` or ``node 0 worker 1,
+        node 1 worker 0``; ``none`` for none."""
         if not ranks:
             return "none"
         if self.per_node == 1:
             return "node(s) " + ", ".join(str(rank) for rank in ranks)
-        return "worker(s) " + ", ".join(f"{rank} (node {self.node_of(rank)})" for rank in ranks)
+        return ", ".join(self.label(rank) for rank in ranks)
 
     def devices(self, rank: int, gpus: int) -> tuple[int, ...]:
         """The node's GPUs (of ``gpus``) that worker ``rank`` owns: an equal block each when
@@ -163,9 +158,12 @@ class Machines:
             except SkywardError:
                 raise
             except TimeoutError as exc:
+                # The provider's notes (which machines SSH never answered, and what to
+                # check) are the heart of the message: said in it, not only on its cause.
+                notes = "".join(f" {note}" for note in getattr(exc, "__notes__", []))
                 raise ProvisionError(
                     f"{kind}: the machines were not ready within {request.deadline.what}: "
-                    f"{exc}. Raise provision_timeout if they need longer."
+                    f"{exc}.{notes} Raise provision_timeout if they need longer."
                 ) from exc
             except Exception as exc:
                 raise ProvisionError(
@@ -306,6 +304,12 @@ class Machines:
         if allocation is not None:
             allocation.shrink(rank)
 
+    def timings(self) -> dict[str, float]:
+        """The provider's steps of the provision, in seconds (``Allocation.timings``)."""
+        with self._lock:
+            allocation = self._allocation
+        return {} if allocation is None else dict(allocation.timings)
+
     @property
     def count(self) -> int:
         """How many nodes have a machine now."""
@@ -335,8 +339,11 @@ class Machines:
         for deadline in replacing:
             deadline.cancel(reason)
 
-    def terminate(self) -> None:
-        """Destroy what the provider made, once it has stopped making it. Idempotent."""
+    def terminate(self, *, keep: float = 0.0) -> None:
+        """Destroy what the provider made, once it has stopped making it. Idempotent.
+        ``keep`` (``keep_warm``, for a pool that ran): seconds to keep the machines for the
+        next pool instead, when the allocation can (``Allocation.keep``); destroyed when it
+        cannot."""
         with self._lock:
             request = self._request
         if request is not None and not self._provisioned.is_set():
@@ -353,9 +360,40 @@ class Machines:
                 )
         with self._lock:
             allocation, since = self._allocation, self._since
-        if allocation is not None:
-            self._shielded(allocation)
+        if allocation is None:
+            return
+        if keep and self._keep(allocation, keep):
             self._report_cost(allocation, time.monotonic() - since)
+            return
+        self._shielded(allocation.terminate)
+        self._report_cost(allocation, time.monotonic() - since)
+
+    def _keep(self, allocation: Allocation, seconds: float) -> bool:
+        """``allocation.keep(seconds)``, shielded like a terminate; whether it kept them (a
+        failure is said, and the caller terminates)."""
+        answer: list[bool] = []
+        try:
+            self._shielded(lambda: answer.append(allocation.keep(seconds)))
+        except Exception as exc:  # a machine, SSH or this disk: terminated instead
+            self._reporter.status(f"pool {self._pool}: could not keep its machines ({exc})")
+            _log.warning("pool %s: could not keep its machines warm: %s", self._pool, exc)
+            return False
+        if not answer or not answer[0]:
+            self._reporter.status(
+                f"pool {self._pool}: its machines cannot be kept (one was lost, or its provider "
+                f"cannot keep them); destroying them"
+            )
+            return False
+        hourly = allocation.hourly_cost
+        price = f", billing about ${hourly:.2f}/h meanwhile" if hourly else ""
+        line = (
+            f"pool {self._pool}: {allocation.describe or 'its machines'} kept warm for "
+            f"{seconds:g} s{price}: the next pool like it adopts them; `skyward down --pool "
+            f"{self._pool}` ends them now"
+        )
+        self._reporter.status(line)
+        _log.info("%s", line)
+        return True
 
     def _report_cost(self, allocation: Allocation, seconds: float) -> None:
         """The pool's approximate cost, from the provider's hourly estimate (clouds bill
@@ -371,11 +409,11 @@ class Machines:
         self._reporter.status(line)
         _log.info("%s", line)
 
-    def _shielded(self, allocation: Allocation) -> None:
-        """``allocation.terminate()`` through ``client.shield.shielded``, so that one Ctrl-C (often
-        pressed again while a cloud takes a minute to delete things) does not stop it
-        half-way: the first is noted and the wait goes on; a second leaves, and says what
-        may be left."""
+    def _shielded(self, act: Callable[[], None]) -> None:
+        """``act`` (``allocation.terminate``, or a ``keep``) through ``client.shield.shielded``,
+        so that one Ctrl-C (often pressed again while a cloud takes a minute to delete
+        things) does not stop it half-way: the first is noted and the wait goes on; a second
+        leaves, and says what may be left."""
 
         def noted(count: int) -> None:
             self._reporter.status(
@@ -384,9 +422,7 @@ class Machines:
             )
 
         try:
-            shielded(
-                allocation.terminate, name="skyward-terminate", on_interrupt=noted, leave_after=2
-            )
+            shielded(act, name="skyward-terminate", on_interrupt=noted, leave_after=2)
         except KeyboardInterrupt:
             _log.warning(
                 "pool %s: left while its machines were being destroyed; "

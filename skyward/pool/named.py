@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import pydantic
 
+from skyward.client.options import did_you_mean
 from skyward.providers import registry
 
 FILE_NAME = "skyward.toml"
@@ -95,8 +96,10 @@ def read_pool(
         options["nodes"] = tuple(options["nodes"])
     for key in options:
         if key not in known:
+            near = did_you_mean(key, known)
             raise ValueError(
-                f"{where}: {key!r} is not a pool option; the options are {', '.join(sorted(known))}"
+                f"{where}: {key!r} is not a pool option{'; ' + near if near else ''} (the "
+                f"options are {', '.join(sorted(known))})"
             )
     return Found(where, provider, options)
 

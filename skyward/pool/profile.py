@@ -10,7 +10,8 @@
         <host>.trace.json.gz
         perfetto_trace.json.gz
 
-Each ``node-N`` is a log directory TensorBoard's profile plugin and XProf read
+Each ``node-N`` (``node-N-worker-W`` with several workers per node) is a log directory
+TensorBoard's profile plugin and XProf read
 (``tensorboard --logdir traces/``); ``perfetto_trace.json.gz`` opens in ui.perfetto.dev. On
 GPU nodes the same trace holds the device's kernels (jax's profiler uses CUPTI there).
 
@@ -45,9 +46,15 @@ class Profile:
     exception is the one raised, with a note saying why the traces are missing.
     """
 
-    def __init__(self, pool: _Pool, directory: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        pool: _Pool,
+        directory: str | os.PathLike[str],
+        label: Callable[[int], str] = lambda rank: f"node {rank}",
+    ) -> None:
         self.pool = pool
         self.directory = Path(directory)
+        self._label = label  # how the pool names worker ``rank``: its directory's name
         self.files: dict[int, list[Path]] = {}
 
     def __enter__(self) -> Profile:
@@ -75,12 +82,12 @@ class Profile:
         for node, files in enumerate(traces):
             written = self.files.setdefault(node, [])
             for relative, data in sorted(files.items()):
-                path = self.directory / f"node-{node}" / relative
+                path = self.directory / self._label(node).replace(" ", "-") / relative
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
                 written.append(path)
 
 
-def profile(pool: _Pool, directory: str | os.PathLike[str]) -> Profile:
+def profile(pool: _Pool, directory: str | os.PathLike[str], label: Callable[[int], str]) -> Profile:
     """``with profile(pool, "traces/"):`` traces every node; see ``Profile``."""
-    return Profile(pool, directory)
+    return Profile(pool, directory, label)

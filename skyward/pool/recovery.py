@@ -261,13 +261,13 @@ class HangWatch:
         if len(blocked) != len(suspects):
             return
         layout = self._layout()
-        ranks = layout.who_all(sorted(blocked))
+        ranks = layout.label_all(sorted(blocked))
         where = "\n".join(
-            f"--- {layout.who(rank)} is blocked in ---\n{text}" for rank, text in blocked.items()
+            f"--- {layout.label(rank)} is blocked in ---\n{text}" for rank, text in blocked.items()
         )
         error = CollectiveHang(
             f"{name}: {ranks} waited more than hang_timeout ({self._bound:g} s) in a "
-            f"jax collective that {layout.who_all(finished)} had "
+            f"jax collective that {layout.label_all(finished)} had "
             f"already left (they finished this call, or never ran it), so it could never "
             f"complete. Every rank must run the same collectives in the same order. The pool "
             f"is restarting every rank.\n{where}",
@@ -296,7 +296,7 @@ class HangWatch:
         self._noted.add(name)
         layout = self._layout()
         seen = "; ".join(
-            f"{layout.who(rank)}: in a {kind} ({where})" for rank, (kind, where) in waits.items()
+            f"{layout.label(rank)}: in a {kind} ({where})" for rank, (kind, where) in waits.items()
         )
         self._status(
             f"{name}: trails the other ranks by more than hang_timeout ({self._bound:g} s), "

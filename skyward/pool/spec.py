@@ -131,6 +131,11 @@ class PoolOptions(TypedDict, total=False):
     """``sky.LogConfig(level=, file=, console=)``: handlers on the standard ``skyward``
     logger while the pool is open; ``True`` is ``LogConfig()``; ``None``/``False``: none
     added (the program's own logging configuration decides)."""
+    keep_warm: float
+    """Seconds a cloud pool's machines stay after ``close()``, their workers stopped, for
+    the next pool of the same provider, spec and node count to adopt (it starts in about
+    a local pool's time); the machines bill meanwhile, and end themselves when the time
+    runs out. 0 (the default): destroyed at close."""
 
 
 # skyward 0.5's pool options that have no counterpart here, and what to write instead: a
@@ -198,40 +203,43 @@ class PoolSpec(BaseModel):
     region: str | None = Field(default=None, min_length=1)
     # The most nodes; with nodes=(min, max), min_nodes is where the pool starts and the
     # least it keeps (autoscaling, pool/autoscale.py).
-    nodes: int = Field(default=1, ge=1, le=4096)
-    min_nodes: int | None = Field(default=None, ge=1)
-    vcpus: float | None = Field(default=None, gt=0)
-    memory_gb: float | None = Field(default=None, gt=0)
+    # Counts and timeouts are numbers, not strings that look like them: nodes="4" is a
+    # mistake to name (a TOML value in quotes, a CLI argument passed on unconverted).
+    nodes: int = Field(strict=True, default=1, ge=1, le=4096)
+    min_nodes: int | None = Field(strict=True, default=None, ge=1)
+    vcpus: float | None = Field(strict=True, default=None, gt=0)
+    memory_gb: float | None = Field(strict=True, default=None, gt=0)
     allocation: AllocationStrategy | None = None
-    max_hourly_cost: float | None = Field(default=None, gt=0)
+    max_hourly_cost: float | None = Field(strict=True, default=None, gt=0)
     accelerator: str | None = Field(default=None, min_length=1)
     image: Image = Field(default_factory=Image)
     plugins: tuple[Plugin, ...] = ()
     # "gpus": one per GPU, resolved from each node's GPU count once the machines exist.
     workers_per_node: int | Literal["gpus"] = Field(default=1)
-    concurrency: int = Field(default=1, ge=1, le=1024)
+    concurrency: int = Field(strict=True, default=1, ge=1, le=1024)
     executor: Literal["thread", "process"] = "thread"
     name: str = Field(default_factory=lambda: f"pool-{secrets.token_hex(3)}", min_length=1)
-    provision_timeout: float = Field(default=1800.0, gt=0, le=_MAX_SECONDS)
-    start_timeout: float = Field(default=120.0, gt=0, le=_MAX_SECONDS)
-    shutdown_timeout: float = Field(default=10.0, gt=0, le=_MAX_SECONDS)
-    hang_timeout: float | None = Field(default=60.0, gt=0, le=_MAX_SECONDS)
+    provision_timeout: float = Field(strict=True, default=1800.0, gt=0, le=_MAX_SECONDS)
+    start_timeout: float = Field(strict=True, default=120.0, gt=0, le=_MAX_SECONDS)
+    shutdown_timeout: float = Field(strict=True, default=10.0, gt=0, le=_MAX_SECONDS)
+    hang_timeout: float | None = Field(strict=True, default=60.0, gt=0, le=_MAX_SECONDS)
     # None: a call runs as long as it takes. A default bound would kill the long training
     # call that is this library's main use, on a node that is healthy; set one per pool or
     # per function where a call that runs long means something is wrong.
-    default_compute_timeout: float | None = Field(default=None, gt=0, le=_MAX_SECONDS)
+    default_compute_timeout: float | None = Field(strict=True, default=None, gt=0, le=_MAX_SECONDS)
     # skyward 0.5's defaults: long enough that a burst of short calls is served by the
     # nodes there are, short enough that machines billed by the second are let go soon.
-    autoscale_cooldown: float = Field(default=30.0, gt=0, le=_MAX_SECONDS)
-    autoscale_idle_timeout: float = Field(default=60.0, gt=0, le=_MAX_SECONDS)
+    autoscale_cooldown: float = Field(strict=True, default=30.0, gt=0, le=_MAX_SECONDS)
+    autoscale_idle_timeout: float = Field(strict=True, default=60.0, gt=0, le=_MAX_SECONDS)
     # skyward 0.5's reconciler tick: here only the autoscaler ticks (pool/autoscale.py).
-    reconcile_tick_interval: float | None = Field(default=None, gt=0, le=_MAX_SECONDS)
+    reconcile_tick_interval: float | None = Field(strict=True, default=None, gt=0, le=_MAX_SECONDS)
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
     volumes: tuple[Volume, ...] = ()
     selection: Literal["first", "cheapest"] = "first"
     logging: LogConfig | None = None
+    keep_warm: float = Field(default=0.0, ge=0, le=_MAX_SECONDS, allow_inf_nan=False)
     # The least CUDA the image may name, from accelerator=Custom(..., cuda_min=).
     cuda_min: str | None = None
 
@@ -452,6 +460,7 @@ class PoolSpec(BaseModel):
             max_hourly_cost=self.max_hourly_cost,
             volumes=self.volumes,
             gang=tuple(p.name for p in self.plugins if p.gang) if self.nodes > 1 else (),
+            keep_warm=self.keep_warm,
             deadline=Deadline(
                 self.provision_timeout, f"provision_timeout ({self.provision_timeout:g} s)"
             ),

@@ -9,7 +9,7 @@ call into jax.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Literal
 
@@ -25,10 +25,13 @@ _FRAMEWORKS = ("/jax/", "/jaxlib/")
 
 
 class Stacks(Mapping[int, str]):
-    """Every node's stacks, by rank: ``print(pool.stacks())``, or ``stacks[1]``."""
+    """Every worker's stacks, by rank: ``print(pool.stacks())``, or ``stacks[1]``; printed,
+    each is headed as the pool names the worker everywhere (``node 1``, ``node 0 worker
+    1``: ``labels``)."""
 
-    def __init__(self, by_node: Mapping[int, str]) -> None:
+    def __init__(self, by_node: Mapping[int, str], labels: Mapping[int, str] | None = None) -> None:
         self._by_node = dict(by_node)
+        self._labels = {rank: (labels or {}).get(rank, f"node {rank}") for rank in by_node}
 
     def __getitem__(self, node: int) -> str:
         return self._by_node[node]
@@ -40,14 +43,17 @@ class Stacks(Mapping[int, str]):
         return len(self._by_node)
 
     def __str__(self) -> str:
-        return "\n".join(f"── node {node} ──\n{self._by_node[node]}" for node in self)
+        return "\n".join(f"── {self._labels[rank]} ──\n{self._by_node[rank]}" for rank in self)
 
     def __repr__(self) -> str:  # a notebook cell shows this
         return str(self)
 
 
-def collect(channels: Mapping[int, Channel | None], timeout: float) -> Stacks:
-    """Ask every channel at once, wait ``timeout`` at most for all of them."""
+def collect(
+    channels: Mapping[int, Channel | None], timeout: float, label: Callable[[int], str]
+) -> Stacks:
+    """Ask every channel at once, wait ``timeout`` at most for all of them; ``label``
+    names a worker by its rank."""
     requests = {rank: c.request_stacks() for rank, c in channels.items() if c is not None}
     end = time.monotonic() + timeout
     texts = {}
@@ -62,7 +68,7 @@ def collect(channels: Mapping[int, Channel | None], timeout: float) -> Stacks:
             texts[rank] = f"did not answer within {timeout:g} s"
         except SkywardError as error:
             texts[rank] = f"no answer: {error}"
-    return Stacks(texts)
+    return Stacks(texts, {rank: label(rank) for rank in texts})
 
 
 def describe(report: proto.StacksReport, *, to_framework: bool = False) -> str:

@@ -112,6 +112,10 @@ class ProvisionRequest:
     # (jax, torch), when there are several nodes: a provider whose machines cannot reach
     # each other refuses them in check() (``refuse_gang``).
     gang: tuple[str, ...] = ()
+    # Seconds to keep the machines for the next pool like this one once the pool closes
+    # (``Allocation.keep``); 0: destroy them. A provider that cannot refuses it in check()
+    # (``refuse_keep_warm``).
+    keep_warm: float = 0.0
 
 
 def refuse_gang(request: ProvisionRequest, why: str) -> None:
@@ -123,6 +127,16 @@ def refuse_gang(request: ProvisionRequest, why: str) -> None:
             f"Use one machine with more accelerators (nodes=1, workers_per_node='gpus'), or a "
             f"provider whose machines share a network; calls without such a plugin (>>, map, "
             f"@) work across nodes here"
+        )
+
+
+def refuse_keep_warm(request: ProvisionRequest, why: str) -> None:
+    """``ValueError`` for ``keep_warm`` from a provider that does not create its machines
+    (``why`` says so, in its words): there is nothing to keep."""
+    if request.keep_warm:
+        raise ValueError(
+            f"keep_warm={request.keep_warm:g} cannot be honoured: {why}. Leave keep_warm out "
+            f"(it keeps machines a cloud pool created for the next pool like it)"
         )
 
 
@@ -189,6 +203,9 @@ class Allocation:
         # knows it (the pool reports the approximate cost at close); 0 for free machines.
         self.hourly_cost: float | None = None
         self.describe: str = ""  # what the machines are, for that report ("2 x g6.xlarge")
+        # Seconds each step of the provision took, by name ("warm.claim", "warm.reach"), as
+        # the provider measured them: ``ComputePool.timings()`` shows them.
+        self.timings: dict[str, float] = {}
 
     @property
     def can_replace(self) -> bool:
@@ -237,6 +254,12 @@ class Allocation:
         when the provider can tell; ``None`` otherwise. Asked when a node's link drops, and
         added to the ``WorkerLost`` its calls get."""
         return None
+
+    def keep(self, seconds: float) -> bool:
+        """Instead of ``terminate``: stop the workers and leave the machines running for
+        ``seconds`` for the next pool like this one (``keep_warm``), bounded on the machines
+        themselves; whether they were kept (False: the caller terminates). Default: never."""
+        return False
 
     def release(self) -> None:
         """Delete the pool-wide resources, after every node is closed. Default: none."""

@@ -34,7 +34,14 @@ from pydantic import BaseModel, ConfigDict
 from skyward._errors import BootstrapError, ProvisionError
 from skyward.link import protocol as proto
 from skyward.link.turns import PipeReader
-from skyward.providers.base import Allocation, Inventory, Node, ProvisionRequest, refuse_spot
+from skyward.providers.base import (
+    Allocation,
+    Inventory,
+    Node,
+    ProvisionRequest,
+    refuse_keep_warm,
+    refuse_spot,
+)
 from skyward.providers.volumes import Mounts, mount_failed, mount_script, unmount_script
 
 if TYPE_CHECKING:
@@ -83,6 +90,9 @@ class Local(BaseModel):
                 f"{_who_offers(request.accelerator)}"
             )
         refuse_spot(request, "the local provider runs on this machine")
+        refuse_keep_warm(
+            request, "the local pool's nodes are processes on this machine, which start in a second"
+        )
         cores = os.cpu_count() or 1
         if request.vcpus is not None and request.vcpus > cores:
             raise ValueError(

@@ -10,5 +10,7 @@ from skyward.providers.aws import AWS as AWS
 from skyward.providers.azure import Azure as Azure
 from skyward.providers.gcp import GCP as GCP
 from skyward.providers.local import Local as Local
+from skyward.providers.runpod import RunPod as RunPod
 from skyward.providers.slurm import Slurm as Slurm
 from skyward.providers.ssh import SSH as SSH
+from skyward.providers.vastai import VastAI as VastAI

@@ -11,12 +11,15 @@ judge the pool keys its pools left on this machine (``cloud/keys.py``)::
 
 A cloud's scope (``cloud = True``) is one of ``--cloud``'s choices and is asked when no
 provider's flags are given: an account is always there to look at. Any other scope (a
-cluster) is asked only for what its own flags name. A scope is a stateless value: what one
-search found is passed to it.
+cluster) is asked only for what its own flags name. A cloud that nothing on this machine
+points at (no credentials, no configuration: ``configured``) is left out of a search that
+names no cloud, so a machine that runs only local pools gets an answer, not a failure. A
+scope is a stateless value: what one search found is passed to it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +83,14 @@ class Searched:
     problems: Sequence[str] = ()
 
 
+def any_present(names: Sequence[str], paths: Sequence[str]) -> bool:
+    """Whether any environment variable in ``names`` is set, or any file or directory in
+    ``paths`` (``~`` expanded) exists: a scope's ``configured``."""
+    if any(os.environ.get(name) for name in names):
+        return True
+    return any(Path(path).expanduser().exists() for path in paths)
+
+
 @runtime_checkable
 class Scope(Protocol):
     """A provider's part of ``skyward ls`` and ``skyward down``. The methods with a body
@@ -95,6 +106,13 @@ class Scope(Protocol):
     def places(self, options: Given) -> Places:
         """Where to search, from the flags (and the usual environment: credentials)."""
         ...
+
+    def configured(self) -> bool:
+        """Whether this machine holds anything that points at this provider: credentials or
+        its configuration in the usual places, read without asking the network. A cloud
+        not configured is left out of a search that names no cloud (``--cloud`` asks it
+        anyway). A scope that cannot tell says it is."""
+        return True
 
     def searched(self, where: str, inventory: Inventory) -> Searched:
         """After ``inventory.leftovers``: what it searched."""

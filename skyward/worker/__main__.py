@@ -96,6 +96,9 @@ class _Worker:
         self.stopping = False
         self.cancelled = False
         self._main_busy = False
+        # The main thread runs a call (not a plugin's start): what a stop handler is told,
+        # so a stop during JAX's start is not reported as one in the middle of a call.
+        self._main_call = False
         self._io: dict[int, CallIO] = {}  # streaming calls, by id, until their Result
         self._last_call = 0  # the highest call id received
         self._early_cancels: set[int] = set()  # Cancel frames that overtook their Call
@@ -202,10 +205,11 @@ class _Worker:
             self.stopping = True
             self.cancelled = cancel
             interrupt = cancel and self._main_busy
+            in_call = interrupt and self._main_call
             streaming = list(self._io.values()) if cancel else []
         for call in streaming:  # wake calls waiting for the client's credit or elements
             call.cancel()
-        hooks.stopping(interrupt)  # before the interrupt: plugins may quiet what follows
+        hooks.stopping(in_call)  # before the interrupt: plugins may quiet what follows
         if cancel:
             _drop_queued(self.calls)
         for _ in range(self.concurrency):
@@ -237,7 +241,7 @@ class _Worker:
                 self.wake_reader()  # it waits for frames: credit, elements, a payload
             if main:  # _Interruptible's steps, written out: every call comes here
                 with lock:
-                    self._main_busy = not self.stopping
+                    self._main_busy = self._main_call = not self.stopping
                 try:
                     if relayed or self.processes is not None:
                         ok, payload = self._run(message, parts, call)
@@ -245,7 +249,7 @@ class _Worker:
                         ok, payload = run_call(message, parts, call, flush)  # the usual call
                 finally:
                     with lock:
-                        self._main_busy = False
+                        self._main_busy = self._main_call = False
             else:
                 ok, payload = self._run(message, parts, call)
             if call is not None:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from skyward._errors import WorkerLost
+from skyward._info import worker_label
 from skyward.link.protocol import RelayFailed
 
 # Bytes read at a time; each read is published to the forwarder at once.
@@ -193,11 +194,10 @@ class Relays:
 
     def _who(self, rank: int | None = None) -> str:
         """How messages name worker ``rank`` (this one by default), as the client's
-        ``Layout.who`` does: ``node 2``, or ``worker 5 (node 2)`` with several per node."""
+        ``Layout.label`` does: ``node 2``, or ``node 2 worker 1`` with several per node."""
         rank = self._node if rank is None else rank
-        if self._per_node == 1:
-            return f"node {rank}"
-        return f"worker {rank} (node {rank // self._per_node})"
+        per = self._per_node
+        return worker_label(rank // per, rank % per, per)
 
     # ── the node that gets the payload from the client ───────────────────────────────────
 

@@ -134,3 +134,44 @@ def test_the_cli_asks_aws_for_its_spot_prices(moto: MotoServer) -> None:
     prices = [float(p["SpotPrice"]) for p in quoted["SpotPriceHistory"]]
     g6 = next(e for e in json.loads(listed.stdout) if e["type"] == "g6.xlarge")
     assert prices and g6["spot"] == min(prices)
+
+
+def test_spot_prices_that_cannot_be_had_are_said_in_one_line_and_fail_the_command(
+    tmp_path: Path,
+) -> None:
+    # No credentials anywhere boto3 looks (and no instance identity to ask).
+    env = {
+        "HOME": str(tmp_path),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    env |= {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "HOME"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(SCRIPT), *args]
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=60, env=env, check=False
+        )
+
+    listed = run("catalog", "H100", "--cloud", "aws", "--spot")
+    assert listed.returncode != 0
+    errors = [line for line in listed.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, listed.stderr
+    assert "no spot prices could be had" in errors[0] and "no AWS credentials" in errors[0]
+    plain = run("catalog", "H100", "--cloud", "aws")  # no --spot: no network
+    assert plain.returncode == 0, plain.stderr
+
+
+def test_a_lookup_that_fails_for_some_clouds_keeps_the_others_prices() -> None:
+    def refused(region: str, types: list[str]) -> dict[tuple[str, str], float]:
+        raise sky.ProvisionError("refused by the test")
+
+    def quotes(region: str, types: list[str]) -> dict[tuple[str, str], float]:
+        return {(types[0], f"{region}-a"): 0.5}
+
+    with pytest.raises(sky.ProvisionError, match=r"no spot prices could be had: aws .*refused"):
+        sky.catalog("T4", spot=True, spot_prices={"aws": refused})
+    mixed = sky.catalog("T4", spot=True, spot_prices={"aws": refused, "gcp": quotes})
+    assert any(e.spot == 0.5 for e in mixed if e.cloud == "gcp")
+    assert all(e.spot is None for e in mixed if e.cloud == "aws")

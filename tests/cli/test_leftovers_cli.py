@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.clouds.aws.fake import MotoServer
+from support.clouds.aws.proxy import Ec2Proxy
 
 import skyward as sky
 from skyward.cli.leftovers import _for_the_command_line
@@ -88,16 +89,95 @@ def test_ls_without_aws_credentials_fails_naming_what_to_set(
     assert "--profile NAME" in result.stderr and "sky.AWS(" not in result.stderr
 
 
-def test_every_cloud_is_asked_by_default_and_one_unchecked_fails_the_command(
+def test_every_configured_cloud_is_asked_by_default_and_one_unchecked_fails_the_command(
     moto: MotoServer, tmp_path: Path
 ) -> None:
-    result = _skyward("ls", env=_env(tmp_path, **_aws(moto)))
+    # Azure is configured (a subscription named) but its extra cannot be imported; GCP has
+    # credentials named that do not exist: both asked, neither checked.
+    env = _env(
+        tmp_path,
+        **_aws(moto),
+        AZURE_SUBSCRIPTION_ID="00000000-0000-0000-0000-000000000000",
+        GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "missing-key.json"),
+    )
+    result = _skyward("ls", env=env, hide="azure.mgmt.compute")
     assert result.returncode != 0
-    assert "azure: not checked; set AZURE_SUBSCRIPTION_ID or pass --subscription" in result.stderr
+    assert "azure: not checked; install it with: pip install 'skyward[azure]'" in result.stderr
     assert "gcp: not checked" in result.stderr and "GOOGLE_APPLICATION_CREDENTIALS" in result.stderr
     assert "--cloud" in result.stderr  # how to leave out the clouds one does not use
     assert "Checked: aws:" in result.stderr  # what was searched is still said
     assert "Nothing found in what was checked." in result.stdout
+    assert "Nothing left by Skyward" not in result.stdout
+
+
+def test_a_machine_with_no_cloud_configured_is_told_so_and_the_command_succeeds(
+    tmp_path: Path,
+) -> None:
+    result = _skyward("ls", env=_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "No cloud is configured here" in result.stderr
+    assert "not checked" not in result.stderr and "Error" not in result.stderr
+    assert "Nothing left by Skyward" not in result.stdout  # nothing was looked at
+    down = _skyward("down", "--all", "--yes", env=_env(tmp_path))
+    assert down.returncode == 0, down.stderr
+    assert "No cloud is configured here" in down.stderr
+
+
+def test_clouds_not_configured_are_named_and_left_out(moto: MotoServer, tmp_path: Path) -> None:
+    result = _skyward("ls", env=_env(tmp_path, **_aws(moto)))
+    assert result.returncode == 0, result.stderr
+    [left_out] = [x for x in result.stderr.splitlines() if "Not configured here" in x]
+    assert "gcp" in left_out and "azure" in left_out and "aws" not in left_out
+    assert "Checked: aws:" in result.stderr
+    assert "Nothing left by Skyward." in result.stdout
+    # Named on the command line, an unconfigured cloud is asked, and fails the command.
+    named = _skyward("ls", "--cloud", "aws", "--cloud", "gcp", env=_env(tmp_path, **_aws(moto)))
+    assert named.returncode != 0
+    assert "gcp: not checked" in named.stderr
+
+
+def test_the_gcp_credentials_hint_names_what_the_command_reads(tmp_path: Path) -> None:
+    result = _skyward("ls", "--cloud", "gcp", env=_env(tmp_path))
+    assert result.returncode != 0
+    assert "or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file" in result.stderr
+    assert "or pass GOOGLE_APPLICATION_CREDENTIALS" not in result.stderr
+    assert "sky.GCP(" not in result.stderr
+
+
+@pytest.mark.parametrize("answer", ["page", "denied"])
+def test_a_listing_that_fails_is_no_all_clear_and_is_said_in_one_line(
+    moto: MotoServer, tmp_path: Path, answer: str
+) -> None:
+    with Ec2Proxy(moto.url) as proxy:
+        if answer == "page":
+            html = (
+                "<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n"
+                "<h1>Internal Server Error</h1>\n<p>The server encountered an internal error"
+                "</p>\n"
+            )
+            proxy.refuse("DescribePlacementGroups", "", status=500, page=html)
+        else:
+            proxy.refuse(
+                "DescribePlacementGroups",
+                "UnauthorizedOperation",
+                "You are not authorized to perform this operation.",
+                status=403,
+            )
+        env = _env(tmp_path, **(_aws(moto) | {"AWS_ENDPOINT_URL": proxy.url}))
+        for command in (("ls",), ("down", "--all", "--yes")):
+            result = _skyward(*command, "--cloud", "aws", "--region", "us-east-1", env=env)
+            assert result.returncode == 1, result.stdout
+            assert "Nothing left by Skyward" not in result.stdout
+            assert "Nothing found" not in result.stdout  # nothing was searched through
+            lines = [x for x in result.stderr.splitlines() if ": not checked: " in x]
+            assert len(lines) == 1, result.stderr
+            assert "placement groups" in lines[0]
+            assert "<" not in result.stderr  # no page, no markup
+            if answer == "page":
+                assert "did not answer as EC2 does (500 Internal Server Error)" in lines[0]
+                assert "AWS_ENDPOINT_URL" in lines[0] and "sky.AWS" not in lines[0]
+            else:
+                assert "ec2:DescribePlacementGroups" in lines[0]
 
 
 def test_ls_says_which_regions_it_checked(moto: MotoServer, tmp_path: Path) -> None:

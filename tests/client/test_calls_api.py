@@ -183,7 +183,8 @@ def test_a_named_pool_comes_from_the_project_then_the_user_file(
     ("table", "message"),
     [
         ("nodes = 0", r"\[pools.p\]: nodes: Input should be greater than or equal to 1"),
-        ("nodez = 2", r"\[pools.p\]: 'nodez' is not a pool option; the options are"),
+        ("nodez = 2", r"\[pools.p\]: 'nodez' is not a pool option; did you mean 'nodes'\? \(the"),
+        ('nodes = "4"', r"\[pools.p\]: nodes: Input should be a valid integer"),
         ('provider = "nowhere"', r"provider 'nowhere' is neither a \[providers\] entry"),
         ('provider = {type = "ssh"}', r"\[pools.p\] provider: hosts: Field required"),
         ('provider = {type = "tpu"}', r"type must be one of local, ssh"),

@@ -65,6 +65,9 @@ def test_secret_values_of_the_image_never_reach_the_logs(log_root: Path) -> None
 def test_skyward_logs_reads_a_finished_pool_by_name_and_node(log_root: Path) -> None:
     with sky.ComputePool(nodes=2, console="off", name="readable") as pool:
         say("line for the cli") @ pool
+    # Another pool whose name, state and provider are of other widths: the columns align.
+    with sky.ComputePool(nodes=1, console="off", name="a-much-longer-pool-name") as pool:
+        say("x") @ pool
     env = {**os.environ, "SKYWARD_LOG_DIR": str(log_root)}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -79,8 +82,15 @@ def test_skyward_logs_reads_a_finished_pool_by_name_and_node(log_root: Path) -> 
     assert "events:" in everything.stdout and "node-0:" in everything.stdout
     listing = cli("--list")
     assert "readable" in listing.stdout and "closed" in listing.stdout
+    lines = listing.stdout.splitlines()
+    assert lines[0].split() == ["POOL", "STATE", "PROVIDER", "NODES", "STARTED", "LOGS"]
+    columns = [line.index(str(log_root)) for line in lines[1:]]
+    assert len(columns) == 2 and len(set(columns)) == 1, listing.stdout  # aligned
     missing = cli("no-such-pool")
-    assert missing.returncode != 0 and "recent pools: readable" in missing.stderr
+    assert (
+        missing.returncode != 0
+        and "recent pools: a-much-longer-pool-name, readable" in missing.stderr
+    )
     absent = cli("readable", "--node", "7")
     assert absent.returncode != 0 and "has no output from node 7" in absent.stderr
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import get_type_hints
@@ -27,7 +28,7 @@ from support.sshhosts import Hosts, PackageIndex
 
 import skyward as sky
 from skyward.plugins._jax import JaxOptions, _Options, collectives_address, distributed
-from skyward.plugins._jax_output import LOG_DIR, GlooFilter
+from skyward.plugins._jax_output import GlooFilter, log_dir
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 
@@ -557,8 +558,35 @@ def test_stopping_ranks_mid_collective_says_so_in_one_line_instead_of_jaxs_fatal
     assert noise == [], noise
     [line] = [x for x in err.splitlines() if "stopping JAX in the middle of a call" in x]
     assert line.startswith("[node 0] skyward:") and "verbose=True" in line
-    for log in Path(os.path.expanduser(LOG_DIR)).glob(f"{pool.name}-node*.log"):
+    for log in Path(log_dir()).glob(f"{pool.name}-node*.log"):
         log.unlink()  # what jax logged while it stopped, when it did
+
+
+@pytest.mark.timeout(120)
+def test_a_pool_stopped_while_its_plugins_start_does_not_say_a_call_was_cut(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # JAX is up on every node, then a later plugin is still starting when the pool is
+    # closed (a Ctrl-C in the start): no call ran, so none is said to be cut short.
+    started = tmp_path / "started"
+
+    @contextlib.contextmanager
+    def slow_to_start(info: sky.InstanceInfo) -> Iterator[None]:
+        Path(f"{started}-{info.node}").touch()
+        time.sleep(60)
+        yield
+
+    plugins = [sky.plugins.jax(cpu_devices=1), sky.Plugin(name="slow", around_app=slow_to_start)]
+    pool = sky.ComputePool(nodes=2, plugins=plugins, quiet=True)
+    starting = ThreadPoolExecutor(1).submit(pool.start)
+    wait_for_markers(*per_node(started, 2))
+    pool.close(wait=False)
+    with pytest.raises(sky.SkywardError):
+        starting.result(timeout=60)
+    out, err = capfd.readouterr()
+    assert "in the middle of a call" not in out + err, err
+    for log in Path(log_dir()).glob(f"{pool.name}-node*.log"):
+        log.unlink()
 
 
 # ── across hosts set up as workstations are ──────────────────────────────────────────────
@@ -647,3 +675,19 @@ def test_a_node_with_an_efa_device_gets_libfabrics_efa_settings(tmp_path: Path) 
     (tmp_path / "bus" / "efa").mkdir()
     (efa / "driver").symlink_to(tmp_path / "bus" / "efa")
     assert efa_environment(str(tmp_path)) == {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
+
+
+def test_jaxs_stop_logs_follow_the_nodes_xdg_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from skyward.plugins._jax_output import stop_log_path
+
+    info = sky.InstanceInfo(
+        node=1, total_nodes=2, head_addr="127.0.0.1", head_port=1, peers=("a", "b"),
+        hostname="h", pool="p",
+    )  # fmt: skip
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert stop_log_path(info) == str(tmp_path / "cache" / "skyward" / "jax-logs" / "p-node1.log")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert stop_log_path(info).startswith(str(tmp_path / "home" / ".cache" / "skyward"))

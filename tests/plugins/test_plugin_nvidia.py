@@ -73,6 +73,9 @@ def test_mps_starts_the_daemon_before_the_workers_code_and_quits_it_after(
         assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] in started[0]  # the worker's clients too
     stopped = record.read_text().splitlines()[1]
     assert stopped.startswith("args= ") and stopped.endswith("stdin=quit")
+    from skyward.plugins._nvidia import node_directory
+
+    assert not os.path.exists(node_directory(info))  # the run's directory went with it
 
 
 def test_mps_without_the_control_program_says_where_it_comes_from(
@@ -247,6 +250,7 @@ def test_a_worker_the_pool_replaces_leaves_the_daemon_to_the_next_and_a_closing_
             "quit",
         ]
         assert daemon_pid(pipe) is None
+        assert not os.path.exists(base)  # gone with the daemon; kept through the restart
     finally:
         for line in daemons.read_text().splitlines() if daemons.exists() else []:
             if _alive(int(line)):

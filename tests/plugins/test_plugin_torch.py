@@ -4,9 +4,6 @@ pool, on real worker processes (gloo on CPU)."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
-from importlib import metadata
-from pathlib import Path
 from typing import Any, get_type_hints
 
 import pytest
@@ -127,30 +124,6 @@ def test_a_ddp_step_on_two_nodes_matches_one_process_on_all_the_data(
     ) as pool:
         results = ddp_step(FEATURES, TARGETS) @ pool
     _check_step(results, 2 * workers_per_node)
-
-
-_WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
-
-
-@pytest.fixture(scope="module")
-def torch_index(
-    ssh_hosts: Hosts, package_index: PackageIndex, tmp_path_factory: Any
-) -> Iterator[str]:
-    """PyTorch's index as the plugin reads it (``<url>/cpu/torch/``), serving the CPU torch
-    this machine runs, on the test bridge; torch's dependencies are on the hosts' main index.
-    The plugin's ``index_url`` points here, so the hosts install torch from this index only."""
-    package_index.download(
-        ["filelock", "typing-extensions", "setuptools", "sympy", "networkx", "jinja2", "fsspec"],
-        _WHEEL_CACHE,
-    )
-    root = tmp_path_factory.mktemp("torch-index")
-    index = PackageIndex(root, ssh_hosts.bridge_address, port=8702)
-    try:
-        (root / "cpu").symlink_to(root / "simple")
-        index.download([f"torch=={metadata.version('torch')}", "--no-deps"], _WHEEL_CACHE / "torch")
-        yield f"http://{ssh_hosts.bridge_address}:8702/"
-    finally:
-        index.close()
 
 
 @pytest.mark.timeout(600)

@@ -173,3 +173,18 @@ def test_ranks_waiting_in_a_host_callback_are_not_taken_for_a_hang() -> None:
         logger.setLevel(level)
     said = [s for s in statuses if "not in a collective" in s]
     assert said and "in a callback" in said[0], statuses
+
+
+@pytest.mark.timeout(120)
+def test_stacks_name_workers_as_their_prints_do_when_nodes_run_several() -> None:
+    with sky.ComputePool(nodes=2, workers_per_node=2, quiet=True) as pool:
+        stacks = pool.stacks()
+    assert list(stacks) == [0, 1, 2, 3]  # by rank, as before
+    text = str(stacks)
+    headings = [line for line in text.splitlines() if line.startswith("──")]
+    assert headings == [
+        "── node 0 worker 0 ──",
+        "── node 0 worker 1 ──",
+        "── node 1 worker 0 ──",
+        "── node 1 worker 1 ──",
+    ]

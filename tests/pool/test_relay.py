@@ -183,8 +183,8 @@ def test_nodes_that_cannot_reach_each_other_get_the_payload_from_the_client(
         (1, "node 3: the payload of this broadcast was being relayed through node 1, "),
         (
             2,
-            "worker 3 (node 1): the payload of this broadcast was being relayed through "
-            "worker 1 (node 0), ",
+            "node 1 worker 1: the payload of this broadcast was being relayed through "
+            "node 0 worker 1, ",
         ),
     ],
 )

@@ -198,9 +198,9 @@ def test_a_large_broadcast_reaches_every_worker(make_pool: PoolFactory) -> None:
         assert (digest(data) @ pool) == [(rank, expected) for rank in range(4)]
 
 
-def test_messages_name_a_worker_by_its_rank_and_node_when_nodes_run_several() -> None:
+def test_messages_name_a_worker_by_its_node_and_index_there_as_its_prints_do() -> None:
     one, two = Layout(3, 1), Layout(3, 2)
-    assert one.who(2) == "node 2" and one.who_all([0, 2]) == "node(s) 0, 2"
-    assert two.who(3) == "worker 3 (node 1)"
-    assert two.who_all([1, 4]) == "worker(s) 1 (node 0), 4 (node 2)"
-    assert two.who_all([]) == "none"
+    assert one.label(2) == "node 2" and one.label_all([0, 2]) == "node(s) 0, 2"
+    assert two.label(3) == "node 1 worker 1"
+    assert two.label_all([1, 4]) == "node 0 worker 1, node 2 worker 0"
+    assert two.label_all([]) == "none"

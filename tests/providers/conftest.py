@@ -23,6 +23,8 @@ from support.sshhosts import Hosts, PackageIndex
 if TYPE_CHECKING:
     from support.clouds.azure.fake import AzureFake
     from support.clouds.azure.standins import AzureStandIns
+    from support.clouds.vastai.fake import VastFake
+    from support.clouds.vastai.standins import VastStandIns
 
 _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 
@@ -102,3 +104,32 @@ def slurm_index(slurm_cluster: SlurmCluster) -> Iterator[PackageIndex]:
         yield served
     finally:
         served.close()
+
+
+# ── the Vast.ai fake, and stand-in hosts for its instances ─────────────────────────────
+
+
+@pytest.fixture(scope="session")
+def vast_bridge(ssh_hosts: Hosts) -> Iterator[VastFake]:
+    """The Vast.ai fake on the test bridge, beside the stand-ins."""
+    from support.clouds.vastai.fake import VastFake
+
+    with VastFake(host=ssh_hosts.bridge_address) as fake:
+        yield fake
+
+
+@pytest.fixture
+def vast_standins(vast_bridge: VastFake, ssh_hosts: Hosts) -> Iterator[VastStandIns]:
+    """The bridge's Vast.ai fake, emptied, with stand-in hosts for the instances it rents."""
+    from support.clouds.vastai.standins import VastStandIns
+    from support.hostimage import HostImage, fake_nvidia_smi
+
+    vast_bridge.reset()
+    # A Vast container sees its host's GPU through the NVIDIA runtime: nvidia-smi lists it.
+    gpu = fake_nvidia_smi(1, "NVIDIA GeForce RTX 4090")
+    cloud = VastStandIns(vast_bridge, ssh_hosts, HostImage(tools={"nvidia-smi": gpu}))
+    try:
+        yield cloud
+    finally:
+        cloud.close()
+    assert not cloud.leftovers(), f"stand-ins left behind: {cloud.leftovers()}"

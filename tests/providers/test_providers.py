@@ -28,6 +28,7 @@ import pytest
 from support.clouds.aws.pools import standin_provider
 from support.clouds.azure.pools import standin_provider as azure_standin_provider
 from support.clouds.gcp.standins import standin_provider as gcp_standin_provider
+from support.clouds.vastai.standins import provider as vast_standin_provider
 from support.pools import ssh_provider, start_in_thread
 from support.processes import worker_processes
 from support.providers import Preemptible, Slow, TestHosts
@@ -62,10 +63,12 @@ def _registry(request: pytest.FixtureRequest, kind: str) -> tuple[Any, sky.Image
         return azure_standin_provider(request.getfixturevalue("azure_standins")), image
     if kind == "gcp":
         return gcp_standin_provider(request.getfixturevalue("gcp_standins")), image
+    if kind == "vastai":
+        return vast_standin_provider(request.getfixturevalue("vast_standins").fake), image
     return TestHosts(hosts), image
 
 
-@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp", "slurm"])
+@pytest.fixture(params=["local", "ssh", "hosts", "aws", "azure", "gcp", "vastai", "slurm"])
 def provider(request: pytest.FixtureRequest) -> tuple[Any, sky.Image]:
     return _registry(request, request.param)
 
@@ -110,7 +113,7 @@ def test_a_pool_on_every_provider_runs_calls_and_reports_each_phase(
 def test_remote_providers_report_connecting_and_bootstrapping_per_node(
     request: pytest.FixtureRequest,
 ) -> None:
-    for kind in ("ssh", "hosts", "aws", "azure", "gcp", "slurm"):
+    for kind in ("ssh", "hosts", "aws", "azure", "gcp", "vastai", "slurm"):
         made, image = _registry(request, kind)
         recorder = Recorder()
         made.provision(_request(made, image), recorder).terminate()

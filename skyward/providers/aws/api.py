@@ -165,19 +165,24 @@ class Api(Boundary):
     def spot_prices(self, instance_types: list[str]) -> dict[tuple[str, str], float]:
         """The current spot price per (type, zone) for Linux; empty when EC2 cannot be asked
         (an estimate only: the launch does not depend on it)."""
+        try:
+            return self.spot_price_history(instance_types)
+        except ProvisionError:
+            return {}
+
+    def spot_price_history(self, instance_types: list[str]) -> dict[tuple[str, str], float]:
+        """The current spot price per (type, zone) for Linux; ``ProvisionError`` saying why
+        when EC2 cannot be asked (no credentials, no network, a permission)."""
         import datetime
 
+        answer = self.call(
+            self.ec2.describe_spot_price_history,
+            f"asking for the spot prices in {self.region}",
+            InstanceTypes=cast(Any, instance_types),
+            ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+            StartTime=datetime.datetime.now(datetime.UTC),
+        )
         prices: dict[tuple[str, str], float] = {}
-        try:
-            answer = self.ec2.describe_spot_price_history(
-                InstanceTypes=cast(Any, instance_types),
-                ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
-                StartTime=datetime.datetime.now(datetime.UTC),
-            )
-        except Exception as exc:
-            if _is_sdk_error(exc):
-                return prices
-            raise
         newest: dict[tuple[str, str], Any] = {}
         for entry in answer["SpotPriceHistory"]:
             key = (str(entry["InstanceType"]), str(entry["AvailabilityZone"]))
@@ -359,6 +364,14 @@ def _without_response(exc: BaseException, doing: str, region: str) -> ProvisionE
         return ProvisionError(
             f"{doing}: no AWS region; pass sky.AWS(region='us-east-1') or set AWS_DEFAULT_REGION"
         )
+    if name == "ResponseParserError":
+        # An answer that is not EC2's XML: a proxy's or a broken endpoint's page. Its body
+        # is not the user's to read; its title or first line says what it was.
+        return ProvisionError(
+            f"{doing}: the endpoint did not answer as EC2 does ({_gist(str(exc))}); check "
+            f"sky.AWS(endpoint_url=...) or AWS_ENDPOINT_URL, a proxy (HTTPS_PROXY), and try "
+            f"again"
+        )
     if name == "ParamValidationError":
         return ProvisionError(
             f"{doing}: botocore refused the request before sending it ({exc}); this is a "
@@ -374,6 +387,14 @@ def _without_response(exc: BaseException, doing: str, region: str) -> ProvisionE
                 "and try again",
             )
     return ProvisionError(f"{doing}: {name}: {exc}")
+
+
+def _gist(text: str) -> str:
+    """A page's ``<title>``, else its first line: what an unexpected answer was."""
+    title = re.search(r"<title>([^<]*)</title>", text, re.IGNORECASE)
+    if title:
+        return title.group(1).strip()
+    return text.strip().splitlines()[0][:160] if text.strip() else "an empty answer"
 
 
 def iam_action(exc: BaseException) -> str:
@@ -407,8 +428,9 @@ def _zone(request: dict[str, Any], message: str) -> str:
 
 def spot_prices_in(region: str, types: list[str]) -> dict[tuple[str, str], float]:
     """EC2's current spot prices in ``region``, per (type, zone): the catalog's lookup
-    (``skyward catalog --spot``), with boto3's usual credentials and endpoint."""
-    return Api.connect(region=region, profile=None, endpoint_url=None).spot_prices(types)
+    (``skyward catalog --spot``), with boto3's usual credentials and endpoint;
+    ``ProvisionError`` saying why when EC2 cannot be asked."""
+    return Api.connect(region=region, profile=None, endpoint_url=None).spot_price_history(types)
 
 
 # ── the pool's resources ──────────────────────────────────────────────────────────────────

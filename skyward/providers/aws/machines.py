@@ -124,6 +124,10 @@ class AWSMachines:
     def key_label(self, first: Offer) -> tuple[str, str, str]:
         return self.api.region, self.name, self.endpoint
 
+    def resume(self, name: str) -> None:
+        # The key pair's and group's name, and the sweep's skyward-allocation tag.
+        self.name = name
+
     # ── before anything is made ────────────────────────────────────────────────────────
 
     def offers(self, want: Want) -> Offers:

@@ -123,7 +123,6 @@ class AWS(CloudOptions):
         # Reads only the environment and ~/.aws: an unknown profile, no region at all, or a
         # region no partition has is said now, not after the pool has started.
         session = Api.session(region=self.region, profile=self.profile)
-        check_credentials(session, profile=self.profile)
         keyless = [v.bucket for v in request.volumes if not v.explicit_credentials]
         if keyless and self.iam_instance_profile is None:
             raise ValueError(
@@ -145,6 +144,9 @@ class AWS(CloudOptions):
                 f"proprietary driver (and its login user with username=...)"
             )
         self.refuse_above(request, machines, [str(session.region_name)])
+        # Last: what the request asks for is judged first, so a count AWS does not sell is
+        # said on a machine that has no credentials yet, as on one that has them.
+        check_credentials(session, profile=self.profile)
 
     def machines(self, request: ProvisionRequest) -> AWSMachines:
         api = Api.connect(region=self.region, profile=self.profile, endpoint_url=self.endpoint_url)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from skyward.providers.scope import Flag, Given, Places, Scope, Searched
+from skyward.providers.scope import Flag, Given, Places, Scope, Searched, any_present
 
 if TYPE_CHECKING:
     from skyward.providers.base import Inventory, Leftover
@@ -31,6 +31,25 @@ class AWSScope(Scope):
 
     def given(self, options: Given) -> bool:
         return bool(options.many("regions") or options.one("profile"))
+
+    def configured(self) -> bool:
+        # boto3's places for credentials and configuration, all but the instance's own
+        # identity (asking for it is a network call: on EC2 with nothing else, name the cloud).
+        return any_present(
+            (
+                "AWS_ACCESS_KEY_ID",
+                "AWS_PROFILE",
+                "AWS_DEFAULT_PROFILE",
+                "AWS_ENDPOINT_URL",
+                "AWS_WEB_IDENTITY_TOKEN_FILE",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            ),
+            (
+                os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+                os.environ.get("AWS_CONFIG_FILE", "~/.aws/config"),
+            ),
+        )
 
     def places(self, options: Given) -> Places:
         if importlib.util.find_spec("boto3") is None:
@@ -62,6 +81,7 @@ class AWSScope(Scope):
 
     def advice(self, text: str) -> str:
         text = re.sub(r"sky\.AWS\(region='([^']*)'\)", r"--region \1", text)
+        text = text.replace("sky.AWS(endpoint_url=...) or AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL")
         return re.sub(r"sky\.AWS\(profile=(?:'\.\.\.'|\.\.\.)\)", "--profile NAME", text)
 
     def judges(self, key: LocalKey, options: Given, searched: Sequence[Inventory]) -> bool:

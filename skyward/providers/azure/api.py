@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import logging
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -131,6 +132,7 @@ class Api(Boundary):
         resources = require("azure.mgmt.resource.resources", feature="sky.Azure")
         if credential is None:
             identity = require("azure.identity", feature="sky.Azure")
+            _sign_in_detail_to_debug()
             credential = identity.DefaultAzureCredential()
         url = (base_url or PUBLIC_CLOUD).rstrip("/")
         options: dict[str, Any] = {
@@ -202,6 +204,28 @@ def _message(exc: BaseException) -> str:
     error = getattr(exc, "error", None)
     message = getattr(error, "message", None)
     return str(message or getattr(exc, "message", None) or exc).strip()
+
+
+class _SignInDetail(logging.Handler):
+    """``azure.identity`` logs every failed sign-in at WARNING, the whole chain of
+    credentials tried; in a program that configured no logging, Python's last resort
+    prints it on stderr, fifteen lines before Skyward's one line that says what to do. The
+    records go on to ``skyward.azure.identity`` at DEBUG instead: kept where Skyward's
+    log is kept (``sky.LogConfig(level="DEBUG")``), never shown by default."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        logging.getLogger("skyward.azure.identity").handle(record)
+
+
+def _sign_in_detail_to_debug() -> None:
+    """Once, and only where the program has no logging of its own: a program that
+    configured handlers sees the SDK's records as it configured them."""
+    sdk = logging.getLogger("azure.identity")
+    if logging.getLogger().handlers or any(isinstance(h, _SignInDetail) for h in sdk.handlers):
+        return
+    sdk.addHandler(_SignInDetail())
+    sdk.propagate = False
 
 
 def translate(exc: BaseException, doing: str) -> ProvisionError:

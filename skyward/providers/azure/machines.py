@@ -122,6 +122,9 @@ class AzureMachines:
         # For skyward ls / down: on Azure the resource group plays the key pair's part.
         return first.zone, self.group, self.options.base_url or ""
 
+    def resume(self, name: str) -> None:
+        self.group = name  # everything the pool made is in it
+
     # ── before anything is made ────────────────────────────────────────────────────────
 
     def offers(self, want: Want) -> Offers:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from skyward.providers.scope import Flag, Given, Places, Scope
+from skyward.providers.scope import Flag, Given, Places, Scope, any_present
 
 if TYPE_CHECKING:
     from skyward.providers.base import Inventory, Leftover
@@ -37,6 +37,13 @@ class AzureScope(Scope):
 
     def given(self, options: Given) -> bool:
         return bool(options.many("subscriptions") or options.one("azure_base_url"))
+
+    def configured(self) -> bool:
+        # A subscription or a service principal named, or the Azure CLI's sign-in.
+        return any_present(
+            ("AZURE_SUBSCRIPTION_ID", "AZURE_CLIENT_ID", "AZURE_TENANT_ID"),
+            (os.environ.get("AZURE_CONFIG_DIR", "~/.azure") + "/azureProfile.json",),
+        )
 
     def places(self, options: Given) -> Places:
         """Each subscription named, else ``AZURE_SUBSCRIPTION_ID``'s."""

@@ -19,6 +19,12 @@ connected for ``idle_timeout`` seconds; the clouds turn a power-off into a delet
 port, so a long job with its client attached is never stopped, and a client that vanished
 (SIGKILL, a laptop closed) is let go by sshd's own keepalive within a minute.
 
+A pool closed with ``keep_warm`` leaves its machines for the next pool like it: before it
+lets go it writes ``KEEP_FILE`` in the login user's home (``keep_command``), an uptime until
+which the watchdog keeps the machine with no client, and ends it when that passes, whether
+or not a client came back; the pool that adopts the machine removes it (``unkeep_command``)
+and the idle bound holds again.
+
 Where a machine powered off from inside is still billed (GCP keeps its disk, Azure its
 compute), the watchdog also runs ``release_script``: the machine deletes itself through the
 cloud's API with a token from the metadata server. This module writes that script's frame
@@ -46,6 +52,10 @@ BEFORE_POWEROFF_PATH = "/usr/local/sbin/skyward-before-poweroff"
 # connection ends within a minute, and the watchdog's idle time starts counting.
 SSHD_DROPIN_PATH = "/etc/ssh/sshd_config.d/60-skyward.conf"
 SSHD_DROPIN = "ClientAliveInterval 15\nClientAliveCountMax 4\n"
+# In the login user's home: the uptime (whole seconds) until which the machine is kept warm
+# with no client (a pool closed with keep_warm). The user writes it; the watchdog, root,
+# only reads a number from it.
+KEEP_FILE = ".skyward-keep-until"
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,10 @@ def watchdog_script() -> str:
     powers itself off is still billed (Azure); it is run again every minute until the machine
     is gone. What it does is said on stderr, to syslog, and in ``WATCHDOG_LOG`` (or
     ``$SKYWARD_WATCHDOG_LOG``), with what a release it runs says.
+
+    ``$SKYWARD_WATCHDOG_KEEP`` names a file (``KEEP_FILE``) that may hold an uptime: until
+    then the machine is kept with no client (``keep_warm``), and once it passes the machine
+    ends at once, whatever the idle bound says.
     """
     return r"""#!/bin/sh
 # Skyward idle watchdog: power this machine off when no SSH client has been connected to
@@ -102,6 +116,7 @@ suffix=$(printf ':%04X' "$port")
 
 log=${SKYWARD_WATCHDOG_LOG:-/var/log/skyward-watchdog.log}  # WATCHDOG_LOG
 export SKYWARD_WATCHDOG_LOG="$log"  # the release it runs writes there too
+keep=${SKYWARD_WATCHDOG_KEEP:-}  # KEEP_FILE: kept warm until this uptime, with no client
 
 say() {
     echo "skyward-watchdog: $*" >&2
@@ -127,23 +142,51 @@ attached() {
     return 1
 }
 
+# The uptime until which a pool that closed asked to keep this machine (0: none asked).
+kept_until() {
+    kept=0
+    if [ -n "$keep" ] && [ -r "$keep" ]; then
+        read -r kept _ < "$keep" 2>/dev/null || kept=0
+    fi
+    case $kept in ''|*[!0-9]*) kept=0 ;; esac
+    echo "$kept"
+}
+
+# The machine's last act: the cloud's own (ACTION), or power off.
+end_machine() {
+    if [ -n "$action" ]; then
+        say "$1: running $action"
+        "$action" || say "$action failed; trying again in a minute"
+    else
+        say "$1: powering off"
+        hook=/usr/local/sbin/skyward-before-poweroff  # BEFORE_POWEROFF_PATH
+        [ -x "$hook" ] && "$hook"
+        poweroff || shutdown -h now || halt -p
+    fi
+}
+
 say "powering off after ${idle}s without an SSH client on port $port (${bound}s for the first)"
 last=$(uptime_s)
+held=0
 while :; do
     now=$(uptime_s)
+    kept=$(kept_until)
     if attached; then
         last=$now
         bound=$idle
-    elif [ $((now - last)) -ge "$bound" ]; then
-        if [ -n "$action" ]; then
-            say "no SSH client for $((now - last))s: running $action"
-            "$action" || say "$action failed; trying again in a minute"
-        else
-            say "no SSH client for $((now - last))s: powering off"
-            hook=/usr/local/sbin/skyward-before-poweroff  # BEFORE_POWEROFF_PATH
-            [ -x "$hook" ] && "$hook"
-            poweroff || shutdown -h now || halt -p
+    elif [ "$kept" -gt 0 ]; then
+        if [ "$kept" != "$held" ]; then
+            held=$kept
+            say "kept warm for $((kept - now))s with no client (until ${kept}s of uptime)"
         fi
+        if [ "$now" -lt "$kept" ]; then
+            last=$now  # kept: not idle
+        else
+            end_machine "kept warm until ${kept}s of uptime and no pool came for it"
+            sleep 60
+        fi
+    elif [ $((now - last)) -ge "$bound" ]; then
+        end_machine "no SSH client for $((now - last))s"
         sleep 60
     fi
     sleep "$every"
@@ -160,18 +203,21 @@ def user_data(
     ssh_port: int = 22,
     idle_action: str | None = None,
     files: Sequence[Mapping[str, str]] = (),
+    user: str | None = None,
 ) -> str:
     """The ``#cloud-config`` a pool's machines boot with. The watchdog powers a machine off
     after ``idle_timeout`` without an SSH client, or ``first_client_timeout`` (default: the
     same) while it waits for its first one: a client that gave up (or died) before it ever
     connected costs that long, not ``idle_timeout`` (see ``first_client_bound``). Or it runs
     ``idle_action`` (a command's path) instead of powering off. ``files`` are more cloud-init
-    ``write_files`` entries (a cloud's own scripts, such as its ``BEFORE_POWEROFF_PATH``)."""
+    ``write_files`` entries (a cloud's own scripts, such as its ``BEFORE_POWEROFF_PATH``).
+    ``user``: the login user, whose ``KEEP_FILE`` the watchdog reads (``keep_warm``)."""
     watchdog = watchdog_command(
         idle_timeout=idle_timeout,
         first_client_timeout=first_client_timeout,
         ssh_port=ssh_port,
         idle_action=idle_action,
+        user=user,
     )
     config = {
         # Only the host key we made: the image's keys are deleted, and cloud-init generates
@@ -233,6 +279,7 @@ class Boot:
             ssh_port=self.ssh_port,
             idle_action=self.idle_action,
             files=self.files,
+            user=self.user,
         )
 
     def start_script(self) -> str:
@@ -293,6 +340,7 @@ setsid {self._watchdog()} </dev/null >/dev/null 2>&1 &
             first_client_timeout=self.first_client_timeout,
             ssh_port=self.ssh_port,
             idle_action=self.idle_action,
+            user=self.user,
         )
 
 
@@ -302,13 +350,36 @@ def watchdog_command(
     first_client_timeout: float | None,
     ssh_port: int,
     idle_action: str | None,
+    user: str | None = None,
 ) -> str:
-    """The watchdog's command line: its bounds in whole seconds, and its last act."""
+    """The watchdog's command line: its bounds in whole seconds, and its last act; with
+    ``user``, the ``KEEP_FILE`` in that user's home (found when the watchdog starts, after
+    the user exists)."""
     idle = max(1, round(idle_timeout))
     first = idle if first_client_timeout is None else max(1, round(first_client_timeout))
     every = max(1, min(10, idle // 6))  # notice idleness within about a sixth of the bound
     arguments = [WATCHDOG_PATH, str(idle), str(ssh_port), str(every), str(first)]
-    return shlex.join([*arguments, *([idle_action] if idle_action else [])])
+    command = shlex.join([*arguments, *([idle_action] if idle_action else [])])
+    if user is None:
+        return command
+    home = f"$(getent passwd {shlex.quote(user)} | cut -d: -f6)"
+    return f'env SKYWARD_WATCHDOG_KEEP="{home}/{KEEP_FILE}" {command}'
+
+
+def keep_command(seconds: float) -> str:
+    """What the login user runs to keep its machine warm for ``seconds`` with no client
+    (written whole, then renamed: the watchdog never reads half a number)."""
+    keep = max(1, round(seconds))
+    return (
+        f"read -r up _ < /proc/uptime && "
+        f"echo $((${{up%.*}} + {keep})) > ~/{KEEP_FILE}.tmp && "
+        f"mv -f ~/{KEEP_FILE}.tmp ~/{KEEP_FILE}"
+    )
+
+
+def unkeep_command() -> str:
+    """What the pool that adopts a warm machine runs: the idle bound holds again."""
+    return f"rm -f ~/{KEEP_FILE}"
 
 
 # A container has nothing to power off: its watchdog ends the container's main process.

@@ -41,13 +41,17 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import TYPE_CHECKING
 
+from skyward._errors import ProvisionError, SkywardError
 from skyward.providers.registry import SpotPrices, catalog_clouds, spot_lookups
+
+_log = logging.getLogger("skyward")
 
 # The clouds with a catalog, in the order listings show them; each has its data files in
 # ``providers/<cloud>/``.
@@ -311,6 +315,28 @@ def parse(text: str) -> Accelerator:
         raise ValueError(f"{text!r}: the count after ':' must be at least 1")
     memory = int(match["memory"]) if match["memory"] else None
     return Accelerator(canonical[match["name"].upper()], count, memory)
+
+
+def regions(cloud: Cloud) -> list[str]:
+    """Every region the cloud's price table names, sorted: the places a "did you mean" can
+    point at without asking the cloud."""
+    return sorted({r for prices in _tables().on_demand[cloud].values() for r in prices})
+
+
+def selling(accelerator: str) -> dict[Cloud, list[str]]:
+    """Per cloud, the regions whose prices list a machine with ``accelerator``, sorted:
+    where it is sold, as far as the price tables say."""
+    tables = _tables()
+    found: dict[Cloud, list[str]] = {}
+    for cloud in CLOUDS:
+        places = {
+            region
+            for machine in _browse(cloud, accelerator)
+            for region in tables.on_demand[cloud].get(machine.type, {})
+        }
+        if places:
+            found[cloud] = sorted(places)
+    return found
 
 
 def machines(cloud: Cloud) -> list[Machine]:
@@ -645,12 +671,26 @@ def _with_spot(
     entries: list[CatalogEntry], spot_prices: Mapping[str, SpotPrices]
 ) -> list[CatalogEntry]:
     """The rows of each cloud in ``spot_prices`` with its current spot price (the lowest of
-    the region's zones), asked once per region."""
+    the region's zones), asked once per region. A cloud that could not be asked keeps
+    ``spot=None`` on its rows; when none could, ``ProvisionError`` naming each one and why
+    (spot prices were asked for, and there are none to show)."""
     lowest: dict[tuple[str, str, str], float] = {}
+    missing: list[str] = []
+    asked = 0
     for cloud, ask in spot_prices.items():
         for region in sorted({e.region for e in entries if e.cloud == cloud}):
             types = sorted({e.type for e in entries if e.cloud == cloud and e.region == region})
-            for (kind, _zone), price in ask(region, types).items():
+            asked += 1
+            try:
+                answer = ask(region, types)
+            except SkywardError as exc:
+                missing.append(f"{cloud} {region}: {exc}")
+                continue
+            for (kind, _zone), price in answer.items():
                 key = (cloud, region, kind)
                 lowest[key] = min(price, lowest.get(key, price))
+    if asked and len(missing) == asked:
+        raise ProvisionError(f"no spot prices could be had: {'; '.join(missing)}")
+    for line in missing:
+        _log.warning("spot prices missing for %s", line)
     return [replace(e, spot=lowest.get((e.cloud, e.region, e.type))) for e in entries]

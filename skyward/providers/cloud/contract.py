@@ -25,6 +25,10 @@ what exists. The start calls a cloud's ``Machines`` in this order::
         discard(place, [id], no wait)         the lost machine let go
         launch(offer, [name], ...)            its replacement, made alike
     delete(record, deadline)                  everything recorded, then a sweep by tag
+    ...or, closed with keep_warm, nothing; a later pool of the same spec:
+        resume(name)                          this pool's calls take back the identity of
+                                              the pool that kept them (``Resumable``)
+        describe(place, ids), delete(...)     as above, on what that pool made
 
 What a call may rely on, and must keep:
 
@@ -46,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from skyward.client.futures import Deadline
 from skyward.client.phases import Reporter
@@ -191,4 +195,18 @@ class Machines(Protocol):
         pool's tags for what a create cut off in flight made: what could not be deleted, as
         ``"kind name (why)"``. Called once, after the nodes are closed; also while launches
         are still on the wire (a Ctrl-C), which it must not miss."""
+        ...
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A cloud whose machines a pool may keep warm (``keep_warm``) for a later pool: that
+    pool's ``Machines`` (built for the pool that made them, by its name) take back the
+    identity the making pool's had, which may hold a random part (a resource group's
+    name, the sweep's tag). A cloud without it has its machines destroyed at close, as
+    without ``keep_warm``, and says so."""
+
+    def resume(self, name: str) -> None:
+        """``name``: what ``key_label`` gave as the key pair's part for the making pool;
+        from now on ``describe`` and ``delete`` act on what that pool made."""
         ...

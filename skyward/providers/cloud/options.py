@@ -16,6 +16,7 @@ cloud, before anything is created (the start and each cloud's ``machines`` ask):
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import urllib.error
 import urllib.request
@@ -28,11 +29,11 @@ from skyward._errors import ProvisionError
 from skyward.client.extras import check as check_extra
 from skyward.client.phases import Reporter
 from skyward.providers.base import Allocation, ProvisionRequest
-from skyward.providers.cloud import capacity, catalog
+from skyward.providers.cloud import capacity, catalog, warm
 from skyward.providers.cloud.capacity import Strategy
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.contract import Machines
-from skyward.providers.cloud.start import start
+from skyward.providers.cloud.start import adopt, start
 
 DEFAULT_IP_LOOKUP = "https://checkip.amazonaws.com"
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -158,10 +159,21 @@ class CloudOptions(BaseModel):
             check_extra(module, feature=f"sky.{type(self).__name__}")
 
     def provision(self, request: ProvisionRequest, reporter: Reporter) -> Allocation:
-        """``check``, then the one start (``cloud/start.py``) of this pool's ``machines``;
-        whatever it made is destroyed when the start fails."""
+        """``check``, then machines a pool closed with ``keep_warm`` left, when a set of
+        this spec and size is kept (``start.adopt``), else the one start
+        (``cloud/start.py``) of this pool's ``machines``; whatever it made is destroyed when
+        the start fails."""
         self.check(request)
+        spec = warm.spec_digest(self, request)
+        machines_of = self._machines_of(request)
+        adopted = adopt(self, machines_of, request, reporter, spec=spec)
+        if adopted is not None:
+            return adopted
         return start(self, self.machines(request), request, reporter)
+
+    def _machines_of(self, request: ProvisionRequest) -> Callable[[str], Machines]:
+        """The cloud's calls for the pool named so (a kept set's, which releases it)."""
+        return lambda pool: self.machines(dataclasses.replace(request, pool=pool))
 
     def machines(self, request: ProvisionRequest) -> Machines:
         """This pool's machines on the cloud (the contract's calls), its API connected;

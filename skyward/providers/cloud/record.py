@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from skyward._errors import ProvisionError
 from skyward.providers.base import Resource
@@ -111,3 +112,44 @@ class Record:
     def released(self) -> bool:
         with self._lock:
             return self._released
+
+    # ── kept warm (``warm.py``): written down whole, and read back by the next pool ────
+
+    def snapshot(self) -> dict[str, object]:
+        """Everything recorded, as JSON values: what a release of the kept machines needs."""
+        with self._lock:
+            return {
+                "pool": self.pool,
+                "resources": [[r.kind, r.id] for r in self._resources],
+                "asked": [list(pair) for pair in self._asked],
+                "made": [list(pair) for pair in self._made],
+                "nodes": [list(pair) for pair in self._nodes],
+                "generation": self._generation,
+            }
+
+    @classmethod
+    def restored(cls, snapshot: dict[str, Any], key: PoolKey | None) -> Record:
+        """The record ``snapshot`` wrote, with its pool key: whoever holds it now releases
+        what it names."""
+
+        def pairs(name: str) -> list[tuple[str, str]]:
+            return [(str(a), str(b)) for a, b in snapshot.get(name, [])]
+
+        record = cls(str(snapshot["pool"]))
+        record._resources = [Resource(str(k), str(i)) for k, i in snapshot.get("resources", [])]
+        record._asked, record._made = pairs("asked"), pairs("made")
+        record._nodes = pairs("nodes")
+        record._generation = int(snapshot.get("generation", 0))
+        record._pool_key = key
+        return record
+
+    @property
+    def pool_key(self) -> PoolKey | None:
+        with self._lock:
+            return self._pool_key
+
+    def let_go(self) -> None:
+        """Mark the record released without deleting anything: its machines were kept warm,
+        and the next pool (or ``skyward down``) releases them. Later releases do nothing."""
+        with self._lock:
+            self._released = True

@@ -23,6 +23,15 @@
                                           the same place, reached alike
     close:
       terminate() -> release()            machines.delete(record), waited for; the key
+      or keep(seconds) (keep_warm)        each watchdog told to keep its machine that long;
+                                          the workers stopped; the set written down
+                                          (warm.py): nothing deleted
+
+    adopt(...), before any start          a kept set of the same cloud, spec and node count,
+      (CloudOptions.provision)            claimed: describe, SSH with its pinned host key,
+                                          the bootstrap (its environment is there), the
+                                          watchdog's keep lifted; a set that fails any of it
+                                          is ended whole, and the next one (or a start) tried
 
 The record (``Record``) is what exists: pool-wide resources by kind, every machine ever
 asked for, each node's machine, and the creates still on the wire. It has one lock; only
@@ -32,28 +41,46 @@ its methods write it, and a cloud's calls write it only through them.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
-from skyward._errors import HostKeyError, ProvisionError
+from skyward._errors import HostKeyError, ProvisionCancelled, ProvisionError, SkywardError
 from skyward.client.futures import Deadline, settle
 from skyward.client.phases import Choice, Phase, Reporter
 from skyward.client.shield import finish
-from skyward.providers.base import Allocation, Node, ProvisionRequest
-from skyward.providers.cloud import capacity
+from skyward.providers.base import Allocation, Node, ProvisionRequest, owner
+from skyward.providers.cloud import capacity, warm
 from skyward.providers.cloud.api import poll
-from skyward.providers.cloud.boot import Boot, HostKey, first_client_bound
+from skyward.providers.cloud.boot import (
+    Boot,
+    HostKey,
+    first_client_bound,
+    keep_command,
+    unkeep_command,
+)
 from skyward.providers.cloud.capacity import CapacityError, Offer
-from skyward.providers.cloud.contract import Described, Machines, Options, Want
+from skyward.providers.cloud.contract import Described, Machines, Options, Resumable, Want
 from skyward.providers.cloud.keys import key_label
 from skyward.providers.cloud.record import Record
-from skyward.providers.ssh.connection import PoolKey, Target
-from skyward.providers.ssh.hosts import Access, HostNode, HostTarget, open_hosts
+from skyward.providers.ssh.connection import ABOUT_FILE, PoolKey, Target
+from skyward.providers.ssh.hosts import Access, HostNode, HostTarget, bootstrap_plan, open_hosts
 
 A = TypeVar("A", bound=Allocation)
+_log = logging.getLogger("skyward")
+# A kept set with less time left than this is not adopted: its watchdogs could end it under
+# the new pool. It is ended instead.
+ADOPT_MARGIN = 30.0
+# How long SSH to a kept machine is retried: it is up already, and one that does not answer
+# within this is unhealthy (the set is ended and the pool starts new machines).
+ADOPT_CONNECT = 10.0
 # On everything one provision creates, besides the pool's tags: a value unique to that
 # provision (the pool's name need not be unique), so that its clean-up can sweep for what
 # a create call cut off in flight made, and never touch another run's resources.
@@ -104,6 +131,66 @@ def start(
     return open_or_destroy(pool, lambda made: made.open(reporter))
 
 
+def adopt(
+    options: Options,
+    machines_of: Callable[[str], Machines],
+    request: ProvisionRequest,
+    reporter: Reporter,
+    *,
+    spec: str,
+) -> CloudPool | None:
+    """A kept set of machines for this pool (``warm.py``), reached and bootstrapped, or
+    ``None``: there is none of this cloud, ``spec`` and node count, or each there was could
+    not be used (it is ended then, whole, and said so). ``machines_of(pool)``: the cloud's
+    calls for the pool that made a set, which release it."""
+    tried: list[str] = []
+    while True:
+        started = time.monotonic()
+        held = warm.claim(options.cloud, spec, request.nodes, exclude=tried)
+        if held is None:
+            return None
+        with held:  # the lock goes on every path; the record only when the set is used up
+            kept = held.warm
+            tried.append(kept.id)
+            pool = CloudPool.of_kept(options, machines_of(kept.pool), request, kept)
+            pool.timings["warm.claim"] = time.monotonic() - started
+            left = kept.left()
+            if left < ADOPT_MARGIN:
+                why = f"{max(0, round(left))} s of their {kept.until - kept.kept_at:g} s left"
+                _end_kept(pool, kept, why, reporter)
+                held.forget()
+                continue
+            try:
+                pool.reopen(kept, reporter)
+            except ProvisionCancelled:
+                raise  # the pool was closed meanwhile: the set stays, for another pool
+            except (SkywardError, TimeoutError, OSError) as exc:
+                request.deadline.check("adopting warm machines")
+                _end_kept(pool, kept, str(exc), reporter)
+                held.forget()
+                continue
+            except BaseException:  # Ctrl-C: the set is ended, as a start's machines are
+                finish(pool.terminate)
+                held.forget()
+                raise
+            held.forget()  # the set is this pool's now
+            return pool
+
+
+def _end_kept(pool: CloudPool, kept: warm.WarmSet, why: str, reporter: Reporter) -> None:
+    """A kept set that is not adopted (too little time left, a machine gone or unhealthy)
+    is ended whole, as its own pool's close would; what cannot be is named with its
+    ``skyward down``."""
+    reporter.status(
+        f"warm machines of pool {kept.pool} ({kept.describe}) not used: {why}; ending them"
+    )
+    try:
+        finish(pool.terminate)
+    except ProvisionError as exc:
+        reporter.status(f"could not end them all: {exc}")
+        _log.warning("warm machines of pool %s: %s", kept.pool, exc)
+
+
 def open_or_destroy(allocation: A, build: Callable[[A], None]) -> A:
     """Run ``build``, which creates resources, records each on ``allocation`` as soon as it
     exists, and reaches the machines; on any failure, Ctrl-C included, terminate what it
@@ -140,6 +227,81 @@ class CloudPool(Allocation):
         self._access: Access | None = None
         self._host_key: str | None = None
         self._offer: Offer | None = None
+        self._label = ""  # set by open(), or from the kept set adopted
+
+    @classmethod
+    def of_kept(
+        cls, options: Options, machines: Machines, request: ProvisionRequest, kept: warm.WarmSet
+    ) -> CloudPool:
+        """The allocation of a kept set (``warm.WarmSet``), for ``request``: its record and
+        key restored (so that its release deletes everything its own pool made), reached as
+        that pool reached it, under that pool's name (the machines' tags say it)."""
+        if not isinstance(machines, Resumable):  # never kept (keep): never found here
+            raise ProvisionError(f"{options.cloud} machines cannot be adopted")
+        machines.resume(kept.label)
+        request = dataclasses.replace(request, pool=kept.pool)
+        pool = cls(options, machines, request)
+        pool._label = kept.label
+        key = PoolKey.existing(Path(kept.key_dir))
+        pool.record = Record.restored(kept.record, key)
+        pool._host_key = kept.host_key
+        pool._access = Access(
+            key_file=key.path,
+            python=options.python,
+            workdir=options.workdir,
+            boot_timeout=ADOPT_CONNECT,
+            gpus=kept.gpus,
+            machine_type=kept.machine_type,
+            instance_profile=kept.instance_profile,
+        )
+        pool.hourly_cost = kept.hourly_cost
+        pool.describe = kept.describe
+        return pool
+
+    def reopen(self, kept: warm.WarmSet, reporter: Reporter) -> None:
+        """Make a kept set this pool's: every machine still running (``describe``), SSH
+        with the pinned host key, the bootstrap (quick when the image is the one the set
+        was kept with: its environment is there; else this image's is built beside it,
+        from the machine's package cache), and each watchdog's keep lifted. Raises (and
+        closes what it opened) when any of it fails."""
+        cloud, deadline = self.cloud, self.launching
+        access = self._access
+        assert access is not None and access.key_file is not None
+        if not access.key_file.exists():
+            raise ProvisionError(f"the login key {access.key_file} of the warm machines is gone")
+        with_key = dict(_about(access.key_file.parent), pid=str(os.getpid()))
+        (access.key_file.parent / ABOUT_FILE).write_text(json.dumps(with_key))  # ours now
+        image = bootstrap_plan(self.request.image, access).digest
+        reporter.status(
+            f"adopting {kept.nodes} warm machine(s) of pool {kept.pool} ({kept.describe}, "
+            f"{max(0, round(kept.left()))} s left)"
+            + ("" if image == kept.image else "; this image's environment is built on them")
+        )
+        started = time.monotonic()
+        for machine in kept.machines:
+            reporter.phase(machine.rank, "provisioning", f"warm {machine.id} ({machine.place})")
+        found: list[Described] = []
+        for machine in kept.machines:  # one place per pool, but describe asks per place
+            found += cloud.describe(machine.place, [machine.id], quick=True)
+        for machine, now in zip(kept.machines, found, strict=True):
+            if now.state != "running" or now.reach is None:
+                why = f": {now.why}" if now.why else ""
+                raise ProvisionError(f"{cloud.noun} {machine.id} is {now.status}{why}")
+        self.timings["warm.describe"] = time.monotonic() - started
+        started = time.monotonic()
+        deadline.check("reaching the warm machines")
+        nodes = self._reach([self._target(m) for m in found], reporter)
+        self.timings["warm.reach"] = time.monotonic() - started
+        started = time.monotonic()
+        try:
+            for future in settle(lambda node: _run(node, unkeep_command()), nodes):
+                future.result()
+        except BaseException:
+            for node in nodes:
+                node.close()
+            raise
+        self.timings["warm.unkeep"] = time.monotonic() - started
+        self.nodes = list(nodes)
 
     # ── the start ──────────────────────────────────────────────────────────────────────
 
@@ -176,6 +338,7 @@ class CloudPool(Allocation):
         key = PoolKey()
         self.record.key(key)
         region, name, endpoint = cloud.key_label(first)
+        self._label = name  # the cloud's identity of this pool's things (Resumable.resume)
         key.label(key_label(options.cloud, region, self.request.pool, name, endpoint))
         host_key = HostKey.generate()
         gpu = self.request.accelerator is not None or first.machine.accelerator is not None
@@ -323,6 +486,85 @@ class CloudPool(Allocation):
             self.nodes[rank] = node
         return node
 
+    def keep(self, seconds: float) -> bool:
+        """Leave the machines for the next pool like this one, ``seconds`` at most: each
+        watchdog is told to keep its machine that long with no client and to end it then
+        (``keep_command``), the set is written down (``warm.save``), and the nodes are
+        closed (their workers stopped); nothing is deleted. False, having changed nothing
+        that a ``terminate`` does not undo, when the set cannot be kept whole (a machine
+        lost, the pool released); a failure on the way raises (terminate then)."""
+        access, host_key, key = self._access, self._host_key, self.record.pool_key
+        nodes = list(self.nodes)
+        hosts = [n for n in nodes if isinstance(n, HostNode) and n.connection.alive]
+        if (
+            self.terminated
+            or self.record.released
+            or access is None
+            or host_key is None
+            or key is None
+            or len(hosts) != self.request.nodes
+            or len(hosts) != len(nodes)
+            or not isinstance(self.cloud, Resumable)
+            or not self._label
+        ):
+            return False
+        placed = [self.record.node(rank) for rank in range(len(hosts))]
+        if any(p is None for p in placed):
+            return False
+        for future in settle(lambda node: _run(node, keep_command(seconds)), hosts):
+            future.result()
+        now = time.time()
+        machines = tuple(
+            warm.WarmMachine(
+                rank=rank,
+                host=node.connection.target.host,
+                port=node.connection.target.port,
+                user=node.connection.target.user,
+                peer=node.address,
+                place=where[0],
+                id=where[1],
+            )
+            for rank, (node, where) in enumerate(zip(hosts, placed, strict=True))
+            if where is not None
+        )
+        kept = warm.WarmSet(
+            id=warm.new_id(),
+            cloud=self.options.cloud,
+            spec=warm.spec_digest(self.options, self.request),
+            image=bootstrap_plan(self.request.image, access).digest,
+            pool=self.request.pool,
+            owner=owner(),
+            kept_at=now,
+            until=now + seconds,
+            hourly_cost=self.hourly_cost,
+            describe=self.describe,
+            host_key=host_key,
+            label=self._label,
+            key_dir=str(key.directory),
+            gpus=access.gpus,
+            machine_type=access.machine_type,
+            instance_profile=access.instance_profile,
+            down=self.down_command,
+            machines=machines,
+            record=self.record.snapshot(),
+        )
+        warm.save(kept)  # first: a failure here leaves the terminate to the caller
+        with self._lock:
+            if self._terminated:  # terminated meanwhile: nothing is left to keep
+                warm.forget(kept.id)
+                return False
+            self._terminated = True  # from here on the machines are the record's
+        # No client holds the key now: ``skyward down`` may remove it once the set is gone.
+        (key.directory / ABOUT_FILE).write_text(json.dumps(dict(_about(key.directory), pid="0")))
+        self.record.let_go()
+        self.launching.fail("the pool's machines were kept warm")
+        for node in nodes:
+            try:
+                node.close()  # its workers stopped; the machine stays
+            except Exception as exc:
+                _log.warning("%s: stopping its workers: %s", node.address, exc)
+        return True
+
     def _closing(self) -> ProvisionError:
         return ProvisionError(f"pool {self.request.pool} is closing; not replacing")
 
@@ -352,6 +594,19 @@ class CloudPool(Allocation):
                 f"pool {self.request.pool}: could not delete {', '.join(left)}"
                 f"{self.cloud.scope[0]}. Remove what is left with: {self.down_command}"
             )
+
+
+def _run(node: HostNode, command: str) -> None:
+    status, output = node.connection.run(command, timeout=30)
+    if status != 0:
+        raise ProvisionError(f"{node.connection.target}: `{command}` failed ({status}): {output}")
+
+
+def _about(directory: Path) -> dict[str, str]:
+    try:
+        return {str(k): str(v) for k, v in json.loads((directory / ABOUT_FILE).read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def _ended(noun: str, id: str, machine: Described) -> str:

@@ -106,6 +106,10 @@ class GCPMachines:
         # The "key pair" of a GCP pool is its names' base (its rules are <base>-ssh, -pool).
         return self.api.project, self.names.base, self.options.endpoint or ""
 
+    def resume(self, name: str) -> None:
+        self.names = gce.Names(name)  # its rules, instances and the sweep's prefix
+        self.prefix = self.names.instances
+
     def offers(self, want: Want) -> Offers:
         first_zone, region = self.options.where()
         want.deadline.check("finding the zones")

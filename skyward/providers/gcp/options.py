@@ -3,13 +3,16 @@ the pool's ``GCPMachines`` (``machines.py``) with its API connected."""
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from skyward._errors import ProvisionError
 from skyward.providers.base import Inventory, ProvisionRequest
+from skyward.providers.cloud import catalog
 from skyward.providers.cloud.catalog import Cloud, Machine
 from skyward.providers.cloud.options import CloudOptions
 from skyward.providers.gcp.api import Api, credentials_and_project
@@ -46,8 +49,8 @@ class GCP(CloudOptions):
     needs: ClassVar[tuple[str, ...]] = ("google.cloud.compute_v1",)
 
     project: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9:.-]{4,62}$")
-    zone: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+-[a-z]$")
-    region: str | None = Field(default=None, pattern=r"^[a-z]+-[a-z]+\d+$")
+    zone: str | None = None
+    region: str | None = None
     machine_type: str | None = Field(default=None, pattern=r"^[a-z0-9]+-[a-z0-9-]+$")
     image: str | None = Field(default=None, pattern=r"^projects/[^/]+/global/images/.+")
     network: str = Field(default="default", pattern=_NAME)
@@ -56,6 +59,13 @@ class GCP(CloudOptions):
     service_account: str | None = "default"
     endpoint: str | None = None
     credentials: Any = None
+
+    @field_validator("zone", "region")
+    @classmethod
+    def _a_place(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        return place(value, zone=info.field_name == "zone")
 
     @property
     def catalog_region(self) -> str:
@@ -96,3 +106,25 @@ class GCP(CloudOptions):
     def _api(self) -> Api:
         credentials, project = credentials_and_project(self.project, self.credentials)
         return Api.connect(project=project, credentials=credentials, endpoint=self.endpoint)
+
+
+_REGION = re.compile(r"^[a-z]+-[a-z]+\d+$")  # us-central1; a zone adds -a, -b, -c or -f
+
+
+def place(value: str, *, zone: bool) -> str:
+    """``value`` when it is shaped like a Compute Engine zone (``us-central1-a``) or region
+    (``us-central1``); else a ``ValueError`` naming the nearest the catalog knows. A region
+    newer than the catalog, rightly shaped, is taken: Compute Engine says if it exists."""
+    region, _, letter = value.rpartition("-") if zone else (value, "", "")
+    if _REGION.match(region) and (not zone or re.fullmatch(r"[a-z]", letter)):
+        return value
+    known = catalog.regions("gcp")
+    near = difflib.get_close_matches(region or value, known, n=3, cutoff=0.85)
+    if zone:
+        near = [f"{n}-{letter if re.fullmatch(r'[a-z]', letter) else 'a'}" for n in near]
+    kind, example = ("zone", "us-central1-a") if zone else ("region", "us-central1")
+    hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
+    raise ValueError(
+        f"unknown GCP {kind} {value!r}: {hint}A {kind} is written like {example!r} "
+        f"(`gcloud compute {kind}s list` lists them)"
+    )

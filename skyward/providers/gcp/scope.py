@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from skyward._errors import SkywardError
-from skyward.providers.scope import Flag, Given, Places, Scope
+from skyward.providers.scope import Flag, Given, Places, Scope, any_present
 
 if TYPE_CHECKING:
     from skyward.providers.base import Inventory, Leftover
@@ -28,6 +28,20 @@ class GCPScope(Scope):
 
     def given(self, options: Given) -> bool:
         return bool(options.many("projects"))
+
+    def configured(self) -> bool:
+        # Application Default Credentials' places, gcloud's configuration, a project or an
+        # endpoint named; a VM's service account alone is not seen (name the cloud there).
+        gcloud = os.environ.get("CLOUDSDK_CONFIG", "~/.config/gcloud")
+        return any_present(
+            (
+                "GOOGLE_APPLICATION_CREDENTIALS",
+                "GOOGLE_CLOUD_PROJECT",
+                "CLOUDSDK_CORE_PROJECT",
+                "SKYWARD_GCP_ENDPOINT",
+            ),
+            (f"{gcloud}/application_default_credentials.json", f"{gcloud}/configurations"),
+        )
 
     def places(self, options: Given) -> Places:
         if importlib.util.find_spec("google.cloud.compute_v1") is None:
@@ -54,7 +68,12 @@ class GCPScope(Scope):
 
     def advice(self, text: str) -> str:
         text = re.sub(r"sky\.GCP\(project='([^']*)'\)", r"--project \1", text)
-        return text.replace("sky.GCP(credentials=...)", "GOOGLE_APPLICATION_CREDENTIALS")
+        # The command has no flag for a credentials file: its variable is already named.
+        return re.sub(
+            r", set (GOOGLE_APPLICATION_CREDENTIALS[^,]*), or pass sky\.GCP\(credentials=\.\.\.\)",
+            r" or set \1",
+            text,
+        )
 
     def judges(self, key: LocalKey, options: Given, searched: Sequence[Inventory]) -> bool:
         return key.endpoint == os.environ.get("SKYWARD_GCP_ENDPOINT", "")

@@ -28,7 +28,13 @@ from pydantic import Field, field_validator
 from skyward.client.extras import check
 from skyward.client.futures import Deadline
 from skyward.client.phases import Reporter
-from skyward.providers.base import Allocation, Inventory, ProvisionRequest, refuse_spot
+from skyward.providers.base import (
+    Allocation,
+    Inventory,
+    ProvisionRequest,
+    refuse_keep_warm,
+    refuse_spot,
+)
 from skyward.providers.shell import AccessOptions
 from skyward.providers.slurm import api
 from skyward.providers.slurm.inventory import SlurmInventory
@@ -201,6 +207,11 @@ class Slurm(AccessOptions):
         if self.login is not None:
             check("paramiko", feature="sky.Slurm(login=...)")
         refuse_spot(request, "Slurm runs the cluster's own nodes")
+        refuse_keep_warm(
+            request,
+            "sky.Slurm does not keep a pool's job for the next pool yet (its nodes are the "
+            "cluster's, held by one job that ends with the pool)",
+        )
         if request.volumes:
             raise ValueError(
                 "sky.Slurm does not mount volumes: a cluster's nodes share its own file "

@@ -22,7 +22,7 @@ class SlurmScope(Scope):
             "--slurm",
             "slurm_logins",
             "A Slurm cluster to look in: its login host ([user@]host[:port]), or 'local' for "
-            "this machine's Slurm commands (repeatable). Alone, AWS is not asked.",
+            "this machine's Slurm commands (repeatable). Given alone, no cloud is asked.",
             multiple=True,
             metavar="LOGIN",
         ),

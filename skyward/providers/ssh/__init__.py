@@ -18,7 +18,14 @@ from pydantic import Field, field_validator, model_validator
 from skyward.client.extras import check
 from skyward.client.futures import Deadline
 from skyward.client.phases import Reporter
-from skyward.providers.base import Allocation, Inventory, Node, ProvisionRequest, refuse_spot
+from skyward.providers.base import (
+    Allocation,
+    Inventory,
+    Node,
+    ProvisionRequest,
+    refuse_keep_warm,
+    refuse_spot,
+)
 from skyward.providers.shell import AccessOptions
 from skyward.providers.ssh.connection import Target
 from skyward.providers.ssh.hosts import HostTarget, open_hosts
@@ -78,6 +85,7 @@ class SSH(AccessOptions):
         refused."""
         check("paramiko", feature="sky.SSH")
         refuse_spot(request, "SSH runs on hosts you already have")
+        refuse_keep_warm(request, "SSH runs on hosts you already have, which stay when it closes")
         most = request.max_nodes or request.nodes
         if most > len(self.hosts):
             raise ValueError(

@@ -492,6 +492,16 @@ class PoolKey:
             .decode()
         )
 
+    @classmethod
+    def existing(cls, directory: Path) -> PoolKey:
+        """A pool key made earlier, found in ``directory`` (machines kept warm, adopted by
+        the next pool, which deletes it with them); its public half is on the machines."""
+        key = cls.__new__(cls)
+        key._directory = directory
+        key.path = directory / "id_ed25519"
+        key.public = ""
+        return key
+
     @property
     def directory(self) -> Path:
         return self._directory

@@ -179,6 +179,11 @@ def test_instances_that_never_answer_fail_the_start_in_time_and_leave_nothing(
             message += str(cause) + "".join(getattr(cause, "__notes__", []))
         assert "provision_timeout (8 s)" in message, message
         assert "SSH did not answer from here" in message, message
+        # Every silent machine is named in the error the user reads, not only on its cause.
+        tag = [{"Name": "tag:skyward-pool", "Values": ["unreachable"]}]
+        described = moto.client("ec2").describe_instances(Filters=tag)["Reservations"]
+        addresses = [i["PrivateIpAddress"] for r in described for i in r["Instances"]]
+        assert len(addresses) == 2 and all(a in str(caught.value) for a in addresses), message
         assert nothing(held(moto, "unreachable"))
 
 
@@ -383,3 +388,29 @@ def _sleep_on(rank: int, started: str) -> None:
     if sky.instance_info().node == rank:
         Path(started).touch()
         time.sleep(600)
+
+
+@pytest.mark.timeout(300)
+def test_a_pool_kept_warm_is_adopted_on_ec2_and_its_adopter_leaves_nothing(
+    standin_cloud: StandInCloud, package_index: PackageIndex
+) -> None:
+    from skyward.providers.cloud import warm
+
+    def pool(name: str, **options: Any) -> sky.ComputePool:
+        image = sky.Image(index_url=package_index.url)
+        provider = aws(standin_cloud)
+        return sky.ComputePool(provider=provider, nodes=2, image=image, name=name, **options)
+
+    with pool("ec2-warm", keep_warm=300, quiet=True) as first:
+        before = first.broadcast(lambda: os.uname().nodename)
+    assert len(held(standin_cloud.moto, "ec2-warm")["instances"]) == 2
+    runs = len(standin_cloud.events)
+    started = time.monotonic()
+    with pool("ec2-next", quiet=True) as second:
+        ready = time.monotonic() - started
+        after = second.broadcast(lambda: os.uname().nodename)
+    print(f"\nwarm start, 2 nodes on EC2 stand-ins: ready in {ready:.2f} s; {second.timings()}")
+    assert after == before
+    assert not [e for e in standin_cloud.events[runs:] if e[0] == "booted"]  # none new
+    assert [w for w in warm.kept() if w.pool == "ec2-warm"] == []
+    assert nothing(held(standin_cloud.moto, "ec2-warm"))

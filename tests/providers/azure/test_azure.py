@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -621,3 +622,33 @@ def test_custom_data_round_trips_as_base64(fake: AzureFake) -> None:
     assert base64.b64decode(body["properties"]["osProfile"]["customData"]) == b"#cloud-config\n{}\n"
     assert json.dumps(body)  # plain JSON, nothing the SDK must convert
     assert SUBSCRIPTION
+
+
+def test_a_failed_sign_in_shows_skywards_one_line_not_the_sdks_dump(
+    fake: AzureFake, tmp_path: Path
+) -> None:
+    # As a user runs it: a script whose program configured no logging, no sign-in anywhere
+    # (the environment only: nothing probes the metadata address).
+    script = (
+        "import skyward as sky\n"
+        "try:\n"
+        "    sky.ComputePool(provider=sky.Azure(location='eastus',\n"
+        "        subscription_id='00000000-0000-0000-0000-000000000001',\n"
+        f"        base_url={fake.url!r}, connection_verify={fake.ca_path!r}), nodes=1,\n"
+        f"        logging=sky.LogConfig(level='DEBUG', file={str(tmp_path / 'debug.log')!r},\n"
+        "            console=False), quiet=True).__enter__()\n"
+        "except sky.ProvisionError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AZURE_")}
+    env |= {"AZURE_TOKEN_CREDENTIALS": "EnvironmentCredential", "HOME": str(tmp_path)}
+    env["SKYWARD_LOG_DIR"] = str(tmp_path / "logs")
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert "REFUSED" in done.stdout and "no usable Azure credentials" in done.stdout, done
+    assert "DefaultAzureCredential failed" not in done.stderr, done.stderr
+    assert "EnvironmentCredential" not in done.stderr, done.stderr
+    logged = (tmp_path / "debug.log").read_text()
+    assert "EnvironmentCredential" in logged  # the SDK's detail, in Skyward's DEBUG log
+    assert fake.request_log == []

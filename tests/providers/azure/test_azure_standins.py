@@ -274,3 +274,27 @@ def _sleep_on(rank: int, started: str) -> None:
     if sky.instance_info().node == rank:
         Path(started).touch()
         time.sleep(600)
+
+
+@pytest.mark.timeout(300)
+def test_vms_kept_warm_are_adopted_on_azure_and_the_adopter_deletes_their_group(
+    azure_standins: AzureStandIns, package_index: PackageIndex
+) -> None:
+    def pool(name: str, **options: Any) -> sky.ComputePool:
+        image = sky.Image(index_url=package_index.url)
+        provider = azure(azure_standins)
+        return sky.ComputePool(provider=provider, nodes=2, image=image, name=name, **options)
+
+    with pool("azure-warm", keep_warm=300, quiet=True) as first:
+        before = first.broadcast(lambda: os.uname().nodename)
+    group = only_group(azure_standins.fake, "azure-warm")  # type: ignore[arg-type]
+    count = len(azure_standins.standins)
+    started = time.monotonic()
+    with pool("azure-next", quiet=True) as second:
+        ready = time.monotonic() - started
+        after = second.broadcast(lambda: os.uname().nodename)
+    print(f"\nwarm start, 2 nodes on Azure stand-ins: ready in {ready:.2f} s; {second.timings()}")
+    assert after == before
+    assert len(azure_standins.standins) == count  # no new VM
+    assert group not in [g["name"] for g in azure_standins.fake.resource_groups()]
+    assert groups_of(azure_standins.fake, "azure-next") == []  # type: ignore[arg-type]

@@ -90,6 +90,7 @@ def test_user_data_writes_and_starts_the_watchdog_with_the_idle_timeout(
 def _watchdog_box(
     directory: Path, port: int, idle: int = 1, first: int | None = None
 ) -> tuple[Sandbox, Path]:
+    """(With ``directory/home/KEEP_FILE`` as the watchdog's keep file.)"""
     """The watchdog in a sandbox, with `sleep` counting its rounds in ``counter``."""
     tools = directory / "bin"
     tools.mkdir(parents=True)
@@ -103,6 +104,7 @@ def _watchdog_box(
     bounds = f"{idle} {port} 1" + ("" if first is None else f" {first}")
     main = (
         f"PATH={tools}:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
+        f"SKYWARD_WATCHDOG_KEEP={directory / 'home' / boot.KEEP_FILE} "
         f"SKYWARD_WATCHDOG_LOG={directory / 'watchdog.log'} sh {script} {bounds}\n"
     )
     return Sandbox(directory / "box", main), counter
@@ -173,6 +175,58 @@ def test_watchdog_waits_longer_for_the_first_client_then_keeps_the_idle_bound(
             assert sandbox.power_state() == "poweroff"
         finally:
             sandbox.stop()
+
+
+def _uptime() -> int:
+    return int(float(Path("/proc/uptime").read_text().split()[0]))
+
+
+@pytest.mark.timeout(90)
+def test_watchdog_keeps_a_machine_warm_past_the_idle_bound_then_ends_it(tmp_path: Path) -> None:
+    keep = tmp_path / "home" / boot.KEEP_FILE
+    keep.parent.mkdir()
+    # What the pool's close runs as the login user (keep_command), here with HOME there.
+    written = subprocess.run(
+        ["sh", "-c", boot.keep_command(6)],
+        env={"HOME": str(keep.parent), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert written.returncode == 0, written.stderr
+    until = int(keep.read_text())
+    assert _uptime() + 4 <= until <= _uptime() + 7
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        sandbox, _ = _watchdog_box(tmp_path, listener.getsockname()[1], idle=1)
+        try:
+            assert sandbox.wait(60) == 0
+            assert sandbox.power_state() == "poweroff"
+        finally:
+            sandbox.stop()
+    assert _uptime() >= until  # not before its time, though idle for 1 s was the bound
+    said = (tmp_path / "watchdog.log").read_text()
+    assert "kept warm for" in said and "no pool came for it: powering off" in said, said
+
+
+def test_the_adopting_pool_lifts_the_keep(tmp_path: Path) -> None:
+    (tmp_path / boot.KEEP_FILE).write_text("123\n")
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    subprocess.run(["sh", "-c", boot.unkeep_command()], env=env, check=True)
+    assert not (tmp_path / boot.KEEP_FILE).exists()
+
+
+def test_the_boot_payload_points_the_watchdog_at_the_login_users_keep_file() -> None:
+    payload = boot.Boot(
+        host_key=boot.HostKey.generate(),
+        authorized_key=_CLIENT_KEY,
+        user="skyward",
+        idle_timeout=90,
+    )
+    runcmd = " ".join(" ".join(c) for c in yaml.safe_load(payload.cloud_config())["runcmd"])
+    for text in (runcmd, payload.start_script()):
+        assert (
+            'env SKYWARD_WATCHDOG_KEEP="$(getent passwd skyward | cut -d: -f6)/'
+            f'{boot.KEEP_FILE}" {boot.WATCHDOG_PATH} 90 22 10 90' in text
+        )
 
 
 # ── the release: a machine ending its own billing ────────────────────────────────────────

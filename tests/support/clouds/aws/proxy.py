@@ -50,6 +50,7 @@ class Refusal:
     message: str
     status: int
     seen: int = 0
+    page: str | None = None  # answered instead of EC2's XML: a broken endpoint's HTML page
 
 
 @dataclass
@@ -108,8 +109,10 @@ class Ec2Proxy:
         *,
         when: Callable[[Params], bool] = lambda params: True,
         status: int = 400,
+        page: str | None = None,
     ) -> Refusal:
-        refusal = Refusal(action, when, code, message or f"refused by the test ({code})", status)
+        said = message or f"refused by the test ({code})"
+        refusal = Refusal(action, when, code, said, status, page=page)
         with self._lock:
             self._refusals.append(refusal)
         return refusal
@@ -173,6 +176,10 @@ class Ec2Proxy:
         if refusal is None and action in _PLACEMENT:
             status, text = self._placement(action, params, _region(handler))
             self._answer(handler, status, {"Content-Type": "text/xml"}, text.encode())
+            return
+        if refusal is not None and refusal.page is not None:
+            page = refusal.page.encode()
+            self._answer(handler, refusal.status, {"Content-Type": "text/html"}, page)
             return
         if refusal is not None:
             text = _ERROR.format(
