@@ -197,3 +197,13 @@ def test_metrics_are_checked_when_made() -> None:
     with pytest.raises(ValueError, match="more than once"):
         sky.Image(metrics=[sky.metrics.CPU(), sky.metrics.CPU(interval=1)])
     assert sky.Image().metrics == sky.metrics.Default()
+
+
+def test_a_remote_nvidia_pool_installs_nvml_only_when_it_samples_a_gpu() -> None:
+    host = sky.SSH(hosts=["127.0.0.1"])
+    assert "nvidia-ml-py" in sky.ComputePool(host, accelerator="A100").image.pip
+    assert sky.ComputePool(host, accelerator="A100", image=sky.Image(metrics=None)).image.pip == ()
+    cpu_only = sky.Image(metrics=[sky.metrics.CPU()])
+    assert sky.ComputePool(host, accelerator="A100", image=cpu_only).image.pip == ()
+    assert sky.ComputePool(host).image.pip == ()  # no GPU
+    assert sky.ComputePool(nodes=2).image.pip == ()  # local: the client's own environment
