@@ -539,8 +539,10 @@ def _check_cuda(image: Image, spec: PoolSpec) -> None:
         )
 
 
-# Accelerators that are not NVIDIA GPUs, by the start of their names: NVML has nothing to say.
-_NOT_NVIDIA = ("TPU", "V2", "V3", "V4", "V5", "V6", "Trainium", "Inferentia", "MI", "Gaudi")
+# NVIDIA's GPUs by name (the catalog's, the marketplaces' RTX cards, Grace Hopper/Blackwell):
+# only they have NVML. A TPU ("v5e"), AMD's MI300X, AWS's Neuron chips or a Custom name get
+# no nvidia-ml-py (a user who wants it there adds it to the image).
+_NVIDIA = re.compile(r"^(?:[ABHLTVP]\d|A10G|L40S|RTX_|GH\d|GB\d)")
 
 
 def _with_nvml(image: Image, spec: PoolSpec) -> Image:
@@ -549,7 +551,7 @@ def _with_nvml(image: Image, spec: PoolSpec) -> Image:
     client's own environment, never changed) gets nothing, and sends no GPU values."""
     wants = any(m.kind in GPU_KINDS for m in image.metrics or ())
     accelerator = spec.accelerator
-    if not wants or accelerator is None or accelerator.startswith(_NOT_NVIDIA):
+    if not wants or accelerator is None or not _NVIDIA.match(accelerator):
         return image
     if spec.provider is None or spec.provider_kind == "local":
         return image
