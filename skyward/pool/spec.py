@@ -28,7 +28,7 @@ from skyward.client.volume import Volume, check_volumes
 from skyward.console import ConsoleMode, OutputMode
 from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
-from skyward.metrics import GPU_KINDS
+from skyward.metrics import GPU_KINDS, default_metrics
 from skyward.providers.base import Provider, ProvisionRequest, identity_tags
 from skyward.providers.cloud.catalog import Accelerator
 
@@ -546,10 +546,13 @@ _NVIDIA = re.compile(r"^(?:[ABHLTVP]\d|A10G|L40S|RTX_|GH\d|GB\d)")
 
 
 def _with_nvml(image: Image, spec: PoolSpec) -> Image:
-    """GPU metrics on a remote pool with NVIDIA GPUs read NVML through ``nvidia-ml-py``,
-    which the image then installs; a CPU pool, another accelerator, or a local pool (the
-    client's own environment, never changed) gets nothing, and sends no GPU values."""
-    wants = any(m.kind in GPU_KINDS for m in image.metrics or ())
+    """GPU metrics asked for by name (``metrics=[sky.metrics.GPU(), ...]``) on a remote pool
+    with NVIDIA GPUs read NVML through ``nvidia-ml-py``, which the image then installs. The
+    default metrics install nothing: they read GPUs where the node has it already (a pool's
+    image is not changed behind its back). A CPU pool, another accelerator, or a local pool
+    (the client's own environment, never changed) gets nothing, and sends no GPU values."""
+    asked = image.metrics is not None and image.metrics != default_metrics()
+    wants = asked and any(m.kind in GPU_KINDS for m in image.metrics or ())
     accelerator = spec.accelerator
     if not wants or accelerator is None or not _NVIDIA.match(accelerator):
         return image

@@ -199,11 +199,16 @@ def test_metrics_are_checked_when_made() -> None:
     assert sky.Image().metrics == sky.metrics.Default()
 
 
-def test_a_remote_nvidia_pool_installs_nvml_only_when_it_samples_a_gpu() -> None:
+def test_a_remote_nvidia_pool_installs_nvml_only_when_it_asks_for_gpu_metrics() -> None:
     host = sky.SSH(hosts=["127.0.0.1"])
-    assert "nvidia-ml-py" in sky.ComputePool(host, accelerator="A100").image.pip
+    gpu = sky.Image(metrics=[sky.metrics.GPU(), sky.metrics.CPU()])
+    assert sky.ComputePool(host, accelerator="A100", image=gpu).image.pip == ("nvidia-ml-py",)
+    assert sky.ComputePool(host, accelerator="RTX_4090", image=gpu).image.pip == ("nvidia-ml-py",)
+    assert sky.ComputePool(host, accelerator="v5e", image=gpu).image.pip == ()  # a TPU
+    # The default reads GPUs where the node has nvidia-ml-py, and installs nothing.
+    assert sky.ComputePool(host, accelerator="A100").image.pip == ()
     assert sky.ComputePool(host, accelerator="A100", image=sky.Image(metrics=None)).image.pip == ()
     cpu_only = sky.Image(metrics=[sky.metrics.CPU()])
     assert sky.ComputePool(host, accelerator="A100", image=cpu_only).image.pip == ()
-    assert sky.ComputePool(host).image.pip == ()  # no GPU
-    assert sky.ComputePool(nodes=2).image.pip == ()  # local: the client's own environment
+    assert sky.ComputePool(host, image=gpu).image.pip == ()  # no GPU
+    assert sky.ComputePool(nodes=2, image=gpu).image.pip == ()  # local: the client's own

@@ -1,9 +1,9 @@
 #!/bin/sh
-# Skyward bootstrap for image 15f750c0c0df4608; safe to run again.
+# Skyward bootstrap for image 69b7f04aab986746; safe to run again.
 set -eu
 trap 'cat >/dev/null' EXIT
 home="$HOME"/.cache/skyward
-env_dir="$home/envs/15f750c0c0df4608"
+env_dir="$home/envs/69b7f04aab986746"
 mkdir -p "$home/envs"
 exec 9>"$env_dir.lock"
 if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
@@ -11,7 +11,7 @@ if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
   flock -w 900 9 || { echo "skyward: $env_dir.lock still held after 900 s; is a bootstrap stuck on this host (ps -u \$(id -un))?" >&2; exit 75; }
 fi
 if [ -f "$env_dir/.skyward-ready" ]; then
-  echo "skyward: image 15f750c0c0df4608 is already installed"
+  echo "skyward: image 69b7f04aab986746 is already installed"
   exit 0
 fi
 step() { printf "%s%s\n" "::skyward:: " "$*"; }
@@ -200,7 +200,7 @@ cat > "$env_dir/skyward-requirements/pyproject.toml" <<'SKYWARD_EOF'
 [project]
 name = "skyward-image"
 version = "0"
-dependencies = ["mpmd @ git+https://github.example/mpmd/mpmd.git@0123abc", "jaxpp", "jax[cuda12]", "nvidia-ml-py", "cloudpickle==3.1.1", "pydantic==2.11.7", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"]
+dependencies = ["mpmd @ git+https://github.example/mpmd/mpmd.git@0123abc", "jaxpp", "jax[cuda12]", "cloudpickle==3.1.1", "pydantic==2.11.7", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"]
 [[tool.uv.index]]
 name = "skyward-0"
 url = "https://storage.example/jax_cuda_releases.html"
@@ -214,5 +214,5 @@ jax-cuda12-pjrt = { index = "skyward-0" }
 jaxpp = { path = "../../../wheels/a8477c2b84196d26/jaxpp-0.1-py3-none-any.whl" }
 SKYWARD_EOF
 (cd "$env_dir/skyward-requirements" && run "$uv" pip install -q --python "$env_dir/bin/python" -r pyproject.toml)
-echo 15f750c0c0df4608 > "$env_dir/.skyward-ready"
-echo "skyward: image 15f750c0c0df4608 installed"
+echo 69b7f04aab986746 > "$env_dir/.skyward-ready"
+echo "skyward: image 69b7f04aab986746 installed"
