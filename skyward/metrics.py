@@ -15,7 +15,8 @@ the first worker reads them (``skyward/worker/metrics.py``: ``/proc`` for CPU, m
 network, ``statvfs`` for disks, NVML for GPUs, a shell command for ``Custom``) and sends the
 values due at each tick to the client as one small frame on the worker's link, between
 calls' frames. GPUs are read through ``nvidia-ml-py`` (``pynvml``), added to the image of a
-remote pool with an NVIDIA accelerator; a node without it, or without a GPU, sends no GPU
+remote pool with an NVIDIA accelerator that names GPU metrics (the default adds nothing
+and reads GPUs where the node has it); a node without it, or without a GPU, sends no GPU
 values, and nothing else changes. Names follow skyward 0.5's (``cpu``, ``mem``, ``gpu_util``,
 ...); a per-GPU value is suffixed with the GPU's index (``gpu_util_0``).
 
