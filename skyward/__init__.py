@@ -27,12 +27,15 @@ __version__ = "0.1.0"
 # table: providers/registry.py)
 _EXPORTS: dict[str, str] = {
     "Allocation": "skyward.providers.base",
+    "App": "skyward.client.app",
     "BootstrapError": "skyward._errors",
     "CallGroup": "skyward.client.compute",
+    "CallbackWriter": "skyward.worker.redirect",
     "CatalogEntry": "skyward.providers.cloud.catalog",
     "ChannelError": "skyward._errors",
     "CollectiveHang": "skyward._errors",
     "Compute": "skyward.pool",
+    "DEFAULT_IMAGE": "skyward._image",
     "ComputeFunction": "skyward.client.compute",
     "ComputePool": "skyward.pool",
     "HostKeyError": "skyward._errors",
@@ -77,6 +80,7 @@ _EXPORTS: dict[str, str] = {
     "is_head": "skyward.worker.output",
     "lock": "skyward.collections.proxies",
     "queue": "skyward.collections.proxies",
+    "redirect_output": "skyward.worker.redirect",
     "set": "skyward.collections.proxies",
     "shard": "skyward.worker.multihost",
     "silent": "skyward.worker.output",
@@ -85,11 +89,11 @@ _EXPORTS: dict[str, str] = {
 }
 
 # Public modules, loaded on first use too.
-_MODULES = ("accelerators", "plugins")
+_MODULES = ("accelerators", "metrics", "plugins")
 
 
 if TYPE_CHECKING:
-    from skyward import accelerators, plugins
+    from skyward import accelerators, metrics, plugins
     from skyward._errors import (
         BootstrapError,
         ChannelError,
@@ -110,9 +114,10 @@ if TYPE_CHECKING:
         VersionMismatch,
         WorkerLost,
     )
-    from skyward._image import Image, PipIndex
+    from skyward._image import DEFAULT_IMAGE, Image, PipIndex
     from skyward._info import InstanceInfo, instance_info
     from skyward._plugin import Plugin
+    from skyward.client.app import App
     from skyward.client.compute import (
         CallGroup,
         ComputeFunction,
@@ -136,6 +141,7 @@ if TYPE_CHECKING:
     from skyward.providers.public import *  # noqa: F403 - each provider's class, by its name
     from skyward.worker.multihost import shard
     from skyward.worker.output import is_head, silent, stderr, stdout
+    from skyward.worker.redirect import CallbackWriter, redirect_output
 
 
 def __getattr__(name: str) -> Any:

@@ -23,6 +23,9 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from skyward.metrics import Metric, default_metrics
+from skyward.metrics import check as check_metrics
+
 _NAME = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
 
 
@@ -175,6 +178,9 @@ class Image(BaseModel):
       with the store's usual variables in their own environment; never with a key the
       client sends (``docs/images.md``). ``cache_endpoint``: the store's address when it is
       not the cloud's own (an S3-compatible server, an emulator).
+    - ``metrics``: what each node samples about itself while the pool runs
+      (``sky.metrics``: ``[CPU(interval=0.5), GPU(), Memory()]``), sent to the client
+      (``pool.metrics()``); ``None``: nothing. By default ``sky.metrics.Default()``.
 
     The local provider uses the client's own interpreter: it applies ``env``, checks ``pip``
     against what is installed, puts ``includes`` on the workers' path, and ignores
@@ -213,6 +219,13 @@ class Image(BaseModel):
         if url is not None and not re.match(r"https?://[^\s/]+/?$", url):
             raise ValueError(f"cache_endpoint {url!r} is not an http:// or https:// host[:port]")
         return None if url is None else url.rstrip("/")
+
+    metrics: tuple[Metric, ...] | None = Field(default_factory=default_metrics)
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, metrics: tuple[Metric, ...] | None) -> tuple[Metric, ...] | None:
+        return None if metrics is None else check_metrics(metrics)
 
     @field_validator("skyward_source", mode="before")
     @classmethod
@@ -328,3 +341,7 @@ def _replaceable(model: type[BaseModel]) -> None:
 
 
 _replaceable(Image)
+
+
+DEFAULT_IMAGE = Image()
+"""The image a pool gets when it names none: ``sky.Image()`` (skyward 0.5's name)."""

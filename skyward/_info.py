@@ -276,6 +276,13 @@ class InstanceInfo:
             return f"peers has {len(self.peers)} entries for {self.total_nodes} nodes", self.peers
         return None
 
+    @classmethod
+    def current(cls) -> InstanceInfo:
+        """skyward 0.5's spelling of ``sky.instance_info()``: this worker's info, or outside
+        a pool a one-node description of this process (``info.pool is None`` there; 0.5
+        returned ``None``)."""
+        return instance_info()
+
     @property
     def is_head(self) -> bool:
         """The pool's first worker (node 0's first): one of them, whatever the layout."""

@@ -24,6 +24,7 @@ matter.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Protocol
 
 from skyward.providers.cloud import catalog
@@ -50,7 +51,9 @@ __all__ = [
     "TPU",
     "V100",
     "Accelerator",
+    "CudaAccelerator",
     "Custom",
+    "Inferentia2",
     "Machine",
     "TPUv2",
     "TPUv2_8",
@@ -64,6 +67,7 @@ __all__ = [
     "TPUv5p",
     "TPUv5p_8",
     "TPUv6",
+    "Trainium2",
     "machines",
     "names",
 ]
@@ -173,11 +177,66 @@ RTX_3080 = _sold("RTX_3080")
 MI300X = _sold("MI300X")
 
 
-def Custom(name: str, *, count: int | None = None, memory: str | int | None = None) -> Accelerator:
+_CUDA = re.compile(r"^\d{1,2}(\.\d{1,2})?$")
+
+
+@dataclass(frozen=True)
+class CudaAccelerator(Accelerator):
+    """``Custom(..., cuda_min="12.0")``: the request, and the least CUDA version the pool's
+    image may be built for (checked when the pool is built, against the CUDA the image's
+    packages name: PyTorch's ``cu126`` wheels, jax's ``cuda12``)."""
+
+    cuda_min: str | None = None
+
+
+def Custom(
+    name: str,
+    *,
+    count: int | None = None,
+    memory: str | int | None = None,
+    cuda_min: str | None = None,
+) -> Accelerator:
     """An accelerator outside the catalog, or one named as a machine names it: sky.SSH and
     sky.Slurm take any name (``Custom("MI300X", count=8)`` is ``gres=gpu:mi300x:8`` on
-    Slurm); a cloud provider refuses a name its catalog lacks, when the pool is built."""
-    return Accelerator(name, count, _memory_gb(name, memory))
+    Slurm); a cloud provider refuses a name its catalog lacks, when the pool is built.
+    ``cuda_min="12.0"``: a pool whose image names an older CUDA build (``cu118`` wheels)
+    is refused when it is built."""
+    if cuda_min is None:
+        return Accelerator(name, count, _memory_gb(name, memory))
+    if not isinstance(cuda_min, str) or not _CUDA.match(cuda_min):
+        raise ValueError(f"{name}: cuda_min is a version such as '12.0', not {cuda_min!r}")
+    return CudaAccelerator(name, count, _memory_gb(name, memory), cuda_min)
+
+
+# skyward 0.5's AWS Neuron accelerators: no provider here sells them yet (the AWS catalog has
+# no trn2/inf2 types, and the pool's default image is NVIDIA's), so making one says what works
+# instead, before anything starts.
+NOT_OFFERED = {
+    "Trainium2": "trn2",
+    "Inferentia2": "inf2",
+}
+
+
+def _not_offered(name: str) -> Factory:
+    family = NOT_OFFERED[name]
+
+    def make(*, count: int | None = None, memory: str | int | None = None) -> Accelerator:
+        raise ValueError(
+            f"sky.accelerators.{name}(): no provider here offers AWS {family} machines yet "
+            f"(the AWS catalog has no {family} types, and Skyward has no Neuron image). On "
+            f"{family} machines you already run, use sky.SSH(hosts=[...]) with "
+            f"accelerator=sky.accelerators.Custom({name!r}, count=...) and "
+            f"image=sky.Image(pip=['torch-neuronx'], pip_indexes=[sky.PipIndex(url="
+            f"'https://pip.repos.neuron.amazonaws.com', packages=['torch-neuronx'])])"
+        )
+
+    make.__name__ = make.__qualname__ = name
+    make.__doc__ = f"AWS {name} ({family}): not offered yet; calling it says what to write."
+    return make
+
+
+Trainium2 = _not_offered("Trainium2")
+Inferentia2 = _not_offered("Inferentia2")
 
 
 def names() -> tuple[str, ...]:

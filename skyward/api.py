@@ -12,8 +12,11 @@ import importlib
 from typing import Any
 
 _NAMES = (
+    "App",
+    "CallbackWriter",
     "Compute",
     "ComputePool",
+    "DEFAULT_IMAGE",
     "Image",
     "InstanceInfo",
     "LogConfig",
@@ -30,6 +33,7 @@ _NAMES = (
     "gather",
     "instance_info",
     "is_head",
+    "redirect_output",
     "shard",
     "silent",
     "stderr",
@@ -39,8 +43,6 @@ _NAMES = (
 # What to write instead of a skyward 0.5 name that is not here.
 _INSTEAD = {
     "sky": "name the pool: `with sky.ComputePool(...) as pool: f(x) >> pool`",
-    "CallbackWriter": "contextlib.redirect_stdout inside the function",
-    "redirect_output": "contextlib.redirect_stdout inside the function",
     "Offer": "sky.accelerators.machines(...) for the catalog's machine types and prices",
     "InstanceType": "sky.accelerators.machines(...) for the catalog's machine types and prices",
     "PendingFunction": "skyward.api.PendingCompute (sky.PendingCall)",

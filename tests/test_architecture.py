@@ -31,7 +31,7 @@ NODE_SIDE = ("skyward.worker",)
 # The leaves at the top that both sides load: they may reach neither side's packages.
 SHARED_LEAVES = ("skyward._errors", "skyward._info", "skyward._plugin", "skyward._image")
 # Modules at the top that users name by their path: the public surface, not a side.
-PUBLIC_MODULES = ("skyward.accelerators", "skyward.api")
+PUBLIC_MODULES = ("skyward.accelerators", "skyward.api", "skyward.metrics")
 
 
 def _module_name(path: Path) -> str:

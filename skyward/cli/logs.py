@@ -7,6 +7,7 @@ during its run or after it, from any terminal.
     skyward logs POOL --node 1    one node of one pool
     skyward logs --follow         keep printing new lines until Ctrl-C
     skyward logs --list           the pools with logs here, newest first, and their state
+    skyward logs --plot POOL      a PNG of the pool's live metrics (-o PNG: where)
 """
 
 from __future__ import annotations
@@ -27,7 +28,23 @@ from skyward.console.logs import follow, logs_root, recent_pools
 @click.option("--node", type=int, default=None, help="Only this node's output.")
 @click.option("--follow", "-f", "keep", is_flag=True, help="Keep printing new lines.")
 @click.option("--list", "listing", is_flag=True, help="List the pools that have logs here.")
-def logs(pool: str | None, node: int | None, keep: bool, listing: bool) -> None:
+@click.option("--plot", is_flag=True, help="Write a PNG of the pool's live metrics.")
+@click.option(
+    "--output",
+    "-o",
+    "plot_to",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --plot: where (default: metrics.png in the pool's log directory).",
+)
+def logs(
+    pool: str | None,
+    node: int | None,
+    keep: bool,
+    listing: bool,
+    plot: bool,
+    plot_to: Path | None,
+) -> None:
     """Show a pool's events and its nodes' output (the newest pool without POOL)."""
     pools = recent_pools()
     if listing:
@@ -37,6 +54,9 @@ def logs(pool: str | None, node: int | None, keep: bool, listing: bool) -> None:
         raise click.ClickException(f"no pool has written logs under {logs_root()} yet")
     chosen = _choose(pools, pool)
     directory = Path(chosen["directory"])
+    if plot:
+        _plot(chosen, directory, plot_to or directory / "metrics.png")
+        return
     names = [f"node-{node}.log"] if node is not None else _files(directory)
     if node is not None and not (directory / names[0]).exists():
         nodes = sorted(p.stem for p in directory.glob("node-*.log"))
@@ -62,6 +82,24 @@ def logs(pool: str | None, node: int | None, keep: bool, listing: bool) -> None:
             time.sleep(0.5)
     except KeyboardInterrupt:
         stop.set()
+
+
+def _plot(chosen: dict[str, Any], directory: Path, path: Path) -> None:
+    from skyward._errors import MissingDependency
+    from skyward.console.metrics_plot import plot as draw
+    from skyward.pool.metrics import FILE_NAME, read_rows
+
+    source = directory / FILE_NAME
+    if not source.exists():
+        raise click.ClickException(
+            f"pool {chosen['name']} wrote no metrics ({source} is missing: its image had "
+            f"metrics=None, or it predates them)"
+        )
+    try:
+        draw(read_rows(source), path, title=f"pool {chosen['name']}")
+    except (ValueError, MissingDependency) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(str(path))
 
 
 def _choose(pools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from skyward.console import jupyter as _jupyter
 from skyward.console.logs import PoolLog
+from skyward.console.metrics_view import JupyterMetrics, RichMetrics
 from skyward.console.progress import Board, JupyterProgress, PlainProgress, Progress, RichProgress
 from skyward.console.timings import PhaseClock, StartTimings
 
@@ -85,6 +86,12 @@ class Console:
         self._board: Board | None = None
         self._progress: Progress | None = None
         self._clock = PhaseClock()  # the latest start's phases, for timings()
+        # The live metrics lines (console/metrics_view.py), on a terminal, once started;
+        # False: not shown here (not a terminal, or the pool closed).
+        self._metrics: RichMetrics | JupyterMetrics | bool | None = None
+        # Whether the pool's nodes send live metrics (its image's metrics=): a notebook makes
+        # their display while the starting cell runs (console/metrics_view.py).
+        self.metrics_expected = False
 
     # ── progress ─────────────────────────────────────────────────────────────────────────
 
@@ -117,6 +124,14 @@ class Console:
             if self._progress is not None:
                 self._progress.end(summary)
             self._board = None
+            if (
+                summary
+                and self.metrics_expected
+                and self._metrics is None
+                and self.mode == "auto"
+                and _jupyter.in_jupyter()
+            ):
+                self._metrics = JupyterMetrics()  # in the starting cell, while it runs
 
     def phase(self, node: int, phase: Phase, detail: str = "") -> None:
         logger.info("node %d %s%s", node, phase, f": {detail}" if detail else "")
@@ -211,8 +226,31 @@ class Console:
                     self._ticker = None
                     return
 
+    def metrics(self, node: int, values: dict[str, float]) -> None:
+        """A node's live metrics sample: its line on a terminal, once the start-up table is
+        gone (reader threads call this)."""
+        with self._lock:
+            if self._metrics is None:
+                if self._board is not None:
+                    return  # still starting: the table has the terminal
+                self._metrics = self._metrics_view()
+            if not isinstance(self._metrics, bool):
+                self._metrics.update(node, values)
+
+    def _metrics_view(self) -> RichMetrics | JupyterMetrics | bool:
+        """Lock held. Where the live metrics are shown: a terminal, a notebook, or nowhere."""
+        if self.mode == "off":
+            return False
+        if _jupyter.in_jupyter():
+            return False  # made at the end of the start, or not at all (see end)
+        return RichMetrics() if self.mode in ("auto", "rich") and _colour(sys.stderr) else False
+
     def closed(self) -> None:
         """The pool is closed: its log says so, and its files are closed."""
+        with self._lock:
+            if not isinstance(self._metrics, bool | None):
+                self._metrics.stop()
+            self._metrics = False
         if self.log_file is not None:
             self.log_file.state("closed")
             self.log_file.close()
@@ -253,6 +291,9 @@ class Console:
         text = "".join(f"{label} {line.decode('utf-8', 'backslashreplace')}\n" for line in lines)
         if self._progress is not None and _isatty(target) and self._progress.print_above(text):
             return  # a live table is on this terminal: the lines scroll above it
+        if isinstance(self._metrics, RichMetrics) and _isatty(target):
+            self._metrics.print_above(text)
+            return  # the same, above the live metrics lines
         try:
             with _jupyter.as_parent(self._routes.get(node)):
                 target.write(text)

@@ -33,7 +33,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+LogLevel = Literal["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+# skyward 0.5's level below DEBUG: the wire's frames and each sample of live metrics. Named on
+# the logging module once, when this module is imported, so "%(levelname)s" prints it.
+TRACE = 5
+logging.addLevelName(TRACE, "TRACE")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB)\s*$", re.IGNORECASE)
@@ -45,7 +49,8 @@ _WHEN = {"minute": "M", "hour": "H", "day": "D", "week": "D"}
 class LogConfig(BaseModel):
     """Where the ``skyward`` logger's records go while the pool is open.
 
-    - ``level``: the least severe record kept (``"DEBUG"`` adds each node's bootstrap lines).
+    - ``level``: the least severe record kept (``"DEBUG"`` adds each node's bootstrap lines;
+      ``"TRACE"``, below it, each live metrics sample as it arrives).
     - ``file``: a file to append them to (made absolute now, its directory made at start);
       ``None``: none. Every pool also keeps its own logs (``skyward logs``), whatever this
       says.

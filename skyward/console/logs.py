@@ -74,11 +74,17 @@ class PoolLog:
 
     @classmethod
     def open(
-        cls, pool: str, *, meta: Mapping[str, Any], secrets: Iterable[str] = ()
+        cls,
+        pool: str,
+        *,
+        meta: Mapping[str, Any],
+        secrets: Iterable[str] = (),
+        root: Path | None = None,
     ) -> PoolLog | None:
         """A fresh directory for ``pool`` (a previous pool of the same name is moved
-        aside), or None when no directory can be made here (logging is then off)."""
-        root = logs_root()
+        aside), or None when no directory can be made here (logging is then off).
+        ``root``: where (``sky.App``'s directory); by default ``logs_root()``."""
+        root = logs_root() if root is None else root
         directory = root / _SAFE_NAME.sub("_", pool)
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -187,10 +193,13 @@ def recent_pools(root: Path | None = None) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     if not root.is_dir():
         return found
-    for directory in root.iterdir():
+    directories = list(root.iterdir())
+    for directory in directories:
         try:
             meta = json.loads((directory / "pool.json").read_text())
         except (OSError, ValueError):
+            if directory.is_dir() and directory.name.startswith("app-"):
+                directories.extend(directory.iterdir())  # a sky.App's pools
             continue
         meta["directory"] = str(directory)
         if meta.get("state") in ("starting", "running") and not _alive(meta.get("pid")):

@@ -488,7 +488,7 @@ class Channel:
         self._output(self.rank, "stdout", message.data)
 
     def _on_pool_frame(self, message: object, parts: proto.Parts) -> None:
-        self._on_frame(self, message, parts)  # Shared, Yield, Want, RelayFailed
+        self._on_frame(self, message, parts)  # Shared, Yield, Want, RelayFailed, Sample
 
     def _on_start_failed(self, message: proto.StartFailed, parts: proto.Parts) -> None:
         error = proto.decode_error(parts)
@@ -590,6 +590,7 @@ _HANDLERS: dict[type, Callable[[Channel, Any, proto.Parts], None]] = {
     proto.Shared: Channel._on_pool_frame,
     proto.Yield: Channel._on_pool_frame,
     proto.Want: Channel._on_pool_frame,
+    proto.Sample: Channel._on_pool_frame,
     RelayFailed: Channel._on_pool_frame,
     proto.StartFailed: Channel._on_start_failed,
     proto.StacksReport: Channel._on_stacks,

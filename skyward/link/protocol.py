@@ -59,6 +59,9 @@ class Start:
     # or "process": calls run in child processes (skyward.worker.processes)
     executor: str = "thread"
     relay_key: bytes = b""
+    # What this worker samples and sends as ``Sample`` frames (sky.metrics, as plain
+    # (name, kind, interval, arg) tuples); empty: nothing. Only a node's first worker.
+    metrics: tuple[tuple[str, str, float, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,15 @@ class Log:
     """Bytes the user's code wrote to stdout."""
 
     data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Live metrics of the worker's node (``skyward.worker.metrics``): the values read at
+    ``time`` (the node's clock, seconds since the epoch), by name."""
+
+    time: float
+    values: dict[str, float]
 
 
 @dataclass(frozen=True)

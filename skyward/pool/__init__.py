@@ -65,6 +65,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Unpack, overload
 
 from skyward._errors import PluginError, PoolClosed
 from skyward.client import current
+from skyward.client.app import current as current_app
 from skyward.client.compute import CallGroup, CallTarget, PendingCall, pending_call
 from skyward.client.futures import CallFuture, Deadline, Sleepers, fail, gather
 from skyward.client.interrupts import hold_interrupts
@@ -94,6 +95,7 @@ from skyward.pool.autoscale import Autoscaler
 from skyward.pool.fallback import Attempt, Candidate, Choices, Spec, candidates
 from skyward.pool.machines import Machines
 from skyward.pool.mapping import check_chunksize
+from skyward.pool.metrics import PoolMetrics, as_table
 from skyward.pool.recovery import HangWatch, Recovery
 from skyward.pool.scheduler import Pickled, PoolStatistics, Scheduler, Task
 from skyward.pool.spec import FROM_05, PoolOptions, pickle_plugins, pool_signature
@@ -156,9 +158,14 @@ class ComputePool(CallTarget):
         self._remote = any(not isinstance(c.spec.provider, Local) for c in self._choices.candidates)
         self._before_pickling()
         mode: ConsoleMode = "off" if spec.quiet else spec.console
+        app = current_app()  # sky.App: defaults for the pools made inside it
+        if app is not None and "console" not in options and "quiet" not in options:
+            mode = app.console
+        self._log_root = None if app is None else app.log_dir
         # The log directory is made when the pool starts: a pool only built (to check its
         # options) leaves no directory, and does not prune other pools' logs.
         self._console = Console(mode=mode, output=spec.output)
+        self._console.metrics_expected = bool(self.image.metrics)
         out = self._console  # (``console`` is the option)
 
         self._lock = threading.Lock()  # guards: _state, _opening, _started_at
@@ -173,6 +180,7 @@ class ComputePool(CallTarget):
         self._timings: dict[str, float] = {}  # timings(): the start's steps, in seconds
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
         self._shared = SharedState()  # sky.dict(...) and the rest (collections.state)
+        self._metrics = PoolMetrics(on_sample=out.metrics)  # sky.metrics' samples
         # The parts, each made from those before it (see the module docstring).
         self._machines = Machines(spec.provider, pool=spec.name, reporter=out)
         self._scheduler = Scheduler(
@@ -224,6 +232,7 @@ class ComputePool(CallTarget):
                 start_timeout=spec.start_timeout,
                 shutdown_timeout=spec.shutdown_timeout,
                 status=out.status,
+                tick=spec.reconcile_tick_interval,
             )
             if spec.autoscaling
             else None
@@ -317,7 +326,9 @@ class ComputePool(CallTarget):
             spec.name,
             meta={"provider": spec.provider_kind, "nodes": spec.nodes},
             secrets=secrets_of(self.image.env),
+            root=self._log_root,
         )
+        self._metrics.open(self.log_dir if self.image.metrics else None)  # none: no file
         initial = spec.initial_nodes
         growing = f", growing to {spec.nodes} while calls wait" if spec.autoscaling else ""
         self._console.begin(
@@ -483,7 +494,9 @@ class ComputePool(CallTarget):
         """A frame for the pool (a channel's ``on_frame``, on the thread reading its link),
         to its owner by type: a shared collection's request to the collections' state, a
         streaming call's value or demand to its stream, a relay's failure to the scheduler."""
-        if isinstance(message, proto.Shared):
+        if isinstance(message, proto.Sample):
+            self._metrics.record(self._machines.layout.node_of(channel.rank), message)
+        elif isinstance(message, proto.Shared):
             self._shared.serve(channel, message, parts)
         elif isinstance(message, RelayFailed):
             self._scheduler.relay_failed(message)
@@ -573,6 +586,7 @@ class ComputePool(CallTarget):
             while self._opening:  # bounded by the spawns' own connect and provision bounds
                 self._changed.wait(0.5)
         queued, channels = self._scheduler.take_all()
+        self._metrics.close()  # samples of workers on their way out are not kept
         try:
             if self._hangs is not None:
                 self._hangs.stop()
@@ -833,6 +847,24 @@ class ComputePool(CallTarget):
         return PoolClosed(f"pool {self.name!r} is {state}: it takes no new calls")
 
     # ── introspection ───────────────────────────────────────────────────────────────────
+
+    def metrics(self) -> Any:
+        """The nodes' live metrics so far (``sky.Image(metrics=...)``): a row per node and
+        sample, columns ``node``, ``time`` and one per metric; a pandas DataFrame when
+        pandas is installed, else a list of dicts. Kept after the pool closes."""
+        return as_table(self._metrics.rows())
+
+    def plot_metrics(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write a PNG of the nodes' metrics over time, a panel per metric (needs
+        matplotlib, ``skyward[plot]``); by default ``metrics.png`` in the pool's log
+        directory. Returns its path."""
+        from skyward.console.metrics_plot import plot
+
+        if path is None:
+            if self.log_dir is None:
+                raise ValueError(f"pool {self.name!r} has no log directory: give a path")
+            path = self.log_dir / "metrics.png"
+        return plot(self._metrics.rows(), Path(path), title=f"pool {self.name}")
 
     def statistics(self) -> PoolStatistics:
         with self._lock:

@@ -67,6 +67,7 @@ class Autoscaler:
         start_timeout: float,
         shutdown_timeout: float,
         status: Callable[[str], None],
+        tick: float | None = None,
     ) -> None:
         self._scheduler = scheduler
         self._machines = machines
@@ -78,7 +79,11 @@ class Autoscaler:
         self._start_timeout = start_timeout
         self._shutdown_timeout = shutdown_timeout
         self._status = status
-        self._tick = min(max(min(cooldown, idle_timeout) / 4, _TICK_MIN), _TICK_MAX)
+        self._tick = (
+            tick
+            if tick is not None
+            else min(max(min(cooldown, idle_timeout) / 4, _TICK_MIN), _TICK_MAX)
+        )
         self._stopped = threading.Event()
         self._last_growth = -math.inf  # time.monotonic() of the last addition's end
         self._thread = threading.Thread(target=self._run, name="skyward-autoscale", daemon=True)

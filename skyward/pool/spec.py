@@ -12,6 +12,7 @@ step).
 from __future__ import annotations
 
 import inspect
+import re
 import secrets
 from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
@@ -27,6 +28,7 @@ from skyward.client.volume import Volume, check_volumes
 from skyward.console import ConsoleMode, OutputMode
 from skyward.console.handlers import LogConfig
 from skyward.link import protocol as proto
+from skyward.metrics import GPU_KINDS, default_metrics
 from skyward.providers.base import Provider, ProvisionRequest, identity_tags
 from skyward.providers.cloud.catalog import Accelerator
 
@@ -109,6 +111,11 @@ class PoolOptions(TypedDict, total=False):
     autoscale_idle_timeout: float
     """``nodes=(min, max)``: seconds a node stays idle before it is released (never below
     ``min``)."""
+    reconcile_tick_interval: float | None
+    """``nodes=(min, max)``: seconds between two looks of the autoscaler at the queue and
+    the idle nodes (``None``: a quarter of the shorter of ``autoscale_cooldown`` and
+    ``autoscale_idle_timeout``, within 0.02 to 1 s). A fixed-size pool has nothing to look
+    at: a lost node is seen on its link at once, with no polling."""
     console: ConsoleMode
     """Progress display while nodes come up: ``"auto"``, ``"rich"``, ``"plain"`` or
     ``"off"``."""
@@ -152,9 +159,6 @@ FROM_05: dict[str, str] = {
         "leave it out: a pool tries each place its allocation allows (zone, type, market) "
         "once, within provision_timeout"
     ),
-    "reconcile_tick_interval": (
-        "leave it out: a lost node is seen on its link at once, with no polling"
-    ),
 }
 
 # Options whose None means "the default" though their field takes no None: ComputePool has
@@ -164,6 +168,24 @@ _NONE_MEANS_DEFAULT = ("image", "name", "concurrency")
 
 class PoolSpec(BaseModel):
     """A pool's validated configuration; plugins' ``transform`` hooks receive it.
+
+    skyward 0.5's form, with no provider, is a spec not yet resolved against one; ``region``
+    is then the provider's region, set when it is resolved::
+
+        >>> spec = PoolSpec(
+        ...     nodes=4,
+        ...     accelerator=sky.accelerators.H100(),
+        ...     region="us-east-1",
+        ...     allocation="spot-if-available",
+        ...     image=sky.Image(pip=["torch"]),
+        ... )
+        >>> spec.provider is None
+        True
+        >>> spec.resolve(sky.AWS()).provider.region
+        'us-east-1'
+
+    A pool never holds an unresolved spec: ``ComputePool`` makes its own from its options,
+    with its provider (``sky.Local()`` when none is given).
 
     ``provision_timeout`` bounds making the machines ready to run workers (creating,
     booting, connecting, bootstrapping); ``start_timeout`` bounds the workers, once the
@@ -175,7 +197,10 @@ class PoolSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
-    provider: Any
+    # None: not resolved yet (skyward 0.5's PoolSpec(...) form; see resolve()).
+    provider: Any = None
+    # The provider's region when the spec is resolved (0.5 put it on the spec).
+    region: str | None = Field(default=None, min_length=1)
     # The most nodes; with nodes=(min, max), min_nodes is where the pool starts and the
     # least it keeps (autoscaling, pool/autoscale.py).
     # Counts and timeouts are numbers, not strings that look like them: nodes="4" is a
@@ -206,6 +231,8 @@ class PoolSpec(BaseModel):
     # nodes there are, short enough that machines billed by the second are let go soon.
     autoscale_cooldown: float = Field(strict=True, default=30.0, gt=0, le=_MAX_SECONDS)
     autoscale_idle_timeout: float = Field(strict=True, default=60.0, gt=0, le=_MAX_SECONDS)
+    # skyward 0.5's reconciler tick: here only the autoscaler ticks (pool/autoscale.py).
+    reconcile_tick_interval: float | None = Field(strict=True, default=None, gt=0, le=_MAX_SECONDS)
     console: ConsoleMode = "auto"
     output: OutputMode = "all"
     quiet: bool = False  # the older spelling of console="off"; kept working
@@ -213,6 +240,8 @@ class PoolSpec(BaseModel):
     selection: Literal["first", "cheapest"] = "first"
     logging: LogConfig | None = None
     keep_warm: float = Field(default=0.0, ge=0, le=_MAX_SECONDS, allow_inf_nan=False)
+    # The least CUDA the image may name, from accelerator=Custom(..., cuda_min=).
+    cuda_min: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -300,7 +329,7 @@ class PoolSpec(BaseModel):
                 f"no node can join or leave while it runs, so this pool cannot grow or "
                 f"shrink. Give a fixed count, nodes={self.nodes} or nodes={self.min_nodes}"
             )
-        if not getattr(self.provider, "grows", False):
+        if self.provider is not None and not getattr(self.provider, "grows", False):
             raise ValueError(
                 f"{asked}: provider {self.provider_kind} cannot add or release machines "
                 f"while a pool runs, so this pool cannot autoscale. Give a fixed count, "
@@ -339,6 +368,16 @@ class PoolSpec(BaseModel):
             return LogConfig()
         return None if logging is False else logging
 
+    @model_validator(mode="before")
+    @classmethod
+    def _cuda_min(cls, options: Any) -> Any:
+        """``accelerator=Custom(..., cuda_min=)`` keeps its CUDA bound, which its string
+        form has no room for (checked against the image in ``apply_transforms``)."""
+        if not isinstance(options, dict):
+            return options
+        bound = getattr(options.get("accelerator"), "cuda_min", None)
+        return options if bound is None else {**options, "cuda_min": bound}
+
     @field_validator("accelerator", mode="before")
     @classmethod
     def _accelerator(cls, accelerator: Any) -> Any:
@@ -355,7 +394,7 @@ class PoolSpec(BaseModel):
     @field_validator("provider")
     @classmethod
     def _provider(cls, provider: Any) -> Any:
-        if not isinstance(provider, Provider):
+        if provider is not None and not isinstance(provider, Provider):
             raise ValueError(
                 f"expected a provider such as sky.Local(), not {type(provider).__name__}"
             )
@@ -377,7 +416,30 @@ class PoolSpec(BaseModel):
 
     @property
     def provider_kind(self) -> str:
-        return str(self.provider.kind)
+        return "unresolved" if self.provider is None else str(self.provider.kind)
+
+    def resolve(self, provider: Provider) -> PoolSpec:
+        """This spec with ``provider``, given ``region`` when the spec names one (a
+        ``ValueError`` if the provider has another region, or none to set)."""
+        if self.region is not None:
+            if not isinstance(provider, BaseModel) or "region" not in type(provider).model_fields:
+                raise ValueError(
+                    f"PoolSpec(region={self.region!r}): provider {provider.kind} has no "
+                    f"region; leave region out"
+                )
+            theirs = getattr(provider, "region", None)
+            if theirs is not None and theirs != self.region:
+                raise ValueError(
+                    f"PoolSpec(region={self.region!r}) contradicts the provider's "
+                    f"region={theirs!r}; give one of them"
+                )
+            provider = type(provider).model_validate(
+                {**provider.model_dump(exclude_unset=True), "region": self.region}
+            )
+        given = {field: getattr(self, field) for field in self.model_fields_set}
+        return PoolSpec.model_validate(
+            {**given, "name": self.name, "provider": provider, "region": None}
+        )
 
     @property
     def autoscaling(self) -> bool:
@@ -451,7 +513,66 @@ def apply_transforms(image: Image, spec: PoolSpec) -> Image:
                 )
             image = result
         image = _add_bootstrap(image, plugin, spec)
-    return image
+    _check_cuda(image, spec)
+    return _with_nvml(image, spec)
+
+
+_CUDA_TAG = re.compile(r"(?<![a-z])cu(\d{2})(\d)(?!\d)|cuda-?(\d{2})(?!\d)", re.IGNORECASE)
+
+
+def image_cuda(image: Image) -> tuple[int, int | None] | None:
+    """The CUDA version the image's packages are built for, where they name one: PyTorch's
+    wheel tags (``cu126`` in an index URL or a requirement) or jax's extras (``cuda12``,
+    major only); the lowest when several do; None when none does."""
+    texts = [*image.pip, *(i.url for i in image.pip_indexes), image.index_url or ""]
+    found: list[tuple[int, int | None]] = []
+    for text in texts:
+        for match in _CUDA_TAG.finditer(text):
+            if match[1]:
+                found.append((int(match[1]), int(match[2])))
+            else:
+                found.append((int(match[3]), None))
+    return min(found, key=lambda v: (v[0], v[1] or 0)) if found else None
+
+
+def _check_cuda(image: Image, spec: PoolSpec) -> None:
+    if spec.cuda_min is None:
+        return
+    found = image_cuda(image)
+    if found is None:
+        return  # nothing in the image pins CUDA: the node's driver decides
+    major, _, minor = spec.cuda_min.partition(".")
+    wanted = (int(major), int(minor or 0))
+    if found[0] < wanted[0] or (found[1] is not None and found < wanted):
+        have = f"{found[0]}.{found[1]}" if found[1] is not None else f"{found[0]}"
+        raise ValueError(
+            f"accelerator {spec.accelerator} needs CUDA {spec.cuda_min} or newer "
+            f"(cuda_min), but the image's packages are built for CUDA {have}; give the "
+            f"plugin a newer build (sky.plugins.torch(cuda='{wanted[0]}.{wanted[1]}')) or "
+            f"lower cuda_min"
+        )
+
+
+# NVIDIA's GPUs by name (the catalog's, the marketplaces' RTX cards, Grace Hopper/Blackwell):
+# only they have NVML. A TPU ("v5e"), AMD's MI300X, AWS's Neuron chips or a Custom name get
+# no nvidia-ml-py (a user who wants it there adds it to the image).
+_NVIDIA = re.compile(r"^(?:[ABHLTVP]\d|A10G|L40S|RTX_|GH\d|GB\d)")
+
+
+def _with_nvml(image: Image, spec: PoolSpec) -> Image:
+    """GPU metrics asked for by name (``metrics=[sky.metrics.GPU(), ...]``) on a remote pool
+    with NVIDIA GPUs read NVML through ``nvidia-ml-py``, which the image then installs. The
+    default metrics install nothing: they read GPUs where the node has it already (a pool's
+    image is not changed behind its back). A CPU pool, another accelerator, or a local pool
+    (the client's own environment, never changed) gets nothing, and sends no GPU values."""
+    asked = image.metrics is not None and image.metrics != default_metrics()
+    wants = asked and any(m.kind in GPU_KINDS for m in image.metrics or ())
+    accelerator = spec.accelerator
+    if not wants or accelerator is None or not _NVIDIA.match(accelerator):
+        return image
+    if spec.provider is None or spec.provider_kind == "local":
+        return image
+    return image.with_pip("nvidia-ml-py")
 
 
 def _add_bootstrap(image: Image, plugin: Plugin, spec: PoolSpec) -> Image:

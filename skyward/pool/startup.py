@@ -225,6 +225,7 @@ class Startup:
             concurrency=self._spec.concurrency,
             executor=self._spec.executor,
             relay_key=self._relay_key if relays else b"",
+            metrics=tuple(m.wire() for m in self._image.metrics or ()),
         )
 
 

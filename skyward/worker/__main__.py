@@ -308,6 +308,7 @@ _OWN_THREADS = (
     "skyward-relay",
     "skyward-relay-in",
     "skyward-relay-out",
+    "skyward-metrics",
 )
 
 
@@ -411,6 +412,12 @@ def main(argv: list[str] | None = None) -> None:
             per_node=info.workers_per_node,
         )
     worker = _Worker(link, stdout, message.concurrency)
+    sampler = None
+    if message.metrics and message.info.worker == 0:  # one sampler per node
+        from skyward.worker.metrics import Sampler
+
+        sampler = Sampler(link.send, message.metrics)
+        sampler.start()
     if message.executor == "process":
         from skyward.worker.processes import Processes
 
@@ -436,6 +443,8 @@ def main(argv: list[str] | None = None) -> None:
         worker.serve()
         if worker.processes is not None:
             worker.processes.close(kill=worker.cancelled)
+    if sampler is not None:
+        sampler.stop()  # no Sample after Bye
     with contextlib.suppress(OSError):  # the client may be gone already
         link.send(proto.Bye())
     _exit(stdout, 0)

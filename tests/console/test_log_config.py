@@ -144,7 +144,7 @@ def test_logging_true_and_false_are_skyward_05s() -> None:
 @pytest.mark.parametrize(
     ("options", "field"),
     [
-        ({"level": "TRACE"}, "level"),
+        ({"level": "VERBOSE"}, "level"),  # TRACE is a level (below DEBUG), SUCCESS is not
         ({"rotation": "often"}, "rotation"),
         ({"retention": -1}, "retention"),
         ({"colour": True}, "colour"),

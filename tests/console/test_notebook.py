@@ -57,7 +57,8 @@ def test_example_notebook_prints_remote_output_in_the_calling_cell() -> None:
 
     # the progress display ended with the pool's summary in the cell that started it
     shown = [o for o in start.outputs if o.output_type == "display_data"]
-    assert shown and "ready: 2 node(s)" in shown[-1]["data"]["text/plain"]
+    progress = [o for o in shown if o["data"]["text/plain"].startswith("starting")]
+    assert progress and "ready: 2 node(s)" in progress[-1]["data"]["text/plain"]
     assert not [o for o in close.outputs if o.output_type == "error"]
 
 

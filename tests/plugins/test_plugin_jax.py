@@ -43,7 +43,8 @@ def _image(
     pool = sky.ComputePool(
         provider=sky.SSH(hosts=["h1"]),
         accelerator=accelerator,
-        image=image,
+        # No live metrics: on an NVIDIA pool they add nvidia-ml-py (tests/pool/test_metrics.py).
+        image=image or sky.Image(metrics=None),
         plugins=[sky.plugins.jax(**options)],  # type: ignore[arg-type]
     )
     return pool.image

@@ -88,7 +88,13 @@ def test_a_wrong_node_range_is_refused(nodes: tuple[int, ...]) -> None:
 # ── each option spelled once: PoolOptions (names, types) against PoolSpec (defaults) ───────
 
 # PoolSpec fields no keyword sets directly: what the caller's options unfold into.
-_UNFOLDED = {"provider": "the positional argument", "min_nodes": "nodes=", "executor": "worker="}
+_UNFOLDED = {
+    "provider": "the positional argument",
+    "min_nodes": "nodes=",
+    "executor": "worker=",
+    "region": "skyward 0.5's PoolSpec(region=), given to the provider by PoolSpec.resolve",
+    "cuda_min": "accelerator=Custom(..., cuda_min=)",
+}
 # Where an option takes more than its field keeps (PoolOptions' docstring says the same).
 _WIDER: dict[str, set[object]] = {
     "nodes": {tuple[int, int]},

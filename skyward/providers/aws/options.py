@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -49,6 +49,7 @@ class AWS(CloudOptions):
     - ``username``: the image's login user. ``disk_gb``: the root volume.
     - ``iam_instance_profile``: an instance profile (ARN or name) the nodes run as, for S3
       (data, checkpoints); none by default. Skyward never creates one.
+      ``instance_profile_arn`` is skyward 0.5's name for it (its ``"auto"`` is refused).
     - ``cluster_network``: multi-node pools on types with EFA get a cluster placement group
       (made for the pool, deleted with it) and EFA interfaces (on every network card with
       ``connect="private"``; on the first one with ``"public"``, which allows one interface).
@@ -79,6 +80,32 @@ class AWS(CloudOptions):
         default=None, pattern=r"^(arn:aws[\w-]*:iam::.+|[\w+=,.@-]+)$"
     )
     cluster_network: bool = True
+    # skyward 0.5's spelling of iam_instance_profile; moved there when the options are made,
+    # so it always reads None here.
+    instance_profile_arn: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _instance_profile_arn(cls, options: Any) -> Any:
+        """``instance_profile_arn=ARN`` is ``iam_instance_profile=ARN``; ``"auto"`` (0.5 made
+        a profile) is refused: Skyward never creates IAM roles."""
+        if not isinstance(options, dict) or options.get("instance_profile_arn") is None:
+            return options
+        arn = options["instance_profile_arn"]
+        if arn == "auto":
+            raise ValueError(
+                "instance_profile_arn='auto' asked skyward 0.5 to create an IAM role and "
+                "instance profile; Skyward never creates IAM resources. Give an existing "
+                "profile: AWS(iam_instance_profile='arn:aws:iam::<account>:instance-profile/"
+                "<name>') (or its name)"
+            )
+        given = options.get("iam_instance_profile")
+        if given is not None and given != arn:
+            raise ValueError(
+                f"instance_profile_arn={arn!r} contradicts iam_instance_profile={given!r}; "
+                f"give one of them"
+            )
+        return {**options, "iam_instance_profile": arn, "instance_profile_arn": None}
 
     @model_validator(mode="after")
     def _one_image(self) -> AWS:

@@ -157,6 +157,7 @@ _NOT_IN_ENVIRONMENT = {
     "excludes",
     "skyward_source",
     "bootstrap_timeout",
+    "metrics",  # sampled by the worker, not installed
     # Where a managed CPython is downloaded from, not which: the version is in the digest.
     "python_mirror",
     "python_downloads_json_url",
