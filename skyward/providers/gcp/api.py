@@ -145,7 +145,7 @@ class Api(Boundary):
 
     def call(self, operation: Callable[..., Any], doing: str, /, *args: Any, **kwargs: Any) -> Any:
         """A read (``get``, ``list``): retried on 429/5xx for 30 s at most, then translated."""
-        kwargs.setdefault("retry", _read_retry())
+        kwargs.setdefault("retry", read_retry())
         kwargs.setdefault("timeout", 60.0)
 
         def read() -> Any:
@@ -200,7 +200,9 @@ class Api(Boundary):
             )
 
 
-def _read_retry() -> Any:
+def read_retry() -> Any:
+    """Our retry of a read (Compute Engine's and Cloud TPU's alike): the transient answers
+    only, a few times within 30 s, never the SDK's default."""
     from google.api_core import exceptions
     from google.api_core.retry import Retry, if_exception_type
 

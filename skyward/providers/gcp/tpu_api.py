@@ -36,7 +36,7 @@ from skyward.client.futures import Deadline
 from skyward.providers.cloud.api import Boundary, Refusals, cause, poll
 from skyward.providers.cloud.capacity import CapacityError
 from skyward.providers.cloud.start import delete_each
-from skyward.providers.gcp.api import ROLES_HINT, TAGS_KEY
+from skyward.providers.gcp.api import ROLES_HINT, TAGS_KEY, read_retry
 
 GOOGLE_TPU_API = "https://tpu.googleapis.com"
 SCOPE_CLOUD = "https://www.googleapis.com/auth/cloud-platform"
@@ -80,7 +80,7 @@ class TpuApi(Boundary):
 
     def call(self, operation: Callable[..., Any], doing: str, /, *args: Any, **kwargs: Any) -> Any:
         """A read (``get``, ``list``): retried on 429/5xx for 30 s at most, then translated."""
-        kwargs.setdefault("retry", _read_retry())
+        kwargs.setdefault("retry", read_retry())
         kwargs.setdefault("timeout", 60.0)
 
         def read() -> Any:
@@ -127,19 +127,6 @@ class TpuApi(Boundary):
 def _reason(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None)
     return str(reason) if reason else ""
-
-
-def _read_retry() -> Any:
-    from google.api_core import exceptions
-    from google.api_core.retry import Retry, if_exception_type
-
-    transient = if_exception_type(
-        exceptions.ServiceUnavailable,
-        exceptions.InternalServerError,
-        exceptions.TooManyRequests,
-        exceptions.BadGateway,
-    )
-    return Retry(predicate=transient, initial=0.5, maximum=4.0, multiplier=2.0, timeout=30.0)
 
 
 def status_of(exc: BaseException | None) -> int | None:
