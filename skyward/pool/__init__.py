@@ -65,7 +65,7 @@ from skyward._errors import PluginError, PoolClosed
 from skyward.client import current
 from skyward.client.compute import CallGroup, CallTarget, PendingCall, pending_call
 from skyward.client.futures import CallFuture, Deadline, Sleepers, fail, gather
-from skyward.client.interrupts import hold_interrupts
+from skyward.client.interrupts import allow_interrupts, hold_interrupts, raise_at_end
 from skyward.client.options import refuse_unknown
 from skyward.collections.proxies import (
     BarrierProxy,
@@ -562,6 +562,7 @@ class ComputePool(CallTarget):
             while self._opening:  # bounded by the spawns' own connect and provision bounds
                 self._changed.wait(0.5)
         queued, channels = self._scheduler.take_all()
+        hurried = False
         try:
             if self._hangs is not None:
                 self._hangs.stop()
@@ -570,12 +571,11 @@ class ComputePool(CallTarget):
                 fail(future, closed)
             for channel in channels:
                 channel.shutdown(cancel=cancel)
-            deadline = time.monotonic() + self.spec.shutdown_timeout
-            for channel in channels:
-                channel.wait_closed(max(0.0, deadline - time.monotonic()))
+            hurried = not self._workers_leave(channels)
+            reason = "the close was hurried by Ctrl-C" if hurried else "it did not exit within "
             for channel in channels:
                 if not channel.wait_closed(0):
-                    channel.kill("it did not exit within shutdown_timeout")
+                    channel.kill(reason if hurried else reason + "shutdown_timeout")
             for channel in channels:
                 channel.wait_closed(5.0)
         finally:
@@ -584,7 +584,8 @@ class ComputePool(CallTarget):
                     # Its last step ends the workers and machines it had made; what it is
                     # still waiting for from a provider is terminated just below.
                     self._autoscaler.join(self.spec.shutdown_timeout + 5.0)
-                self._machines.terminate()
+                # After a Ctrl-C that hurried the workers, the next one leaves at once.
+                self._machines.terminate(leave_after=1 if hurried else 2)
             finally:
                 with self._lock:
                     self._state = "closed"
@@ -595,6 +596,25 @@ class ComputePool(CallTarget):
                 handlers.remove(self._log_handlers)
                 atexit.unregister(self._close_at_exit)
                 signals.release(self)
+
+    def _workers_leave(self, channels: Sequence[Channel]) -> bool:
+        """Wait up to ``shutdown_timeout`` for the workers to leave their plugins' contexts
+        and exit; False if a Ctrl-C ended the wait: the user wants the close to hurry, so
+        the workers are killed now (the machines are still destroyed, shielded). The Ctrl-C
+        is raised again once the close is done."""
+        deadline = time.monotonic() + self.spec.shutdown_timeout
+        try:
+            for channel in channels:
+                with allow_interrupts:  # inside the close's hold: a Ctrl-C ends this wait
+                    channel.wait_closed(max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            raise_at_end()
+            self._console.status(
+                f"pool {self.name}: Ctrl-C: killing the workers now; the machines are still "
+                f"destroyed (Ctrl-C again to leave without waiting for that)"
+            )
+            return False
+        return True
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):

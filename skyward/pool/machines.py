@@ -333,8 +333,9 @@ class Machines:
         for deadline in replacing:
             deadline.cancel(reason)
 
-    def terminate(self) -> None:
-        """Destroy what the provider made, once it has stopped making it. Idempotent."""
+    def terminate(self, *, leave_after: int = 2) -> None:
+        """Destroy what the provider made, once it has stopped making it. Idempotent. The
+        ``leave_after``-th Ctrl-C while the provider deletes leaves (see ``_shielded``)."""
         with self._lock:
             request = self._request
         if request is not None and not self._provisioned.is_set():
@@ -352,7 +353,7 @@ class Machines:
         with self._lock:
             allocation, since = self._allocation, self._since
         if allocation is not None:
-            self._shielded(allocation)
+            self._shielded(allocation, leave_after)
             self._report_cost(allocation, time.monotonic() - since)
 
     def _report_cost(self, allocation: Allocation, seconds: float) -> None:
@@ -369,27 +370,36 @@ class Machines:
         self._reporter.status(line)
         _log.info("%s", line)
 
-    def _shielded(self, allocation: Allocation) -> None:
-        """``allocation.terminate()`` through ``client.shield.shielded``, so that one Ctrl-C (often
-        pressed again while a cloud takes a minute to delete things) does not stop it
-        half-way: the first is noted and the wait goes on; a second leaves, and says what
-        may be left."""
+    def _shielded(self, allocation: Allocation, leave_after: int) -> None:
+        """``allocation.terminate()`` through ``client.shield.shielded``, so that a Ctrl-C
+        (often pressed again while a cloud takes a minute to delete things) does not stop it
+        half-way: the ``leave_after``-th leaves (the deletion goes on in the background) and
+        says what is still being deleted and the ``skyward down`` command that finishes it;
+        one before it is noted and the wait goes on."""
+        down = allocation.down_command or f"skyward down --pool {self._pool}"
 
         def noted(count: int) -> None:
             self._reporter.status(
                 f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
-                f"now (then `skyward down --pool {self._pool}`)"
+                f"now (then `{down}`)"
             )
 
         try:
             shielded(
-                allocation.terminate, name="skyward-terminate", on_interrupt=noted, leave_after=2
+                allocation.terminate,
+                name="skyward-terminate",
+                on_interrupt=noted,
+                leave_after=leave_after,
             )
         except KeyboardInterrupt:
-            _log.warning(
-                "pool %s: left while its machines were being destroyed; "
-                "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
-                self._pool,
-                self._pool,
+            try:
+                what = allocation.deleting()
+            except Exception:  # a detail of a message, never a second failure
+                what = "its machines"
+            line = (
+                f"pool {self._pool}: left while these were still being deleted: {what}; "
+                f"`skyward ls` lists what is left, `{down}` removes it"
             )
+            self._reporter.status(line)
+            _log.warning("%s", line)
             raise
