@@ -117,6 +117,15 @@ def _ended(client: subprocess.Popen[bytes], log: Path) -> int:
         raise AssertionError(f"the client did not end:\n{log.read_text()}") from exc
 
 
+def _end(client: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    """The client, and its workers should a failure have left them in their long exit."""
+    client.kill()
+    client.wait(30)
+    for pid in _workers(tmp_path):
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_ctrl_c_while_workers_are_slow_to_leave_kills_them_and_still_deletes(
     tmp_path: Path,
 ) -> None:
@@ -130,8 +139,7 @@ def test_a_ctrl_c_while_workers_are_slow_to_leave_kills_them_and_still_deletes(
         # Before: the close waited the whole shutdown_timeout (3000 s) for the workers.
         status = _ended(client, log)
     finally:
-        client.kill()
-        client.wait(30)
+        _end(client, tmp_path)
     assert status == -signal.SIGINT, log.read_text()  # the Ctrl-C still reached the program
     assert (tmp_path / "deleted").exists(), log.read_text()
     _wait_for(lambda: not any(map(_alive, workers)), "the workers were killed", log, 30)
@@ -156,8 +164,7 @@ def test_a_second_ctrl_c_while_the_deletion_runs_leaves_naming_it_and_skyward_do
         (tmp_path / "go").touch()
         status = _ended(client, log)
     finally:
-        client.kill()
-        client.wait(30)
+        _end(client, tmp_path)
     assert status == -signal.SIGINT, log.read_text()
     assert (tmp_path / "deleted").exists(), log.read_text()
     _wait_for(lambda: not any(map(_alive, workers)), "the workers were killed", log, 30)
