@@ -163,6 +163,7 @@ class ComputePool(CallTarget):
         self._log_handlers: handlers.Installed | None = None  # logging=, while open
         self._client_hooks: ExitStack | None = None  # plugins' around_client, while open
         self._opening = 0  # workers being spawned now; a close waits for them
+        self._hurried = False  # a Ctrl-C asked the close to kill the workers at once
         self._started_at = 0.0
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
         self._shared = SharedState()  # sky.dict(...) and the rest (collections.state)
@@ -328,6 +329,10 @@ class ComputePool(CallTarget):
         except BaseException as exc:
             self._console.end()
             closed_meanwhile = self._state in ("closing", "closed")
+            if isinstance(exc, KeyboardInterrupt):
+                # Ctrl-C (or SIGTERM) during the start: workers still entering their plugins
+                # (jax's initialize) would read no Shutdown until they are in: kill them.
+                self._hurried = True
             self.close(wait=False)
             if closed_meanwhile and isinstance(exc, Exception) and not isinstance(exc, PoolClosed):
                 # What the close broke (a plugin's start interrupted, a channel killed) is not
@@ -602,6 +607,8 @@ class ComputePool(CallTarget):
         and exit; False if a Ctrl-C ended the wait: the user wants the close to hurry, so
         the workers are killed now (the machines are still destroyed, shielded). The Ctrl-C
         is raised again once the close is done."""
+        if self._hurried:
+            return False
         deadline = time.monotonic() + self.spec.shutdown_timeout
         try:
             for channel in channels:

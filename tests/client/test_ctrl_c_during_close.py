@@ -1,11 +1,13 @@
-"""Ctrl-C while a pool closes hurries it, and never cuts the machines' deletion in half.
+"""Ctrl-C while a pool closes (or starts) hurries it, and never cuts the machines' deletion
+in half.
 
 A real client process closes a pool whose workers are slow to leave a plugin's context (its
 exit sleeps far longer than any test waits) and whose provider's deletion is held until the
 test lets it go, as a cloud's delete that takes a minute. The first Ctrl-C during the close
 kills the workers at once instead of waiting ``shutdown_timeout`` for them, while the
 deletion still completes; a second one, while the deletion runs, leaves the close at once,
-naming what is still being deleted and the ``skyward down`` command that finishes it.
+naming what is still being deleted and the ``skyward down`` command that finishes it. A
+Ctrl-C while workers are still entering their plugins (jax's initialize) kills them at once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ here = Path(sys.argv[1])
 @contextlib.contextmanager
 def slow_to_leave(info):
     (here / f"worker-{os.getpid()}").touch()
+    while (here / "never-ready").exists():  # as a worker inside jax's initialize
+        time.sleep(0.05)
     try:
         yield
     finally:
@@ -162,6 +166,24 @@ def test_a_second_ctrl_c_while_the_deletion_runs_leaves_naming_it_and_skyward_do
         assert "`skyward down --pool ctrl-c-close`" in said, said
         # The deletion goes on: the interpreter waits for it before it exits.
         (tmp_path / "go").touch()
+        status = _ended(client, log)
+    finally:
+        _end(client, tmp_path)
+    assert status == -signal.SIGINT, log.read_text()
+    assert (tmp_path / "deleted").exists(), log.read_text()
+    _wait_for(lambda: not any(map(_alive, workers)), "the workers were killed", log, 30)
+
+
+def test_a_ctrl_c_while_workers_enter_their_plugins_kills_them_at_once(tmp_path: Path) -> None:
+    (tmp_path / "go").touch()
+    (tmp_path / "never-ready").touch()  # the workers stay inside their plugins' start
+    client, log = _client(tmp_path)
+    try:
+        _wait_for(lambda: len(_workers(tmp_path)) == 2, "the workers entered the plugin", log)
+        workers = _workers(tmp_path)
+        client.send_signal(signal.SIGINT)
+        # Before: the close waited shutdown_timeout (3000 s) for workers that were never
+        # going to read its Shutdown.
         status = _ended(client, log)
     finally:
         _end(client, tmp_path)
