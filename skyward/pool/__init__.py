@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import math
 import os
 import threading
 import time
@@ -103,6 +104,10 @@ from skyward.providers.base import Provider
 R = TypeVar("R")
 # draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
 State = Literal["new", "starting", "running", "draining", "closing", "closed"]
+
+# Seconds a close that a Ctrl-C during the start hurried gives the workers to leave what they
+# entered before it kills them.
+_HURRIED_GRACE = 2.0
 
 
 class ComputePool(CallTarget):
@@ -163,7 +168,7 @@ class ComputePool(CallTarget):
         self._log_handlers: handlers.Installed | None = None  # logging=, while open
         self._client_hooks: ExitStack | None = None  # plugins' around_client, while open
         self._opening = 0  # workers being spawned now; a close waits for them
-        self._hurried = False  # a Ctrl-C asked the close to kill the workers at once
+        self._hurried = False  # a Ctrl-C asked the close to hurry the workers
         self._started_at = 0.0
         self._streams: weakref.WeakSet[Streams] = weakref.WeakSet()  # ended by a close
         self._shared = SharedState()  # sky.dict(...) and the rest (collections.state)
@@ -330,8 +335,9 @@ class ComputePool(CallTarget):
             self._console.end()
             closed_meanwhile = self._state in ("closing", "closed")
             if isinstance(exc, KeyboardInterrupt):
-                # Ctrl-C (or SIGTERM) during the start: workers still entering their plugins
-                # (jax's initialize) would read no Shutdown until they are in: kill them.
+                # Ctrl-C (or SIGTERM) during the start: a worker still inside a plugin's start
+                # that no stop interrupts (jax's initialize) reads no Shutdown until it is
+                # in. The workers get a short grace to leave what they entered, then die.
                 self._hurried = True
             self.close(wait=False)
             if closed_meanwhile and isinstance(exc, Exception) and not isinstance(exc, PoolClosed):
@@ -603,25 +609,26 @@ class ComputePool(CallTarget):
                 signals.release(self)
 
     def _workers_leave(self, channels: Sequence[Channel]) -> bool:
-        """Wait up to ``shutdown_timeout`` for the workers to leave their plugins' contexts
-        and exit; False if a Ctrl-C ended the wait: the user wants the close to hurry, so
-        the workers are killed now (the machines are still destroyed, shielded). The Ctrl-C
-        is raised again once the close is done."""
-        if self._hurried:
-            return False
-        deadline = time.monotonic() + self.spec.shutdown_timeout
+        """Wait up to ``shutdown_timeout`` (``_HURRIED_GRACE`` after a start a Ctrl-C
+        interrupted) for the workers to leave their plugins' contexts and exit; False if a
+        Ctrl-C hurried the close, or ends this wait: the workers left are killed now (the
+        machines are still destroyed, shielded), and the next Ctrl-C leaves. The Ctrl-C is
+        raised again once the close is done."""
+        grace = min(self.spec.shutdown_timeout, _HURRIED_GRACE if self._hurried else math.inf)
+        deadline = time.monotonic() + grace
         try:
             for channel in channels:
                 with allow_interrupts:  # inside the close's hold: a Ctrl-C ends this wait
                     channel.wait_closed(max(0.0, deadline - time.monotonic()))
         except KeyboardInterrupt:
             raise_at_end()
+            self._hurried = True
             self._console.status(
                 f"pool {self.name}: Ctrl-C: killing the workers now; the machines are still "
                 f"destroyed (Ctrl-C again to leave without waiting for that)"
             )
             return False
-        return True
+        return not self._hurried
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):
