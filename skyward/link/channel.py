@@ -245,6 +245,9 @@ class Channel:
         self._stderr_thread = threading.Thread(
             target=self._read_stderr, name=f"skyward-stderr-{self.rank}", daemon=True
         )
+        # Set as the reader thread ends: wait_closed waits on it, never on Thread.join (on
+        # Python 3.11 a join a Ctrl-C interrupts may mark a running thread stopped).
+        self._read_done = threading.Event()
         self._reader_thread = threading.Thread(
             target=self._read, name=f"skyward-reader-{self.rank}", daemon=True
         )
@@ -363,9 +366,9 @@ class Channel:
         self._send(proto.Shutdown(cancel=True, replaced=True))
 
     def wait_closed(self, timeout: float) -> bool:
-        """Wait for the worker to exit and the reader to finish; True if it did in time."""
-        self._reader_thread.join(timeout)
-        return not self._reader_thread.is_alive()
+        """Wait for the worker to exit and the reader to finish; True if it did in time.
+        A Ctrl-C may end the wait (inside ``allow_interrupts``): nothing is left half done."""
+        return self._read_done.wait(timeout)
 
     def kill(self, reason: str) -> None:
         """Kill the worker; ``reason`` goes into the ``WorkerLost`` of its calls."""
@@ -438,6 +441,12 @@ class Channel:
     # ── reader threads ───────────────────────────────────────────────────────────────────
 
     def _read(self) -> None:
+        try:
+            self._read_until_lost()
+        finally:
+            self._read_done.set()
+
+    def _read_until_lost(self) -> None:
         delivering.active = True  # done-callbacks run here: see CallFuture
         try:
             if self._turns is not None:

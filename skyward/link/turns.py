@@ -66,6 +66,8 @@ LINGER = 0.05
 # How often a leader whose wait can end without a frame (a client's call timed out or was
 # failed by a close, on another thread) looks again.
 CHECK = 0.1
+# How long a follower with no bound of its own sleeps before it looks again.
+FOLLOW = 1.0
 
 Frame = tuple[Any, list[Any]]
 
@@ -228,7 +230,10 @@ class Turns:
                 if finished:
                     break
                 if asleep:
-                    self._sleep(waiter, step)
+                    # Without a bound (a worker's idle main thread) a follower still looks
+                    # again now and then: a wake-up lost to a race nobody has found yet then
+                    # costs it FOLLOW seconds, never the worker.
+                    self._sleep(waiter, FOLLOW if step is None else step)
         finally:
             with self._lock:
                 self._waiting = waiting = self._waiting - 1

@@ -15,7 +15,8 @@ through a directory of the node's own (``<tmp>/skyward-mps/<run>-node<N>``)::
              it when the worker dies, however it dies
     stop     a leaving worker that can then take ``members`` exclusively is the node's last
              one: it tells the daemon to ``quit``; not when the pool is replacing it (a gang
-             restart, ``hooks.replaced()``): the daemon is kept for the workers that come next
+             restart, ``hooks.replaced()``): the daemon is kept for the workers that come next,
+             and a keeper (a process of its own) quits it should none join it in time
 
 An exclusive lock on ``lock`` makes each start and stop one step, so a worker joining while
 another leaves never meets a daemon that is being stopped.
@@ -30,6 +31,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -58,6 +60,10 @@ _MPS_PID_FILE = "nvidia-cuda-mps-control.pid"  # the daemon writes it in its pip
 # runs never uses it, so mps comes before them.
 _STARTS_CUDA = ("torch", "jax", "keras", "cuml")
 _DAEMON_TIMEOUT = 60.0  # seconds for the daemon to start, or for a worker to see it answer
+# Seconds a daemon kept through a gang restart waits for the replacement to join it before
+# its keeper quits it; a replacement that comes later starts a new one.
+_KEPT_FOR = 300.0
+_KEEPER_SECONDS = "SKYWARD_MPS_KEEPER_SECONDS"
 # Where the worker keeps the node's own CUDA_VISIBLE_DEVICES (skyward.worker.__main__), when
 # it narrows the variable to the worker's GPUs: the daemon must see every GPU of the node.
 _NODE_DEVICES = "SKYWARD_NODE_CUDA_VISIBLE_DEVICES"
@@ -300,8 +306,10 @@ def _leave(base: str, env: dict[str, str], info: InstanceInfo, members: int) -> 
         if hooks.replaced():
             # A gang restart: the pool kills this worker next and starts the node's workers
             # again, and they join this daemon. A quit here would race that kill, and a
-            # daemon half-way through quitting could be joined by the new worker 0.
+            # daemon half-way through quitting could be joined by the new worker 0. Should
+            # no replacement ever join (its start failed), a keeper quits the daemon.
             fcntl.flock(members, fcntl.LOCK_UN)
+            _keep(base, env)
             return
         try:
             if _running(base, env["CUDA_MPS_PIPE_DIRECTORY"]):
@@ -313,6 +321,58 @@ def _leave(base: str, env: dict[str, str], info: InstanceInfo, members: int) -> 
         # The daemon quit: its run's directory (pipes, its log, the lock) goes with it, or
         # every pool would leave one on the node. A quit that failed keeps it, log included.
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _keep(base: str, env: dict[str, str]) -> None:
+    """Leave a keeper for the daemon a replaced worker kept: a process of its own session
+    (the pool's kill of this worker does not reach it) that quits the daemon unless a
+    worker joins it within ``_KEPT_FOR`` seconds. Without it a replacement that fails to
+    start leaves the daemon running on the node for good."""
+    with contextlib.suppress(OSError):  # at worst the daemon outlives the pool, as before
+        subprocess.Popen(
+            [sys.executable, "-c", f"from {__name__} import keeper; keeper()", base],
+            env={**env, _KEEPER_SECONDS: str(_KEPT_FOR)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def keeper() -> None:
+    """The keeper's body (``_keep``): ``sys.argv[1]`` is the node's directory, and the
+    daemon's environment is this process's. Ends as soon as a worker joins the daemon (it
+    is theirs again), or the daemon is gone; else, once the time is up, quits it."""
+    base = sys.argv[1]
+    pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+    deadline = time.monotonic() + float(os.environ[_KEEPER_SECONDS])
+    while True:
+        time.sleep(0.2)
+        try:
+            members = os.open(os.path.join(base, "members"), os.O_RDWR)
+        except OSError:
+            return  # the directory went with the daemon
+        try:
+            with _node_lock(base):
+                try:
+                    fcntl.flock(members, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return  # a worker joined
+                if not _running(base, pipe):
+                    return
+                if time.monotonic() < deadline:
+                    continue
+                # Nobody came: quit it, as the last worker to leave would have. The node's
+                # directory stays: a replacement that comes now may have opened it already.
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    subprocess.run(
+                        [_MPS_CONTROL], input="quit\n", text=True, capture_output=True, timeout=30
+                    )
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(base, "started"))
+                return
+        finally:
+            os.close(members)
 
 
 def _running(base: str, pipe: str) -> bool:

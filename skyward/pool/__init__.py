@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import math
 import os
 import threading
 import time
@@ -68,7 +69,7 @@ from skyward.client import current
 from skyward.client.app import current as current_app
 from skyward.client.compute import CallGroup, CallTarget, PendingCall, pending_call
 from skyward.client.futures import CallFuture, Deadline, Sleepers, fail, gather
-from skyward.client.interrupts import hold_interrupts
+from skyward.client.interrupts import allow_interrupts, hold_interrupts, raise_at_end
 from skyward.client.options import refuse_unknown
 from skyward.collections.proxies import (
     BarrierProxy,
@@ -108,6 +109,10 @@ from skyward.providers.base import Provider
 R = TypeVar("R")
 # draining: close(wait=True) is waiting for submitted calls; no new calls are taken.
 State = Literal["new", "starting", "running", "draining", "closing", "closed"]
+
+# Seconds a close that a Ctrl-C during the start hurried gives the workers to leave what they
+# entered before it kills them.
+_HURRIED_GRACE = 2.0
 
 
 class ComputePool(CallTarget):
@@ -175,6 +180,7 @@ class ComputePool(CallTarget):
         self._log_handlers: handlers.Installed | None = None  # logging=, while open
         self._client_hooks: ExitStack | None = None  # plugins' around_client, while open
         self._opening = 0  # workers being spawned now; a close waits for them
+        self._hurried = False  # a Ctrl-C asked the close to hurry the workers
         self._started_at = 0.0
         self._ran = False  # the pool reached "running" (a close may then keep_warm)
         self._timings: dict[str, float] = {}  # timings(): the start's steps, in seconds
@@ -349,6 +355,11 @@ class ComputePool(CallTarget):
         except BaseException as exc:
             self._console.end()
             closed_meanwhile = self._state in ("closing", "closed")
+            if isinstance(exc, KeyboardInterrupt):
+                # Ctrl-C (or SIGTERM) during the start: a worker still inside a plugin's start
+                # that no stop interrupts (jax's initialize) reads no Shutdown until it is
+                # in. The workers get a short grace to leave what they entered, then die.
+                self._hurried = True
             self.close(wait=False)
             if closed_meanwhile and isinstance(exc, Exception) and not isinstance(exc, PoolClosed):
                 # What the close broke (a plugin's start interrupted, a channel killed) is not
@@ -587,6 +598,7 @@ class ComputePool(CallTarget):
                 self._changed.wait(0.5)
         queued, channels = self._scheduler.take_all()
         self._metrics.close()  # samples of workers on their way out are not kept
+        hurried = False
         try:
             if self._hangs is not None:
                 self._hangs.stop()
@@ -595,12 +607,11 @@ class ComputePool(CallTarget):
                 fail(future, closed)
             for channel in channels:
                 channel.shutdown(cancel=cancel)
-            deadline = time.monotonic() + self.spec.shutdown_timeout
-            for channel in channels:
-                channel.wait_closed(max(0.0, deadline - time.monotonic()))
+            hurried = not self._workers_leave(channels)
+            reason = "the close was hurried by Ctrl-C" if hurried else "it did not exit within "
             for channel in channels:
                 if not channel.wait_closed(0):
-                    channel.kill("it did not exit within shutdown_timeout")
+                    channel.kill(reason if hurried else reason + "shutdown_timeout")
             for channel in channels:
                 channel.wait_closed(5.0)
         finally:
@@ -610,7 +621,11 @@ class ComputePool(CallTarget):
                     # still waiting for from a provider is terminated just below.
                     self._autoscaler.join(self.spec.shutdown_timeout + 5.0)
                 # keep_warm: the machines of a pool that ran stay for the next pool like it.
-                self._machines.terminate(keep=self.spec.keep_warm if self._ran else 0.0)
+                # After a Ctrl-C that hurried the workers, the next one leaves at once.
+                self._machines.terminate(
+                    keep=self.spec.keep_warm if self._ran else 0.0,
+                    leave_after=1 if hurried else 2,
+                )
             finally:
                 with self._lock:
                     self._state = "closed"
@@ -621,6 +636,28 @@ class ComputePool(CallTarget):
                 handlers.remove(self._log_handlers)
                 atexit.unregister(self._close_at_exit)
                 signals.release(self)
+
+    def _workers_leave(self, channels: Sequence[Channel]) -> bool:
+        """Wait up to ``shutdown_timeout`` (``_HURRIED_GRACE`` after a start a Ctrl-C
+        interrupted) for the workers to leave their plugins' contexts and exit; False if a
+        Ctrl-C hurried the close, or ends this wait: the workers left are killed now (the
+        machines are still destroyed, shielded), and the next Ctrl-C leaves. The Ctrl-C is
+        raised again once the close is done."""
+        grace = min(self.spec.shutdown_timeout, _HURRIED_GRACE if self._hurried else math.inf)
+        deadline = time.monotonic() + grace
+        try:
+            for channel in channels:
+                with allow_interrupts:  # inside the close's hold: a Ctrl-C ends this wait
+                    channel.wait_closed(max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            raise_at_end()
+            self._hurried = True
+            self._console.status(
+                f"pool {self.name}: Ctrl-C: killing the workers now; the machines are still "
+                f"destroyed (Ctrl-C again to leave without waiting for that)"
+            )
+            return False
+        return not self._hurried
 
     def _close_at_exit(self) -> None:
         if self._state not in ("closing", "closed"):

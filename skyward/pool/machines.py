@@ -339,11 +339,12 @@ class Machines:
         for deadline in replacing:
             deadline.cancel(reason)
 
-    def terminate(self, *, keep: float = 0.0) -> None:
+    def terminate(self, *, keep: float = 0.0, leave_after: int = 2) -> None:
         """Destroy what the provider made, once it has stopped making it. Idempotent.
         ``keep`` (``keep_warm``, for a pool that ran): seconds to keep the machines for the
         next pool instead, when the allocation can (``Allocation.keep``); destroyed when it
-        cannot."""
+        cannot. The ``leave_after``-th Ctrl-C while the provider deletes leaves (see
+        ``_shielded``)."""
         with self._lock:
             request = self._request
         if request is not None and not self._provisioned.is_set():
@@ -362,18 +363,18 @@ class Machines:
             allocation, since = self._allocation, self._since
         if allocation is None:
             return
-        if keep and self._keep(allocation, keep):
+        if keep and self._keep(allocation, keep, leave_after):
             self._report_cost(allocation, time.monotonic() - since)
             return
-        self._shielded(allocation.terminate)
+        self._shielded(allocation.terminate, allocation, leave_after)
         self._report_cost(allocation, time.monotonic() - since)
 
-    def _keep(self, allocation: Allocation, seconds: float) -> bool:
+    def _keep(self, allocation: Allocation, seconds: float, leave_after: int) -> bool:
         """``allocation.keep(seconds)``, shielded like a terminate; whether it kept them (a
         failure is said, and the caller terminates)."""
         answer: list[bool] = []
         try:
-            self._shielded(lambda: answer.append(allocation.keep(seconds)))
+            self._shielded(lambda: answer.append(allocation.keep(seconds)), allocation, leave_after)
         except Exception as exc:  # a machine, SSH or this disk: terminated instead
             self._reporter.status(f"pool {self._pool}: could not keep its machines ({exc})")
             _log.warning("pool %s: could not keep its machines warm: %s", self._pool, exc)
@@ -409,25 +410,32 @@ class Machines:
         self._reporter.status(line)
         _log.info("%s", line)
 
-    def _shielded(self, act: Callable[[], None]) -> None:
-        """``act`` (``allocation.terminate``, or a ``keep``) through ``client.shield.shielded``,
-        so that one Ctrl-C (often pressed again while a cloud takes a minute to delete
-        things) does not stop it half-way: the first is noted and the wait goes on; a second
-        leaves, and says what may be left."""
+    def _shielded(self, act: Callable[[], None], allocation: Allocation, leave_after: int) -> None:
+        """``act`` (``allocation.terminate``, or a ``keep``) through
+        ``client.shield.shielded``, so that a Ctrl-C (often pressed again while a cloud takes
+        a minute to delete things) does not stop it half-way: the ``leave_after``-th leaves
+        (the deletion goes on in the background) and says what is still being deleted and
+        the ``skyward down`` command that finishes it; one before it is noted and the wait
+        goes on."""
+        down = allocation.down_command or f"skyward down --pool {self._pool}"
 
         def noted(count: int) -> None:
             self._reporter.status(
                 f"pool {self._pool}: still destroying its machines; Ctrl-C again to leave "
-                f"now (then `skyward down --pool {self._pool}`)"
+                f"now (then `{down}`)"
             )
 
         try:
-            shielded(act, name="skyward-terminate", on_interrupt=noted, leave_after=2)
+            shielded(act, name="skyward-terminate", on_interrupt=noted, leave_after=leave_after)
         except KeyboardInterrupt:
-            _log.warning(
-                "pool %s: left while its machines were being destroyed; "
-                "`skyward ls` lists what is left, `skyward down --pool %s` removes it",
-                self._pool,
-                self._pool,
+            try:
+                what = allocation.deleting()
+            except Exception:  # a detail of a message, never a second failure
+                what = "its machines"
+            line = (
+                f"pool {self._pool}: left while these were still being deleted: {what}; "
+                f"`skyward ls` lists what is left, `{down}` removes it"
             )
+            self._reporter.status(line)
+            _log.warning("%s", line)
             raise

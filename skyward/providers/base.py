@@ -264,6 +264,17 @@ class Allocation:
     def release(self) -> None:
         """Delete the pool-wide resources, after every node is closed. Default: none."""
 
+    def deleting(self) -> str:
+        """What ``terminate`` deletes, named for a user who leaves before it is done."""
+        machines = self.describe or f"{len(self.nodes)} machine(s)"
+        return ", ".join([machines] + [f"{r.kind} {r.id}" for r in self.resources])
+
+    @property
+    def down_command(self) -> str:
+        """The ``skyward down`` command that removes what is left; "" when ``skyward down
+        --pool NAME`` does."""
+        return ""
+
     @property
     def terminated(self) -> bool:
         return self._terminated

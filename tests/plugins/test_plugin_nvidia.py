@@ -298,3 +298,57 @@ def test_with_several_workers_a_worker_names_its_gpus_as_the_nodes_daemon_number
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
         assert os.environ["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2G,1=2G"
     assert record.read_text().splitlines()[1].endswith("stdin=quit")
+
+
+def test_a_daemon_kept_for_a_replacement_that_never_comes_is_quit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gang restart whose replacement fails to start: the replaced worker kept the node's
+    daemon for it, and no worker is left on the node to quit it. The keeper it left quits
+    the daemon once nobody has joined it in time."""
+    import shutil
+
+    from skyward.plugins import _nvidia
+    from skyward.plugins._nvidia import daemon_pid, node_directory
+    from skyward.worker import hooks
+
+    record, daemons = tmp_path / "calls", tmp_path / "daemons"
+    fake = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    fake.parent.mkdir()
+    fake.write_text(_FAKE_MPS_CONTROL.format(record=record, daemons=daemons))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(hooks, "_replaced", False)
+    monkeypatch.setattr(_nvidia, "_KEPT_FOR", 1.0)  # how long the replacement may take
+    info = _worker_info(job_id=f"never-replaced-{os.getpid()}-{time.time_ns()}")
+    base = node_directory(info)
+    plugin = sky.plugins.mps()
+    assert plugin.around_app is not None
+    try:
+        with plugin.around_app(info):
+            pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+            daemon = daemon_pid(pipe)
+            hooks.replacing()
+        assert daemon is not None
+        # No worker comes: the daemon is quit, once, with nobody on the node.
+        deadline = time.monotonic() + 60
+        while _alive(daemon) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(daemon), record.read_text()
+        assert [line.split()[0] for line in record.read_text().splitlines()] == [
+            "start",
+            "quit",
+        ]
+        # A replacement that comes after all starts a daemon of its own, and quits it.
+        monkeypatch.setattr(hooks, "_replaced", False)
+        with plugin.around_app(info):
+            again = daemon_pid(os.environ["CUDA_MPS_PIPE_DIRECTORY"])
+            assert again is not None and again != daemon
+        assert not _alive(again)
+    finally:
+        for line in daemons.read_text().splitlines() if daemons.exists() else []:
+            if _alive(int(line)):
+                os.kill(int(line), signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)

@@ -93,6 +93,11 @@ class Record:
         with self._lock:
             return [r.id for r in self._resources if r.kind == kind]
 
+    def recorded(self) -> list[Resource]:
+        """Every pool-wide resource, in order."""
+        with self._lock:
+            return list(self._resources)
+
     def asked(self) -> list[tuple[str, str]]:
         """(place, name) of every machine ever asked for, replacements included."""
         with self._lock:

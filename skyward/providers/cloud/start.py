@@ -617,6 +617,10 @@ class CloudPool(Allocation):
         """The ``skyward down`` command that removes what this pool leaves behind."""
         return " ".join(["skyward down --pool", self.request.pool, self.cloud.scope[1]]).rstrip()
 
+    def deleting(self) -> str:
+        made = [f"{self.cloud.noun} {id}" for _, id in self.record.machines()]
+        return ", ".join(made + [f"{r.kind} {r.id}" for r in self.record.recorded()])
+
     def release(self) -> None:
         """Delete everything recorded, then the pool key. Idempotent; raises
         ``ProvisionError`` naming what is left and the command that removes it, after
