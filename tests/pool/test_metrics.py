@@ -5,7 +5,6 @@ through NVML: here a stand-in ``pynvml`` module on the workers' path, as no GPU 
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import sys
@@ -67,8 +66,10 @@ def test_samples_come_from_each_node_at_the_interval_asked_and_stop_at_close() -
     for node in (0, 1):
         times = sorted(r["time"] for r in rows if r["node"] == node and "mem" in r)
         assert len(times) >= 3, rows
-        # Never faster than asked (the sampler's schedule); slower only on a loaded machine.
-        assert min(b - a for a, b in itertools.pairwise(times)) >= 0.45
+        # No more samples than the interval asks for (the sampler keeps a fixed schedule: a
+        # late tick is followed by one on time, so single gaps may be shorter); fewer only on
+        # a loaded machine.
+        assert len(times) <= (times[-1] - times[0]) / 0.5 + 2, times
         assert any(r["node"] == node and 0 <= r.get("cpu", -1) <= 100 for r in rows)
         assert all(0 < r["mem"] < 100 for r in rows if r["node"] == node and "mem" in r)
     kept = len(rows)
