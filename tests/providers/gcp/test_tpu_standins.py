@@ -150,6 +150,13 @@ def test_a_preempted_spot_slice_is_named_replaced_whole_and_the_next_call_succee
         "nodes": [],
         "firewall rules": [],
     }
+    # The deleted slices' hosts stop with their processes (a close that could not reach a
+    # host in time leaves its workers to the machine's end, as on Google's).
+    tpu_standins.wait_for(
+        lambda: all(s.ended for s in tpu_standins.standins.values()),
+        60,
+        "stand-ins stopped when their slices were deleted",
+    )
 
 
 @pytest.mark.timeout(300)
