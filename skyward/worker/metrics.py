@@ -42,6 +42,7 @@ class Sampler:
         self._send = send
         self._specs = specs
         self._stopped = threading.Event()
+        self._unreadable: set[str] = set()  # metrics whose read failed: said once each
         self._cpu: tuple[int, int] | None = None  # (busy, total) jiffies at the last read
         # key -> (time, bytes by interface) at the last read
         self._net: dict[str, tuple[float, dict[str, int]]] = {}
@@ -75,8 +76,10 @@ class Sampler:
                 name, kind, interval, arg = self._specs[index]
                 try:
                     self._read(name, kind, arg, values)
-                except Exception:
-                    pass
+                except Exception as exc:  # this metric's tick only: the others go on
+                    if name not in self._unreadable:
+                        self._unreadable.add(name)
+                        os.write(2, f"skyward: metric {name} could not be read: {exc!r}\n".encode())
                 if interval > 0:
                     due[index] = max(when + interval, now)  # no burst after a slow tick
                 else:
