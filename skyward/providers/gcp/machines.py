@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, Literal, Protocol
 
@@ -125,23 +125,9 @@ class GCPMachines:
         deadline.check("finding the image")
         gpu = first.machine.accelerator is not None
         image = self._image(options.image or (GPU_IMAGE if gpu else CPU_IMAGE))
-        cidrs = options.ssh_cidrs(_PRIVATE_RANGES)
-        deadline.check("creating the firewall rules")
-        gce.open_firewalls(
-            api,
-            self.names,
-            network=options.network,
-            ssh_cidrs=cidrs,
-            tags=request.tags,
-            deadline=deadline,
-            adopt=partial(record.add, "firewall rule"),
-        )
-        want.reporter.status(f"firewall rules {self.names.base}-*: SSH from {', '.join(cidrs)}")
+        open_pool_rules(api, self.names, options, want, record)
         if options.service_account:  # the watchdog deletes its instance before powering off
-            hook = {"path": BEFORE_POWEROFF_PATH, "permissions": "0755"}
-            hook["content"] = gce.self_delete_script(options.endpoint)
-            boot = boot.with_last_act(files=[hook])
-        user = options.username
+            boot = delete_before_poweroff(boot, gce.self_delete_script(options.endpoint))
         self._template = gce.InstanceSpec(
             machine_type=first.machine.type,
             attach=None,
@@ -153,12 +139,8 @@ class GCPMachines:
             tag=self.names.tag,
             labels=gce.labels(request.tags),
             metadata={
-                "ssh-keys": f"{user}:{boot.authorized_key} {user}",
-                # Only the pool's key logs in: not the project's keys, not OS Login's users.
-                "block-project-ssh-keys": "TRUE",
-                "enable-oslogin": "FALSE",
+                **login_metadata(options.username, boot, request.tags),
                 "user-data": boot.cloud_config(),
-                gce.TAGS_KEY: json.dumps(dict(request.tags)),  # labels lose case and '@'
             },
             public=options.connect == "public",
             spot=False,
@@ -280,3 +262,52 @@ class GCPMachines:
         else:
             found = api.call(api.images.get, doing, project=parts[1], image=parts[-1])
         return str(found.self_link)
+
+
+# ── what a GCE VM and a TPU slice's hosts are made with alike ─────────────────────────
+
+
+class RuleSettings(Protocol):
+    """What the firewall rules read of ``sky.GCP``."""
+
+    @property
+    def network(self) -> str: ...
+    def ssh_cidrs(self, private_ranges: Sequence[str]) -> list[str]: ...
+
+
+def open_pool_rules(
+    api: Api, names: gce.Names, options: RuleSettings, want: Want, record: Record
+) -> None:
+    """The pool's firewall rules (SSH from ``options``' ranges, and all between its
+    machines), each recorded before it is asked for."""
+    cidrs = options.ssh_cidrs(_PRIVATE_RANGES)
+    want.deadline.check("creating the firewall rules")
+    gce.open_firewalls(
+        api,
+        names,
+        network=options.network,
+        ssh_cidrs=cidrs,
+        tags=want.request.tags,
+        deadline=want.deadline,
+        adopt=partial(record.add, "firewall rule"),
+    )
+    want.reporter.status(f"firewall rules {names.base}-*: SSH from {', '.join(cidrs)}")
+
+
+def delete_before_poweroff(boot: Boot, script: str) -> Boot:
+    """``boot`` whose watchdog runs ``script`` (deleting the machine with its own service
+    account) before it powers off: a stopped GCE VM or TPU still bills its disk."""
+    return boot.with_last_act(
+        files=[{"path": BEFORE_POWEROFF_PATH, "permissions": "0755", "content": script}]
+    )
+
+
+def login_metadata(user: str, boot: Boot, tags: Mapping[str, str]) -> dict[str, str]:
+    """The metadata that lets the pool's key, and only it, log in as ``user``, and the
+    pool's tags as given (labels lose case and '@')."""
+    return {
+        "ssh-keys": f"{user}:{boot.authorized_key} {user}",
+        "block-project-ssh-keys": "TRUE",  # not the project's keys
+        "enable-oslogin": "FALSE",  # not OS Login's users
+        gce.TAGS_KEY: json.dumps(dict(tags)),
+    }

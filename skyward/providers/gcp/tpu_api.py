@@ -33,10 +33,10 @@ from typing import Any
 from skyward._errors import ProvisionError
 from skyward.client.extras import require
 from skyward.client.futures import Deadline
-from skyward.providers.cloud.api import Boundary, Refusals, cause, poll
+from skyward.providers.cloud.api import Boundary, Refusals, poll
 from skyward.providers.cloud.capacity import CapacityError
 from skyward.providers.cloud.start import delete_each
-from skyward.providers.gcp.api import ROLES_HINT, TAGS_KEY, read_retry
+from skyward.providers.gcp.api import ROLES_HINT, TAGS_KEY, is_not_found, read_retry, status_of
 
 GOOGLE_TPU_API = "https://tpu.googleapis.com"
 SCOPE_CLOUD = "https://www.googleapis.com/auth/cloud-platform"
@@ -127,18 +127,6 @@ class TpuApi(Boundary):
 def _reason(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None)
     return str(reason) if reason else ""
-
-
-def status_of(exc: BaseException | None) -> int | None:
-    def status(error: BaseException) -> int | None:
-        code = getattr(error, "code", None)
-        return code if isinstance(code, int) else None
-
-    return cause(exc, status)
-
-
-def is_not_found(exc: BaseException | None) -> bool:
-    return status_of(exc) == 404
 
 
 def failure(

@@ -28,9 +28,7 @@ the start replaces every node at once (``start.CloudPool.replace``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from functools import partial
 from typing import Any, Literal, Protocol
 
 from skyward._errors import ProvisionError
@@ -39,18 +37,18 @@ from skyward.client.phases import Reporter
 from skyward.providers.base import ProvisionRequest
 from skyward.providers.cloud import capacity
 from skyward.providers.cloud.api import poll
-from skyward.providers.cloud.boot import BEFORE_POWEROFF_PATH, Boot
+from skyward.providers.cloud.boot import Boot
 from skyward.providers.cloud.capacity import CapacityError, Offer
 from skyward.providers.cloud.contract import Described, Offers, Reach, State, Want
 from skyward.providers.cloud.record import Record
 from skyward.providers.gcp import api as gce
 from skyward.providers.gcp import tpu_api
-from skyward.providers.gcp.api import Api
-from skyward.providers.gcp.tpu_api import QUEUED_KEY, SliceSpec, TpuApi, is_not_found
+from skyward.providers.gcp.api import Api, is_not_found
+from skyward.providers.gcp.machines import delete_before_poweroff, login_metadata, open_pool_rules
+from skyward.providers.gcp.tpu_api import QUEUED_KEY, SliceSpec, TpuApi
 from skyward.providers.gcp.tpu_types import TpuType
 
 KIND = "queued resource"  # in the record: "<zone>/<queued resource id>"
-_PRIVATE_RANGES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
 _STATES: dict[str, State] = {
     "CREATING": "starting",
     "STARTING": "starting",
@@ -142,25 +140,11 @@ class TPUMachines:
         return Offers(planned, zones[0].rsplit("-", 1)[0])
 
     def prepare(self, want: Want, offers: Sequence[Offer], boot: Boot, record: Record) -> None:
-        options, deadline, request = self.options, want.deadline, want.request
+        options, request = self.options, want.request
         self._reporter = want.reporter
-        cidrs = options.ssh_cidrs(_PRIVATE_RANGES)
-        deadline.check("creating the firewall rules")
-        gce.open_firewalls(
-            self.compute,
-            self.names,
-            network=options.network,
-            ssh_cidrs=cidrs,
-            tags=request.tags,
-            deadline=deadline,
-            adopt=partial(record.add, "firewall rule"),
-        )
-        want.reporter.status(f"firewall rules {self.names.base}-*: SSH from {', '.join(cidrs)}")
+        open_pool_rules(self.compute, self.names, options, want, record)
         if options.service_account:  # the watchdog deletes the slice before powering off
-            hook = {"path": BEFORE_POWEROFF_PATH, "permissions": "0755"}
-            hook["content"] = tpu_api.self_delete_script(options.tpu_endpoint)
-            boot = boot.with_last_act(files=[hook])
-        user = options.username
+            boot = delete_before_poweroff(boot, tpu_api.self_delete_script(options.tpu_endpoint))
         self._spec = SliceSpec(
             accelerator_type=self.kind.name,
             runtime=options.tpu_runtime or self.kind.runtime,
@@ -170,12 +154,9 @@ class TPUMachines:
             tag=self.names.tag,
             labels=gce.labels(request.tags),
             metadata={
-                "ssh-keys": f"{user}:{boot.authorized_key} {user}",
-                "block-project-ssh-keys": "TRUE",
-                "enable-oslogin": "FALSE",
+                **login_metadata(options.username, boot, request.tags),
                 # TPU VM images run this through the guest agent, as root, at every boot.
                 "startup-script": boot.start_script(),
-                gce.TAGS_KEY: json.dumps(dict(request.tags)),
             },
             service_account=options.service_account,
         )
