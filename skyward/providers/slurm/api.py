@@ -12,7 +12,8 @@ errors translated into ones that say what to do. The only module that knows thei
     our_jobs     squeue --me                               -> every skyward-* job (ls / down)
     own_job      squeue --me -j J                          -> OwnJob: state, name, comment,
                                                               time left (keep_warm)
-    update_job   scontrol update JobId=J Comment=...       the holder reads the comment
+    update_job   scontrol update JobId=J Comment=...;      the holder reads the comment,
+                 scancel --batch --signal=USR1 J           woken
 
 Every command runs through a ``Login``, on the login host or this machine. Output is read
 by a field separator no job name or comment holds (``\\x1f``), and lines without it (a
@@ -275,10 +276,12 @@ def own_job(login: Login, job: str) -> OwnJob | None:
 
 
 def update_job(login: Login, job: str, *, comment: str, name: str | None = None) -> None:
-    """Set the job's comment (and name): what its holder script reads. A job's owner may."""
+    """Set the job's comment (and name), and wake its holder script (USR1, to the batch
+    shell only) to read it now rather than after its pause. A job's owner may do both."""
     named = f" JobName={shlex.quote(name)}" if name else ""
     status, output = login.run(
-        f"scontrol update JobId={shlex.quote(job)}{named} Comment={shlex.quote(comment)}"
+        f"scontrol update JobId={shlex.quote(job)}{named} Comment={shlex.quote(comment)} "
+        f"&& scancel --batch --signal=USR1 {shlex.quote(job)}"
     )
     if status != 0:
         raise ProvisionError(

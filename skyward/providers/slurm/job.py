@@ -75,6 +75,7 @@ def holder_script(pool: str, idle_timeout: float) -> str:
             "  exec sleep infinity",
             "fi",
             f"last=$(date +%s) bound={idle} said=",
+            "trap : USR1  # a client changed the comment: look now (api.update_job)",
             "while :; do",
             '  if steps=$(squeue -h -s -j "$SLURM_JOB_ID" -o %j 2>/dev/null); then',
             f'    case "$steps" in *{api.JOB_PREFIX}*) last=$(date +%s) ;; esac',
@@ -94,7 +95,7 @@ def holder_script(pool: str, idle_timeout: float) -> str:
             "    exit 0",
             "  fi",
             "  every=$(( bound / 5 )); [ $every -ge 1 ] || every=1; [ $every -le 30 ] || every=30",
-            '  sleep "$every"',
+            '  sleep "$every" & wait $!; kill $! 2>/dev/null',
             "done",
             "",
         ]
