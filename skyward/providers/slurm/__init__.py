@@ -47,6 +47,7 @@ from skyward.providers.slurm.inventory import SlurmInventory
 from skyward.providers.slurm.job import SlurmAllocation, job_mark, submit, wait_running
 from skyward.providers.slurm.login import Login, open_login
 from skyward.providers.slurm.steps import open_nodes
+from skyward.providers.ssh.bootstrap import Plan
 from skyward.providers.ssh.connection import Target
 from skyward.providers.ssh.hosts import HostTarget, bootstrap_plan
 
@@ -253,7 +254,7 @@ class Slurm(AccessOptions):
                 job = adopted.job
                 try:
                     return self._open(
-                        login, job, adopted.nodes, request, reporter,
+                        login, job, adopted.nodes, request, reporter, plan,
                         dataclasses.replace(keeping, mark=adopted.mark),
                     )  # fmt: skip
                 except SkywardError as exc:
@@ -283,7 +284,7 @@ class Slurm(AccessOptions):
                 reporter=reporter,
                 never=lambda state: _never(login, job or "", state, self, request),
             )
-            return self._open(login, job, state.nodes, request, reporter, keeping)
+            return self._open(login, job, state.nodes, request, reporter, plan, keeping)
         except BaseException as error:
             try:
                 api.cancel(
@@ -306,6 +307,7 @@ class Slurm(AccessOptions):
         nodelist: str,
         request: ProvisionRequest,
         reporter: Reporter,
+        plan: Plan,
         keeping: warm.Keeping,
     ) -> SlurmAllocation:
         """The running job's nodes, probed and bootstrapped, as the pool's allocation."""
@@ -315,7 +317,7 @@ class Slurm(AccessOptions):
             login,
             job,
             api.nodes_of(login, nodelist),
-            plan=bootstrap_plan(request.image, self.access),
+            plan=plan,
             image=request.image,
             modules=self.modules,
             reporter=reporter,
