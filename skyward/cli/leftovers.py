@@ -311,7 +311,10 @@ def _warm(pool: str | None) -> None:
     widths = [max(len(c) for c in column) for column in zip(*rows, strict=True)]
     for row in rows:
         click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    click.echo("  they bill until then; `skyward down --pool POOL` ends them now")
+    click.echo(
+        "  they bill until then; `skyward down --pool POOL` ends them now (a Slurm job's: "
+        "with --slurm LOGIN)"
+    )
 
 
 def _forget_warm(pools: set[str] | None, clouds: set[str]) -> None:
@@ -322,7 +325,8 @@ def _forget_warm(pools: set[str] | None, clouds: set[str]) -> None:
     for kept in warm.kept():
         if kept.cloud in clouds and (pools is None or kept.pool in pools):
             warm.forget(kept.id)
-            remove_local_key(LocalKey(Path(kept.key_dir), kept.cloud, "", kept.pool, ""))
+            if kept.key_dir:  # a Slurm job's record names no key
+                remove_local_key(LocalKey(Path(kept.key_dir), kept.cloud, "", kept.pool, ""))
             click.echo(f"Forgot the warm machines of pool {kept.pool} ({kept.describe})")
 
 
@@ -422,6 +426,7 @@ def down(
     collected, answered = search.collected, search.answered
     total = [x for _, found in collected for x in found]
     searched = {kind for kind, _ in asked}
+    searched |= {kind for kind, scope in _scopes() if not scope.cloud and scope.given(options)}
     if not total:
         stale = _stale_keys(total, pool, asked, options, answered) if asked else []
         for key in stale:

@@ -134,7 +134,7 @@ class ComputePool(CallTarget):
     ``"spot"``, ``"spot-if-available"``, ``"cheapest"``); ``max_hourly_cost`` (USD) refuses,
     before anything is created, a pool whose estimated price per hour is above it.
     ``output`` picks whose prints are shown: ``"all"``, ``"head"`` (node 0) or ``"none"``.
-    ``keep_warm`` (seconds, cloud pools) leaves the machines running after ``close()`` for
+    ``keep_warm`` (seconds; cloud and Slurm pools) leaves the machines running after ``close()`` for
     the next pool of the same spec and size, which adopts them (they bill meanwhile).
     Progress also goes to the ``logging`` logger ``"skyward"``.
     """

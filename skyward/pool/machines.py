@@ -387,10 +387,10 @@ class Machines:
             return False
         hourly = allocation.hourly_cost
         price = f", billing about ${hourly:.2f}/h meanwhile" if hourly else ""
+        down = allocation.down_command or f"skyward down --pool {self._pool}"
         line = (
             f"pool {self._pool}: {allocation.describe or 'its machines'} kept warm for "
-            f"{seconds:g} s{price}: the next pool like it adopts them; `skyward down --pool "
-            f"{self._pool}` ends them now"
+            f"{seconds:g} s{price}: the next pool like it adopts them; `{down}` ends them now"
         )
         self._reporter.status(line)
         _log.info("%s", line)

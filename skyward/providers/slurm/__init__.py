@@ -2,14 +2,16 @@
 
 ::
 
-    provision   reach the login host (SSH, host key checked; or this machine) → sbatch the
-                holder script (``job``) → wait until it runs, the queue's reason on the
-                progress display → probe the nodes (``steps``: their addresses, GPUs, and
-                which share a filesystem) → bootstrap once per filesystem, as steps →
-                SlurmNodes
+    provision   reach the login host (SSH, host key checked; or this machine) → a job kept
+                by a pool like this one, adopted (``warm``), or sbatch the holder script
+                (``job``) → wait until it runs, the queue's reason on the progress
+                display → probe the nodes (``steps``: their addresses, GPUs, and which
+                share a filesystem) → bootstrap once per filesystem, as steps (nothing to
+                do where the image's environment is there) → SlurmNodes
     workers     srun --jobid=J --overlap ... python -m skyward.worker, one step per node;
                 its stdin/stdout the worker's link (over the login host's SSH channel)
-    terminate   scancel the job, wait until it has left the queue
+    terminate   scancel the job, wait until it has left the queue; or, with keep_warm,
+                leave it to its holder and the next pool like this one (``warm``)
     inventory   this user's skyward-* jobs (``skyward ls --slurm`` / ``down``)
 
 Skyward never works around the scheduler: no SSH into compute nodes, no process outside the
@@ -18,6 +20,7 @@ job. The commands and their formats live in ``api``, where they run in ``login``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import shlex
@@ -25,22 +28,26 @@ from collections.abc import Mapping
 
 from pydantic import Field, field_validator
 
+from skyward._errors import SkywardError
 from skyward.client.extras import check
 from skyward.client.futures import Deadline
 from skyward.client.phases import Reporter
 from skyward.providers.base import (
+    TAG_OWNER,
     Allocation,
     Inventory,
     ProvisionRequest,
-    refuse_keep_warm,
+    owner,
     refuse_spot,
 )
+from skyward.providers.cloud.warm import spec_digest
 from skyward.providers.shell import AccessOptions
-from skyward.providers.slurm import api
+from skyward.providers.slurm import api, warm
 from skyward.providers.slurm.inventory import SlurmInventory
 from skyward.providers.slurm.job import SlurmAllocation, job_mark, submit, wait_running
 from skyward.providers.slurm.login import Login, open_login
 from skyward.providers.slurm.steps import open_nodes
+from skyward.providers.ssh.bootstrap import Plan
 from skyward.providers.ssh.connection import Target
 from skyward.providers.ssh.hosts import HostTarget, bootstrap_plan
 
@@ -207,11 +214,6 @@ class Slurm(AccessOptions):
         if self.login is not None:
             check("paramiko", feature="sky.Slurm(login=...)")
         refuse_spot(request, "Slurm runs the cluster's own nodes")
-        refuse_keep_warm(
-            request,
-            "sky.Slurm does not keep a pool's job for the next pool yet (its nodes are the "
-            "cluster's, held by one job that ends with the pool)",
-        )
         if request.volumes:
             raise ValueError(
                 "sky.Slurm does not mount volumes: a cluster's nodes share its own file "
@@ -229,7 +231,39 @@ class Slurm(AccessOptions):
         login = self.open_login(request.deadline)
         job: str | None = None
         mark = job_mark()
+        plan = bootstrap_plan(request.image, self.access)
+        spec = spec_digest(self, request)
+        keeping = warm.Keeping(
+            where=self.login or "local",
+            spec=spec,
+            image=plan.digest,
+            pool=request.pool,
+            owner=request.tags.get(TAG_OWNER) or owner(),
+            mark=mark,
+        )
         try:
+            adopted = warm.adopt(
+                login,
+                spec=spec,
+                nodes=request.nodes,
+                pool=request.pool,
+                reporter=reporter,
+                cancel_timeout=self.cancel_timeout,
+            )
+            if adopted is not None:
+                job = adopted.job
+                try:
+                    return self._open(
+                        login, job, adopted.nodes, request, reporter, plan,
+                        dataclasses.replace(keeping, mark=adopted.mark),
+                    )  # fmt: skip
+                except SkywardError as exc:
+                    now = api.job_state(login, job)
+                    if now is not None and now.state == "RUNNING":
+                        raise  # not the kept job's doing: the start fails, as a new one would
+                    reporter.status(f"the kept Slurm job {job} ended as it was adopted ({exc})")
+                    api.cancel(login, jobs=[job], timeout=self.cancel_timeout)
+                    job = None
             for rank in ranks:
                 reporter.phase(rank, "provisioning", "submitting the Slurm job")
             job = submit(
@@ -250,25 +284,7 @@ class Slurm(AccessOptions):
                 reporter=reporter,
                 never=lambda state: _never(login, job or "", state, self, request),
             )
-            for rank in ranks:
-                reporter.phase(rank, "provisioning", f"Slurm job {job} runs on {state.nodes}")
-            made = open_nodes(
-                login,
-                job,
-                api.nodes_of(login, state.nodes),
-                plan=bootstrap_plan(request.image, self.access),
-                image=request.image,
-                modules=self.modules,
-                reporter=reporter,
-                deadline=request.deadline,
-            )
-            return SlurmAllocation(
-                made,
-                login=login,
-                job=job,
-                cancel_timeout=self.cancel_timeout,
-                reopen=self.open_login,
-            )
+            return self._open(login, job, state.nodes, request, reporter, plan, keeping)
         except BaseException as error:
             try:
                 api.cancel(
@@ -283,6 +299,38 @@ class Slurm(AccessOptions):
             finally:
                 login.close()
             raise
+
+    def _open(
+        self,
+        login: Login,
+        job: str,
+        nodelist: str,
+        request: ProvisionRequest,
+        reporter: Reporter,
+        plan: Plan,
+        keeping: warm.Keeping,
+    ) -> SlurmAllocation:
+        """The running job's nodes, probed and bootstrapped, as the pool's allocation."""
+        for rank in range(request.nodes):
+            reporter.phase(rank, "provisioning", f"Slurm job {job} runs on {nodelist}")
+        made = open_nodes(
+            login,
+            job,
+            api.nodes_of(login, nodelist),
+            plan=plan,
+            image=request.image,
+            modules=self.modules,
+            reporter=reporter,
+            deadline=request.deadline,
+        )
+        return SlurmAllocation(
+            made,
+            login=login,
+            job=job,
+            cancel_timeout=self.cancel_timeout,
+            reopen=self.open_login,
+            keeping=keeping,
+        )
 
     def inventory(self) -> Inventory | None:
         return SlurmInventory(

@@ -10,6 +10,10 @@ errors translated into ones that say what to do. The only module that knows thei
     cancel       scancel J (and any job whose comment has the pool's mark), then squeue
                  until they have left the queue
     our_jobs     squeue --me                               -> every skyward-* job (ls / down)
+    own_job      squeue --me -j J                          -> OwnJob: state, name, comment,
+                                                              time left (keep_warm)
+    update_job   scontrol update JobId=J Comment=...;      the holder reads the comment,
+                 scancel --batch --signal=USR1 J           woken
 
 Every command runs through a ``Login``, on the login host or this machine. Output is read
 by a field separator no job name or comment holds (``\\x1f``), and lines without it (a
@@ -244,6 +248,54 @@ def our_jobs(login: Login) -> list[QueuedJob]:
                 QueuedJob(job_id, state, reason, submitted, partition, nodes, comment, name)
             )
     return found
+
+
+@dataclass(frozen=True)
+class OwnJob:
+    """One job of this user, looked at by id (``keep_warm``: keeping it, adopting it)."""
+
+    state: str
+    name: str
+    comment: str
+    nodes: str  # Slurm's node list
+    time_left: float | None  # seconds until its time limit; None: none
+
+
+def own_job(login: Login, job: str) -> OwnJob | None:
+    """The job, if it is in the queue and this user's; None otherwise."""
+    fields = _SEP.join(["skyward", "%T", "%j", "%k", "%N", "%L"])
+    status, output = login.run(f"squeue --me -h -j {shlex.quote(job)} -o {shlex.quote(fields)}")
+    for line in output.splitlines():
+        parts = line.split(_SEP)
+        if len(parts) == 6 and parts[0] == "skyward":
+            state, name, comment, nodes, left = parts[1:]
+            return OwnJob(state, name, comment, nodes, _seconds(left))
+    if status != 0 and "Invalid job id" not in output:
+        raise ProvisionError(f"{login.target}: squeue failed for job {job}: {output.strip()}")
+    return None
+
+
+def update_job(login: Login, job: str, *, comment: str, name: str | None = None) -> None:
+    """Set the job's comment (and name), and wake its holder script (USR1, to the batch
+    shell only) to read it now rather than after its pause. A job's owner may do both."""
+    named = f" JobName={shlex.quote(name)}" if name else ""
+    status, output = login.run(
+        f"scontrol update JobId={shlex.quote(job)}{named} Comment={shlex.quote(comment)} "
+        f"&& scancel --batch --signal=USR1 {shlex.quote(job)}"
+    )
+    if status != 0:
+        raise ProvisionError(
+            f"{login.target}: scontrol update of job {job} failed: {output.strip()}"
+        )
+
+
+def _seconds(left: str) -> float | None:
+    """squeue's ``%L`` (``[D-]HH:MM:SS``, ``MM:SS``) in seconds; None for no limit."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", left.strip())
+    if match is None:
+        return None  # UNLIMITED, NOT_SET, INVALID
+    days, hours, minutes, seconds = (int(x or 0) for x in match.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
 def _fields(line: str) -> dict[str, str]:

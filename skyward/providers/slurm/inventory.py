@@ -1,9 +1,11 @@
 """Skyward's jobs on a Slurm cluster, for ``skyward ls --slurm`` and ``skyward down``: this
-user's jobs named ``skyward-<pool>``, whoever's client made them (a killed one included)."""
+user's jobs named ``skyward-<pool>``, whoever's client made them (a killed one included); a
+job kept warm (``warm.py``) is listed as such, with the time it has left."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
@@ -38,6 +40,9 @@ class SlurmInventory:
             owner = re.search(r"\bowner=(\S+)", job.comment)
             created = re.search(r"\bcreated=(\S+)", job.comment)
             state = job.state.lower() + (f" ({job.reason})" if job.reason != "None" else "")
+            if (until := re.search(r"\buntil=(\d+)", job.comment)) and " keep=" in job.comment:
+                left = int(until.group(1)) - time.time()  # kept warm (warm.py)
+                state = f"warm, {left / 60:.1f} min left" if left > 0 else "warm, time up: ending"
             found.append(
                 Leftover(
                     provider="slurm",

@@ -23,6 +23,7 @@ so) rather than wait in the queue again with nobody to use it.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import shlex
@@ -33,7 +34,8 @@ from skyward._errors import ProvisionError
 from skyward.client.futures import Deadline
 from skyward.client.phases import Reporter
 from skyward.providers.base import TAG_CREATED, TAG_OWNER, Allocation, Resource
-from skyward.providers.slurm import api
+from skyward.providers.cloud import warm as records
+from skyward.providers.slurm import api, warm
 from skyward.providers.slurm.login import Login
 from skyward.providers.slurm.steps import SlurmNode
 
@@ -43,6 +45,8 @@ _FIRST_POLL = 0.05
 _BRISK = 30.0  # seconds of brisk polling
 _BRISK_POLL = 0.5
 _SLOW_POLL = 5.0
+
+_log = logging.getLogger(__name__)
 
 
 def job_name(pool: str) -> str:
@@ -56,30 +60,42 @@ def job_mark() -> str:
 
 def holder_script(pool: str, idle_timeout: float) -> str:
     """The batch script: it holds the nodes while Skyward's steps come and go, and ends the
-    job once none has run for ``idle_timeout`` seconds. POSIX sh."""
+    job once none has run for ``idle_timeout`` seconds, or for ``N`` while the job's comment
+    carries ``keep=N`` (a pool closed with ``keep_warm``; ``warm.py``). A change of the
+    comment counts as a step: the client that wrote it is there. POSIX sh."""
     idle = max(1, round(idle_timeout))
-    every = max(1, min(30, idle // 5))
     return "\n".join(
         [
             "#!/bin/sh",
             f"# Skyward pool {_printable(pool)}: holds the nodes while the pool's steps run, and",
-            f"# ends the job once none has run for {idle} s (the client is gone).",
+            f"# ends the job once none has run for {idle} s (the client is gone), or for N s",
+            "# while the job's comment says keep=N (kept warm for the next pool).",
             "if ! command -v squeue >/dev/null 2>&1; then",
             "  echo 'skyward: no squeue on this node; the time limit ends the job'",
             "  exec sleep infinity",
             "fi",
-            "last=$(date +%s)",
+            f"last=$(date +%s) bound={idle} said=",
+            "trap : USR1  # a client changed the comment: look now (api.update_job)",
             "while :; do",
             '  if steps=$(squeue -h -s -j "$SLURM_JOB_ID" -o %j 2>/dev/null); then',
             f'    case "$steps" in *{api.JOB_PREFIX}*) last=$(date +%s) ;; esac',
             "  else",
             "    last=$(date +%s)  # the controller did not answer: that is not idleness",
             "  fi",
-            f"  if [ $(( $(date +%s) - last )) -ge {idle} ]; then",
-            f"    echo 'skyward: no step of the pool for {idle} s; ending the job'",
+            '  if comment=$(squeue -h -j "$SLURM_JOB_ID" -o %k 2>/dev/null); then',
+            '    if [ "$comment" != "$said" ]; then said=$comment; last=$(date +%s); fi',
+            '    case "$comment" in',
+            '      *" keep="*) bound=${comment##* keep=}; bound=${bound%% *} ;;',
+            f"      *) bound={idle} ;;",
+            "    esac",
+            f"    case \"$bound\" in ''|*[!0-9]*) bound={idle} ;; esac",
+            "  fi",
+            '  if [ $(( $(date +%s) - last )) -ge "$bound" ]; then',
+            '    echo "skyward: no step of the pool for $bound s; ending the job"',
             "    exit 0",
             "  fi",
-            f"  sleep {every}",
+            "  every=$(( bound / 5 )); [ $every -ge 1 ] || every=1; [ $every -le 30 ] || every=30",
+            '  sleep "$every" & wait $!; kill $! 2>/dev/null',
             "done",
             "",
         ]
@@ -166,7 +182,8 @@ def _printable(text: str) -> str:
 class SlurmAllocation(Allocation):
     """The pool's job and its nodes. ``terminate`` cancels the job and waits until it has
     left the queue (Slurm has then ended every step), then closes the login link; a link
-    that dropped meanwhile is made again (``reopen``) to do so."""
+    that dropped meanwhile is made again (``reopen``) to do so. ``keep`` (``keep_warm``)
+    leaves the job to its holder and the next pool like this one instead (``warm.py``)."""
 
     def __init__(
         self,
@@ -176,6 +193,7 @@ class SlurmAllocation(Allocation):
         job: str,
         cancel_timeout: float,
         reopen: Callable[[], Login],
+        keeping: warm.Keeping,
     ) -> None:
         super().__init__(nodes, [Resource("Slurm job", job)])
         self.login = login
@@ -183,6 +201,35 @@ class SlurmAllocation(Allocation):
         self._cancel_timeout = cancel_timeout
         self._reopen = reopen
         self._names = [node.name for node in nodes]
+        self._keeping = keeping
+
+    @property
+    def down_command(self) -> str:
+        return self._keeping.down
+
+    def keep(self, seconds: float) -> bool:
+        """The job's holder told to hold the nodes ``seconds`` with no step (the job's time
+        limit may cap it: the log says so), the record written, the workers' sruns stopped;
+        the job is not cancelled. False when the job no longer runs whole."""
+        with self._lock:
+            if self._terminated or len(self.nodes) != len(self._names) or not self.login.alive:
+                return False
+            nodes = [node for node in self.nodes if isinstance(node, SlurmNode)]
+        kept = warm.keep(self.login, self.job, nodes, self._keeping, seconds)
+        if kept is None:
+            return False
+        with self._lock:
+            if self._terminated:  # terminated meanwhile: the job is cancelled
+                records.forget(kept.id)
+                return False
+            self._terminated = True
+        for node in nodes:
+            try:
+                node.close()  # its worker's srun ended; the job stays
+            except Exception as exc:
+                _log.warning("%s: stopping its workers: %s", node.name, exc)
+        self.login.close()
+        return True
 
     def loss_reason(self, rank: int) -> str | None:
         """What Slurm says of the job and of node ``rank``'s machine."""

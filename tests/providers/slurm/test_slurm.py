@@ -31,6 +31,7 @@ from support.sshhosts import PackageIndex
 import skyward as sky
 from skyward.cli import main as cli
 from skyward.providers.base import ProvisionRequest, identity_tags
+from skyward.providers.cloud import warm
 from skyward.providers.slurm import gres_for
 from skyward.providers.slurm.job import holder_script
 
@@ -647,6 +648,115 @@ def test_ls_lists_skywards_jobs_and_down_cancels_them(slurm_cluster: SlurmCluste
         assert "Nothing left by Skyward" in again.output
     finally:
         slurm_cluster.run("scancel", job, other, check=False)
+
+
+# ── keep_warm: a closed pool's job kept for the next pool like it ─────────────────────────
+
+
+def _job_and_step() -> tuple[str | None, str | None]:
+    return os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+
+
+def _kept_jobs() -> list[str]:
+    return [str(w.record["job"]) for w in warm.kept() if w.cloud == "slurm"]
+
+
+# A client that closes its pool with keep_warm and never comes back; another spec than the
+# test's pools (idle_timeout).
+_KEEPS = """
+import skyward as sky
+slurm = sky.Slurm(login={login!r}, key={key!r}, known_hosts={known!r}, idle_timeout=298)
+with sky.ComputePool(provider=slurm, nodes=2, name={name!r}, console="off", keep_warm={keep},
+                     image=sky.Image(index_url={slurm_index!r})) as pool:
+    pool.broadcast(abs, 1)
+print("kept", flush=True)
+import time; time.sleep(600)
+"""
+
+
+def _kept_by_a_client_that_never_returns(
+    cluster: SlurmCluster, slurm_index: PackageIndex, keep: float
+) -> str:
+    """Its job's id, once the client that kept it is SIGKILLed."""
+    login = cluster.login
+    script = _KEEPS.format(
+        login=login.target, key=str(login.key), known=str(login.known_hosts),
+        name=f"kept-{os.getpid()}", keep=keep, slurm_index=slurm_index.url,
+    )  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": _ROOT}
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    try:
+        assert client.stdout is not None and client.stdout.readline() == b"kept\n"
+    finally:
+        client.kill()
+        client.wait()
+    return job_of(cluster, f"kept-{os.getpid()}")
+
+
+@pytest.mark.timeout(300)
+def test_a_job_kept_warm_is_adopted_by_the_next_pool_like_it_and_by_no_other(
+    slurm_cluster: SlurmCluster, slurm_index: PackageIndex, caplog: pytest.LogCaptureFixture
+) -> None:
+    login = slurm_cluster.login
+    where = ["--slurm", login.target, "--ssh-key", str(login.key)]
+    where += ["--known-hosts", str(login.known_hosts)]
+    try:
+        with pool(slurm_cluster, slurm_index, keep_warm=300) as first:
+            [job] = {j for j, _ in first.broadcast(_job_and_step)}
+            assert job is not None
+        # closed: the workers' steps are gone, the job runs on, marked and recorded
+        assert slurm_cluster.job_state(job) == "RUNNING"
+        assert workers_on_hosts(slurm_cluster, hosts=slurm_cluster.node_names) == []
+        assert _kept_jobs() == [job]
+        listed = CliRunner().invoke(cli, ["ls", *where])
+        assert listed.exit_code == 0, listed.output
+        [row] = [line for line in listed.output.splitlines() if line.startswith("slurm ")]
+        assert job in row and "warm," in row and "min left" in row
+        assert "Warm machines" in listed.output
+
+        # another spec starts its own job (its client, killed, leaves it kept 3 s)
+        other_job = _kept_by_a_client_that_never_returns(slurm_cluster, slurm_index, keep=3)
+        assert other_job not in ("", job)
+        assert slurm_cluster.job_state(job) == "RUNNING"
+        for kept in warm.kept():
+            if kept.record.get("job") == other_job:
+                warm.forget(kept.id)
+
+        # the same spec adopts it: no new job, fresh steps, the environment not rebuilt
+        caplog.set_level(logging.DEBUG, logger="skyward")
+        caplog.clear()
+        with pool(slurm_cluster, slurm_index, keep_warm=300) as second:
+            ours = [x for x in queue(slurm_cluster) if "skyward-" in x and other_job not in x]
+            assert ours == [f"{job} skyward-{second.name} RUNNING"]
+            adopted = second.broadcast(_job_and_step)
+            assert {j for j, _ in adopted} == {job} and len({s for _, s in adopted}) == 2
+            assert _kept_jobs() == []  # the record is the pool's now
+        log = caplog.text
+        assert "already installed" in log and not re.search(r"image \w+ installed", log)
+        assert _kept_jobs() == [job]  # kept again by the second pool's close
+        # the killed client's job: its holder ended it once the keep was over, long before
+        # its idle_timeout (298 s)
+        slurm_cluster.wait_job_state(other_job, {None}, timeout=30)
+
+        # a kept job that is cancelled is dropped, and a new one submitted
+        slurm_cluster.run("scancel", job)
+        slurm_cluster.wait_job_state(job, {None})
+        with pool(slurm_cluster, slurm_index, keep_warm=300) as third:
+            [new_job] = {j for j, _ in third.broadcast(_job_and_step)}
+        assert new_job not in (job, other_job)
+        assert _kept_jobs() == [new_job]
+
+        # `skyward down` cancels the kept job and forgets its record
+        down = CliRunner().invoke(cli, ["down", "--pool", third.name, "--yes", *where])
+        assert down.exit_code == 0, down.output
+        assert slurm_cluster.job_state(new_job) is None
+        assert _kept_jobs() == []
+    finally:
+        slurm_cluster.run("scancel", "--me", check=False)
+        for kept in warm.kept():
+            if kept.cloud == "slurm":
+                warm.forget(kept.id)
+    assert_nothing_left(slurm_cluster)
 
 
 # ── on the login node itself ──────────────────────────────────────────────────────────────
