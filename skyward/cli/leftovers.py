@@ -317,12 +317,15 @@ def _warm(pool: str | None) -> None:
     )
 
 
-def _forget_warm(pools: set[str] | None, clouds: set[str]) -> None:
+def _forget_warm(pools: set[str] | None, clouds: set[str], options: Given) -> None:
     """Forget the records of kept sets ``down`` ended (of ``pools``; ``None``: every pool),
-    on the clouds it asked, and their login keys."""
+    on the clouds it asked (a Slurm job's: on the clusters it named), and their login keys."""
     from skyward.providers.cloud import warm
 
+    logins = set(options.many("slurm_logins"))
     for kept in warm.kept():
+        if kept.cloud == "slurm" and kept.record.get("login") not in logins:
+            continue
         if kept.cloud in clouds and (pools is None or kept.pool in pools):
             warm.forget(kept.id)
             if kept.key_dir:  # a Slurm job's record names no key
@@ -433,7 +436,7 @@ def down(
             remove_local_key(key)
             click.echo(f"Removed the stale pool key {key.directory}")
         if not search.unchecked:  # nothing of theirs is left where it was looked for
-            _forget_warm(None if pool is None else {pool}, searched)
+            _forget_warm(None if pool is None else {pool}, searched, options)
         _finish(search, nothing=_nothing(pool, search))
         return
     stale = _stale_keys(total, pool, asked, options, answered) if asked else []
@@ -456,7 +459,7 @@ def down(
         remove_local_key(key)
         click.echo(f"Removed the pool key {key.directory}")
     if not failed and not search.unchecked:
-        _forget_warm(None if pool is None else {pool}, searched)
+        _forget_warm(None if pool is None else {pool}, searched, options)
     if failed:
         raise click.ClickException("; ".join(failed))
     click.echo(f"Deleted {len(total)} resource(s).")

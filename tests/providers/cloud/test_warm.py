@@ -193,3 +193,22 @@ def test_a_crashed_clients_claim_goes_with_its_process(tmp_path: Path) -> None:
         if holder.poll() is None:
             holder.kill()
             holder.wait(30)
+
+
+def test_down_forgets_a_kept_slurm_job_only_on_the_cluster_it_was_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from skyward.cli.leftovers import _forget_warm
+    from skyward.providers.scope import Given
+
+    monkeypatch.setenv("SKYWARD_STATE_DIR", str(tmp_path))
+    here, there = (
+        dataclasses.replace(
+            _set(warm.warm_dir()), cloud="slurm", key_dir="", record={"job": "7", "login": login}
+        )
+        for login in ("local", "me@login.cluster")
+    )
+    for kept in (here, there):
+        warm.save(kept)
+    _forget_warm({"p"}, {"slurm"}, Given({"slurm_logins": ("local",)}))
+    assert [k.id for k in warm.kept()] == [there.id]
