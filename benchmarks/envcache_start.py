@@ -23,6 +23,38 @@ cached bootstrap as a fraction of the uncached one (issue 37's target: at most 2
 writes them to ``benchmarks/results/envcache-<store>-<UTC time>.json``. Nothing leaves the
 test bridge; everything is stopped by PID and removed.
 
+The network between them is modelled (``--no-shaping`` leaves the bed as it is: a
+local index and store on the hosts' own bridge, no latency, no rate but the servers' own
+CPU). Per host, what it receives from the index and from the store is shaped apart (HTB
+on the bridge side of its veth, classes by the server's port; connections hashed on
+their port into 64 classes, each capped at the per-connection rate), and a relay in front
+of each server adds the round trip to every connection's set-up and every request (this
+kernel has no netem). The defaults, from documented figures, conservative toward the
+cache where a figure was missing (the index given the higher rate, the store the lower):
+
+    store: 680 mbit per connection (85 MB/s: the low end of "one concurrent request for
+           each 85-90 MB/s of desired network throughput", with 8-16 MB ranges, in
+           Amazon S3's performance guidelines, docs.aws.amazon.com/AmazonS3/latest/
+           userguide/optimizing-performance-guidelines.html; Google's "sliced object
+           downloads" page says the same of GCS without a figure), 5 gbit per node
+    index: 800 mbit per connection (PyPI's files come from Fastly, with a 99 % cache-hit
+           ratio, fastly.com/customers/python-software-foundation; nothing documents a
+           rate per connection: 100 MB/s is the top of the 50-100 MB/s an InvokeAI
+           maintainer reports for torch from PyPI, github.com/invoke-ai/InvokeAI/
+           issues/3146), 5 gbit per node (an EC2 instance with fewer than 32 vCPUs gets
+           at most 5 Gbps through an internet gateway and 5 Gbps per flow,
+           docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-network-bandwidth
+           .html; uv opens up to 50 downloads at once, UV_CONCURRENT_DOWNLOADS)
+    both:  10 ms round trip (an assumption: nothing found documents either; the same for
+           both, so latency gives the cache no edge, though a store in the node's region
+           is usually nearer than a CDN's edge)
+
+With these rates the network is not what limits either start in this bed: a node gets
+each server's whole environment in well under a second, and both starts are bound by
+the CPU (uv unpacking wheels, or ``zstd -d | tar -x``) on this machine's 2 shared cores.
+What the model adds is each request's round trip and the per-connection caps (jaxlib's
+85 MB wheel comes down one connection).
+
 The stores are test servers, and their costs are theirs: moto answers each ranged GET by
 reading the whole object and slicing it (a 146 MB entry in 16 MB ranges takes it 4.5 s,
 where the GCS emulator serves it in about 1 s), and the GCS emulator takes about 20 s to
