@@ -50,10 +50,11 @@ cache where a figure was missing (the index given the higher rate, the store the
            is usually nearer than a CDN's edge)
 
 With these rates the network is not what limits either start in this bed: a node gets
-each server's whole environment in well under a second, and both starts are bound by
-the CPU (uv unpacking wheels, or ``zstd -d | tar -x``) on this machine's 2 shared cores.
-What the model adds is each request's round trip and the per-connection caps (jaxlib's
-85 MB wheel comes down one connection).
+each server's whole environment in about a second at most (jaxlib's 85 MB wheel comes
+down one connection: 0.85 s at 800 mbit; the 146 MB entry over 8: about 0.25 s), and
+both starts are bound by the CPU (uv unpacking wheels, or ``zstd -d | tar -x``) on this
+machine's 2 shared cores. What the model adds is each request's round trip and the
+per-connection caps.
 
 The stores are test servers, and their costs are theirs: moto answers each ranged GET by
 reading the whole object and slicing it (a 146 MB entry in 16 MB ranges takes it 4.5 s,
