@@ -254,3 +254,33 @@ def test_the_bootstrap_with_a_cache_is_valid_posix_shell_and_carries_no_credenti
     # The cache's place is not what the environment is: the same digest without it.
     plain = Plan(**{**plan.__dict__, "image": sky.Image()})
     assert plan.digest == plain.digest
+
+
+def test_an_entry_is_read_in_contiguous_ranges_that_start_small_and_grow_to_the_chunk() -> None:
+    from itertools import pairwise
+
+    from skyward.providers.envcache.store import CHUNK, FIRST_CHUNK, _ranges
+
+    size = 5 * CHUNK + 12345
+    ranges = list(_ranges(size))
+    assert ranges[0] == (0, FIRST_CHUNK)
+    assert all(end == start for (_, end), (start, _) in pairwise(ranges))
+    assert ranges[-1][1] == size
+    lengths = [end - start for start, end in ranges]
+    assert lengths[:-1] == sorted(lengths[:-1]) and max(lengths) == CHUNK
+    assert list(_ranges(100)) == [(0, 100)] and list(_ranges(0)) == []
+
+
+def test_the_key_for_the_running_interpreter_is_the_one_a_new_process_of_it_gives() -> None:
+    import sys
+    from unittest import mock
+
+    from skyward.providers.envcache import store
+
+    python = sys.executable
+    asked = store.entry_key("p", "d", python, "3.11")
+    # Told it runs under another path, this process cannot answer for ``python``: a new
+    # process of it does, as for any host Python that is not the one running the client.
+    with mock.patch.object(store.sys, "executable", "/nonexistent/python"):
+        started = store.entry_key("p", "d", python, "3.11")
+    assert asked == started
