@@ -311,26 +311,25 @@ def _warm(pool: str | None) -> None:
     widths = [max(len(c) for c in column) for column in zip(*rows, strict=True)]
     for row in rows:
         click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    click.echo(
-        "  they bill until then; `skyward down --pool POOL` ends them now (a Slurm job's: "
-        "with --slurm LOGIN)"
-    )
+    downs = sorted({kept.down or f"skyward down --pool {kept.pool}" for kept in sets})
+    click.echo(f"  they bill until then; {', '.join(f'`{d}`' for d in downs)} ends them now")
 
 
 def _forget_warm(pools: set[str] | None, clouds: set[str], options: Given) -> None:
     """Forget the records of kept sets ``down`` ended (of ``pools``; ``None``: every pool),
-    on the clouds it asked (a Slurm job's: on the clusters it named), and their login keys."""
+    in the places it searched, and their login keys."""
     from skyward.providers.cloud import warm
 
-    logins = set(options.many("slurm_logins"))
+    scopes = dict(_scopes())
     for kept in warm.kept():
-        if kept.cloud == "slurm" and kept.record.get("login") not in logins:
+        if kept.cloud not in clouds or (pools is not None and kept.pool not in pools):
             continue
-        if kept.cloud in clouds and (pools is None or kept.pool in pools):
-            warm.forget(kept.id)
-            if kept.key_dir:  # a Slurm job's record names no key
-                remove_local_key(LocalKey(Path(kept.key_dir), kept.cloud, "", kept.pool, ""))
-            click.echo(f"Forgot the warm machines of pool {kept.pool} ({kept.describe})")
+        if kept.cloud in scopes and not scopes[kept.cloud].searched_kept(kept.record, options):
+            continue
+        warm.forget(kept.id)
+        if kept.key_dir:  # a set whose machines a pool key opens
+            remove_local_key(LocalKey(Path(kept.key_dir), kept.cloud, "", kept.pool, ""))
+        click.echo(f"Forgot the warm machines of pool {kept.pool} ({kept.describe})")
 
 
 class _ProviderCommand(click.Command):

@@ -129,6 +129,13 @@ class Scope(Protocol):
         answered). A key not judged is left alone."""
         return False
 
+    def searched_kept(self, record: Mapping[str, object], options: Given) -> bool:
+        """Whether this search covered the place of a kept warm set whose cloud record is
+        ``record`` (then ``down`` ended it, and its record may go). A cloud's search covers
+        its kept sets; a scope whose flags name places (clusters) says whether it was one of
+        them."""
+        return True
+
     def holds(self, key: LocalKey, leftovers: Sequence[Leftover]) -> bool:
         """Whether ``leftovers`` still hold what ``key`` opens (its key pair, or what plays
         its part): then its pool is there and the key stays."""

@@ -7,6 +7,7 @@ is asked. Its pools leave no pool key on this machine.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,10 @@ class SlurmScope(Scope):
             if inventory is not None:
                 found.append((f"slurm {login}", inventory))
         return Places(found)
+
+    def searched_kept(self, record: Mapping[str, object], options: Given) -> bool:
+        # A kept job's record names its cluster as --slurm does (``local`` or the login).
+        return record.get("login") in options.many("slurm_logins")
 
 
 SCOPE = SlurmScope()
