@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 import skyward as sky
-from support.processes import describe, is_shared, worker_processes
+from support.processes import describe, is_shared, our_namespaces, worker_processes
 
 GRACE = 5.0  # seconds a pool closed on another thread gets to end its workers
 
@@ -55,6 +55,7 @@ def no_leaked_workers(request: pytest.FixtureRequest) -> Iterator[None]:
     lines = [f"{request.node.name} left skyward workers alive:"]
     lines += [f"  pool {line}" for line in pools] or ["  (no open pool of this process)"]
     lines += [f"  worker {line}" for line in found]
+    lines.append(f"  (this process's namespaces: {sorted(our_namespaces)})")
     pytest.fail("\n".join(lines), pytrace=False)
 
 

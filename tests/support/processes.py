@@ -99,8 +99,19 @@ def describe(process: psutil.Process) -> str:
         with process.oneshot():
             return (
                 f"pid {process.pid} ({process.status()}, user {_username(process)}, parent "
-                f"{process.ppid()}, started {time.time() - process.create_time():.1f} s ago): "
+                f"{process.ppid()} {_command_of(process.ppid())!r}, network namespace "
+                f"{_namespace(process.pid)}, started "
+                f"{time.time() - process.create_time():.1f} s ago): "
                 f"{' '.join(process.cmdline())[:160]}"
             )
     except psutil.Error as error:
         return f"pid {process.pid} ({error})"
+
+
+def _command_of(pid: int) -> str:
+    """A process's command line, short (whose a leaked worker is: an sshd session, a
+    stand-in's init, a pytest)."""
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:60]
+    except psutil.Error:
+        return "?"
