@@ -145,15 +145,7 @@ class Api(Boundary):
 
     def call(self, operation: Callable[..., Any], doing: str, /, *args: Any, **kwargs: Any) -> Any:
         """A read (``get``, ``list``): retried on 429/5xx for 30 s at most, then translated."""
-        kwargs.setdefault("retry", read_retry())
-        kwargs.setdefault("timeout", 60.0)
-
-        def read() -> Any:
-            result = operation(*args, **kwargs)
-            # A list pages lazily: read every page here, inside the translation.
-            return list(result) if hasattr(result, "pages") else result
-
-        return super().call(read, doing)
+        return super().call(whole_read(operation, *args, **kwargs), doing)
 
     def translate(self, exc: BaseException, doing: str, request: Any) -> ProvisionError:
         return translate(exc, doing, self.project)
@@ -222,6 +214,20 @@ def error_reason(exc: BaseException) -> str:
     if isinstance(first, dict):
         return str(first.get("reason", ""))
     return str(getattr(first, "reason", "") or getattr(first, "code", ""))
+
+
+def whole_read(operation: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+    """A Google SDK read as one call: retried on 429/5xx for 30 s at most, with a timeout,
+    and every page of a list read in it (a list pages lazily: its later pages would
+    otherwise be fetched outside the caller's error translation)."""
+    kwargs.setdefault("retry", read_retry())
+    kwargs.setdefault("timeout", 60.0)
+
+    def read() -> Any:
+        result = operation(*args, **kwargs)
+        return list(result) if hasattr(result, "pages") else result
+
+    return read
 
 
 def done(operation: Any) -> bool:

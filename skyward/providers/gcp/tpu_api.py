@@ -36,7 +36,13 @@ from skyward.client.futures import Deadline
 from skyward.providers.cloud.api import Boundary, Refusals, poll
 from skyward.providers.cloud.capacity import CapacityError
 from skyward.providers.cloud.start import delete_each
-from skyward.providers.gcp.api import ROLES_HINT, TAGS_KEY, is_not_found, read_retry, status_of
+from skyward.providers.gcp.api import (
+    ROLES_HINT,
+    TAGS_KEY,
+    is_not_found,
+    status_of,
+    whole_read,
+)
 
 GOOGLE_TPU_API = "https://tpu.googleapis.com"
 SCOPE_CLOUD = "https://www.googleapis.com/auth/cloud-platform"
@@ -80,14 +86,7 @@ class TpuApi(Boundary):
 
     def call(self, operation: Callable[..., Any], doing: str, /, *args: Any, **kwargs: Any) -> Any:
         """A read (``get``, ``list``): retried on 429/5xx for 30 s at most, then translated."""
-        kwargs.setdefault("retry", read_retry())
-        kwargs.setdefault("timeout", 60.0)
-
-        def read() -> Any:
-            result = operation(*args, **kwargs)
-            return list(result) if hasattr(result, "pages") else result
-
-        return super().call(read, doing)
+        return super().call(whole_read(operation, *args, **kwargs), doing)
 
     def start(self, operation: Callable[..., Any], doing: str, /, **kwargs: Any) -> str:
         """Ask for a change; the name of its operation. Not retried: a create that timed out
