@@ -99,7 +99,8 @@ def describe(process: psutil.Process) -> str:
         with process.oneshot():
             return (
                 f"pid {process.pid} ({process.status()}, user {_username(process)}, parent "
-                f"{process.ppid()} {_command_of(process.ppid())!r}, network namespace "
+                f"{process.ppid()} {_command_of(process.ppid())!r}{_ssh_client_of(process)}, "
+                f"network namespace "
                 f"{_namespace(process.pid)}, started "
                 f"{time.time() - process.create_time():.1f} s ago): "
                 f"{' '.join(process.cmdline())[:160]}"
@@ -115,3 +116,23 @@ def _command_of(pid: int) -> str:
         return " ".join(psutil.Process(pid).cmdline())[:60]
     except psutil.Error:
         return "?"
+
+
+def _ssh_client_of(process: psutil.Process) -> str:
+    """For a worker an sshd session started: the local process whose connection that session
+    serves (the client that spawned it), found by the session's TCP peer."""
+    try:
+        session = psutil.Process(process.ppid())
+        if "sshd" not in " ".join(session.cmdline()):
+            session = psutil.Process(session.ppid())
+        peers = {
+            (c.raddr.ip, c.raddr.port, c.laddr.ip, c.laddr.port)
+            for c in session.net_connections("tcp")
+            if c.raddr and c.status == psutil.CONN_ESTABLISHED
+        }
+        for conn in psutil.net_connections("tcp"):
+            if conn.raddr and conn.pid and (*conn.laddr, *conn.raddr) in peers:
+                return f", its SSH client pid {conn.pid} {_command_of(conn.pid)!r}"
+    except (psutil.Error, OSError):
+        pass
+    return ""
