@@ -100,8 +100,8 @@ _WHEEL_CACHE = Path.home() / ".cache" / "skyward-tests" / "wheels"
 @pytest.fixture(scope="session")
 def ssh_hosts() -> Iterator[Hosts]:
     hosts = Hosts.start(4)
-    namespaces = {os.stat(f"/run/netns/{h.netns}").st_ino for h in hosts.hosts}
-    our_namespaces.update(namespaces)
+    namespaces = [h.netns for h in hosts.hosts]
+    our_namespaces.add(*namespaces)
     mirror = None
     try:
         # The hosts are this machine: Debian's python3.11 and nothing else. A client on
@@ -123,7 +123,7 @@ def ssh_hosts() -> Iterator[Hosts]:
         if mirror is not None:
             mirror.close()
         hosts.close()
-        our_namespaces.difference_update(namespaces)
+        our_namespaces.discard(*namespaces)
     assert not hosts.leftovers(), f"SSH test hosts left behind: {hosts.leftovers()}"
 
 

@@ -1,6 +1,7 @@
-"""The suite's own harness: one leaked pool fails one test, a run started in the background
-(``cmd &``, ``nohup``) passes the signal tests as a run from a terminal does, and the test
-bridge stays reachable as stand-in machines join and leave it.
+"""The suite's own harness: one leaked pool fails one test, the leak check claims no other
+test process's workers, a run started in the background (``cmd &``, ``nohup``) passes the
+signal tests as a run from a terminal does, and the test bridge stays reachable as stand-in
+machines join and leave it.
 
 The first two run pytest in a child process over a few test files and read its report."""
 
@@ -12,10 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
-from support.sshhosts import Hosts
+from support.processes import our_namespaces, worker_processes
+from support.sshhosts import USER, Hosts
 
 _TESTS = Path(__file__).resolve().parent
 
@@ -76,6 +80,64 @@ def test_a_leaked_pool_fails_the_test_that_leaked_it_and_no_other(tmp_path: Path
     assert re.search(r"\b3 passed, 1 error\b", report), report
     assert "ERROR test_leaky.py::test_that_leaks_a_pool" in report, report
     assert "'leaky' (running, started during test_leaky.py::test_that_leaks_a_pool)" in report
+
+
+def _start_fake_worker(netns: str) -> int:
+    """A process of the test user in ``netns`` that reads as a worker, detached from this one
+    (as a worker another test process's pool started there would be); its pid."""
+    name = f"python -m skyward.worker --node 0 --harness {netns}"
+    subprocess.run(
+        ["ip", "netns", "exec", netns, "setsid", "-f", "runuser", "-u", USER, "--",
+         "bash", "-c", f"exec -a '{name}' sleep 120"],
+        check=True,
+        timeout=30,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for process in psutil.process_iter(["cmdline", "username"]):
+            command = " ".join(process.info["cmdline"] or ())
+            if process.info["username"] == USER and command.startswith(name):
+                return int(process.pid)
+        time.sleep(0.05)
+    raise AssertionError(f"the fake worker in {netns} did not start")
+
+
+@pytest.mark.timeout(120)
+def test_the_leak_check_claims_no_worker_in_a_namespace_that_took_a_deleted_ones_number(
+    ssh_hosts: Hosts,
+) -> None:
+    # Once a namespace is deleted, the kernel gives its inode number to the next one anyone
+    # makes (within a second, here). Kept as "ours" by number, the entry claimed another
+    # xdist worker's stand-ins: this process's leak check killed a killed-client test's
+    # workers there, and that test's pool started new ones after every later test.
+    gone, other = f"skyward-{ssh_hosts.tag}-gone", f"skyward-{ssh_hosts.tag}-other"
+    undo_gone, undo_other = ("ip", "netns", "del", gone), ("ip", "netns", "del", other)
+    ssh_hosts.make(("ip", "netns", "add", gone), undo_gone)
+    our_namespaces.add(gone)
+    inode = os.stat(f"/run/netns/{gone}").st_ino
+    worker = None
+    try:
+        ssh_hosts.remove(undo_gone)
+        assert inode not in our_namespaces.live().values()
+        # The same number in a namespace not ours, when the kernel hands it out again within
+        # 20 s (another process may take it first: then the number is someone else's, and
+        # the check above is what holds).
+        deadline = time.monotonic() + 20
+        while True:
+            ssh_hosts.make(("ip", "netns", "add", other), undo_other)
+            if os.stat(f"/run/netns/{other}").st_ino == inode or time.monotonic() > deadline:
+                break
+            ssh_hosts.remove(undo_other)
+            time.sleep(0.3)
+        worker = _start_fake_worker(other)
+        assert worker not in [p.pid for p in worker_processes()]
+        our_namespaces.add(other)  # and once it is ours, the same process is found
+        assert worker in [p.pid for p in worker_processes()]
+    finally:
+        our_namespaces.discard(gone, other)
+        if worker is not None:
+            os.kill(worker, signal.SIGKILL)
+        ssh_hosts.remove(undo_other)
 
 
 @pytest.mark.timeout(420)

@@ -9,7 +9,6 @@ that preparation runs on a host whose image hides it, with an apt-get that recor
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -232,8 +231,8 @@ def stock_host() -> Iterator[tuple[Hosts, PackageIndex]]:
         hidden=("s3fs",),
     )
     hosts = Hosts.start(1, image=image)
-    namespaces = {os.stat(f"/run/netns/{h.netns}").st_ino for h in hosts.hosts}
-    our_namespaces.update(namespaces)
+    namespaces = [h.netns for h in hosts.hosts]
+    our_namespaces.add(*namespaces)
     index = None
     try:
         index = PackageIndex(hosts.root / "index", hosts.bridge_address)
@@ -244,7 +243,7 @@ def stock_host() -> Iterator[tuple[Hosts, PackageIndex]]:
         if index is not None:
             index.close()
         hosts.close()
-        our_namespaces.difference_update(namespaces)
+        our_namespaces.discard(*namespaces)
     assert not hosts.leftovers(), f"test hosts left behind: {hosts.leftovers()}"
 
 

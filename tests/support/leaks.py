@@ -55,7 +55,7 @@ def no_leaked_workers(request: pytest.FixtureRequest) -> Iterator[None]:
     lines = [f"{request.node.name} left skyward workers alive:"]
     lines += [f"  pool {line}" for line in pools] or ["  (no open pool of this process)"]
     lines += [f"  worker {line}" for line in found]
-    lines.append(f"  (this process's namespaces: {sorted(our_namespaces)})")
+    lines.append(f"  (this process's namespaces: {our_namespaces.live()})")
     pytest.fail("\n".join(lines), pytrace=False)
 
 

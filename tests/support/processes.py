@@ -44,19 +44,50 @@ def is_shared(pool: sky.ComputePool) -> bool:
     return pool in _shared_pools
 
 
-# Network namespaces (by inode) of this session's SSH hosts: the test user's processes in
-# them are ours, even once orphaned; another test run on the machine has its own.
-our_namespaces: set[int] = set()
+class Namespaces:
+    """The network namespaces of this process's hosts and stand-ins, by name: the test
+    user's processes in them are ours, even once orphaned; other test processes on the
+    machine (another xdist worker, another run) have their own.
+
+    A name counts while ``/run/netns/NAME`` is still the namespace it was when added. Its
+    inode alone would not do: a deleted namespace's number goes to the next namespace anyone
+    makes, and an entry left after its namespace went (a stand-in deleted mid-test, a close
+    that raised) would claim another process's workers for this one's leak check, which
+    then kills them."""
+
+    def __init__(self) -> None:
+        self._inodes: dict[str, int] = {}
+
+    def add(self, *names: str) -> None:
+        for name in names:
+            self._inodes[name] = os.stat(f"/run/netns/{name}").st_ino
+
+    def discard(self, *names: str) -> None:
+        for name in names:
+            self._inodes.pop(name, None)
+
+    def live(self) -> dict[str, int]:
+        """Name to inode, for those still mounted under their name as they were added."""
+        found = {}
+        for name, inode in list(self._inodes.items()):
+            try:
+                if os.stat(f"/run/netns/{name}").st_ino == inode:
+                    found[name] = inode
+            except OSError:
+                continue  # deleted
+        return found
+
+
+our_namespaces = Namespaces()
 
 
 def worker_processes() -> list[psutil.Process]:
     """``skyward.worker`` processes still alive: our descendants (local pools) and the SSH
     test user's on our hosts (remote ones). Zombies count as gone."""
     alive = []
+    ours = set(our_namespaces.live().values())
     remote = [
-        p
-        for p in psutil.process_iter()
-        if _username(p) == USER and _namespace(p.pid) in our_namespaces
+        p for p in psutil.process_iter() if _username(p) == USER and _namespace(p.pid) in ours
     ]
     for child in psutil.Process().children(recursive=True) + remote:
         try:

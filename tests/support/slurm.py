@@ -238,10 +238,6 @@ class SlurmCluster:
         """The root namespace's address on the cluster's network."""
         return f"{self.subnet}.1"
 
-    def namespace_inodes(self) -> set[int]:
-        """The hosts' network namespaces, as ``os.stat('/proc/PID/ns/net').st_ino``."""
-        return set(self._namespace_inodes)
-
     def run(
         self,
         *command: str,
@@ -679,13 +675,13 @@ def slurm_cluster_fixture(
         from support.processes import our_namespaces
 
         with SlurmCluster(nodes, **options) as cluster:
-            inodes = cluster.namespace_inodes()
-            our_namespaces.update(inodes)
+            namespaces = [host.netns for host in cluster.hosts]
+            our_namespaces.add(*namespaces)
             try:
                 yield cluster
             finally:
                 cluster.close()
-                our_namespaces.difference_update(inodes)
+                our_namespaces.discard(*namespaces)
         assert not cluster.leftovers(), f"the Slurm testbed left behind: {cluster.leftovers()}"
 
     return fixture

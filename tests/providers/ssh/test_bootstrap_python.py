@@ -70,13 +70,13 @@ _CLIENT_PACKAGES = ("cloudpickle", "pydantic", "paramiko", "click", "rich", "pac
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
     started = Hosts.start(len(_IMAGES), image=_IMAGES)
-    namespaces = {os.stat(f"/run/netns/{h.netns}").st_ino for h in started.hosts}
-    our_namespaces.update(namespaces)
+    namespaces = [h.netns for h in started.hosts]
+    our_namespaces.add(*namespaces)
     try:
         yield started
     finally:
         started.close()
-        our_namespaces.difference_update(namespaces)
+        our_namespaces.discard(*namespaces)
     assert not started.leftovers(), f"test hosts left behind: {started.leftovers()}"
 
 

@@ -24,13 +24,13 @@ from skyward.providers.ssh.connection import Connection, HostKeyPolicy, Target
 @pytest.fixture(scope="module")
 def no_sftp_host() -> Iterator[Hosts]:
     hosts = Hosts.start(1, image=HostImage(sftp=False))
-    namespaces = {os.stat(f"/run/netns/{h.netns}").st_ino for h in hosts.hosts}
-    our_namespaces.update(namespaces)
+    namespaces = [h.netns for h in hosts.hosts]
+    our_namespaces.add(*namespaces)
     try:
         yield hosts
     finally:
         hosts.close()
-        our_namespaces.difference_update(namespaces)
+        our_namespaces.discard(*namespaces)
     assert not hosts.leftovers(), f"SSH test hosts left behind: {hosts.leftovers()}"
 
 

@@ -246,7 +246,7 @@ class StandInCloud:
         _run("ip", "neigh", "flush", "to", standin.address, check=False)
         self.hosts.make(("ip", "netns", "add", netns), _undo_netns(standin))
         standin.inode = os.stat(f"/run/netns/{netns}").st_ino
-        our_namespaces.add(standin.inode)
+        our_namespaces.add(netns)
         pair = ("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
         self.hosts.make(pair, _undo_veth(standin))
         _run("ip", "link", "set", f"{veth}p", "netns", netns)
@@ -340,6 +340,7 @@ class StandInCloud:
                     os.kill(int(pid), 9)
                 except ProcessLookupError:
                     pass
+        our_namespaces.discard(standin.netns)
         self.hosts.remove(_undo_veth(standin))
         self.hosts.remove(_undo_netns(standin))
 
@@ -359,8 +360,6 @@ class StandInCloud:
             standins = list(self.standins.values())
         for standin in standins:
             self._remove(standin)
-            if standin.inode is not None:
-                our_namespaces.discard(standin.inode)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def leftovers(self) -> list[str]:
