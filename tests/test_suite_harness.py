@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -85,7 +86,7 @@ def test_a_leaked_pool_fails_the_test_that_leaked_it_and_no_other(tmp_path: Path
 def _start_fake_worker(netns: str) -> int:
     """A process of the test user in ``netns`` that reads as a worker, detached from this one
     (as a worker another test process's pool started there would be); its pid."""
-    name = f"python -m skyward.worker --node 0 --harness {netns}"
+    name = f"python -m skyward.worker --node 0 --harness {netns} {uuid.uuid4().hex}"
     subprocess.run(
         ["ip", "netns", "exec", netns, "setsid", "-f", "runuser", "-u", USER, "--",
          "bash", "-c", f"exec -a '{name}' sleep 120"],
