@@ -6,6 +6,9 @@ contract's (``support/standin_contract.py``)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,9 +63,20 @@ def test_a_map_over_two_pods_kept_warm_adopted_and_the_adopter_leaves_nothing(
     assert fake.live() == []
 
 
+@pytest.fixture
+def seen_by_pods() -> Iterator[Path]:
+    """A directory the pods see too, for the test's markers: each has a /tmp of its own."""
+    path = Path(tempfile.mkdtemp(prefix="skyward-runpod-markers-", dir="/var/tmp"))
+    path.chmod(0o777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.timeout(300)
 def test_an_interrupted_spot_pod_is_named_in_worker_lost_and_replaced(
-    runpod_standins: RunPodStandIns, package_index: PackageIndex, tmp_path: Path
+    runpod_standins: RunPodStandIns, package_index: PackageIndex, seen_by_pods: Path
 ) -> None:
     fake = runpod_standins.fake
 
@@ -79,7 +93,7 @@ def test_an_interrupted_spot_pod_is_named_in_worker_lost_and_replaced(
     contract.lost_machine_is_replaced(
         runpod_cloud(runpod_standins),
         package_index,
-        tmp_path,
+        seen_by_pods,
         take_away,
         inside=inside,
         provider={"spot": True, "boot_timeout": 60},
