@@ -202,7 +202,7 @@ def test_an_evicted_spot_vm_is_replaced_and_the_pool_goes_on(
         names = sorted(vm["name"] for vm in fake.vms(only_group(fake, "azure-lost")))
         assert names == ["node-0", "node-1-r1"]
 
-    contract.lost_machine_is_replaced(
+    replaced = contract.lost_machine_is_replaced(
         azure_cloud(azure_standins),
         package_index,
         tmp_path,
@@ -210,3 +210,4 @@ def test_an_evicted_spot_vm_is_replaced_and_the_pool_goes_on(
         inside=inside,
         provider={"spot": True, "boot_timeout": 60},
     )
+    assert replaced.after[1] != replaced.before[1]  # a new VM, at a new address

@@ -90,7 +90,7 @@ def test_an_interrupted_spot_pod_is_named_in_worker_lost_and_replaced(
         assert len(rents) == 3 and rents[2]["input"]["name"].endswith("-n1-r1")
         assert all(r["input"]["bidPerGpu"] == 0.2 for r in rents)
 
-    contract.lost_machine_is_replaced(
+    replaced = contract.lost_machine_is_replaced(
         runpod_cloud(runpod_standins),
         package_index,
         seen_by_pods,
@@ -98,6 +98,7 @@ def test_an_interrupted_spot_pod_is_named_in_worker_lost_and_replaced(
         inside=inside,
         provider={"spot": True, "boot_timeout": 60},
     )
+    assert replaced.after[1] not in replaced.before
     assert fake.live() == []
 
 

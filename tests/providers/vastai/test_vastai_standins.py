@@ -73,7 +73,7 @@ def test_an_outbid_interruptible_instance_is_worker_lost_saying_so_and_replaced(
         (rented,) = [i for i in fake.live() if str(i["id"]) == replacement.instance]
         assert rented["label"].endswith("-node-1-r1") and rented["is_bid"]
 
-    contract.lost_machine_is_replaced(
+    replaced = contract.lost_machine_is_replaced(
         vast_cloud(vast_standins),
         package_index,
         tmp_path,
@@ -82,6 +82,7 @@ def test_an_outbid_interruptible_instance_is_worker_lost_saying_so_and_replaced(
         provider={"boot_timeout": 90},
         allocation="spot",
     )
+    assert replaced.after[1] != replaced.before[1]
     assert fake.live() == []
 
 
