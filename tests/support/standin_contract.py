@@ -382,6 +382,7 @@ def killed_clients_machines_end_themselves(
     ended_as: frozenset[str] | None,
     after_the_watchdog: Callable[[], None],
     listed: Callable[[str], None],
+    watchdog_says: tuple[str, ...] = (),
     idle_timeout: float = 3,
     attached: float = 8,
 ) -> None:
@@ -389,9 +390,10 @@ def killed_clients_machines_end_themselves(
     (SIGKILL: it cleans up nothing). While it was attached, ``attached`` seconds past the
     idle bound, nothing ended; once it is gone, every machine's watchdog ends it
     (``ended_as``: how its stand-in ends) and ``after_the_watchdog`` checks what the cloud
-    keeps. ``skyward ls`` lists that (``listed`` checks its output), ``down`` answered no
-    removes nothing, ``down --yes`` removes it all and the client's stale pool key, and
-    ``ls`` then finds nothing left."""
+    keeps; each machine's watchdog log says each of ``watchdog_says``. ``skyward ls`` lists
+    what is kept (``listed`` checks its output), ``down`` answered no removes nothing,
+    ``down --yes`` removes it all and the client's stale pool key, and ``ls`` then finds
+    nothing left."""
     log = tmp / "client.log"
     options = {"idle_timeout": idle_timeout, "boot_timeout": 120}
     client = start_client(cloud, index.url, "orphan", log, **options)
@@ -411,6 +413,9 @@ def killed_clients_machines_end_themselves(
         lambda: cloud.all_ended(ended_as), 120, "the stand-ins' watchdogs ended their machines"
     )
     after_the_watchdog()
+    for standin in cloud.standins.standins.values():  # each kept its own account of it
+        said = (standin.directory / "var-log" / "skyward-watchdog.log").read_text()
+        assert all(words in said for words in watchdog_says), said
     left = cloud.left("orphan")
     assert any(left.values()), "what the watchdog leaves is for ls and down to find"
 
