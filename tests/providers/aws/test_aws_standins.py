@@ -168,7 +168,7 @@ def test_instances_that_never_answer_fail_the_start_in_time_and_leave_nothing(
 def test_a_killed_clients_machines_power_themselves_off_and_down_removes_the_rest(
     standin_cloud: StandInCloud, package_index: PackageIndex, tmp_path: Path
 ) -> None:
-    moto = standin_cloud.moto
+    moto, ec2 = standin_cloud.moto, aws_cloud(standin_cloud)
 
     def after_the_watchdog() -> None:
         left = held(moto, "orphan")
@@ -179,9 +179,13 @@ def test_a_killed_clients_machines_power_themselves_off_and_down_removes_the_res
     def listed(stdout: str) -> None:
         left = held(moto, "orphan")
         assert left["security groups"][0] in stdout and left["key pairs"][0] in stdout, stdout
+        # down asks first: answered no, it removes nothing (one cloud checks the prompt).
+        refused = contract.skyward(ec2, tmp_path, "down", "--pool", "orphan", answer="n\n")
+        assert refused.returncode != 0, refused.stdout + refused.stderr
+        assert held(moto, "orphan") == left
 
     contract.killed_clients_machines_end_themselves(
-        aws_cloud(standin_cloud),
+        ec2,
         package_index,
         tmp_path,
         ended_as=frozenset({"poweroff"}),
