@@ -4,83 +4,57 @@ play the machines, and the pool reaches them at their private addresses."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support import ROOT
+from support import standin_contract as contract
 from support.clouds.aws.fake import MotoServer
 from support.clouds.aws.pools import Checkpoint, held, nothing, pool_key_of, request
 from support.clouds.aws.pools import standin_provider as aws
 from support.clouds.aws.proxy import Ec2Proxy, in_subnet
-from support.clouds.aws.standins import StandInCloud
-from support.markers import wait_for_markers
-from support.pools import broadcast_in_background
+from support.clouds.aws.standins import StandIn, StandInCloud
 from support.reporter import Recorder
 from support.sshhosts import Hosts, PackageIndex
+from support.standin_contract import Cloud
 
 import skyward as sky
 from skyward.client.futures import Deadline
 
-EXAMPLES = ROOT / "examples"
 
-
-def _toy() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "jax_multicontroller", EXAMPLES / "jax_multicontroller.py"
+def aws_cloud(cloud: StandInCloud) -> Cloud:
+    """EC2 (moto) and its stand-ins, for the stand-in contract."""
+    return Cloud(
+        name="ec2",
+        standins=cloud,
+        provider=lambda **options: aws(cloud, **options),
+        machines=lambda pool: held(cloud.moto, pool)["instances"],
+        left=lambda pool: held(cloud.moto, pool),
+        client_provider="sky.AWS(**settings)",
+        cli_env={"AWS_ENDPOINT_URL": cloud.moto.url, "AWS_DEFAULT_REGION": cloud.moto.region},
+        cli_args=("--cloud", "aws"),
     )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.toy
-
-
-@pytest.mark.timeout(300)
-def test_a_pool_runs_on_stand_ins_and_leaves_nothing(
-    standin_cloud: StandInCloud, package_index: PackageIndex
-) -> None:
-    with sky.ComputePool(
-        provider=aws(standin_cloud),
-        nodes=2,
-        image=sky.Image(index_url=package_index.url),
-        name="standins",
-        quiet=True,
-    ) as pool:
-        names = pool.broadcast(lambda: os.uname().nodename)
-        infos = pool.broadcast(sky.instance_info)
-    addresses = [s.address for s in standin_cloud.standins.values()]
-    assert names == ["ip-" + a.replace(".", "-") for a in addresses]
-    assert [i.head_addr for i in infos] == [addresses[0], addresses[0]]
-    standin_cloud.wait_for(
-        lambda: all(s.ended for s in standin_cloud.standins.values()),
-        30,
-        "stand-ins stopped when their instances were terminated",
-    )
-    assert nothing(held(standin_cloud.moto, "standins"))
 
 
 @pytest.mark.timeout(600)
-def test_jax_multi_controller_toy_on_two_stand_ins(
+def test_jax_toy_runs_on_two_stand_ins_kept_warm_adopted_and_the_adopter_leaves_nothing(
     standin_cloud: StandInCloud, package_index: PackageIndex
 ) -> None:
-    toy = _toy()
-    with sky.ComputePool(
-        provider=aws(standin_cloud),
-        nodes=2,
-        image=sky.Image(index_url=package_index.url),
-        plugins=[sky.plugins.jax(cpu_devices=4)],
-        name="jax-standins",
-        quiet=True,
-    ) as pool:
-        results = toy() @ pool
-    assert [value for value, _ in results] == [-0.12398731708526611, -0.12398731708526611]
-    assert nothing(held(standin_cloud.moto, "jax-standins"))
+    def inside(pool: sky.ComputePool) -> None:
+        names = pool.broadcast(lambda: os.uname().nodename)
+        infos = pool.broadcast(sky.instance_info)
+        addresses = [s.address for s in standin_cloud.standins.values()]
+        assert names == ["ip-" + a.replace(".", "-") for a in addresses]
+        assert [i.head_addr for i in infos] == [addresses[0], addresses[0]]
+
+    contract.runs_kept_warm_and_adopted(
+        aws_cloud(standin_cloud),
+        package_index,
+        contract.jax_toy,
+        plugins=contract.jax_plugins(),
+        inside=inside,
+    )
 
 
 @pytest.mark.timeout(300)
@@ -194,95 +168,35 @@ def test_instances_that_never_answer_fail_the_start_in_time_and_leave_nothing(
 
 # ── a client killed: the watchdog, then skyward ls / down ──────────────────────────────
 
-_CLIENT = """
-import time
-import skyward as sky
-aws = sky.AWS(**{settings!r})
-with sky.ComputePool(provider=aws, nodes=2, image=sky.Image(index_url={index!r}),
-                     name={pool!r}, console="plain") as pool:
-    print("READY", flush=True)
-    pool.broadcast(time.sleep, 3600)  # a long job, its client attached
-"""
-
-
-def _client(cloud: StandInCloud, index: str, pool: str, log: Path, **options: Any) -> Any:
-    """The client, its temporary directory (where its pool key goes) beside ``log``."""
-    settings = aws(cloud, **options).model_dump(exclude_defaults=True)
-    script = _CLIENT.format(settings=settings, index=index, pool=pool)
-    env = {**os.environ, "TMPDIR": str(log.parent)}
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-c", script], stdout=out, stderr=subprocess.STDOUT, env=env
-        )
-
-
-def _wait_for_line(log: Path, text: str, process: Any, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while text not in log.read_text():
-        assert process.poll() is None, log.read_text()
-        assert time.monotonic() < end, f"no {text!r} within {timeout:g} s: {log.read_text()}"
-        time.sleep(0.1)
-
-
-def _skyward(
-    moto: MotoServer, *args: str, answer: str = "", tmp: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AWS_ENDPOINT_URL": moto.url, "AWS_DEFAULT_REGION": moto.region}
-    if tmp is not None:  # where the clients of the test put their pool keys
-        env["TMPDIR"] = str(tmp)
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "skyward"), *args, "--cloud", "aws"],
-        input=answer,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-
 
 @pytest.mark.timeout(300)
 def test_a_killed_clients_machines_power_themselves_off_and_down_removes_the_rest(
     standin_cloud: StandInCloud, package_index: PackageIndex, tmp_path: Path
 ) -> None:
-    log = tmp_path / "client.log"
-    client = _client(
-        standin_cloud, package_index.url, "orphan", log, idle_timeout=3, boot_timeout=120
-    )
-    try:
-        _wait_for_line(log, "READY", client, 240)
-        # The job runs well past idle_timeout while its client is attached: nothing stops.
-        time.sleep(8)
-        assert client.poll() is None, log.read_text()
-        assert all(not s.ended for s in standin_cloud.standins.values()), standin_cloud.events
-        assert len(held(standin_cloud.moto, "orphan")["instances"]) == 2
-        key_file = pool_key_of(standin_cloud.moto, "orphan", tmp_path)
-        assert key_file is not None
-    finally:
-        client.kill()
-        client.wait(30)
-    assert key_file.exists()  # a killed client cannot delete its pool key: down does
-    standin_cloud.wait_for(
-        lambda: all(s.ended for s in standin_cloud.standins.values()),
-        90,
-        "the stand-ins powered themselves off",
-    )
-    assert {s.ended for s in standin_cloud.standins.values()} == {"poweroff"}
-    left = held(standin_cloud.moto, "orphan")
-    assert left["instances"] == []  # terminated by EC2 on power-off
-    assert len(left["security groups"]) == 1 and len(left["key pairs"]) == 1
+    moto, ec2 = standin_cloud.moto, aws_cloud(standin_cloud)
 
-    listed = _skyward(standin_cloud.moto, "ls", "--pool", "orphan")
-    assert listed.returncode == 0, listed.stderr
-    assert left["security groups"][0] in listed.stdout
-    assert left["key pairs"][0] in listed.stdout
-    refused = _skyward(standin_cloud.moto, "down", "--pool", "orphan", answer="n\n")
-    assert refused.returncode != 0
-    assert held(standin_cloud.moto, "orphan") == left
-    removed = _skyward(standin_cloud.moto, "down", "--pool", "orphan", "--yes", tmp=tmp_path)
-    assert removed.returncode == 0, removed.stdout + removed.stderr
-    assert nothing(held(standin_cloud.moto, "orphan"))
-    assert not key_file.parent.exists(), removed.stdout
-    assert "Nothing left" in _skyward(standin_cloud.moto, "ls", tmp=tmp_path).stdout
+    def after_the_watchdog() -> None:
+        left = held(moto, "orphan")
+        assert left["instances"] == []  # terminated by EC2 on power-off
+        assert len(left["security groups"]) == 1 and len(left["key pairs"]) == 1
+        assert pool_key_of(moto, "orphan", tmp_path) is not None  # the client's, left
+
+    def listed(stdout: str) -> None:
+        left = held(moto, "orphan")
+        assert left["security groups"][0] in stdout and left["key pairs"][0] in stdout, stdout
+        # down asks first: answered no, it removes nothing (one cloud checks the prompt).
+        refused = contract.skyward(ec2, tmp_path, "down", "--pool", "orphan", answer="n\n")
+        assert refused.returncode != 0, refused.stdout + refused.stderr
+        assert held(moto, "orphan") == left
+
+    contract.killed_clients_machines_end_themselves(
+        ec2,
+        package_index,
+        tmp_path,
+        ended_as=frozenset({"poweroff"}),
+        after_the_watchdog=after_the_watchdog,
+        listed=listed,
+    )
 
 
 @pytest.mark.timeout(180)
@@ -291,9 +205,10 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
 ) -> None:
     log = tmp_path / "client.log"
     with StandInCloud(moto, ssh_hosts, boot=False) as cloud:
-        client = _client(cloud, "http://127.0.0.1:9/simple/", "killed", log)
+        ec2 = aws_cloud(cloud)
+        client = contract.start_client(ec2, "http://127.0.0.1:9/simple/", "killed", log)
         try:
-            _wait_for_line(log, "connecting", client, 120)
+            contract.wait_for_line(log, "connecting", client, 120)
             key_file = pool_key_of(moto, "killed", tmp_path)
             assert key_file is not None
         finally:
@@ -301,7 +216,7 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
             client.wait(30)
         left = held(moto, "killed")
         assert len(left["instances"]) == 2, log.read_text()
-        listed = _skyward(moto, "ls")
+        listed = contract.skyward(ec2, tmp_path, "ls")
         assert listed.returncode == 0, listed.stderr
         # The resource table's rows (the recent pools below it name the pool too).
         rows = [line for line in listed.stdout.splitlines() if line.split()[:1] == ["aws"]]
@@ -310,7 +225,7 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
         instances = [r for r in rows if "instance" in r]
         assert all("running" in r and "0.20" in r for r in instances), listed.stdout
         assert "about $0.40/h" in listed.stdout
-        removed = _skyward(moto, "down", "--all", "--yes", tmp=tmp_path)
+        removed = contract.skyward(ec2, tmp_path, "down", "--all", "--yes")
         assert removed.returncode == 0, removed.stdout + removed.stderr
         assert nothing(held(moto, "killed"))
         assert not key_file.parent.exists()
@@ -323,40 +238,13 @@ def test_ls_and_down_all_after_a_client_killed_mid_start(
 def test_an_instance_aws_takes_away_is_replaced_and_the_pool_goes_on(
     standin_cloud: StandInCloud, package_index: PackageIndex, tmp_path: Path
 ) -> None:
-    with sky.ComputePool(
-        provider=aws(standin_cloud, boot_timeout=60),
-        nodes=2,
-        image=sky.Image(index_url=package_index.url),
-        name="reclaimed",
-        quiet=True,
-    ) as pool:
-        before = pool.broadcast(lambda: os.uname().nodename)
-        first = {s.address: s.instance for s in standin_cloud.standins.values()}
-        lost = first["-".join(before[1].split("-")[1:]).replace("-", ".")]
-        # A call in flight on node 1 when its machine goes.
-        started = tmp_path / "started"
-        in_flight = broadcast_in_background(pool, _sleep_on, 1, str(started))
-        wait_for_markers(started)
-        standin_cloud.ec2.terminate_instances(InstanceIds=[lost])  # AWS reclaims node 1
-        failure = in_flight.exception(timeout=120)
-        assert isinstance(failure, sky.WorkerLost)
-        assert f"instance {lost} is" in str(failure), "EC2's reason is in the message"
-        end = time.monotonic() + 180
-        while time.monotonic() < end:
-            stats = pool.statistics()
-            if stats.ready_nodes == 2 and len(standin_cloud.standins) == 3:
-                break
-            time.sleep(0.2)
-        after = pool.broadcast(lambda: os.uname().nodename)
-        replacement = [
-            s for s in standin_cloud.standins.values() if s.instance not in first.values()
-        ]
-        assert len(replacement) == 1 and not replacement[0].ended
-        assert standin_cloud.standins[lost].ended == "terminated"
-    assert after[0] == before[0]
-    # (EC2 may give the new instance the address the old one freed.)
-    assert after[1] == "ip-" + replacement[0].address.replace(".", "-")
-    assert nothing(held(standin_cloud.moto, "reclaimed"))
+    def take_away(lost: StandIn) -> str:
+        standin_cloud.ec2.terminate_instances(InstanceIds=[lost.instance])  # AWS reclaims it
+        return f"instance {lost.instance} is"  # EC2's reason is in the message
+
+    contract.lost_machine_is_replaced(
+        aws_cloud(standin_cloud), package_index, tmp_path, take_away, provider={"boot_timeout": 60}
+    )
 
 
 @pytest.mark.timeout(180)
@@ -387,35 +275,3 @@ def test_an_instance_that_ends_while_it_is_reached_fails_the_start_with_why(
         assert f"instance {reclaimed[0]} is terminated" in str(caught.value)
         assert "SSH did not answer" not in "".join(getattr(caught.value, "__notes__", []))
         assert nothing(held(moto, made.pool))
-
-
-def _sleep_on(rank: int, started: str) -> None:
-    if sky.instance_info().node == rank:
-        Path(started).touch()
-        time.sleep(600)
-
-
-@pytest.mark.timeout(300)
-def test_a_pool_kept_warm_is_adopted_on_ec2_and_its_adopter_leaves_nothing(
-    standin_cloud: StandInCloud, package_index: PackageIndex
-) -> None:
-    from skyward.providers.cloud import warm
-
-    def pool(name: str, **options: Any) -> sky.ComputePool:
-        image = sky.Image(index_url=package_index.url)
-        provider = aws(standin_cloud)
-        return sky.ComputePool(provider=provider, nodes=2, image=image, name=name, **options)
-
-    with pool("ec2-warm", keep_warm=300, quiet=True) as first:
-        before = first.broadcast(lambda: os.uname().nodename)
-    assert len(held(standin_cloud.moto, "ec2-warm")["instances"]) == 2
-    runs = len(standin_cloud.events)
-    started = time.monotonic()
-    with pool("ec2-next", quiet=True) as second:
-        ready = time.monotonic() - started
-        after = second.broadcast(lambda: os.uname().nodename)
-    print(f"\nwarm start, 2 nodes on EC2 stand-ins: ready in {ready:.2f} s; {second.timings()}")
-    assert after == before
-    assert not [e for e in standin_cloud.events[runs:] if e[0] == "booted"]  # none new
-    assert [w for w in warm.kept() if w.pool == "ec2-warm"] == []
-    assert nothing(held(standin_cloud.moto, "ec2-warm"))

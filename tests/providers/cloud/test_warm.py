@@ -1,7 +1,8 @@
 """``keep_warm``'s parts that need no machine: the option's validation and refusals, the
 records of kept sets in the user's state directory, the lock that gives a set to one pool,
 and what must match for a pool to adopt one. End to end: tests/providers/gcp/test_gcp_warm.py
-and the EC2 one in tests/providers/aws/test_aws_standins.py."""
+and, for the other clouds, the stand-in contract's ``runs_kept_warm_and_adopted``
+(tests/support/standin_contract.py)."""
 
 from __future__ import annotations
 

@@ -6,13 +6,12 @@ at its ``networkEndpoint``. CPU jax stands in for libtpu: the tests set
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from typing import Any
 
 import pytest
-from support import ROOT
+from support import standin_contract as contract
 from support.clouds.gcp.standins import PROJECT, held, nothing
 from support.clouds.gcp.tpu_standins import TPUStandIns, held_tpu
 from support.pools import broadcast_in_background
@@ -22,17 +21,6 @@ import skyward as sky
 from skyward.plugins._jax import TPU_AS_CPU
 
 ZONE = "us-central2-b"
-
-
-def _toy() -> Any:
-    """JAX's multi-controller toy (``examples/jax_multicontroller.py``): 8 devices in all."""
-    spec = importlib.util.spec_from_file_location(
-        "jax_multicontroller", ROOT / "examples" / "jax_multicontroller.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.toy
 
 
 def tpu_provider(cloud: TPUStandIns, **options: Any) -> sky.GCP:
@@ -59,25 +47,29 @@ def _left(cloud: TPUStandIns, pool: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.timeout(600)
-def test_jax_multi_controller_toy_on_a_two_host_v4_16_slice_leaves_nothing(
+def test_jax_toy_on_a_two_host_v4_16_slice_then_an_exception_in_the_pool_leaves_nothing(
     tpu_standins: TPUStandIns, package_index: PackageIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TPU_AS_CPU, "1")
-    toy = _toy()
+    toy = contract.toy()
     phases: dict[str, float] = {}
     started = time.monotonic()
-    with sky.ComputePool(
-        provider=tpu_provider(tpu_standins),
-        accelerator="v4-16",
-        nodes=2,
-        image=sky.Image(index_url=package_index.url),
-        plugins=[sky.plugins.jax(cpu_devices=4)],
-        name="tpu-jax",
-        quiet=True,
-    ) as pool:
-        ready = time.monotonic()
-        hosts = pool.broadcast(lambda: (os.uname().nodename, sky.instance_info().node))
-        results = toy() @ pool
+    # The user's own exception ends the pool: its close still deletes the slice, its queued
+    # resource and its rules (the other tests close their pools without one).
+    with pytest.raises(RuntimeError, match="the user's own"):
+        with sky.ComputePool(
+            provider=tpu_provider(tpu_standins),
+            accelerator="v4-16",
+            nodes=2,
+            image=sky.Image(index_url=package_index.url),
+            plugins=contract.jax_plugins(),
+            name="tpu-jax",
+            quiet=True,
+        ) as pool:
+            ready = time.monotonic()
+            hosts = pool.broadcast(lambda: (os.uname().nodename, sky.instance_info().node))
+            results = toy() @ pool
+            raise RuntimeError("the user's own")
     tpu = tpu_standins.tpu
     (create,) = tpu.requests("POST", "projects/*/locations/*/queuedResources")
     (active,) = tpu.active_at.values()
@@ -90,7 +82,7 @@ def test_jax_multi_controller_toy_on_a_two_host_v4_16_slice_leaves_nothing(
         "total": ready - started,
     }
     print("ComputePool(...) to ready: " + "; ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
-    assert [value for value, _ in results] == [-0.12398731708526611, -0.12398731708526611]
+    assert [value for value, _ in results] == [contract.TOY_RESULT] * 2
     (node,) = {name.split("/")[0] for name in tpu_standins.standins}
     by_worker = {
         int(name.split("/")[1]): "t1v-" + s.address.replace(".", "-")
@@ -102,6 +94,7 @@ def test_jax_multi_controller_toy_on_a_two_host_v4_16_slice_leaves_nothing(
         "nodes": [],
         "firewall rules": [],
     }
+    assert nothing(held(tpu_standins.fake, "tpu-jax"))
     assert node.startswith("skyward-tpu-jax-")
     tpu_standins.wait_for(
         lambda: all(s.ended for s in tpu_standins.standins.values()),
@@ -159,28 +152,6 @@ def test_a_preempted_spot_slice_is_named_replaced_whole_and_the_next_call_succee
     )
 
 
-@pytest.mark.timeout(300)
-def test_an_exception_in_the_pool_leaves_no_node_no_queued_resource_no_rule(
-    tpu_standins: TPUStandIns, package_index: PackageIndex
-) -> None:
-    with pytest.raises(RuntimeError, match="the user's own"):
-        with sky.ComputePool(
-            provider=tpu_provider(tpu_standins),
-            accelerator="v4-16",
-            nodes=2,
-            image=sky.Image(index_url=package_index.url),
-            name="tpu-raised",
-            quiet=True,
-        ):
-            raise RuntimeError("the user's own")
-    assert _left(tpu_standins, "tpu-raised") == {
-        "queued resources": [],
-        "nodes": [],
-        "firewall rules": [],
-    }
-    assert nothing(held(tpu_standins.fake, "tpu-raised"))
-
-
 def _slice_of_host() -> tuple[str, str, str]:
     return (
         os.uname().nodename,
@@ -194,7 +165,7 @@ def test_two_v4_16_slices_are_one_multislice_mesh_with_each_hosts_slice_id(
     tpu_standins: TPUStandIns, package_index: PackageIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TPU_AS_CPU, "1")
-    toy = _toy()
+    toy = contract.toy()
     with sky.ComputePool(
         provider=tpu_provider(tpu_standins),
         accelerator="v4-16",
@@ -206,7 +177,7 @@ def test_two_v4_16_slices_are_one_multislice_mesh_with_each_hosts_slice_id(
     ) as pool:
         slices = pool.broadcast(_slice_of_host)
         results = toy() @ pool
-    assert [value for value, _ in results] == [-0.12398731708526611] * 4
+    assert [value for value, _ in results] == [contract.TOY_RESULT] * 4
     hostname = {
         name: "t1v-" + s.address.replace(".", "-") for name, s in tpu_standins.standins.items()
     }

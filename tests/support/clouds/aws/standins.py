@@ -34,6 +34,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,6 @@ class StandInCloud:
     booted_at: dict[str, float] = field(default_factory=dict)  # instance -> monotonic time
 
     def __post_init__(self) -> None:
-        ensure_user()
         self.ec2 = self.moto.client("ec2")
         self.vpc = self.ec2.create_vpc(CidrBlock=f"{self.hosts.subnet}.0/24")["Vpc"]["VpcId"]
         zone = {"AvailabilityZone": "us-east-1a"} if self.second_zone else {}
@@ -122,11 +122,19 @@ class StandInCloud:
                     AvailabilityZone=self.second_zone,
                 )["Subnet"]["SubnetId"]
             )
-        self.root = Path(tempfile.mkdtemp(prefix="skyward-standins-"))
+        self._start("ec2")
+
+    def _start(self, name: str, under: str | None = None) -> None:
+        """Start the machinery: the login user, a directory for the stand-ins' files (in
+        ``under``, default the temporary directory), the lock, the thread watching the cloud.
+        A cloud played by a fake, not moto, calls it from its ``__post_init__`` once its own
+        state is set."""
+        ensure_user()
+        self.root = Path(tempfile.mkdtemp(prefix=f"skyward-{name}-standins-", dir=under))
         self.root.chmod(0o755)
-        self._lock = threading.Lock()  # guards: standins, events
+        self._lock = threading.Lock()  # guards: standins, events, and each cloud's own state
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="standin-cloud", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name=f"{name}-standins", daemon=True)
         self._thread.start()
 
     def __enter__(self) -> StandInCloud:
@@ -162,6 +170,12 @@ class StandInCloud:
                 standin.ended = "terminated"
                 self._remove(standin)
                 self._event("stopped-by-cloud", ident)
+        self._reap(self._power_off)
+
+    def _reap(self, powered_off: Callable[[StandIn], None]) -> None:
+        """The stand-ins whose machine ended by itself: one that powered itself off is told
+        to the cloud (``powered_off``, what the cloud does when a guest halts) before
+        ``ended`` says how it ended, as tests read the cloud once they see it."""
         with self._lock:
             booted = [s for s in self.standins.values() if s.sandbox and not s.ended]
         for standin in booted:
@@ -169,8 +183,8 @@ class StandInCloud:
             if not standin.sandbox.alive:
                 state = standin.sandbox.power_state() or "failed"
                 if state in ("poweroff", "signal-INT"):
-                    self._power_off(standin)
-                standin.ended = state  # after EC2 was told: tests read moto once they see it
+                    powered_off(standin)
+                standin.ended = state
                 self._remove(standin)
 
     def _power_off(self, standin: StandIn) -> None:
@@ -191,16 +205,21 @@ class StandInCloud:
     # ── a machine's side ───────────────────────────────────────────────────────────────
 
     def _claim(self, instance: dict[str, Any]) -> StandIn:
+        return self._new_standin(instance["InstanceId"], instance["PrivateIpAddress"], "v")
+
+    def _new_standin(self, instance: str, address: str, kind: str) -> StandIn:
+        """The stand-in for ``instance`` at ``address``, named under the hosts' tag with an
+        index used once (``kind``, a letter, says which cloud's it is)."""
         index, tag = self.hosts.join_index(), self.hosts.tag
         with self._lock:
             standin = StandIn(
-                instance=instance["InstanceId"],
-                address=instance["PrivateIpAddress"],
-                netns=f"skyward-{tag}-v{index}",
-                veth=f"skv{tag}v{index}",
-                directory=self.root / f"v{index}",
+                instance=instance,
+                address=address,
+                netns=f"skyward-{tag}-{kind}{index}",
+                veth=f"skv{tag}{kind}{index}",
+                directory=self.root / f"{kind}{index}",
             )
-            self.standins[standin.instance] = standin
+            self.standins[instance] = standin
         return standin
 
     def _boot(self, standin: StandIn, instance: dict[str, Any]) -> None:

@@ -22,10 +22,8 @@ token and the VM's id, and calls the fake over HTTPS (trusting its CA) to delete
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,7 +35,6 @@ import yaml
 from support.clouds.aws.standins import StandIn, StandInCloud
 from support.clouds.azure.fake import TOKEN, AzureFake
 from support.sandbox import Sandbox
-from support.sshhosts import ensure_user
 
 IMDS_ADDRESS = "169.254.169.254"
 FIRST_HOST = 200  # stand-ins take .200 and up on the bridge, clear of the other hosts
@@ -116,18 +113,10 @@ class AzureStandIns(StandInCloud):
     def __post_init__(self) -> None:
         # Not the parent's: that one makes moto's VPC. The rest is the same machinery.
         assert self.fake is not None
-        ensure_user()
         self.range = AddressRange(self.hosts.subnet)
         self.fake.addresses = self.range
         self.vm_ids: dict[str, tuple[str, str]] = {}  # VM id -> (resource group, name)
-        self.root = Path(tempfile.mkdtemp(prefix="skyward-azure-standins-"))
-        self.root.chmod(0o755)
-        self._tag = os.getpid() % 250
-        self._count = 0
-        self._lock = threading.Lock()  # guards: standins, events, _count
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="azure-standins", daemon=True)
-        self._thread.start()
+        self._start("azure")
 
     # ── the cloud's side ───────────────────────────────────────────────────────────────
 
@@ -161,35 +150,19 @@ class AzureStandIns(StandInCloud):
             standin.ended = "deleted"
             self._remove(standin)
             self._event("deleted-by-cloud", standin.instance)
-        with self._lock:
-            booted = [s for s in self.standins.values() if s.sandbox and not s.ended]
-        for standin in booted:
-            assert standin.sandbox is not None
-            if not standin.sandbox.alive:
-                state = standin.sandbox.power_state() or "failed"
-                if state in ("poweroff", "signal-INT"):
-                    # Azure keeps a VM that powered itself off allocated: stopped, billed.
-                    group, name = self.vm_ids[standin.instance]
-                    self.fake.stop_from_inside(group, name)
-                    self._event("powered-off-still-allocated", standin.instance)
-                standin.ended = state
-                self._remove(standin)
+        self._reap(self._power_off)
+
+    def _power_off(self, standin: StandIn) -> None:
+        """Azure keeps a VM that powered itself off allocated: stopped, and billed."""
+        assert self.fake is not None
+        group, name = self.vm_ids[standin.instance]
+        self.fake.stop_from_inside(group, name)
+        self._event("powered-off-still-allocated", standin.instance)
 
     # ── a machine's side ───────────────────────────────────────────────────────────────
 
     def _claim(self, instance: dict[str, Any]) -> StandIn:
-        with self._lock:
-            index = self._count
-            self._count += 1
-            standin = StandIn(
-                instance=instance["InstanceId"],
-                address=instance["PrivateIpAddress"],
-                netns=f"skyward-{self._tag}-a{index}",
-                veth=f"ska{self._tag}a{index}",
-                directory=self.root / f"a{index}",
-            )
-            self.standins[standin.instance] = standin
-        return standin
+        return self._new_standin(instance["InstanceId"], instance["PrivateIpAddress"], "z")
 
     def _boot(self, standin: StandIn, vm: dict[str, Any]) -> None:  # type: ignore[override]
         assert self.fake is not None

@@ -20,11 +20,7 @@ for a pool, and stand-in VMs for the fake's instances.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,7 +33,7 @@ from skyward.providers.gcp.api import label_value
 from support.clouds.aws.fake import MotoServer
 from support.clouds.aws.standins import StandIn, StandInCloud
 from support.clouds.gcp.fake import ApiError, GCPFake
-from support.sshhosts import USER, Hosts, ensure_user
+from support.sshhosts import USER, Hosts
 
 PROJECT = "skyward-tests"
 ZONE = "us-central1-a"
@@ -156,17 +152,9 @@ class GCPStandIns(StandInCloud):
     planned: dict[str, str] = field(default_factory=dict)  # instance name -> address
 
     def __post_init__(self) -> None:  # no moto here: the fake is the cloud
-        ensure_user()
         self.fake.address_plan = self._plan
-        self.root = Path(tempfile.mkdtemp(prefix="skyward-gcp-standins-"))
-        self.root.chmod(0o755)
-        self._tag = os.getpid() % 250
-        self._count = 0
-        self._next = FIRST_STANDIN
-        self._lock = threading.Lock()  # guards: standins, events, _count, _next, planned
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="gcp-standins", daemon=True)
-        self._thread.start()
+        self._next = FIRST_STANDIN  # and planned: guarded by _lock
+        self._start("gcp")
 
     @classmethod
     def start(cls, fake: GCPFake, hosts: Hosts, **options: Any) -> GCPStandIns:
@@ -203,16 +191,7 @@ class GCPStandIns(StandInCloud):
             vanished = [s for n, s in self.standins.items() if n not in instances and not s.ended]
         for standin in vanished:
             self._ended_by_cloud(standin, "deleted-by-cloud")
-        with self._lock:
-            booted = [s for s in self.standins.values() if s.sandbox and not s.ended]
-        for standin in booted:
-            assert standin.sandbox is not None
-            if not standin.sandbox.alive:
-                state = standin.sandbox.power_state() or "failed"
-                if state in ("poweroff", "signal-INT"):
-                    self._power_off(standin)
-                standin.ended = state  # after GCE was told: tests read the fake once they see it
-                self._remove(standin)
+        self._reap(self._power_off)
 
     def _ended_by_cloud(self, standin: StandIn, what: str) -> None:
         standin.ended = "terminated"
@@ -239,18 +218,9 @@ class GCPStandIns(StandInCloud):
     # ── a machine's side ───────────────────────────────────────────────────────────────
 
     def _claim(self, instance: dict[str, Any]) -> StandIn:
-        with self._lock:
-            index = self._count
-            self._count += 1
-            standin = StandIn(
-                instance=instance["name"],
-                address=instance["networkInterfaces"][0]["networkIP"],
-                netns=f"skyward-{self._tag}-g{index}",
-                veth=f"skv{self._tag}g{index}",
-                directory=self.root / f"g{index}",
-            )
-            self.standins[standin.instance] = standin
-        return standin
+        return self._new_standin(
+            instance["name"], instance["networkInterfaces"][0]["networkIP"], "g"
+        )
 
     def _user_data(self, instance: str) -> dict[str, Any]:
         """cloud-init's config from the ``user-data`` metadata; the login user's keys are
@@ -280,14 +250,6 @@ class GCPStandIns(StandInCloud):
     def close(self) -> None:
         super().close()
         self.fake.address_plan = None
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def wait_gone(self, pool: str, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while not nothing(held(self.fake, pool)):
-            if time.monotonic() > end:
-                raise AssertionError(f"{pool} still holds {held(self.fake, pool)}: {self.events}")
-            time.sleep(0.1)
 
 
 class TokenServer:

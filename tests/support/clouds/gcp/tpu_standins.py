@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 from skyward.providers.gcp.api import label_value
@@ -35,7 +33,7 @@ from support.clouds.aws.standins import StandIn
 from support.clouds.gcp.standins import PROJECT, GCPStandIns
 from support.clouds.gcp.tpu_fake import TPUFake
 from support.sandbox import Sandbox, guard_again
-from support.sshhosts import USER, Hosts, ensure_user
+from support.sshhosts import USER, Hosts
 
 _OWN = {  # what a host's boot writes, each its own directory inside the sandbox
     "/etc/ssh": "etc-ssh",
@@ -52,14 +50,8 @@ class TPUStandIns(GCPStandIns):
     tpu: TPUFake = None  # type: ignore[assignment]  # given by start()
 
     def __post_init__(self) -> None:
-        ensure_user()
         self.tpu.subnet = self.hosts.subnet
-        self.root = Path(tempfile.mkdtemp(prefix="skyward-tpu-standins-"))
-        self.root.chmod(0o755)
-        self._lock = threading.Lock()  # guards: standins, events
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="tpu-standins", daemon=True)
-        self._thread.start()
+        self._start("tpu")
 
     @classmethod
     def start_tpu(cls, tpu: TPUFake, hosts: Hosts, **options: Any) -> TPUStandIns:
@@ -105,17 +97,7 @@ class TPUStandIns(GCPStandIns):
     # ── a host's side ──────────────────────────────────────────────────────────────────
 
     def _claim_host(self, name: str, address: str) -> StandIn:
-        index, tag = self.hosts.join_index(), self.hosts.tag
-        with self._lock:
-            standin = StandIn(
-                instance=name,
-                address=address,
-                netns=f"skyward-{tag}-t{index}",
-                veth=f"skv{tag}t{index}",
-                directory=self.root / f"t{index}",
-            )
-            self.standins[name] = standin
-        return standin
+        return self._new_standin(name, address, "t")
 
     def _boot_host(self, standin: StandIn, node: dict[str, Any]) -> None:
         try:

@@ -16,13 +16,8 @@ pool, and stand-in VMs for the fake's instances.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import yaml
@@ -31,7 +26,7 @@ import skyward as sky
 from support.clouds.aws.fake import MotoServer
 from support.clouds.aws.standins import StandIn, StandInCloud
 from support.clouds.lambdacloud.fake import KEY, LambdaFake
-from support.sshhosts import USER, Hosts, ensure_user
+from support.sshhosts import USER, Hosts
 
 REGION = "us-east-1"
 FIRST_STANDIN = 200  # stand-ins take .200 and up of the hosts' subnet
@@ -88,17 +83,9 @@ class LambdaStandIns(StandInCloud):
     planned: dict[str, str] = field(default_factory=dict)  # address -> region
 
     def __post_init__(self) -> None:  # no moto here: the fake is the cloud
-        ensure_user()
         self.fake.address_plan = self._plan
-        self.root = Path(tempfile.mkdtemp(prefix="skyward-lambda-standins-"))
-        self.root.chmod(0o755)
-        self._tag = os.getpid() % 250
-        self._count = 0
-        self._next = FIRST_STANDIN
-        self._lock = threading.Lock()  # guards: standins, events, _count, _next, planned
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="lambda-standins", daemon=True)
-        self._thread.start()
+        self._next = FIRST_STANDIN  # and planned: guarded by _lock
+        self._start("lambda")
 
     @classmethod
     def start(cls, fake: LambdaFake, hosts: Hosts, **options: Any) -> LambdaStandIns:
@@ -126,33 +113,17 @@ class LambdaStandIns(StandInCloud):
                 standin.ended = "terminated"
                 self._remove(standin)
                 self._event("terminated-by-cloud", id)
-        with self._lock:
-            booted = [s for s in self.standins.values() if s.sandbox and not s.ended]
-        for standin in booted:
-            assert standin.sandbox is not None
-            if not standin.sandbox.alive:
-                state = standin.sandbox.power_state() or "failed"
-                if state in ("poweroff", "signal-INT"):
-                    self.fake.power_off(standin.instance)  # kept, and billed
-                    self._event("powered-off-kept", standin.instance)
-                standin.ended = state
-                self._remove(standin)
+        self._reap(self._power_off)
+
+    def _power_off(self, standin: StandIn) -> None:
+        """What Lambda does when a guest halts: the instance is kept, and billed."""
+        self.fake.power_off(standin.instance)
+        self._event("powered-off-kept", standin.instance)
 
     # ── a machine's side ───────────────────────────────────────────────────────────────
 
     def _claim(self, instance: dict[str, Any]) -> StandIn:
-        with self._lock:
-            index = self._count
-            self._count += 1
-            standin = StandIn(
-                instance=instance["id"],
-                address=instance["private_ip"],
-                netns=f"skyward-{self._tag}-l{index}",
-                veth=f"skl{self._tag}l{index}",
-                directory=self.root / f"l{index}",
-            )
-            self.standins[standin.instance] = standin
-        return standin
+        return self._new_standin(instance["id"], instance["private_ip"], "l")
 
     def _user_data(self, instance: str) -> dict[str, Any]:
         text = self.fake.user_data(instance)
@@ -170,11 +141,3 @@ class LambdaStandIns(StandInCloud):
     def close(self) -> None:
         super().close()
         self.fake.address_plan = None
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def wait_gone(self, pool: str, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while not nothing(held(self.fake, pool)):
-            if time.monotonic() > end:
-                raise AssertionError(f"{pool} still holds {held(self.fake, pool)}: {self.events}")
-            time.sleep(0.1)

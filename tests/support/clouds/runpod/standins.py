@@ -25,11 +25,9 @@ import os
 import shlex
 import shutil
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import skyward as sky
@@ -38,7 +36,7 @@ from support.clouds.aws.standins import StandIn, StandInCloud
 from support.clouds.runpod.fake import KEY, RunPodFake
 from support.hostimage import HostImage, fake_nvidia_smi
 from support.sandbox import Sandbox, guard_again
-from support.sshhosts import USER, Hosts, ensure_user
+from support.sshhosts import USER, Hosts
 
 FIRST_STANDIN = 210  # stand-ins take .210 and up of the hosts' subnet
 # The container's own copies of what the image owns; the start script writes there.
@@ -114,17 +112,11 @@ class RunPodStandIns(StandInCloud):
     forwarders: dict[str, Forwarder] = field(default_factory=dict)
 
     def __post_init__(self) -> None:  # no moto here: the fake is the cloud
-        ensure_user()
         self.fake.address_plan = self._plan
-        # Outside /tmp, which each container has its own of: its image's tools stay in sight.
-        self.root = Path(tempfile.mkdtemp(prefix="skyward-runpod-standins-", dir="/var/tmp"))
-        self.root.chmod(0o755)
         self._tag = os.getpid() % 250
-        self._count = 0
-        self._lock = threading.Lock()  # guards: standins, events, pods, forwarders, _count
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="runpod-standins", daemon=True)
-        self._thread.start()
+        self._count = 0  # and pods, forwarders: guarded by _lock
+        # Outside /tmp, which each container has its own of: its image's tools stay in sight.
+        self._start("runpod", under="/var/tmp")
 
     @classmethod
     def start(cls, fake: RunPodFake, hosts: Hosts, **options: Any) -> RunPodStandIns:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import shlex
 import shutil
 import socket
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from support.clouds.aws.standins import StandIn, StandInCloud
 from support.clouds.vastai.fake import KEY, VastFake
 from support.hostimage import HostImage
 from support.sandbox import guard_again
-from support.sshhosts import USER, Hosts, ensure_user
+from support.sshhosts import USER, Hosts
 
 FIRST_STANDIN = 160  # stand-ins take .160 and up of the hosts' subnet
 _ENDED = ("stopped", "exited", "offline")
@@ -131,16 +130,10 @@ class VastStandIns(StandInCloud):
         self.standins, self.events, self.booted_at = {}, [], {}
         self.forwarders: dict[str, Forwarder] = {}  # instance id -> its published port
         self.addresses: dict[str, str] = {}  # instance id -> its container's address
-        ensure_user()
         Path("/run/sshd").mkdir(exist_ok=True)  # where each container's own is mounted
-        self.root = Path(tempfile.mkdtemp(prefix="skyward-vast-standins-"))
-        self.root.chmod(0o755)
-        self._next = FIRST_STANDIN
-        self._lock = threading.Lock()  # guards: standins, events, forwarders, addresses, _next
-        self._stop = threading.Event()
+        self._next = FIRST_STANDIN  # and forwarders, addresses: guarded by _lock
         fake.placement = self._place
-        self._thread = threading.Thread(target=self._watch, name="vast-standins", daemon=True)
-        self._thread.start()
+        self._start("vast")
 
     def _place(self, instance: dict[str, Any]) -> tuple[str, int]:
         """Where an instance's port 22 is published, when Vast says it runs."""
@@ -186,17 +179,10 @@ class VastStandIns(StandInCloud):
                 self._event("exited", standin.instance)
 
     def _claim(self, instance: dict[str, Any]) -> StandIn:
-        index, tag, id = self.hosts.join_index(), self.hosts.tag, str(instance["id"])
+        id = str(instance["id"])
         with self._lock:
-            standin = StandIn(
-                instance=id,
-                address=self.addresses[id],
-                netns=f"skyward-{tag}-a{index}",
-                veth=f"skv{tag}a{index}",
-                directory=self.root / f"a{index}",
-            )
-            self.standins[id] = standin
-        return standin
+            address = self.addresses[id]
+        return self._new_standin(id, address, "a")
 
     def _user_data(self, instance: str) -> dict[str, Any]:
         """The rent's start command: the entrypoint (``onstart`` in args mode) and args."""

@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import skyward as sky
 from support.clouds.aws.fake import MotoServer
 from support.clouds.aws.standins import StandIn, StandInCloud
 from support.clouds.verda.fake import CLIENT_ID, CLIENT_SECRET, VerdaFake
-from support.sshhosts import USER, Hosts, ensure_user
+from support.sshhosts import USER, Hosts
 
 FIRST_STANDIN = 170  # stand-ins take .170 and up of the hosts' subnet
 # A Verda image's directories the boot writes to, each the stand-in's own.
@@ -82,15 +79,9 @@ class VerdaStandIns(StandInCloud):
     planned: dict[str, str] = field(default_factory=dict)  # hostname -> address
 
     def __post_init__(self) -> None:  # no moto here: the fake is the cloud
-        ensure_user()
         self.fake.address_plan = self._plan
-        self.root = Path(tempfile.mkdtemp(prefix="skyward-verda-standins-"))
-        self.root.chmod(0o755)
-        self._next = FIRST_STANDIN
-        self._lock = threading.Lock()  # guards: standins, events, _next, planned
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="verda-standins", daemon=True)
-        self._thread.start()
+        self._next = FIRST_STANDIN  # and planned: guarded by _lock
+        self._start("verda")
 
     @classmethod
     def start(cls, fake: VerdaFake, hosts: Hosts, **options: Any) -> VerdaStandIns:
@@ -123,17 +114,12 @@ class VerdaStandIns(StandInCloud):
             vanished = [s for i, s in self.standins.items() if i not in listed and not s.ended]
         for standin in vanished:
             self._gone(standin, "deleted-by-cloud")
-        with self._lock:
-            booted = [s for s in self.standins.values() if s.sandbox and not s.ended]
-        for standin in booted:
-            assert standin.sandbox is not None
-            if not standin.sandbox.alive:
-                state = standin.sandbox.power_state() or "failed"
-                if state in ("poweroff", "signal-INT"):
-                    self.fake.power_off(standin.instance)  # Verda keeps it, offline
-                    self._event("powered-off-kept", standin.instance)
-                standin.ended = state
-                self._remove(standin)
+        self._reap(self._power_off)
+
+    def _power_off(self, standin: StandIn) -> None:
+        """What Verda does when a guest halts: the instance is kept, offline."""
+        self.fake.power_off(standin.instance)
+        self._event("powered-off-kept", standin.instance)
 
     def _gone(self, standin: StandIn, what: str) -> None:
         standin.ended = "terminated"
@@ -143,17 +129,7 @@ class VerdaStandIns(StandInCloud):
     # ── a machine's side ───────────────────────────────────────────────────────────────
 
     def _claim(self, instance: dict[str, Any]) -> StandIn:
-        index, tag = self.hosts.join_index(), self.hosts.tag
-        with self._lock:
-            standin = StandIn(
-                instance=instance["id"],
-                address=instance["ip"],
-                netns=f"skyward-{tag}-d{index}",
-                veth=f"skv{tag}d{index}",
-                directory=self.root / f"d{index}",
-            )
-            self.standins[standin.instance] = standin
-        return standin
+        return self._new_standin(instance["id"], instance["ip"], "d")
 
     def _user_data(self, instance: str) -> dict[str, Any]:
         """The startup script the instance names, as Verda holds it."""
@@ -208,10 +184,3 @@ class VerdaStandIns(StandInCloud):
     def close(self) -> None:
         super().close()
         self.fake.address_plan = None
-
-    def wait_gone(self, pool: str, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while not nothing(held(self.fake, pool)):
-            if time.monotonic() > end:
-                raise AssertionError(f"{pool} still holds {held(self.fake, pool)}: {self.events}")
-            time.sleep(0.1)
