@@ -597,8 +597,8 @@ def test_a_pool_stopped_while_its_plugins_start_does_not_say_a_call_was_cut(
 def workstations() -> Iterator[tuple[Hosts, PackageIndex]]:
     """Two SSH hosts with Debian's default /etc/hosts: each one's own name is 127.0.1.1."""
     hosts = Hosts.start(2, etc_hosts="debian-default")
-    namespaces = {os.stat(f"/run/netns/{h.netns}").st_ino for h in hosts.hosts}
-    our_namespaces.update(namespaces)
+    namespaces = [h.netns for h in hosts.hosts]
+    our_namespaces.add(*namespaces)
     try:
         index = PackageIndex(hosts.root / "index", hosts.bridge_address)
         try:
@@ -609,7 +609,7 @@ def workstations() -> Iterator[tuple[Hosts, PackageIndex]]:
             index.close()
     finally:
         hosts.close()
-        our_namespaces.difference_update(namespaces)
+        our_namespaces.discard(*namespaces)
     assert not hosts.leftovers()
 
 
