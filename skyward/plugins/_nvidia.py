@@ -60,6 +60,7 @@ _MPS_PID_FILE = "nvidia-cuda-mps-control.pid"  # the daemon writes it in its pip
 # runs never uses it, so mps comes before them.
 _STARTS_CUDA = ("torch", "jax", "keras", "cuml")
 _DAEMON_TIMEOUT = 60.0  # seconds for the daemon to start, or for a worker to see it answer
+_QUIT_WAIT = 10.0  # seconds a daemon told to quit gets to exit before its directory goes
 # Seconds a daemon kept through a gang restart waits for the replacement to join it before
 # its keeper quits it; a replacement that comes later starts a new one.
 _KEPT_FOR = 300.0
@@ -312,8 +313,11 @@ def _leave(base: str, env: dict[str, str], info: InstanceInfo, members: int) -> 
             _keep(base, env)
             return
         try:
-            if _running(base, env["CUDA_MPS_PIPE_DIRECTORY"]):
+            pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+            if _running(base, pipe):
+                daemon = daemon_pid(pipe)
                 _control([], env, info, stdin="quit\n")
+                _wait_gone(daemon)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(base, "started"))
@@ -388,16 +392,32 @@ def daemon_pid(pipe: str) -> int | None:
     try:
         with open(os.path.join(pipe, _MPS_PID_FILE)) as f:
             pid = int(f.read().strip())
-        os.kill(pid, 0)
     except (OSError, ValueError):
         return None
+    return pid if _alive(pid) else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; one that exited and is not yet reaped does not."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
     try:
         with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return None  # exited, not yet reaped
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
-        pass
-    return pid
+        return True
+
+
+def _wait_gone(daemon: int | None) -> None:
+    """Wait, bounded by ``_QUIT_WAIT``, for a daemon told to ``quit`` to exit. The control
+    command returns once the daemon has the command, not once it has gone: the worker that
+    quit it would leave it still running, and a start on the node right after (the next
+    pool's first worker) would find that instance and be refused."""
+    deadline = time.monotonic() + _QUIT_WAIT
+    while daemon is not None and _alive(daemon) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _who(info: InstanceInfo) -> str:

@@ -98,7 +98,8 @@ _FAKE_MPS_CONTROL = """#!/bin/sh
 # A stand-in for NVIDIA's nvidia-cuda-mps-control: records each call with the caller's pid.
 # -d starts a "daemon" (a sleep in a session of its own, as the real one leaves its caller's)
 # and writes its pid file where the real one does; it refuses a second daemon on one pipe
-# directory, as the real one does; "quit" on stdin ends it.
+# directory, as the real one does; "quit" on stdin ends it, a moment after the command has
+# returned (the real one, too, is still shutting down when its control command is back).
 pipe="$CUDA_MPS_PIPE_DIRECTORY"
 pidfile="$pipe/nvidia-cuda-mps-control.pid"
 if [ "$1" = "-d" ]; then
@@ -116,8 +117,8 @@ fi
 command=$(cat)
 echo "$command $pipe $PPID" >> {record}
 if [ "$command" = "quit" ]; then
-  kill "$(cat "$pidfile")"
-  rm -f "$pidfile"
+  daemon=$(cat "$pidfile")
+  (sleep 0.3; rm -f "$pidfile"; kill "$daemon") </dev/null >/dev/null 2>&1 &
 fi
 """
 
