@@ -51,9 +51,9 @@ class Namespaces:
 
     A name counts while ``/run/netns/NAME`` is still the namespace it was when added. Its
     inode alone would not do: a deleted namespace's number goes to the next namespace anyone
-    makes, and an entry left after its namespace went (a stand-in deleted mid-test, a close
-    that raised) would claim another process's workers for this one's leak check, which
-    then kills them."""
+    makes, and an entry left after its namespace went (a fixture's close that raised before
+    its discard, a machine set up after its cloud closed) would claim another process's
+    workers for this one's leak check, which then kills them."""
 
     def __init__(self) -> None:
         self._inodes: dict[str, int] = {}
